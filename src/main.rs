@@ -1,1 +1,255 @@
-fn main(){}
+//! The `tokentap` command: run the proxy, check a config, run the simulator or the demo.
+//! The only place that uses `anyhow` and decides exit codes: 0 success, 1 runtime
+//! failure, 2 invalid configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
+use tokentap::sim::{ModelProfile, Sim, SimConfig, UsageMode};
+
+/// tokentap: a transparent proxy that measures how fast LLMs stream (TTFT, inter-token
+/// latency, tokens/s) and exports Prometheus metrics.
+///
+/// Without a subcommand it runs the proxy. Flags override the config file.
+#[derive(Parser, Debug)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug, Default)]
+struct RunArgs {
+    /// Upstream inference server URL, e.g. http://127.0.0.1:8000 (config: upstream.url).
+    #[arg(long, env = "TOKENTAP_UPSTREAM")]
+    upstream: Option<String>,
+    /// Proxy listen address (config: listen; default 0.0.0.0:8080).
+    #[arg(long, env = "TOKENTAP_LISTEN")]
+    listen: Option<String>,
+    /// Admin address for /metrics, /healthz, /readyz (config: admin; default 0.0.0.0:9464).
+    #[arg(long, env = "TOKENTAP_ADMIN")]
+    admin: Option<String>,
+    /// YAML config file (see config/ for commented examples).
+    #[arg(long, env = "TOKENTAP_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format: text or json (config: log.format).
+    #[arg(long, env = "TOKENTAP_LOG_FORMAT")]
+    log_format: Option<String>,
+    /// Log filter, e.g. info or tokentap=debug (config: log.level).
+    #[arg(long, env = "TOKENTAP_LOG")]
+    log_level: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate a config file; prints every error with its key path and line:column.
+    CheckConfig {
+        /// The YAML file to check.
+        file: PathBuf,
+    },
+    /// Run a simulated OpenAI-compatible streaming backend with known timing.
+    Sim(SimArgs),
+    /// Run the simulator, tokentap and a traffic generator, and show live figures.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:8000", env = "TOKENTAP_SIM_LISTEN")]
+    listen: SocketAddr,
+    /// Model names served (comma-separated); all share the timing below.
+    #[arg(long, value_delimiter = ',', default_value = "sim-model")]
+    models: Vec<String>,
+    /// Time to first token, e.g. 150ms.
+    #[arg(long, default_value = "150ms", value_parser = parse_duration)]
+    ttft: Duration,
+    /// Inter-token latency, e.g. 20ms.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    itl: Duration,
+    /// Uniform jitter as a fraction of TTFT and of each gap (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    jitter: f64,
+    /// Output tokens per response (a request's max_tokens caps it).
+    #[arg(long, default_value_t = 40)]
+    tokens: u32,
+    /// Usage reporting: requested (stream_options.include_usage), always, never, continuous.
+    #[arg(long, default_value = "requested")]
+    usage: UsageMode,
+    /// Do not send a role-only chunk before the first token.
+    #[arg(long)]
+    no_role_chunk: bool,
+    /// Embed the wall-clock send time in each chunk (for the benchmark).
+    #[arg(long)]
+    stamp: bool,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Proxy listen address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Admin (metrics) address.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    admin: SocketAddr,
+    /// Stop after this long (default: run until Ctrl-C).
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Concurrent client streams.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::Sim(args)) => {
+            init_logs(LogFormat::Text, "info");
+            report(runtime().and_then(|rt| rt.block_on(run_sim(args))))
+        }
+        Some(Command::Demo(args)) => {
+            init_logs(LogFormat::Text, "warn");
+            let options = tokentap::demo::DemoOptions {
+                listen: args.listen,
+                admin: args.admin,
+                duration: args.duration,
+                concurrency: args.concurrency.max(1),
+                ..Default::default()
+            };
+            report(runtime().and_then(|rt| {
+                rt.block_on(tokentap::demo::run(options, shutdown_signal()))
+                    .context("demo failed")
+            }))
+        }
+        None => run_proxy(cli.run),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tokentap: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    // The file must stand on its own: no flags or environment are applied.
+    match Config::from_file(file, &Overrides::default()) {
+        Ok(config) => {
+            println!(
+                "{}: ok (listen {}, admin {}, upstream {})",
+                file.display(),
+                config.listen,
+                config.admin,
+                config.upstream.url()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_proxy(args: RunArgs) -> ExitCode {
+    let overrides = Overrides {
+        upstream: args.upstream,
+        listen: args.listen,
+        admin: args.admin,
+        log_format: args.log_format,
+        log_level: args.log_level,
+    };
+    let loaded = match &args.config {
+        Some(path) => Config::from_file(path, &overrides),
+        None => Config::from_overrides(&overrides),
+    };
+    let config = match loaded {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logs(config.log.format, &config.log.level);
+    report(runtime().and_then(|rt| {
+        rt.block_on(tokentap::serve(config, shutdown_signal()))
+            .context("proxy failed")
+    }))
+}
+
+async fn run_sim(args: SimArgs) -> anyhow::Result<()> {
+    let models = args
+        .models
+        .iter()
+        .map(|name| ModelProfile {
+            jitter: args.jitter.clamp(0.0, 1.0),
+            ..ModelProfile::new(name, args.ttft, args.itl, args.tokens)
+        })
+        .collect();
+    let config = SimConfig {
+        models,
+        usage: args.usage,
+        role_chunk: !args.no_role_chunk,
+        stamp: args.stamp,
+        ..SimConfig::default()
+    };
+    let sim = Sim::bind(args.listen, config)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(addr = %sim.local_addr(), "simulator listening");
+    sim.run(shutdown_signal()).await;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+fn init_logs(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -10,6 +10,7 @@
 //! the client before a decoder looks at it, so a decoder error only ends observation.
 
 pub mod openai;
+pub mod request;
 pub mod sse;
 
 use std::fmt;

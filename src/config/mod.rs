@@ -1,0 +1,286 @@
+//! Configuration: the YAML file's raw shape (`raw.rs`), validated into [`Config`].
+//!
+//! Every error names the key path and the line:column it comes from, unknown keys are
+//! errors, and defaults live beside the fields they belong to. Command-line flags are
+//! applied on top of the file by [`Overrides`]. Secret values (API-key hashes' tenants are
+//! not secret, but nothing from a request ever is stored here) are never echoed.
+
+mod raw;
+pub mod units;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::Uri;
+
+pub use raw::RawConfig;
+
+/// The validated configuration tokentap runs with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub upstream: Upstream,
+    pub tls: Option<ListenerTls>,
+    pub shutdown: Shutdown,
+    pub limits: Limits,
+    pub tenants: Vec<TenantSource>,
+    pub labels: Labels,
+    pub metrics: MetricsConfig,
+    pub observe: Observe,
+    pub log: Log,
+}
+
+/// Where traffic goes.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// The URL's path, prepended to every forwarded path ("" for `/`).
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    pub response_head_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// HTTP/2 with prior knowledge to an `http://` upstream.
+    pub http2: bool,
+    pub ca_file: Option<PathBuf>,
+    pub host_header: HostHeader,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+    pub probe_interval: Duration,
+}
+
+impl Upstream {
+    /// The upstream as a printable URL (it never holds credentials: they are rejected).
+    pub fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+/// What `Host` the upstream sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostHeader {
+    /// The upstream URL's authority (needed for hosted APIs and TLS).
+    Upstream,
+    /// The client's own `Host` / `:authority`.
+    Preserve,
+}
+
+/// TLS on the proxy listener.
+#[derive(Clone, Debug)]
+pub struct ListenerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Shutdown {
+    pub drain_timeout: Duration,
+}
+
+/// Bounds on what clients may make tokentap hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_in_flight: usize,
+    pub header_read_timeout: Duration,
+    pub max_headers: usize,
+    pub max_header_bytes: usize,
+}
+
+/// One way to name the tenant of a request; the first that matches wins.
+#[derive(Clone, Debug)]
+pub enum TenantSource {
+    /// The value of a request header.
+    Header(http::HeaderName),
+    /// SHA-256 of the API key (`Authorization: Bearer`, `x-api-key`, `api-key`) to tenant.
+    ApiKeys(HashMap<[u8; 32], String>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Labels {
+    pub model: LabelPolicy,
+    pub tenant: LabelPolicy,
+}
+
+/// How values of one label are bounded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelPolicy {
+    /// Distinct values kept; later ones become `other`. `None` only by explicit opt-in.
+    pub max_values: Option<usize>,
+    /// If set, only these values (after aliasing) are kept; all else is `other`.
+    pub allow: Option<HashSet<String>>,
+    /// Rename values before counting (e.g. dated model snapshots to one name).
+    pub aliases: HashMap<String, String>,
+    /// Values longer than this become `other`.
+    pub max_value_len: usize,
+}
+
+/// Histogram buckets, per histogram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buckets {
+    pub time_to_first_byte_seconds: Vec<f64>,
+    pub time_to_first_token_seconds: Vec<f64>,
+    pub inter_token_latency_seconds: Vec<f64>,
+    pub time_per_output_token_seconds: Vec<f64>,
+    pub output_tokens_per_second: Vec<f64>,
+    pub request_duration_seconds: Vec<f64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct MetricsConfig {
+    pub buckets: Buckets,
+    /// An inter-token gap at least this long counts as a stall.
+    pub stall_threshold: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Observe {
+    pub max_event_bytes: usize,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug)]
+pub struct Log {
+    pub format: LogFormat,
+    /// A tracing filter directive, e.g. `info` or `tokentap=debug`.
+    pub level: String,
+}
+
+/// One configuration error, located in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted key path, e.g. `upstream.url` (`.` for the document itself).
+    pub path: String,
+    /// 1-based line and column, when known.
+    pub location: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.location {
+            Some((line, column)) => write!(f, "{line}:{column}: `{}`: {}", self.path, self.message),
+            None => write!(f, "`{}`: {}", self.path, self.message),
+        }
+    }
+}
+
+/// Why a configuration could not be used. Lists every issue found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}", render_issues(.origin, .issues))]
+    Invalid {
+        origin: String,
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+fn render_issues(origin: &str, issues: &[ConfigIssue]) -> String {
+    let mut out = format!("invalid configuration in {origin}:");
+    for issue in issues {
+        out.push_str("\n  ");
+        out.push_str(&format!("{origin}:{issue}"));
+    }
+    out
+}
+
+impl ConfigError {
+    /// The individual issues (empty for a read error).
+    pub fn issues(&self) -> &[ConfigIssue] {
+        match self {
+            ConfigError::Invalid { issues, .. } => issues,
+            ConfigError::Read { .. } => &[],
+        }
+    }
+}
+
+/// Settings given on the command line or in the environment; they win over the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub upstream: Option<String>,
+    pub listen: Option<String>,
+    pub admin: Option<String>,
+    pub log_format: Option<String>,
+    pub log_level: Option<String>,
+}
+
+impl Config {
+    /// Read and validate a config file.
+    pub fn from_file(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text, &path.display().to_string(), overrides)
+    }
+
+    /// Validate YAML text; `origin` names it in errors (a file path, or `<flags>`).
+    pub fn from_yaml(
+        text: &str,
+        origin: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let raw = raw::parse(text).map_err(|issue| ConfigError::Invalid {
+            origin: origin.to_string(),
+            issues: vec![issue],
+        })?;
+        raw.validate(text, overrides)
+            .map_err(|issues| ConfigError::Invalid {
+                origin: origin.to_string(),
+                issues,
+            })
+    }
+
+    /// A configuration from flags alone (no file).
+    pub fn from_overrides(overrides: &Overrides) -> Result<Config, ConfigError> {
+        Config::from_yaml("{}", "<flags>", overrides)
+    }
+}
+
+/// Parse an upstream URL: `http://host:port[/base]` or `https://...`. No credentials, no
+/// query, no fragment.
+pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), String> {
+    let uri: Uri = text
+        .parse()
+        .map_err(|e| format!("`{text}` is not a URL: {e}"))?;
+    let scheme = uri
+        .scheme()
+        .cloned()
+        .ok_or_else(|| format!("`{text}` has no scheme (use http:// or https://)"))?;
+    if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+        return Err(format!(
+            "scheme `{scheme}` is not supported (use http or https)"
+        ));
+    }
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or_else(|| format!("`{text}` has no host"))?;
+    if authority.as_str().contains('@') {
+        // Do not echo the URL: it holds credentials.
+        return Err("the upstream URL must not contain credentials".to_string());
+    }
+    if uri.query().is_some() {
+        return Err("the upstream URL must not have a query".to_string());
+    }
+    let base_path = uri.path().trim_end_matches('/').to_string();
+    Ok((scheme, authority, base_path))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,718 @@
+//! The config file exactly as written. Doc comments on fields are the reference for each
+//! key; `deny_unknown_fields` everywhere, so a typo is an error, not a silent default.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::units::{ByteSize, HumanDuration};
+use super::*;
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Proxy listener, `host:port`. Default `0.0.0.0:8080`.
+    pub listen: Option<String>,
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`). Default `0.0.0.0:9464`.
+    pub admin: Option<String>,
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    /// TLS on the proxy listener (both files required).
+    pub tls: Option<RawTls>,
+    #[serde(default)]
+    pub shutdown: RawShutdown,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub tenants: RawTenants,
+    #[serde(default)]
+    pub labels: RawLabels,
+    #[serde(default)]
+    pub metrics: RawMetrics,
+    #[serde(default)]
+    pub observe: RawObserve,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// `http://host:port` or `https://host[:port][/base-path]`. Required (here or `--upstream`).
+    pub url: Option<String>,
+    /// TCP (and TLS) connect timeout. Default 5s.
+    pub connect_timeout: Option<HumanDuration>,
+    /// Time from sending the request to the upstream's response head. Default 300s
+    /// (long prompts can take minutes to prefill).
+    pub response_head_timeout: Option<HumanDuration>,
+    /// Longest silence allowed between two frames of a response body. Default 120s.
+    pub idle_timeout: Option<HumanDuration>,
+    /// Speak HTTP/2 with prior knowledge (h2c) to an `http://` upstream. Default false.
+    /// (`https://` upstreams negotiate HTTP/2 by ALPN regardless.)
+    #[serde(default)]
+    pub http2: bool,
+    /// Extra PEM CA bundle trusted for `https://` upstreams (besides the platform's and
+    /// the webpki roots).
+    pub ca_file: Option<PathBuf>,
+    /// `upstream` (default): send the upstream's authority as `Host`; `preserve`: send the
+    /// client's.
+    pub host_header: Option<String>,
+    /// Idle pooled connections are closed after this long. Default 90s.
+    pub pool_idle_timeout: Option<HumanDuration>,
+    /// Idle pooled connections kept per upstream. Default 1024.
+    pub pool_max_idle_per_host: Option<usize>,
+    /// How often `/readyz` re-checks that the upstream accepts connections. Default 5s.
+    pub probe_interval: Option<HumanDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// PEM certificate chain.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShutdown {
+    /// On SIGTERM/SIGINT, how long in-flight streams may take to finish. Default 30s.
+    pub drain_timeout: Option<HumanDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Requests in flight at once; more get 503. Default 20000.
+    pub max_in_flight: Option<usize>,
+    /// A client must send its whole request head within this. Default 30s.
+    pub header_read_timeout: Option<HumanDuration>,
+    /// Most request headers accepted. Default 100.
+    pub max_headers: Option<usize>,
+    /// Largest request head buffered (HTTP/1). Default 64KiB.
+    pub max_header_bytes: Option<ByteSize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenants {
+    /// Where the tenant comes from, first match wins. Default `[{header: x-tenant-id}]`.
+    pub sources: Option<Vec<RawTenantSource>>,
+}
+
+/// One tenant source: exactly one of the keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenantSource {
+    /// A request header whose value is the tenant.
+    pub header: Option<String>,
+    /// Lower-case hex SHA-256 of an API key -> tenant name. The key is read from
+    /// `Authorization: Bearer <key>`, `x-api-key` or `api-key`.
+    pub api_keys: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLabels {
+    #[serde(default)]
+    pub model: RawLabelPolicy,
+    #[serde(default)]
+    pub tenant: RawLabelPolicy,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLabelPolicy {
+    /// Distinct values kept before new ones become `other`. Default 1000 for `model`, 1000
+    /// for `tenant`; at most 100000 unless `unbounded` is set.
+    pub max_values: Option<usize>,
+    /// Opt in to unbounded cardinality (ignores `max_values`). Default false.
+    #[serde(default)]
+    pub unbounded: bool,
+    /// Only these values are kept (after aliases); anything else is `other`.
+    pub allow: Option<Vec<String>>,
+    /// Value renames applied first, e.g. `gpt-4o-2024-08-06: gpt-4o`.
+    #[serde(default)]
+    pub aliases: BTreeMap<String, String>,
+    /// Values longer than this many bytes become `other`. Default 128.
+    pub max_value_len: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    /// Bucket upper bounds per histogram, strictly increasing.
+    #[serde(default)]
+    pub buckets: RawBuckets,
+    /// An inter-token gap at least this long is counted in `tokentap_stream_stalls_total`.
+    /// Default 5s.
+    pub stall_threshold: Option<HumanDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBuckets {
+    pub time_to_first_byte_seconds: Option<Vec<f64>>,
+    pub time_to_first_token_seconds: Option<Vec<f64>>,
+    pub inter_token_latency_seconds: Option<Vec<f64>>,
+    pub time_per_output_token_seconds: Option<Vec<f64>>,
+    pub output_tokens_per_second: Option<Vec<f64>>,
+    pub request_duration_seconds: Option<Vec<f64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawObserve {
+    /// Largest single SSE event the observer buffers; a larger one ends observation of
+    /// that stream (the stream itself continues). Default 1MiB.
+    pub max_event_bytes: Option<ByteSize>,
+    /// Largest non-streaming JSON response buffered to read usage. Default 8MiB.
+    pub max_body_bytes: Option<ByteSize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `text` (default) or `json`.
+    pub format: Option<String>,
+    /// Filter directive, e.g. `info` (default) or `tokentap=debug`.
+    pub level: Option<String>,
+}
+
+// Defaults, one place each.
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+pub const DEFAULT_ADMIN: &str = "0.0.0.0:9464";
+const fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+const fn default_response_head_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+const fn default_idle_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+const fn default_pool_idle_timeout() -> Duration {
+    Duration::from_secs(90)
+}
+const fn default_pool_max_idle_per_host() -> usize {
+    1024
+}
+const fn default_probe_interval() -> Duration {
+    Duration::from_secs(5)
+}
+const fn default_drain_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+const fn default_max_in_flight() -> usize {
+    20_000
+}
+const fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+const fn default_max_headers() -> usize {
+    100
+}
+const fn default_max_header_bytes() -> usize {
+    64 << 10
+}
+const fn default_label_max_values() -> usize {
+    1000
+}
+const fn label_max_values_ceiling() -> usize {
+    100_000
+}
+const fn default_label_max_value_len() -> usize {
+    128
+}
+const fn default_stall_threshold() -> Duration {
+    Duration::from_secs(5)
+}
+const fn default_max_event_bytes() -> usize {
+    1 << 20
+}
+const fn default_max_body_bytes() -> usize {
+    8 << 20
+}
+
+/// Time-to-first-byte/token buckets: 10 ms to 60 s, dense below 1 s where interactive
+/// TTFTs live, sparse above where long-prompt prefill and queueing show up.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+    15.0, 20.0, 30.0, 60.0,
+];
+/// Inter-token latency / TPOT buckets: 1 ms to 5 s. Decode steps are 5-100 ms on current
+/// hardware, so the resolution is finest there; p99 alert thresholds (50-200 ms) fall on
+/// bucket bounds.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.5, 1.0, 2.5, 5.0,
+];
+/// Decode tokens/s buckets: 1 to 2000 tokens/s.
+pub const TOKENS_PER_SECOND_BUCKETS: &[f64] = &[
+    1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0,
+    1000.0, 2000.0,
+];
+/// Request duration buckets: 50 ms to 30 min (agentic streams run long).
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// Parse YAML into the raw shape; a failure is one located issue.
+pub fn parse(text: &str) -> Result<RawConfig, ConfigIssue> {
+    // An empty file means "all defaults".
+    if text.trim().is_empty() {
+        return Ok(RawConfig::default());
+    }
+    let deserializer = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let location = inner.location().map(|l| (l.line(), l.column()));
+        // serde_yaml prefixes some messages with the path and position again; keep the
+        // message itself.
+        let mut message = inner.to_string();
+        if let Some(cut) = message.find(" at line ") {
+            message.truncate(cut);
+        }
+        if let Some(rest) = message.strip_prefix(&format!("{path}: ")) {
+            message = rest.to_string();
+        }
+        ConfigIssue {
+            path,
+            location,
+            message,
+        }
+    })
+}
+
+/// Collects validation issues, locating each key path in the source text.
+struct Issues<'t> {
+    text: &'t str,
+    found: Vec<ConfigIssue>,
+}
+
+impl Issues<'_> {
+    fn push(&mut self, path: &str, message: impl Into<String>) {
+        self.found.push(ConfigIssue {
+            path: path.to_string(),
+            location: locate(self.text, path),
+            message: message.into(),
+        });
+    }
+}
+
+impl RawConfig {
+    /// Check every field and build the [`Config`]; returns all issues at once.
+    pub fn validate(self, text: &str, overrides: &Overrides) -> Result<Config, Vec<ConfigIssue>> {
+        let mut issues = Issues {
+            text,
+            found: Vec::new(),
+        };
+
+        let listen = socket_addr(
+            &mut issues,
+            "listen",
+            overrides.listen.as_deref().or(self.listen.as_deref()),
+            DEFAULT_LISTEN,
+        );
+        let admin = socket_addr(
+            &mut issues,
+            "admin",
+            overrides.admin.as_deref().or(self.admin.as_deref()),
+            DEFAULT_ADMIN,
+        );
+        let upstream = self
+            .upstream
+            .validate(&mut issues, overrides.upstream.as_deref());
+        let tls = self.tls.map(|t| ListenerTls {
+            cert_file: t.cert_file,
+            key_file: t.key_file,
+        });
+        let shutdown = Shutdown {
+            drain_timeout: dur(self.shutdown.drain_timeout, default_drain_timeout()),
+        };
+        let limits = Limits {
+            max_in_flight: self.limits.max_in_flight.unwrap_or(default_max_in_flight()),
+            header_read_timeout: dur(
+                self.limits.header_read_timeout,
+                default_header_read_timeout(),
+            ),
+            max_headers: self.limits.max_headers.unwrap_or(default_max_headers()),
+            max_header_bytes: self
+                .limits
+                .max_header_bytes
+                .map_or(default_max_header_bytes(), |b| b.0),
+        };
+        if limits.max_in_flight == 0 {
+            issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.max_header_bytes < 8192 {
+            // hyper's floor for its read buffer.
+            issues.push("limits.max_header_bytes", "must be at least 8KiB");
+        }
+        let tenants = self.tenants.validate(&mut issues);
+        let labels = Labels {
+            model: self.labels.model.validate(&mut issues, "labels.model"),
+            tenant: self.labels.tenant.validate(&mut issues, "labels.tenant"),
+        };
+        let b = self.metrics.buckets;
+        let buckets = Buckets {
+            time_to_first_byte_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_to_first_byte_seconds",
+                b.time_to_first_byte_seconds,
+                LATENCY_BUCKETS,
+            ),
+            time_to_first_token_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_to_first_token_seconds",
+                b.time_to_first_token_seconds,
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.inter_token_latency_seconds",
+                b.inter_token_latency_seconds,
+                ITL_BUCKETS,
+            ),
+            time_per_output_token_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_per_output_token_seconds",
+                b.time_per_output_token_seconds,
+                ITL_BUCKETS,
+            ),
+            output_tokens_per_second: buckets(
+                &mut issues,
+                "metrics.buckets.output_tokens_per_second",
+                b.output_tokens_per_second,
+                TOKENS_PER_SECOND_BUCKETS,
+            ),
+            request_duration_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.request_duration_seconds",
+                b.request_duration_seconds,
+                DURATION_BUCKETS,
+            ),
+        };
+        let metrics = MetricsConfig {
+            buckets,
+            stall_threshold: dur(self.metrics.stall_threshold, default_stall_threshold()),
+        };
+        let observe = Observe {
+            max_event_bytes: self
+                .observe
+                .max_event_bytes
+                .map_or(default_max_event_bytes(), |b| b.0),
+            max_body_bytes: self
+                .observe
+                .max_body_bytes
+                .map_or(default_max_body_bytes(), |b| b.0),
+        };
+        if observe.max_event_bytes < 1024 {
+            issues.push("observe.max_event_bytes", "must be at least 1KiB");
+        }
+        let log = self.log.validate(&mut issues, overrides);
+
+        match (listen, admin, upstream) {
+            (Some(listen), Some(admin), Some(upstream)) if issues.found.is_empty() => Ok(Config {
+                listen,
+                admin,
+                upstream,
+                tls,
+                shutdown,
+                limits,
+                tenants,
+                labels,
+                metrics,
+                observe,
+                log,
+            }),
+            _ => Err(issues.found),
+        }
+    }
+}
+
+fn dur(value: Option<HumanDuration>, default: Duration) -> Duration {
+    value.map_or(default, |d| d.0)
+}
+
+fn socket_addr(
+    issues: &mut Issues<'_>,
+    path: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<SocketAddr> {
+    let text = value.unwrap_or(default);
+    match text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            issues.push(
+                path,
+                format!("`{text}` is not a socket address (use host:port, e.g. 0.0.0.0:8080)"),
+            );
+            None
+        }
+    }
+}
+
+fn buckets(
+    issues: &mut Issues<'_>,
+    path: &str,
+    value: Option<Vec<f64>>,
+    default: &[f64],
+) -> Vec<f64> {
+    let Some(bounds) = value else {
+        return default.to_vec();
+    };
+    if bounds.is_empty() {
+        issues.push(path, "needs at least one bucket bound");
+    } else if bounds.iter().any(|b| !b.is_finite() || *b <= 0.0) {
+        issues.push(path, "bucket bounds must be positive finite numbers");
+    } else if bounds.windows(2).any(|w| w[0] >= w[1]) {
+        issues.push(path, "bucket bounds must be strictly increasing");
+    }
+    bounds
+}
+
+impl RawUpstream {
+    fn validate(self, issues: &mut Issues<'_>, flag: Option<&str>) -> Option<Upstream> {
+        let Some(url) = flag.or(self.url.as_deref()) else {
+            issues.push(
+                "upstream.url",
+                "missing: set `upstream.url` or pass --upstream (TOKENTAP_UPSTREAM)",
+            );
+            return None;
+        };
+        let (scheme, authority, base_path) = match parse_upstream_url(url) {
+            Ok(parts) => parts,
+            Err(message) => {
+                issues.push("upstream.url", message);
+                return None;
+            }
+        };
+        if self.http2 && scheme == http::uri::Scheme::HTTPS {
+            issues.push(
+                "upstream.http2",
+                "only for http:// upstreams (https:// negotiates HTTP/2 by ALPN)",
+            );
+        }
+        let host_header = match self.host_header.as_deref() {
+            None | Some("upstream") => HostHeader::Upstream,
+            Some("preserve") => HostHeader::Preserve,
+            Some(other) => {
+                issues.push(
+                    "upstream.host_header",
+                    format!("`{other}` is not one of `upstream`, `preserve`"),
+                );
+                HostHeader::Upstream
+            }
+        };
+        let upstream = Upstream {
+            scheme,
+            authority,
+            base_path,
+            connect_timeout: dur(self.connect_timeout, default_connect_timeout()),
+            response_head_timeout: dur(self.response_head_timeout, default_response_head_timeout()),
+            idle_timeout: dur(self.idle_timeout, default_idle_timeout()),
+            http2: self.http2,
+            ca_file: self.ca_file,
+            host_header,
+            pool_idle_timeout: dur(self.pool_idle_timeout, default_pool_idle_timeout()),
+            pool_max_idle_per_host: self
+                .pool_max_idle_per_host
+                .unwrap_or(default_pool_max_idle_per_host()),
+            probe_interval: dur(self.probe_interval, default_probe_interval()),
+        };
+        for (key, value) in [
+            ("upstream.connect_timeout", upstream.connect_timeout),
+            (
+                "upstream.response_head_timeout",
+                upstream.response_head_timeout,
+            ),
+            ("upstream.idle_timeout", upstream.idle_timeout),
+            ("upstream.probe_interval", upstream.probe_interval),
+        ] {
+            if value.is_zero() {
+                issues.push(key, "must be longer than 0");
+            }
+        }
+        Some(upstream)
+    }
+}
+
+impl RawTenants {
+    fn validate(self, issues: &mut Issues<'_>) -> Vec<TenantSource> {
+        let Some(sources) = self.sources else {
+            return vec![TenantSource::Header(http::HeaderName::from_static(
+                "x-tenant-id",
+            ))];
+        };
+        let mut out = Vec::with_capacity(sources.len());
+        for (i, source) in sources.into_iter().enumerate() {
+            let path = format!("tenants.sources.{i}");
+            match (source.header, source.api_keys) {
+                (Some(name), None) => match http::HeaderName::try_from(name.as_str()) {
+                    Ok(name) => out.push(TenantSource::Header(name)),
+                    Err(_) => issues.push(
+                        &format!("{path}.header"),
+                        format!("`{name}` is not a valid header name"),
+                    ),
+                },
+                (None, Some(keys)) => {
+                    let mut map = HashMap::with_capacity(keys.len());
+                    for (hash, tenant) in keys {
+                        let mut digest = [0u8; 32];
+                        // Report the position only: a hash is not a secret, but a
+                        // mistakenly pasted raw key would be.
+                        if hash.len() != 64 || hex::decode_to_slice(&hash, &mut digest).is_err() {
+                            issues.push(
+                                &format!("{path}.api_keys"),
+                                "keys must be 64 hex digits: the SHA-256 of the API key, \
+                                 never the key itself (`printf %s \"$KEY\" | sha256sum`)",
+                            );
+                            continue;
+                        }
+                        map.insert(digest, tenant);
+                    }
+                    out.push(TenantSource::ApiKeys(map));
+                }
+                _ => issues.push(&path, "needs exactly one of `header`, `api_keys`"),
+            }
+        }
+        out
+    }
+}
+
+impl RawLabelPolicy {
+    fn validate(self, issues: &mut Issues<'_>, path: &str) -> LabelPolicy {
+        let max_values = if self.unbounded {
+            None
+        } else {
+            let max = self.max_values.unwrap_or(default_label_max_values());
+            if max == 0 {
+                issues.push(&format!("{path}.max_values"), "must be at least 1");
+            } else if max > label_max_values_ceiling() {
+                issues.push(
+                    &format!("{path}.max_values"),
+                    format!(
+                        "{max} exceeds {}; set `unbounded: true` to opt in to unbounded series",
+                        label_max_values_ceiling()
+                    ),
+                );
+            }
+            Some(max)
+        };
+        LabelPolicy {
+            max_values,
+            allow: self.allow.map(|v| v.into_iter().collect::<HashSet<_>>()),
+            aliases: self.aliases.into_iter().collect(),
+            max_value_len: self.max_value_len.unwrap_or(default_label_max_value_len()),
+        }
+    }
+}
+
+impl RawLog {
+    fn validate(self, issues: &mut Issues<'_>, overrides: &Overrides) -> Log {
+        let format = match overrides.log_format.as_deref().or(self.format.as_deref()) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                issues.push(
+                    "log.format",
+                    format!("`{other}` is not one of `text`, `json`"),
+                );
+                LogFormat::Text
+            }
+        };
+        let level = overrides
+            .log_level
+            .clone()
+            .or(self.level)
+            .unwrap_or_else(|| "info".to_string());
+        if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+            issues.push("log.level", format!("`{level}` is not a log filter"));
+        }
+        Log { format, level }
+    }
+}
+
+/// Find the line:column of a dotted key path in YAML text (block style), for issues found
+/// after parsing. Numeric segments index block sequences (`- `). Best effort: `None` when
+/// the key is not written in the file (a default or a flag).
+pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
+    let mut lines = text.lines().enumerate().peekable();
+    let mut parent_indent: isize = -1;
+    let mut found = None;
+    for segment in path.split('.') {
+        found = None;
+        if let Ok(index) = segment.parse::<usize>() {
+            let mut seen = 0usize;
+            for (n, line) in lines.by_ref() {
+                let indent = indent_of(line);
+                let trimmed = line.trim_start();
+                if is_blank(trimmed) {
+                    continue;
+                }
+                if (indent as isize) <= parent_indent && !trimmed.starts_with('-') {
+                    return None;
+                }
+                if trimmed.starts_with("- ") || trimmed == "-" {
+                    if seen == index {
+                        found = Some((n + 1, indent + 1));
+                        // The item's keys sit after "- ".
+                        parent_indent = indent as isize;
+                        break;
+                    }
+                    seen += 1;
+                }
+            }
+        } else {
+            for (n, line) in lines.by_ref() {
+                let trimmed = line.trim_start();
+                if is_blank(trimmed) {
+                    continue;
+                }
+                let mut indent = indent_of(line);
+                let mut key_part = trimmed;
+                if let Some(rest) = trimmed.strip_prefix("- ") {
+                    indent += 2;
+                    key_part = rest;
+                }
+                if (indent as isize) <= parent_indent {
+                    return None;
+                }
+                let key = key_part
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches(|c| c == '"' || c == '\'');
+                if key == segment
+                    && key_part[key.len()..]
+                        .trim_start_matches(['"', '\''])
+                        .starts_with(':')
+                {
+                    found = Some((n + 1, indent + 1));
+                    parent_indent = indent as isize;
+                    break;
+                }
+            }
+        }
+        found?;
+        lines.peek();
+    }
+    found
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+fn is_blank(trimmed: &str) -> bool {
+    trimmed.is_empty() || trimmed.starts_with('#')
+}

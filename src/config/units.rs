@@ -1,0 +1,161 @@
+//! Human-friendly value types for the config file: durations (`150ms`, `5s`, `2m`) and
+//! byte sizes (`64KiB`, `8MiB`). They validate while deserializing, so a bad value is
+//! reported with the key path and line:column of the value itself.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+/// A duration written as `<number><unit>` with unit `ms`, `s`, `m` or `h` (a bare number
+/// is seconds). Fractions are allowed: `1.5s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+/// Parse `150ms`, `5s`, `2m`, `1h`, `0.25s` or `3` (seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (use e.g. 150ms, 5s, 2m)"))?;
+    let scale = match unit.trim() {
+        "ms" => 1e-3,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit `{other}` (use ms, s, m or h)"
+            ))
+        }
+    };
+    let seconds = value * scale;
+    if !seconds.is_finite() || seconds > 1e9 {
+        return Err(format!("duration `{text}` is out of range"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = HumanDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 150ms, 5s or 2m")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HumanDuration, E> {
+                parse_duration(v).map(HumanDuration).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<HumanDuration, E> {
+                Ok(HumanDuration(Duration::from_secs(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<HumanDuration, E> {
+                u64::try_from(v)
+                    .map(|v| HumanDuration(Duration::from_secs(v)))
+                    .map_err(|_| E::custom("a duration cannot be negative"))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<HumanDuration, E> {
+                if v.is_finite() && (0.0..1e9).contains(&v) {
+                    Ok(HumanDuration(Duration::from_secs_f64(v)))
+                } else {
+                    Err(E::custom("duration out of range"))
+                }
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A byte size: an integer, or a number with `B`, `KiB`, `MiB`, `GiB` (also `KB`, `MB`, `GB`
+/// as powers of 1000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub usize);
+
+/// Parse `65536`, `64KiB`, `8MiB`, `1GB`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (use e.g. 65536, 64KiB, 8MiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB or GiB)"
+            ))
+        }
+    };
+    value
+        .checked_mul(scale)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("size `{text}` is out of range"))
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size such as 65536, 64KiB or 8MiB")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                parse_size(v).map(ByteSize).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                usize::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom("size out of range"))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                usize::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom("a size cannot be negative"))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("150ms"), Ok(Duration::from_millis(150)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("1MB"), Ok(1_000_000));
+        assert!(parse_size("8 bananas").is_err());
+        assert!(parse_size("-1").is_err());
+    }
+}

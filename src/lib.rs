@@ -1,0 +1,38 @@
+//! tokentap: a transparent sidecar proxy that measures how fast LLMs stream.
+//!
+//! It forwards every byte between a client and an inference server unchanged, watches
+//! streamed responses as they pass, stamps each token-bearing event, and exports
+//! Prometheus histograms of time-to-first-token, inter-token latency and tokens/s per
+//! model and tenant. See `DESIGN.md` for the data flow and the exact semantics.
+//!
+//! Module map, in the order a request meets them:
+//! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
+//! - [`proxy`]: the service: inspection, the upstream client, response wrapping;
+//! - [`observe`]: body wrappers that watch without touching, record-once outcome;
+//! - [`wire`]: sans-IO decoders from bytes to token signals;
+//! - [`clock`]: the measurement semantics (no I/O, no clock reads);
+//! - [`metrics`]: the metric families and bounded labels;
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`config`]: the YAML file and flags, validated with located errors;
+//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
+
+pub mod admin;
+pub mod clock;
+pub mod config;
+pub mod demo;
+pub mod metrics;
+pub mod observe;
+pub mod proxy;
+pub mod server;
+pub mod sim;
+pub mod wire;
+
+use std::future::Future;
+
+pub use config::Config;
+pub use server::{ServeError, Server};
+
+/// Bind and serve `config` until `shutdown` resolves, then drain and return.
+pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    Server::bind(config).await?.run(shutdown).await
+}

@@ -1,0 +1,162 @@
+//! Bounded label values. A client controls what `model` and `tenant` it sends, so every
+//! value passes a policy before it can become a Prometheus series: aliases, an optional
+//! allowlist, a length bound and a cap on distinct values. Past the cap a value becomes
+//! `other`; a missing one is `unknown`. Lookups happen once per request, never per token.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use prometheus::IntCounter;
+
+use crate::config::LabelPolicy;
+
+/// The value for a label the request did not carry.
+pub const UNKNOWN: &str = "unknown";
+/// The value for anything the policy does not keep.
+pub const OTHER: &str = "other";
+
+/// The admitted values of one label.
+pub struct LabelSet {
+    policy: LabelPolicy,
+    admitted: RwLock<HashMap<Box<str>, Arc<str>>>,
+    unknown: Arc<str>,
+    other: Arc<str>,
+    overflow: IntCounter,
+}
+
+impl LabelSet {
+    /// `overflow` counts values folded into `other` by the cap, allowlist or length bound.
+    pub fn new(policy: LabelPolicy, overflow: IntCounter) -> Self {
+        LabelSet {
+            policy,
+            admitted: RwLock::new(HashMap::new()),
+            unknown: Arc::from(UNKNOWN),
+            other: Arc::from(OTHER),
+            overflow,
+        }
+    }
+
+    /// The label value to use for `raw`.
+    pub fn resolve(&self, raw: Option<&str>) -> Arc<str> {
+        let raw = match raw.map(str::trim) {
+            None | Some("") => return self.unknown.clone(),
+            Some(v) => v,
+        };
+        let value = self.policy.aliases.get(raw).map_or(raw, String::as_str);
+        if let Some(found) = self.read().get(value) {
+            return found.clone();
+        }
+        if value.len() > self.policy.max_value_len
+            || value.chars().any(char::is_control)
+            || self
+                .policy
+                .allow
+                .as_ref()
+                .is_some_and(|allow| !allow.contains(value))
+        {
+            self.overflow.inc();
+            return self.other.clone();
+        }
+        let mut admitted = self
+            .admitted
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = admitted.get(value) {
+            return found.clone();
+        }
+        if self
+            .policy
+            .max_values
+            .is_some_and(|max| admitted.len() >= max)
+        {
+            self.overflow.inc();
+            return self.other.clone();
+        }
+        let interned: Arc<str> = Arc::from(value);
+        admitted.insert(Box::from(value), interned.clone());
+        interned
+    }
+
+    /// How many distinct values have been admitted.
+    pub fn admitted(&self) -> usize {
+        self.read().len()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Box<str>, Arc<str>>> {
+        self.admitted
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn policy(max: Option<usize>) -> LabelPolicy {
+        LabelPolicy {
+            max_values: max,
+            allow: None,
+            aliases: HashMap::new(),
+            max_value_len: 16,
+        }
+    }
+
+    fn counter() -> IntCounter {
+        IntCounter::new("overflow", "test").expect("valid counter")
+    }
+
+    #[test]
+    fn missing_and_empty_are_unknown() {
+        let set = LabelSet::new(policy(Some(2)), counter());
+        assert_eq!(&*set.resolve(None), UNKNOWN);
+        assert_eq!(&*set.resolve(Some("  ")), UNKNOWN);
+        assert_eq!(set.admitted(), 0);
+    }
+
+    #[test]
+    fn cap_folds_new_values_into_other_and_counts_them() {
+        let overflow = counter();
+        let set = LabelSet::new(policy(Some(2)), overflow.clone());
+        assert_eq!(&*set.resolve(Some("a")), "a");
+        assert_eq!(&*set.resolve(Some("b")), "b");
+        assert_eq!(&*set.resolve(Some("c")), OTHER);
+        assert_eq!(&*set.resolve(Some("a")), "a", "admitted values stay");
+        assert_eq!(&*set.resolve(Some("d")), OTHER);
+        assert_eq!(set.admitted(), 2);
+        assert_eq!(overflow.get(), 2);
+    }
+
+    #[test]
+    fn aliases_apply_before_the_cap() {
+        let mut p = policy(Some(1));
+        p.aliases
+            .insert("gpt-4o-2024-08-06".into(), "gpt-4o".into());
+        let set = LabelSet::new(p, counter());
+        assert_eq!(&*set.resolve(Some("gpt-4o-2024-08-06")), "gpt-4o");
+        assert_eq!(&*set.resolve(Some("gpt-4o")), "gpt-4o");
+        assert_eq!(set.admitted(), 1);
+    }
+
+    #[test]
+    fn allowlist_and_length_bound() {
+        let mut p = policy(None);
+        p.allow = Some(HashSet::from(["llama".to_string()]));
+        let set = LabelSet::new(p, counter());
+        assert_eq!(&*set.resolve(Some("llama")), "llama");
+        assert_eq!(&*set.resolve(Some("mistral")), OTHER);
+        let set = LabelSet::new(policy(None), counter());
+        assert_eq!(&*set.resolve(Some("a-very-long-model-name")), OTHER);
+        assert_eq!(&*set.resolve(Some("bad\nvalue")), OTHER);
+    }
+
+    #[test]
+    fn unbounded_keeps_everything() {
+        let set = LabelSet::new(policy(None), counter());
+        for i in 0..5000 {
+            set.resolve(Some(&format!("t{i}")));
+        }
+        assert_eq!(set.admitted(), 5000);
+    }
+}

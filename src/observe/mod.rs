@@ -1,0 +1,314 @@
+//! Body wrappers that watch traffic without touching it.
+//!
+//! [`ObservedBody`] wraps an upstream response body: every frame is returned exactly as it
+//! came, and the observer looks at a borrowed view of its bytes on the way through. It is
+//! the one place that reads the clock (once per frame), it enforces the per-frame idle
+//! timeout, and it records the request's outcome exactly once: at end of stream, on an
+//! error frame, or when dropped before the end (the client went away).
+//!
+//! [`ScannedBody`] wraps a request body the same way, scanning for `model` and `stream`.
+//!
+//! A panic inside an observer is caught: observation of that stream stops, the stream
+//! itself goes on.
+
+pub mod recorder;
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Sleep;
+
+use crate::metrics::{Metrics, Outcome, Unobserved};
+use crate::wire::request::RequestScanner;
+use crate::wire::{Decoder, Signal};
+pub use recorder::{Recorder, RequestFacts, RequestLabels};
+
+/// Error type of proxied bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The upstream sent nothing for longer than `upstream.idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream sent nothing for {0:?}")]
+pub struct IdleTimeout(pub Duration);
+
+/// The decoder plus the recorder it feeds.
+pub struct StreamObserver {
+    recorder: Recorder,
+    /// `None` once observation stopped (limit hit, panic, or a response not decoded).
+    decoder: Option<Box<dyn Decoder>>,
+    signals: Vec<Signal>,
+    metrics: Arc<Metrics>,
+}
+
+impl StreamObserver {
+    pub fn new(
+        recorder: Recorder,
+        decoder: Option<Box<dyn Decoder>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        StreamObserver {
+            recorder,
+            decoder,
+            signals: Vec::new(),
+            metrics,
+        }
+    }
+
+    /// Look at one data frame that arrived at `at`.
+    fn data(&mut self, at: Instant, bytes: &[u8]) {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return;
+        };
+        self.signals.clear();
+        match decoder.feed(bytes, &mut self.signals) {
+            Ok(()) => self.recorder.apply(at, &self.signals),
+            Err(err) => {
+                // What was decoded before the bound was hit still counts.
+                self.recorder.apply(at, &self.signals);
+                tracing::debug!(error = %err, "stopped observing a stream");
+                self.metrics.unobserved(Unobserved::DecodeLimit);
+                self.decoder = None;
+            }
+        }
+    }
+
+    /// The body ended cleanly at `at`.
+    fn end(mut self, at: Instant) {
+        if let Some(mut decoder) = self.decoder.take() {
+            self.signals.clear();
+            match decoder.finish(&mut self.signals) {
+                Ok(()) => {}
+                Err(_) => self.metrics.unobserved(Unobserved::DecodeLimit),
+            }
+            self.recorder.apply(at, &self.signals);
+        }
+        self.recorder.finish(at, Outcome::Completed);
+    }
+
+    fn fail(self, at: Instant, outcome: Outcome) {
+        self.recorder.finish(at, outcome);
+    }
+}
+
+pin_project! {
+    /// A response body forwarded frame by frame, observed on the way.
+    pub struct ObservedBody<B> {
+        #[pin]
+        inner: B,
+        observer: Option<StreamObserver>,
+        idle_timeout: Duration,
+        idle: Option<Pin<Box<Sleep>>>,
+        last_frame: Instant,
+        // Whether the inner body said it had nothing more to send after the last frame.
+        at_end: bool,
+        metrics: Arc<Metrics>,
+        // Held until the body is gone: the request counts against the in-flight limit.
+        permit: Option<OwnedSemaphorePermit>,
+    }
+
+    impl<B> PinnedDrop for ObservedBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(observer) = this.observer.take() {
+                // Dropped before the end: the client went away (or the server is shutting
+                // down past its drain deadline). hyper may also drop a body it has read to
+                // its end without polling for `None`: that is a completion.
+                let at = Instant::now();
+                let outcome = if *this.at_end {
+                    Outcome::Completed
+                } else {
+                    Outcome::Cancelled
+                };
+                guarded(this.metrics, || match outcome {
+                    Outcome::Completed => observer.end(at),
+                    other => observer.fail(at, other),
+                });
+            }
+        }
+    }
+}
+
+impl<B> ObservedBody<B> {
+    /// Wrap `inner`; with `observer: None` the body is only guarded by the idle timeout.
+    pub fn new(
+        inner: B,
+        observer: Option<StreamObserver>,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        ObservedBody {
+            inner,
+            observer,
+            permit,
+            idle_timeout,
+            idle: None,
+            last_frame: Instant::now(),
+            at_end: false,
+            metrics,
+        }
+    }
+}
+
+/// Run observer code; a panic stops observation but never reaches the stream.
+fn guarded(metrics: &Metrics, work: impl FnOnce()) -> bool {
+    match catch_unwind(AssertUnwindSafe(work)) {
+        Ok(()) => true,
+        Err(_) => {
+            tracing::error!("observer panicked; the stream continues unobserved");
+            metrics.unobserved(Unobserved::ObserverPanic);
+            false
+        }
+    }
+}
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let at = Instant::now();
+        match polled {
+            Poll::Pending => {
+                let deadline =
+                    tokio::time::Instant::from_std(*this.last_frame + *this.idle_timeout);
+                let sleep = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if sleep.deadline() != deadline {
+                    sleep.as_mut().reset(deadline);
+                }
+                if sleep.as_mut().poll(cx).is_ready() {
+                    if let Some(observer) = this.observer.take() {
+                        guarded(this.metrics, || observer.fail(at, Outcome::Timeout));
+                    }
+                    tracing::warn!(timeout = ?this.idle_timeout, "upstream stream idle; aborting it");
+                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(*this.idle_timeout)))));
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                // The idle timer restarts from this frame.
+                *this.last_frame = at;
+                if let (Some(observer), Some(data)) = (this.observer.as_mut(), frame.data_ref()) {
+                    if !guarded(this.metrics, || observer.data(at, data)) {
+                        // The decoder's state is not trusted after a panic; the request is
+                        // still recorded when the stream ends.
+                        observer.decoder = None;
+                    }
+                }
+                *this.at_end = this.inner.is_end_stream();
+                if *this.at_end {
+                    if let Some(observer) = this.observer.take() {
+                        guarded(this.metrics, || observer.end(at));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                if let Some(observer) = this.observer.take() {
+                    guarded(this.metrics, || observer.fail(at, Outcome::UpstreamError));
+                }
+                let err: BoxError = err.into();
+                tracing::warn!(error = %err, "upstream stream failed mid-body");
+                Poll::Ready(Some(Err(err)))
+            }
+            Poll::Ready(None) => {
+                if let Some(observer) = this.observer.take() {
+                    guarded(this.metrics, || observer.end(at));
+                }
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// A request body forwarded frame by frame while `model` and `stream` are read from it.
+    pub struct ScannedBody<B> {
+        #[pin]
+        inner: B,
+        scanner: Option<RequestScanner>,
+        facts: Arc<RequestFacts>,
+    }
+}
+
+impl<B> ScannedBody<B> {
+    /// `scan: false` forwards without looking (non-LLM routes).
+    pub fn new(inner: B, scan: bool, facts: Arc<RequestFacts>) -> Self {
+        ScannedBody {
+            inner,
+            scanner: scan.then(RequestScanner::new),
+            facts,
+        }
+    }
+}
+
+impl<B> Body for ScannedBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let (Some(scanner), Some(data)) = (this.scanner.as_mut(), frame.data_ref()) {
+                let scanned = catch_unwind(AssertUnwindSafe(|| {
+                    scanner.feed(data);
+                    if let Some(model) = scanner.model() {
+                        if this.facts.model.get().is_none() {
+                            let _ = this.facts.model.set(model.to_string());
+                        }
+                    }
+                    if let Some(stream) = scanner.stream() {
+                        let _ = this.facts.stream.set(stream);
+                    }
+                    scanner.is_done()
+                }));
+                if scanned.unwrap_or(true) {
+                    *this.scanner = None;
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

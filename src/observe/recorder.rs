@@ -1,0 +1,207 @@
+//! `Recorder`: one request's measurement state, from request head to outcome.
+//!
+//! It owns the `TokenClock`, resolves the request's metric handles once (lazily, so a
+//! model named only by the response can still label it), observes per-event figures as
+//! they happen, and records the per-request figures and the outcome exactly once, in
+//! [`Recorder::finish`], which consumes it. The body wrapper guarantees `finish` is called
+//! on every exit, including a drop.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use prometheus::IntGauge;
+
+use crate::clock::{Stamp, TokenClock};
+use crate::metrics::{Metrics, Outcome, StreamMetrics};
+use crate::wire::{Dialect, Signal};
+
+/// What the request body scan learnt, published as soon as it is known.
+#[derive(Debug, Default)]
+pub struct RequestFacts {
+    pub model: OnceLock<String>,
+    pub stream: OnceLock<bool>,
+}
+
+/// Keeps `tokentap_streams_in_flight` honest: incremented on creation, decremented on drop.
+struct InFlight(IntGauge);
+
+impl InFlight {
+    fn enter(gauge: &IntGauge) -> InFlight {
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Who the request is, for labels and the access log.
+#[derive(Debug, Clone)]
+pub struct RequestLabels {
+    pub method: http::Method,
+    /// The path without its query (a query can hold keys).
+    pub path: String,
+    pub dialect: Dialect,
+    pub tenant: Option<String>,
+}
+
+/// Measurement state of one LLM request.
+pub struct Recorder {
+    metrics: Arc<Metrics>,
+    clock: TokenClock,
+    request: RequestLabels,
+    facts: Arc<RequestFacts>,
+    response_model: Option<String>,
+    handles: Option<StreamMetrics>,
+    status: Option<StatusCode>,
+    stall_threshold: Duration,
+    stream_error: bool,
+    malformed: u64,
+    _in_flight: InFlight,
+}
+
+impl Recorder {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        t_req: Instant,
+        request: RequestLabels,
+        facts: Arc<RequestFacts>,
+        stall_threshold: Duration,
+    ) -> Recorder {
+        let in_flight = InFlight::enter(&metrics.streams_in_flight);
+        Recorder {
+            metrics,
+            clock: TokenClock::new(t_req),
+            request,
+            facts,
+            response_model: None,
+            handles: None,
+            status: None,
+            stall_threshold,
+            stream_error: false,
+            malformed: 0,
+            _in_flight: in_flight,
+        }
+    }
+
+    /// The upstream response head arrived at `at`.
+    pub fn response_head(&mut self, at: Instant, status: StatusCode) {
+        self.clock.response_head(at);
+        self.status = Some(status);
+    }
+
+    /// Apply the signals decoded from one frame that arrived at `at`, in order.
+    pub fn apply(&mut self, at: Instant, signals: &[Signal]) {
+        for signal in signals {
+            match signal {
+                Signal::Output {
+                    tokens,
+                    exact,
+                    kind,
+                } => {
+                    let content_pending = self.clock.ttft_content().is_none();
+                    let stamp = self.clock.output(at, *tokens, *exact, *kind);
+                    let stall_threshold = self.stall_threshold;
+                    let handles = self.handles();
+                    match stamp {
+                        Stamp::First { ttft } => handles.ttft.observe(ttft.as_secs_f64()),
+                        Stamp::Next {
+                            gap,
+                            per_token,
+                            tokens,
+                        } => {
+                            handles.observe_itl(per_token, tokens);
+                            if gap >= stall_threshold {
+                                handles.stalls.inc();
+                            }
+                        }
+                    }
+                    if content_pending {
+                        if let Some(ttft_content) = self.clock.ttft_content() {
+                            self.handles()
+                                .ttft_content
+                                .observe(ttft_content.as_secs_f64());
+                        }
+                    }
+                }
+                Signal::Usage {
+                    input_tokens,
+                    output_tokens,
+                } => self.clock.usage(*input_tokens, *output_tokens),
+                Signal::Model(model) => {
+                    if self.response_model.is_none() {
+                        self.response_model = Some(model.clone());
+                    }
+                }
+                Signal::Error => self.stream_error = true,
+                Signal::Malformed => self.malformed += 1,
+                Signal::Done => {}
+            }
+        }
+    }
+
+    /// The request's metric handles, resolved on first use.
+    fn handles(&mut self) -> &StreamMetrics {
+        if self.handles.is_none() {
+            let model = self
+                .facts
+                .model
+                .get()
+                .map(String::as_str)
+                .or(self.response_model.as_deref());
+            let handles = self.metrics.stream(model, self.request.tenant.as_deref());
+            if let Some(ttfb) = self.clock.ttfb() {
+                handles.ttfb.observe(ttfb.as_secs_f64());
+            }
+            self.handles = Some(handles);
+        }
+        self.handles.as_ref().expect("resolved just above")
+    }
+
+    /// Whether the stream reported an error itself.
+    pub fn saw_stream_error(&self) -> bool {
+        self.stream_error
+    }
+
+    /// Record the outcome and per-request figures. Consumes the recorder: once only.
+    pub fn finish(mut self, at: Instant, outcome: Outcome) {
+        let outcome = match outcome {
+            Outcome::Completed if self.stream_error => Outcome::UpstreamError,
+            Outcome::Completed if self.status.is_some_and(|s| s.is_server_error()) => {
+                Outcome::UpstreamError
+            }
+            other => other,
+        };
+        let timings = self.clock.finish(at);
+        self.handles();
+        let handles = self.handles.as_ref().expect("resolved just above");
+        self.metrics.finish(handles, outcome, &timings);
+        self.metrics
+            .decode_errors(self.request.dialect.as_str(), self.malformed);
+
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+        tracing::info!(
+            target: "tokentap::access",
+            method = %self.request.method,
+            path = %self.request.path,
+            dialect = self.request.dialect.as_str(),
+            model = %handles.model,
+            tenant = %handles.tenant,
+            status = self.status.map(|s| s.as_u16()),
+            outcome = outcome.as_str(),
+            stream = self.facts.stream.get().copied(),
+            ttfb_ms = ms(timings.ttfb),
+            ttft_ms = ms(timings.ttft),
+            mean_itl_ms = ms(timings.mean_itl),
+            duration_ms = timings.duration.as_secs_f64() * 1e3,
+            output_tokens = timings.output_tokens,
+            input_tokens = timings.input_tokens,
+            events = timings.events,
+            "request"
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! The proxy service: one client request in, one response out, unchanged.
+//!
+//! For an LLM route it starts a [`Recorder`] at the request head, scans the request body
+//! on its way up, chooses a decoder from the response head and wraps the response body in
+//! an [`ObservedBody`]. Every other route is forwarded without observation. Either way the
+//! bytes, the status and the end-to-end headers are the upstream's own.
+
+pub mod inspect;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Config;
+use crate::metrics::{Metrics, Outcome, Unobserved};
+use crate::observe::{
+    BoxError, ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver,
+};
+use crate::wire::{self, DecodeLimits, Framing};
+use upstream::{error_response, UpstreamClient};
+
+/// The body type of every response tokentap sends.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Shared state of the proxy service.
+pub struct Proxy {
+    config: Arc<Config>,
+    upstream: UpstreamClient,
+    metrics: Arc<Metrics>,
+    /// Bounds requests in flight; a permit lives as long as the response body.
+    in_flight: Arc<Semaphore>,
+}
+
+impl Proxy {
+    pub fn new(config: Arc<Config>, upstream: UpstreamClient, metrics: Arc<Metrics>) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
+            config,
+            upstream,
+            metrics,
+        })
+    }
+
+    /// A hyper service handle for one connection.
+    pub fn service(self: &Arc<Self>) -> ProxyService {
+        ProxyService(self.clone())
+    }
+
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let t_req = Instant::now();
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            tracing::warn!(
+                limit = self.config.limits.max_in_flight,
+                "rejecting request: too many in flight"
+            );
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests in flight",
+            );
+        };
+        let (parts, body) = request.into_parts();
+        let info = inspect::inspect(&parts, &self.config.tenants);
+        let Some(dialect) = info.dialect else {
+            return self.passthrough(parts, body, t_req, permit).await;
+        };
+
+        let facts = Arc::new(RequestFacts::default());
+        let mut recorder = Recorder::new(
+            self.metrics.clone(),
+            t_req,
+            RequestLabels {
+                method: parts.method.clone(),
+                path: parts.uri.path().to_string(),
+                dialect,
+                tenant: info.tenant,
+            },
+            facts.clone(),
+            self.config.metrics.stall_threshold,
+        );
+        let response = match self.upstream.send(parts, body, true, facts).await {
+            Ok(response) => response,
+            Err(err) => {
+                let outcome = match err {
+                    upstream::UpstreamError::Timeout(_) => Outcome::Timeout,
+                    _ => Outcome::UpstreamError,
+                };
+                tracing::warn!(error = %err, "upstream failed before its response head");
+                recorder.finish(Instant::now(), outcome);
+                return text(err.status(), &err.to_string());
+            }
+        };
+        recorder.response_head(Instant::now(), response.status());
+
+        let (mut parts, body) = response.into_parts();
+        upstream::strip_hop_by_hop(&mut parts.headers);
+        let decoder = self.decoder_for(dialect, &parts);
+        let observer = StreamObserver::new(recorder, decoder, self.metrics.clone());
+        let body = ObservedBody::new(
+            body,
+            Some(observer),
+            self.config.upstream.idle_timeout,
+            self.metrics.clone(),
+            Some(permit),
+        );
+        Response::from_parts(parts, body.boxed_unsync())
+    }
+
+    /// Choose the decoder for a response head, or `None` to forward it unobserved.
+    fn decoder_for(
+        &self,
+        dialect: wire::Dialect,
+        parts: &http::response::Parts,
+    ) -> Option<Box<dyn wire::Decoder>> {
+        if !parts.status.is_success() {
+            // Error bodies carry no tokens; the status decides the outcome.
+            return None;
+        }
+        if parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| v.as_bytes() != b"identity")
+        {
+            self.metrics.unobserved(Unobserved::ContentEncoding);
+            return None;
+        }
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let framing = if content_type.starts_with("text/event-stream") {
+            Framing::Sse
+        } else if content_type.starts_with("application/json") {
+            Framing::Json
+        } else {
+            self.metrics.unobserved(Unobserved::ContentType);
+            return None;
+        };
+        let limits = DecodeLimits {
+            max_event_bytes: self.config.observe.max_event_bytes,
+            max_body_bytes: self.config.observe.max_body_bytes,
+        };
+        Some(wire::decoder(dialect, framing, limits))
+    }
+
+    async fn passthrough(
+        &self,
+        parts: http::request::Parts,
+        body: Incoming,
+        t_req: Instant,
+        permit: OwnedSemaphorePermit,
+    ) -> Response<ProxyBody> {
+        self.metrics.passthrough();
+        let method = parts.method.clone();
+        let path = parts.uri.path().to_string();
+        let facts = Arc::new(RequestFacts::default());
+        match self.upstream.send(parts, body, false, facts).await {
+            Ok(response) => {
+                tracing::info!(
+                    target: "tokentap::access",
+                    method = %method,
+                    path = %path,
+                    status = response.status().as_u16(),
+                    ttfb_ms = t_req.elapsed().as_secs_f64() * 1e3,
+                    "passthrough"
+                );
+                let (mut parts, body) = response.into_parts();
+                upstream::strip_hop_by_hop(&mut parts.headers);
+                let body = ObservedBody::new(
+                    body,
+                    None,
+                    self.config.upstream.idle_timeout,
+                    self.metrics.clone(),
+                    Some(permit),
+                );
+                Response::from_parts(parts, body.boxed_unsync())
+            }
+            Err(err) => {
+                tracing::warn!(method = %method, path = %path, error = %err, "upstream failed");
+                text(err.status(), &err.to_string())
+            }
+        }
+    }
+}
+
+fn text(status: StatusCode, message: &str) -> Response<ProxyBody> {
+    error_response::<Full<Bytes>>(status, message)
+        .map(|b| b.map_err(|never| match never {}).boxed_unsync())
+}
+
+/// The per-connection hyper service.
+#[derive(Clone)]
+pub struct ProxyService(Arc<Proxy>);
+
+impl hyper::service::Service<Request<Incoming>> for ProxyService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let proxy = self.0.clone();
+        Box::pin(async move { Ok(proxy.handle(request).await) })
+    }
+}

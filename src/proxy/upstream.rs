@@ -1,0 +1,306 @@
+//! The upstream side: a pooled HTTP client (HTTP/1.1 keep-alive, h2c by option, HTTPS
+//! with ALPN), the rewrite of a client request into an upstream request (URI, version,
+//! hop-by-hop headers, `Host`), and the mapping of failures to 502/504.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::{HostHeader, Upstream};
+use crate::observe::{RequestFacts, ScannedBody};
+
+/// What the upstream client sends as a request body.
+pub type UpstreamBody = ScannedBody<Incoming>;
+
+/// Why the upstream client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read upstream CA file {path}: {source}")]
+    CaFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("upstream CA file {path} holds no usable certificate")]
+    CaEmpty { path: String },
+}
+
+/// A failed upstream exchange, before any response head.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("cannot connect to upstream: {0}")]
+    Connect(String),
+    #[error("upstream response head not received within {0:?}")]
+    Timeout(Duration),
+    #[error("upstream request failed: {0}")]
+    Request(String),
+}
+
+impl UpstreamError {
+    /// The status tokentap answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+/// The pooled client for one upstream.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    config: Arc<Upstream>,
+}
+
+impl UpstreamClient {
+    pub fn new(config: &Upstream) -> Result<UpstreamClient, ClientError> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(root_store(config)?)
+        .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .http1_preserve_header_case(true)
+            .http2_only(config.http2)
+            // A request whose body has started streaming cannot be replayed.
+            .retry_canceled_requests(false)
+            .set_host(true)
+            .build(connector);
+        Ok(UpstreamClient {
+            client,
+            config: Arc::new(config.clone()),
+        })
+    }
+
+    /// Send a client request upstream. `parts` come from the client request unchanged;
+    /// this rewrites only what a proxy must.
+    pub async fn send(
+        &self,
+        mut parts: http::request::Parts,
+        body: Incoming,
+        scan_body: bool,
+        facts: Arc<RequestFacts>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let client_authority = parts.uri.authority().cloned();
+        parts.uri = self.upstream_uri(&parts.uri);
+        prepare_headers(
+            &mut parts.headers,
+            self.config.host_header,
+            client_authority,
+        );
+        parts.version = if self.config.http2 {
+            Version::HTTP_2
+        } else {
+            // The legacy client picks HTTP/2 itself where ALPN negotiated it.
+            Version::HTTP_11
+        };
+        let request = Request::from_parts(parts, ScannedBody::new(body, scan_body, facts));
+        let timeout = self.config.response_head_timeout;
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Err(_) => Err(UpstreamError::Timeout(timeout)),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(err)) if err.is_connect() => Err(UpstreamError::Connect(error_chain(&err))),
+            Ok(Err(err)) => Err(UpstreamError::Request(error_chain(&err))),
+        }
+    }
+
+    fn upstream_uri(&self, client_uri: &Uri) -> Uri {
+        let path_and_query = client_uri
+            .path_and_query()
+            .map_or("/", PathAndQuery::as_str);
+        let joined = if self.config.base_path.is_empty() {
+            path_and_query.to_string()
+        } else {
+            format!("{}{}", self.config.base_path, path_and_query)
+        };
+        Uri::builder()
+            .scheme(self.config.scheme.clone())
+            .authority(self.config.authority.clone())
+            .path_and_query(joined)
+            .build()
+            .unwrap_or_else(|_| {
+                // Only reachable with a path hyper accepted but http rejects; keep the path.
+                Uri::from_static("/")
+            })
+    }
+
+    /// Open (and drop) one TCP connection to the upstream: the readiness probe.
+    pub async fn probe(&self) -> bool {
+        let host = self
+            .config
+            .authority
+            .host()
+            .trim_matches(['[', ']'])
+            .to_string();
+        let port = self.config.authority.port_u16().unwrap_or(
+            if self.config.scheme == http::uri::Scheme::HTTPS {
+                443
+            } else {
+                80
+            },
+        );
+        matches!(
+            tokio::time::timeout(
+                self.config.connect_timeout,
+                tokio::net::TcpStream::connect((host.as_str(), port))
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+fn root_store(config: &Upstream) -> Result<rustls::RootCertStore, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    // The platform's store adds private CAs installed on the host; unreadable entries are
+    // skipped (they are logged by rustls-native-certs' result).
+    let native = rustls_native_certs::load_native_certs();
+    let _ = roots.add_parsable_certificates(native.certs);
+    if let Some(path) = &config.ca_file {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|source| ClientError::CaFile {
+            path: shown.clone(),
+            source,
+        })?;
+        let certs: Vec<_> = rustls_pemfile::certs(&mut BufReader::new(file))
+            .collect::<Result<_, _>>()
+            .map_err(|source| ClientError::CaFile {
+                path: shown.clone(),
+                source,
+            })?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(ClientError::CaEmpty { path: shown });
+        }
+    }
+    Ok(roots)
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Remove hop-by-hop headers, including any named in `Connection`. `TE: trailers` is kept
+/// (it asks for trailers end to end, as gRPC-style clients do).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    let te_trailers = headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    headers.remove(header::TE);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+fn prepare_headers(
+    headers: &mut HeaderMap,
+    host: HostHeader,
+    client_authority: Option<http::uri::Authority>,
+) {
+    strip_hop_by_hop(headers);
+    match host {
+        // The client sets `Host` from the upstream URI.
+        HostHeader::Upstream => {
+            headers.remove(header::HOST);
+        }
+        HostHeader::Preserve => {
+            if !headers.contains_key(header::HOST) {
+                if let Some(value) =
+                    client_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                {
+                    headers.insert(header::HOST, value);
+                }
+            }
+        }
+    }
+}
+
+/// An error and its causes on one line (hyper's top-level messages are terse).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+/// The short text body of a 502/504/503 that tokentap itself answers with.
+pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Response<B> {
+    let mut response = Response::new(B::from(Bytes::from(format!("tokentap: {message}\n"))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed_and_te_trailers_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", "keep-alive, x-secret-hop".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("x-secret-hop", "1".parse().unwrap());
+        headers.insert("transfer-encoding", "chunked".parse().unwrap());
+        headers.insert("te", "trailers, deflate".parse().unwrap());
+        headers.insert("x-end-to-end", "kept".parse().unwrap());
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 2, "{headers:?}");
+        assert_eq!(headers["te"], "trailers");
+        assert_eq!(headers["x-end-to-end"], "kept");
+    }
+}

@@ -1,0 +1,329 @@
+//! Listeners and lifecycle: the proxy port (HTTP/1.1 and h2c on one port, optional TLS
+//! with ALPN), the admin port, the upstream readiness probe, and graceful drain.
+//!
+//! [`Server::bind`] binds both ports first so callers (tests, the demo) learn the real
+//! addresses before traffic flows; [`Server::run`] serves until the shutdown future
+//! resolves, then stops accepting and lets in-flight streams finish up to the drain
+//! deadline.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin;
+use crate::config::{Config, ListenerTls};
+use crate::metrics::Metrics;
+use crate::proxy::upstream::{ClientError, UpstreamClient};
+use crate::proxy::Proxy;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("listener TLS: {0}")]
+    Tls(String),
+}
+
+/// What `/readyz` reports.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    pub listening: AtomicBool,
+    pub upstream_reachable: AtomicBool,
+    pub draining: AtomicBool,
+}
+
+impl Readiness {
+    /// `Ok` when ready, else the reason.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::Relaxed) {
+            Err("draining")
+        } else if !self.listening.load(Ordering::Relaxed) {
+            Err("listener not bound")
+        } else if !self.upstream_reachable.load(Ordering::Relaxed) {
+            Err("upstream not reachable")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A bound, not yet serving, tokentap.
+pub struct Server {
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    proxy_listener: TcpListener,
+    admin_listener: TcpListener,
+    upstream: UpstreamClient,
+    tls: Option<TlsAcceptor>,
+    readiness: Arc<Readiness>,
+}
+
+impl Server {
+    /// Bind the proxy and admin ports and build the upstream client.
+    pub async fn bind(config: Config) -> Result<Server, ServeError> {
+        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        Server::bind_with_metrics(config, metrics).await
+    }
+
+    /// As [`Server::bind`], exporting into existing metric families (used by the demo).
+    pub async fn bind_with_metrics(
+        config: Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<Server, ServeError> {
+        let upstream = UpstreamClient::new(&config.upstream)?;
+        let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
+        let proxy_listener = bind("proxy", config.listen).await?;
+        let admin_listener = bind("admin", config.admin).await?;
+        let readiness = Arc::new(Readiness::default());
+        readiness.listening.store(true, Ordering::Relaxed);
+        Ok(Server {
+            config: Arc::new(config),
+            metrics,
+            proxy_listener,
+            admin_listener,
+            upstream,
+            tls,
+            readiness,
+        })
+    }
+
+    /// The bound proxy address (useful with port 0).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_listener
+            .local_addr()
+            .unwrap_or(self.config.listen)
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .unwrap_or(self.config.admin)
+    }
+
+    /// The metric families this server exports.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Serve until `shutdown` resolves, then drain.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let Server {
+            config,
+            metrics,
+            proxy_listener,
+            admin_listener,
+            upstream,
+            tls,
+            readiness,
+        } = self;
+
+        let admin_task = tokio::spawn(admin::serve(
+            admin_listener,
+            metrics.clone(),
+            readiness.clone(),
+        ));
+        let probe_task = tokio::spawn(probe_upstream(
+            upstream.clone(),
+            config.upstream.probe_interval,
+            readiness.clone(),
+            metrics.clone(),
+        ));
+        let proxy = Proxy::new(config.clone(), upstream, metrics.clone());
+        let builder = connection_builder(&config);
+        let graceful = GracefulShutdown::new();
+        tracing::info!(
+            listen = %proxy_listener.local_addr().unwrap_or(config.listen),
+            upstream = %config.upstream.url(),
+            tls = tls.is_some(),
+            "proxy listening"
+        );
+
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                accepted = proxy_listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Usually out of file descriptors: back off instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            serve_connection(stream, peer, &builder, &graceful, &proxy, tls.as_ref());
+        }
+
+        // Stop accepting, fail readiness, and let in-flight streams finish.
+        drop(proxy_listener);
+        readiness.draining.store(true, Ordering::Relaxed);
+        let in_flight = graceful.count();
+        let drain = config.shutdown.drain_timeout;
+        tracing::info!(connections = in_flight, deadline = ?drain, "draining");
+        match tokio::time::timeout(drain, graceful.shutdown()).await {
+            Ok(()) => tracing::info!("drained; exiting"),
+            Err(_) => tracing::warn!(
+                streams = metrics.streams_in_flight.get(),
+                "drain deadline passed; remaining streams are cut and counted as cancelled"
+            ),
+        }
+        probe_task.abort();
+        admin_task.abort();
+        Ok(())
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { what, addr, source })
+}
+
+/// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
+/// bounded request heads.
+fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .auto_date_header(false)
+        .preserve_header_case(true)
+        .header_read_timeout(config.limits.header_read_timeout)
+        .max_headers(config.limits.max_headers)
+        .max_buf_size(config.limits.max_header_bytes)
+        .http2()
+        .timer(TokioTimer::new())
+        .auto_date_header(false)
+        .max_header_list_size(u32::try_from(config.limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(1024);
+    builder
+}
+
+fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    proxy: &Arc<Proxy>,
+    tls: Option<&TlsAcceptor>,
+) {
+    let service = proxy.service();
+    match tls {
+        None => {
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(err) = conn.await {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+            });
+        }
+        Some(acceptor) => {
+            let acceptor = acceptor.clone();
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                let handshake =
+                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+                let stream = match handshake.await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(err)) => {
+                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .into_owned();
+                if let Err(err) = watcher.watch(conn).await {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+            });
+        }
+    }
+}
+
+fn tls_acceptor(tls: &ListenerTls) -> Result<TlsAcceptor, ServeError> {
+    use std::fs::File;
+    use std::io::BufReader;
+    let open = |path: &std::path::Path| {
+        File::open(path)
+            .map(BufReader::new)
+            .map_err(|e| ServeError::Tls(format!("cannot read {}: {e}", path.display())))
+    };
+    let certs = rustls_pemfile::certs(&mut open(&tls.cert_file)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ServeError::Tls(format!("{}: {e}", tls.cert_file.display())))?;
+    if certs.is_empty() {
+        return Err(ServeError::Tls(format!(
+            "{} holds no certificate",
+            tls.cert_file.display()
+        )));
+    }
+    let key = rustls_pemfile::private_key(&mut open(&tls.key_file)?)
+        .map_err(|e| ServeError::Tls(format!("{}: {e}", tls.key_file.display())))?
+        .ok_or_else(|| {
+            ServeError::Tls(format!("{} holds no private key", tls.key_file.display()))
+        })?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ServeError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| ServeError::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Keep `upstream_reachable` and `tokentap_upstream_up` current.
+async fn probe_upstream(
+    upstream: UpstreamClient,
+    interval: Duration,
+    readiness: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+) {
+    let mut was = None;
+    loop {
+        let reachable = upstream.probe().await;
+        readiness
+            .upstream_reachable
+            .store(reachable, Ordering::Relaxed);
+        metrics.upstream_up.set(i64::from(reachable));
+        if was != Some(reachable) {
+            if reachable {
+                tracing::info!("upstream reachable");
+            } else {
+                tracing::warn!("upstream not reachable");
+            }
+            was = Some(reachable);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

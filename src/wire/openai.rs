@@ -1,0 +1,1061 @@
+//! OpenAI-style responses: streamed `/v1/chat/completions` and `/v1/completions` chunks,
+//! and the non-streaming JSON body of either.
+//!
+//! This is the format most inference servers speak (OpenAI, vLLM, SGLang, llama.cpp
+//! server, TGI's OpenAI API), so it is where tokentap's measurement semantics meet real
+//! bytes: which chunks are token-bearing events, how many tokens each one carries and
+//! whether that count is exact, the model name and the reported usage.
+//!
+//! Rules, per SSE event:
+//!
+//! - `data: [DONE]` is [`Signal::Done`]; empty data is ignored; data that is not a JSON
+//!   object of the expected shape is [`Signal::Malformed`] (observation goes on).
+//! - An `error` event, a non-null top-level `error` (OpenAI / vLLM objects, TGI strings)
+//!   or `"object": "error"` is [`Signal::Error`], and nothing else is read from it.
+//! - The first non-empty `model` is [`Signal::Model`], once per stream.
+//! - A chunk is token-bearing when any choice carries output: `delta.content` (chat) or
+//!   `text` (completions) as [`OutputKind::Content`], `delta.refusal`, tool-call or legacy
+//!   `function_call` names / arguments, `delta.reasoning_content` / `delta.reasoning`.
+//!   Empty strings, `null`, role-only, `finish_reason`-only and usage-only (`choices: []`)
+//!   chunks are not. One chunk is one event, so at most one [`Signal::Output`]; its kind
+//!   is the most visible one present: Content > Refusal > ToolCall > Reasoning.
+//! - Tokens in the event: the number of logprobs entries (chat `logprobs.content`,
+//!   completions `logprobs.tokens`, summed over choices), exact; else the growth of a
+//!   cumulative `usage.completion_tokens` (vLLM / SGLang `continuous_usage_stats`) since
+//!   the previous usage, or since zero for the first event, exact; else 1, estimated.
+//! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
+//!   chunk's `Output`. A `usage: null` or one without counts is no signal.
+//!
+//! Parsing uses borrowed serde structs that read only what the rules need and fold
+//! arrays as they go (no `serde_json::Value`, no `Vec` per chunk); leaf fields accept any
+//! JSON type so one odd field does not cost a whole event.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::sse::{SseDecoder, SseEvent};
+use super::{DecodeError, DecodeLimits, Decoder, Dialect, OutputKind, Signal};
+
+/// Decoder for a streamed (`text/event-stream`) OpenAI-style response.
+#[derive(Debug)]
+pub struct StreamDecoder {
+    sse: SseDecoder,
+    state: StreamState,
+}
+
+/// What the stream has told so far, beyond the SSE framing.
+#[derive(Debug)]
+struct StreamState {
+    dialect: Dialect,
+    model_sent: bool,
+    /// Output tokens in the last usage report (cumulative), if any was seen.
+    reported_output: Option<u64>,
+    /// Whether a token-bearing event was seen.
+    started: bool,
+}
+
+impl StreamDecoder {
+    /// A decoder for one streamed response of `dialect`.
+    pub fn new(dialect: Dialect, limits: DecodeLimits) -> Self {
+        StreamDecoder {
+            sse: SseDecoder::new(limits.max_event_bytes),
+            state: StreamState {
+                dialect,
+                model_sent: false,
+                reported_output: None,
+                started: false,
+            },
+        }
+    }
+}
+
+impl Decoder for StreamDecoder {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let state = &mut self.state;
+        self.sse
+            .feed(bytes, &mut |event: SseEvent<'_>| state.on_event(event, out))
+    }
+
+    /// A final event without its terminating blank line is discarded, as the SSE spec
+    /// says; if it carried data that loss is reported as [`Signal::Malformed`].
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        if self.sse.finish() {
+            out.push(Signal::Malformed);
+        }
+        Ok(())
+    }
+}
+
+impl StreamState {
+    fn on_event(&mut self, event: SseEvent<'_>, out: &mut Vec<Signal>) {
+        if event.event == "error" {
+            out.push(Signal::Error);
+            return;
+        }
+        let data = event.data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        if data == b"[DONE]" {
+            out.push(Signal::Done);
+            return;
+        }
+        match serde_json::from_slice::<Chunk<'_>>(data) {
+            Ok(chunk) => self.on_chunk(chunk, out),
+            Err(_) => out.push(Signal::Malformed),
+        }
+    }
+
+    fn on_chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<Signal>) {
+        if is_error(chunk.error.as_ref(), &chunk.object) {
+            out.push(Signal::Error);
+            return;
+        }
+        if !self.model_sent {
+            if let Some(model) = chunk.model.non_empty() {
+                out.push(Signal::Model(model.into_owned()));
+                self.model_sent = true;
+            }
+        }
+        let usage = reported_usage(chunk.usage, chunk.timings);
+        let reported_output = usage.and_then(|(_, output)| output);
+        let choices = chunk.choices.map(|c| c.0).unwrap_or_default();
+        let (kind, logprobs) = match self.dialect {
+            Dialect::OpenAiChat => (choices.delta_kind, choices.content_logprobs),
+            Dialect::OpenAiCompletions => (
+                choices.text.then_some(OutputKind::Content),
+                choices.token_logprobs,
+            ),
+        };
+        if let Some(kind) = kind {
+            let (tokens, exact) = self.tokens(logprobs, reported_output);
+            out.push(Signal::Output {
+                tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+                exact,
+                kind,
+            });
+            self.started = true;
+        }
+        if reported_output.is_some() {
+            self.reported_output = reported_output;
+        }
+        if let Some((input_tokens, output_tokens)) = usage {
+            out.push(Signal::Usage {
+                input_tokens,
+                output_tokens,
+            });
+        }
+    }
+
+    /// `k` for a token-bearing event and whether it is exact.
+    fn tokens(&self, logprobs: u64, reported_output: Option<u64>) -> (u64, bool) {
+        if logprobs > 0 {
+            return (logprobs, true);
+        }
+        // Before the first token-bearing event nothing was generated, so zero is a known
+        // baseline; after it only an earlier usage report is.
+        let baseline = self.reported_output.or((!self.started).then_some(0));
+        match (reported_output, baseline) {
+            (Some(now), Some(before)) if now > before => (now - before, true),
+            _ => (1, false),
+        }
+    }
+}
+
+/// Decoder for a non-streaming (`application/json`) OpenAI-style response: buffers the
+/// body up to [`DecodeLimits::max_body_bytes`] and reads `model`, `usage` (or llama.cpp
+/// `timings`) and `error` from it at the end. Emits no [`Signal::Output`].
+#[derive(Debug)]
+pub struct JsonDecoder {
+    limit: usize,
+    body: Vec<u8>,
+}
+
+impl JsonDecoder {
+    /// A decoder for one non-streaming response. Chat and completions bodies carry the
+    /// same top-level fields, so the dialect does not change what is read.
+    pub fn new(_dialect: Dialect, limits: DecodeLimits) -> Self {
+        JsonDecoder {
+            limit: limits.max_body_bytes,
+            body: Vec::new(),
+        }
+    }
+}
+
+impl Decoder for JsonDecoder {
+    fn feed(&mut self, bytes: &[u8], _out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let needed = self.body.len().saturating_add(bytes.len());
+        if needed > self.limit {
+            return Err(DecodeError::BodyTooLarge { limit: self.limit });
+        }
+        if needed > self.body.capacity() {
+            // Grow geometrically, but never past the limit.
+            let target = needed
+                .max(self.body.capacity().saturating_mul(2))
+                .min(self.limit);
+            self.body.reserve_exact(target - self.body.len());
+        }
+        self.body.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let body = std::mem::take(&mut self.body);
+        let parsed = match serde_json::from_slice::<Body<'_>>(&body) {
+            Ok(parsed) => parsed,
+            Err(_) => {
+                out.push(Signal::Malformed);
+                return Ok(());
+            }
+        };
+        if is_error(parsed.error.as_ref(), &parsed.object) {
+            out.push(Signal::Error);
+            return Ok(());
+        }
+        if let Some(model) = parsed.model.non_empty() {
+            out.push(Signal::Model(model.into_owned()));
+        }
+        if let Some((input_tokens, output_tokens)) = reported_usage(parsed.usage, parsed.timings) {
+            out.push(Signal::Usage {
+                input_tokens,
+                output_tokens,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether a chunk or body is an error report.
+fn is_error(error: Option<&IgnoredAny>, object: &Str<'_>) -> bool {
+    error.is_some() || object.0.as_deref() == Some("error")
+}
+
+/// `(input, output)` tokens from `usage`, or from llama.cpp `timings` when there is no
+/// usage; `None` when neither gives a count. `timings.prompt_n` counts only evaluated
+/// prompt tokens, so the cached ones (`cache_n`) are added back.
+fn reported_usage(
+    usage: Option<Usage>,
+    timings: Option<Timings>,
+) -> Option<(Option<u64>, Option<u64>)> {
+    let counted =
+        |&(input, output): &(Option<u64>, Option<u64>)| input.is_some() || output.is_some();
+    usage
+        .map(|u| (u.prompt_tokens.0, u.completion_tokens.0))
+        .filter(counted)
+        .or_else(|| {
+            timings
+                .map(|t| {
+                    let input = t
+                        .prompt_n
+                        .0
+                        .map(|p| p.saturating_add(t.cache_n.0.unwrap_or(0)));
+                    (input, t.predicted_n.0)
+                })
+                .filter(counted)
+        })
+}
+
+// ---- wire structs: only the fields the rules read; unknown fields are skipped ----
+
+/// One streamed chunk.
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    #[serde(borrow, default)]
+    object: Str<'a>,
+    error: Option<IgnoredAny>,
+    choices: Option<Folded<Choices>>,
+    usage: Option<Usage>,
+    timings: Option<Timings>,
+}
+
+/// A whole non-streaming response (its `choices` are not read).
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    #[serde(borrow, default)]
+    object: Str<'a>,
+    error: Option<IgnoredAny>,
+    usage: Option<Usage>,
+    timings: Option<Timings>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Num,
+    #[serde(default)]
+    completion_tokens: Num,
+}
+
+/// llama.cpp server's per-response (or per-token) timings.
+#[derive(Deserialize)]
+struct Timings {
+    #[serde(default)]
+    prompt_n: Num,
+    #[serde(default)]
+    cache_n: Num,
+    #[serde(default)]
+    predicted_n: Num,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Text,
+    logprobs: Option<Logprobs>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Text,
+    #[serde(default)]
+    refusal: Text,
+    tool_calls: Option<Folded<AnyToolCall>>,
+    function_call: Option<FunctionCall>,
+    #[serde(default)]
+    reasoning_content: Text,
+    #[serde(default)]
+    reasoning: Text,
+}
+
+impl Delta {
+    /// The most visible kind of output this delta carries.
+    fn kind(&self) -> Option<OutputKind> {
+        let tool = self.tool_calls.as_ref().is_some_and(|t| t.0 .0)
+            || self
+                .function_call
+                .as_ref()
+                .is_some_and(FunctionCall::carries);
+        if self.content.0 {
+            Some(OutputKind::Content)
+        } else if self.refusal.0 {
+            Some(OutputKind::Refusal)
+        } else if tool {
+            Some(OutputKind::ToolCall)
+        } else if self.reasoning_content.0 || self.reasoning.0 {
+            Some(OutputKind::Reasoning)
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ToolCall {
+    function: Option<FunctionCall>,
+}
+
+#[derive(Deserialize)]
+struct FunctionCall {
+    #[serde(default)]
+    name: Text,
+    #[serde(default)]
+    arguments: Text,
+}
+
+impl FunctionCall {
+    fn carries(&self) -> bool {
+        self.name.0 || self.arguments.0
+    }
+}
+
+#[derive(Deserialize)]
+struct Logprobs {
+    /// Chat: one entry per token.
+    content: Option<Folded<Count>>,
+    /// Completions: one entry per token.
+    tokens: Option<Folded<Count>>,
+}
+
+/// Rank for picking one kind per event: Content > Refusal > ToolCall > Reasoning.
+const fn visibility(kind: OutputKind) -> u8 {
+    match kind {
+        OutputKind::Content => 3,
+        OutputKind::Refusal => 2,
+        OutputKind::ToolCall => 1,
+        OutputKind::Reasoning => 0,
+    }
+}
+
+/// What the `choices` of one chunk carried, summed over choices.
+#[derive(Default)]
+struct Choices {
+    /// The most visible output in any choice's `delta` (chat).
+    delta_kind: Option<OutputKind>,
+    /// Some choice had non-empty `text` (completions).
+    text: bool,
+    /// Entries in `logprobs.content` (chat).
+    content_logprobs: u64,
+    /// Entries in `logprobs.tokens` (completions).
+    token_logprobs: u64,
+}
+
+impl Fold for Choices {
+    type Item = Choice;
+
+    fn add(&mut self, choice: Choice) {
+        if let Some(kind) = choice.delta.as_ref().and_then(Delta::kind) {
+            if self
+                .delta_kind
+                .map_or(true, |k| visibility(kind) > visibility(k))
+            {
+                self.delta_kind = Some(kind);
+            }
+        }
+        self.text |= choice.text.0;
+        if let Some(lp) = choice.logprobs {
+            let len = |c: Option<Folded<Count>>| c.map_or(0, |c| c.0 .0);
+            self.content_logprobs = self.content_logprobs.saturating_add(len(lp.content));
+            self.token_logprobs = self.token_logprobs.saturating_add(len(lp.tokens));
+        }
+    }
+}
+
+/// Some tool call in the array carries a function name or arguments.
+#[derive(Default)]
+struct AnyToolCall(bool);
+
+impl Fold for AnyToolCall {
+    type Item = ToolCall;
+
+    fn add(&mut self, call: ToolCall) {
+        self.0 |= call.function.as_ref().is_some_and(FunctionCall::carries);
+    }
+}
+
+/// The length of an array whose elements are not read.
+#[derive(Default)]
+struct Count(u64);
+
+impl Fold for Count {
+    type Item = IgnoredAny;
+
+    fn add(&mut self, _: IgnoredAny) {
+        self.0 = self.0.saturating_add(1);
+    }
+}
+
+// ---- deserializers that fold or tolerate instead of collecting ----
+
+/// An accumulator over a JSON array's elements.
+trait Fold: Default {
+    type Item: for<'de> Deserialize<'de>;
+    fn add(&mut self, item: Self::Item);
+}
+
+/// A JSON array folded element by element into `F`, without collecting it.
+struct Folded<F>(F);
+
+impl<'de, F: Fold> Deserialize<'de> for Folded<F> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct FoldVisitor<F>(PhantomData<F>);
+        impl<'de, F: Fold> Visitor<'de> for FoldVisitor<F> {
+            type Value = Folded<F>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut acc = F::default();
+                while let Some(item) = seq.next_element()? {
+                    acc.add(item);
+                }
+                Ok(Folded(acc))
+            }
+        }
+        de.deserialize_seq(FoldVisitor(PhantomData))
+    }
+}
+
+/// Whether a field carries output: a non-empty string (or non-empty array of content
+/// parts). Accepts any JSON value; everything else counts as no output.
+#[derive(Default)]
+struct Text(bool);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(!v.is_empty()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text, A::Error> {
+                Ok(Text(drain_seq(seq)? > 0))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text, A::Error> {
+                drain_map(map).map(|()| Text(false))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_unit<E>(self) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+        }
+        de.deserialize_any(TextVisitor)
+    }
+}
+
+/// A token count: a non-negative integer (also written as `12.0`); any other JSON value
+/// (`null`, negative, a string ...) is no count.
+#[derive(Default)]
+struct Num(Option<u64>);
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct NumVisitor;
+        impl<'de> Visitor<'de> for NumVisitor {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Num, E> {
+                // `as` saturates; the range check keeps the value honest.
+                let integral = v >= 0.0 && v.fract() == 0.0 && v < u64::MAX as f64;
+                Ok(Num(integral.then_some(v as u64)))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_unit<E>(self) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
+                drain_seq(seq).map(|_| Num(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
+                drain_map(map).map(|()| Num(None))
+            }
+        }
+        de.deserialize_any(NumVisitor)
+    }
+}
+
+/// A string, borrowed from the input when it has no escapes; any other JSON value
+/// (`null`, a number ...) is no string.
+#[derive(Default)]
+struct Str<'a>(Option<Cow<'a, str>>);
+
+impl<'a> Str<'a> {
+    fn non_empty(self) -> Option<Cow<'a, str>> {
+        self.0.filter(|s| !s.is_empty())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct StrVisitor<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_unit<E>(self) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Str<'a>, A::Error> {
+                drain_seq(seq).map(|_| Str(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Str<'a>, A::Error> {
+                drain_map(map).map(|()| Str(None))
+            }
+        }
+        de.deserialize_any(StrVisitor(PhantomData))
+    }
+}
+
+/// Skip an array's elements; returns how many there were.
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<u64, A::Error> {
+    let mut n = 0u64;
+    while seq.next_element::<IgnoredAny>()?.is_some() {
+        n = n.saturating_add(1);
+    }
+    Ok(n)
+}
+
+/// Skip an object's entries.
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Signal::{Done, Error, Malformed, Model, Output};
+
+    const CHAT: Dialect = Dialect::OpenAiChat;
+    const COMPLETIONS: Dialect = Dialect::OpenAiCompletions;
+
+    fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {
+        Output {
+            tokens,
+            exact,
+            kind,
+        }
+    }
+
+    fn content(tokens: u32, exact: bool) -> Signal {
+        out(tokens, exact, OutputKind::Content)
+    }
+
+    fn usage(input: Option<u64>, output: Option<u64>) -> Signal {
+        Signal::Usage {
+            input_tokens: input,
+            output_tokens: output,
+        }
+    }
+
+    /// Decode `events` (each one SSE `data` payload) as one stream.
+    fn stream(dialect: Dialect, events: &[&str]) -> Vec<Signal> {
+        let mut body = String::new();
+        for event in events {
+            body.push_str("data: ");
+            body.push_str(event);
+            body.push_str("\n\n");
+        }
+        raw_stream(dialect, body.as_bytes())
+    }
+
+    fn raw_stream(dialect: Dialect, body: &[u8]) -> Vec<Signal> {
+        let mut dec = StreamDecoder::new(dialect, DecodeLimits::default());
+        let mut signals = Vec::new();
+        dec.feed(body, &mut signals).expect("within limits");
+        dec.finish(&mut signals).expect("finish");
+        signals
+    }
+
+    /// The signals of one chat chunk whose only choice has `delta`.
+    fn delta(delta: &str) -> Vec<Signal> {
+        stream(
+            CHAT,
+            &[&format!(
+                r#"{{"choices":[{{"index":0,"delta":{delta},"finish_reason":null}}]}}"#
+            )],
+        )
+    }
+
+    fn json(body: &str, limits: DecodeLimits) -> Result<Vec<Signal>, DecodeError> {
+        let mut dec = JsonDecoder::new(CHAT, limits);
+        let mut signals = Vec::new();
+        dec.feed(body.as_bytes(), &mut signals)?;
+        dec.finish(&mut signals)?;
+        Ok(signals)
+    }
+
+    #[test]
+    fn done_marker() {
+        assert_eq!(stream(CHAT, &["[DONE]"]), vec![Done]);
+        assert_eq!(raw_stream(CHAT, b"data:[DONE]\r\n\r\n"), vec![Done]);
+    }
+
+    #[test]
+    fn malformed_event_is_skipped_and_decoding_goes_on() {
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"content":"a"#,
+                "not json",
+                r#"{"choices":[{"delta":{"content":"b"}}]}"#,
+            ],
+        );
+        assert_eq!(signals, vec![Malformed, Malformed, content(1, false)]);
+        // Valid JSON of the wrong shape cannot be understood either.
+        assert_eq!(
+            stream(CHAT, &["42", r#"{"choices":"x"}"#]),
+            vec![Malformed, Malformed]
+        );
+    }
+
+    #[test]
+    fn empty_data_is_ignored() {
+        assert_eq!(raw_stream(CHAT, b"data:\n\ndata:  \n\n: ping\n\n"), vec![]);
+    }
+
+    #[test]
+    fn unterminated_final_event_is_reported_not_decoded() {
+        let signals = raw_stream(
+            CHAT,
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n",
+        );
+        assert_eq!(signals, vec![Malformed]);
+    }
+
+    #[test]
+    fn error_objects() {
+        let vllm = r#"{"error": {"object": "error", "message": "boom", "type": "BadRequestError", "param": null, "code": 400}}"#;
+        let openai =
+            r#"{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}"#;
+        let tgi = r#"{"error":"Request failed during generation: Server error: CUDA OOM","error_type":"generation"}"#;
+        let legacy_vllm =
+            r#"{"object":"error","message":"boom","type":"BadRequestError","code":400}"#;
+        for e in [vllm, openai, tgi, legacy_vllm] {
+            assert_eq!(stream(CHAT, &[e]), vec![Error], "{e}");
+        }
+        // An `error` SSE event is an error whatever its data says.
+        assert_eq!(raw_stream(CHAT, b"event: error\ndata: {}\n\n"), vec![Error]);
+        // `"error": null` is no error.
+        assert_eq!(
+            stream(
+                CHAT,
+                &[r#"{"error":null,"choices":[{"delta":{"content":"a"}}]}"#]
+            ),
+            vec![content(1, false)]
+        );
+    }
+
+    #[test]
+    fn model_once_per_stream() {
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"model":"","choices":[]}"#,
+                r#"{"model":"gpt\u002d4o","choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+                r#"{"model":"gpt-4o","choices":[{"delta":{"content":"Hi"}}]}"#,
+                r#"{"model":"other","choices":[]}"#,
+            ],
+        );
+        assert_eq!(signals, vec![Model("gpt-4o".into()), content(1, false)]);
+    }
+
+    #[test]
+    fn token_bearing_deltas_and_their_kinds() {
+        use OutputKind::*;
+        let cases: &[(&str, OutputKind)] = &[
+            (r#"{"content":"Hello"}"#, Content),
+            (r#"{"role":"assistant","content":" "}"#, Content),
+            (r#"{"content":"a \"quoted\"\nline"}"#, Content),
+            (r#"{"content":[{"type":"text","text":"hi"}]}"#, Content),
+            (r#"{"reasoning_content":"Let me think"}"#, Reasoning),
+            (r#"{"content":null,"reasoning":"hmm"}"#, Reasoning),
+            (
+                r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"ci"}}]}"#,
+                ToolCall,
+            ),
+            (
+                r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}"#,
+                ToolCall,
+            ),
+            (r#"{"function_call":{"arguments":"{}"}}"#, ToolCall),
+            (r#"{"refusal":"I can't help with that."}"#, Refusal),
+        ];
+        for (d, kind) in cases {
+            assert_eq!(delta(d), vec![out(1, false, *kind)], "{d}");
+        }
+    }
+
+    #[test]
+    fn deltas_without_output() {
+        for d in [
+            r#"{"role":"assistant"}"#,
+            r#"{"role":"assistant","content":"","refusal":null}"#,
+            r#"{"content":null,"reasoning_content":""}"#,
+            r#"{}"#,
+            r#"null"#,
+            r#"{"tool_calls":[{"index":0,"function":{"arguments":""}}]}"#,
+            r#"{"tool_calls":[{"index":0,"type":"function"}]}"#,
+            r#"{"tool_calls":[]}"#,
+            r#"{"function_call":{"name":"","arguments":""}}"#,
+            r#"{"content":[]}"#,
+            r#"{"content":42}"#,
+        ] {
+            assert_eq!(delta(d), vec![], "{d}");
+        }
+        // finish_reason-only and usage-only chunks.
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                r#"{"choices":[],"usage":null}"#,
+            ],
+        );
+        assert_eq!(signals, vec![]);
+    }
+
+    #[test]
+    fn one_output_per_chunk_most_visible_kind_wins() {
+        use OutputKind::*;
+        assert_eq!(
+            delta(r#"{"reasoning_content":"r","content":"c"}"#),
+            vec![out(1, false, Content)]
+        );
+        assert_eq!(
+            delta(r#"{"refusal":"no","tool_calls":[{"function":{"name":"f"}}]}"#),
+            vec![out(1, false, Refusal)]
+        );
+        assert_eq!(
+            delta(r#"{"reasoning":"r","tool_calls":[{"function":{"name":"f"}}]}"#),
+            vec![out(1, false, ToolCall)]
+        );
+        // Across choices too.
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"reasoning":"r"}},{"index":1,"delta":{"content":"c"}},{"index":2,"delta":{"refusal":"x"}}]}"#,
+            ],
+        );
+        assert_eq!(signals, vec![out(1, false, Content)]);
+    }
+
+    #[test]
+    fn completions_text() {
+        let signals = stream(
+            COMPLETIONS,
+            &[
+                r#"{"choices":[{"text":"Once","index":0,"logprobs":null,"finish_reason":null}],"model":"gpt-3.5-turbo-instruct"}"#,
+                r#"{"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"length"}],"model":"gpt-3.5-turbo-instruct"}"#,
+            ],
+        );
+        assert_eq!(
+            signals,
+            vec![Model("gpt-3.5-turbo-instruct".into()), content(1, false)]
+        );
+        // Each dialect reads its own field.
+        assert_eq!(
+            stream(COMPLETIONS, &[r#"{"choices":[{"delta":{"content":"a"}}]}"#]),
+            vec![]
+        );
+        assert_eq!(stream(CHAT, &[r#"{"choices":[{"text":"a"}]}"#]), vec![]);
+    }
+
+    #[test]
+    fn logprobs_count_exactly() {
+        let chat = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"content":"Hello"},"logprobs":{"content":[{"token":"Hello","logprob":-0.1,"bytes":[72],"top_logprobs":[]}],"refusal":null}}]}"#,
+                r#"{"choices":[{"delta":{"content":" big world"},"logprobs":{"content":[{"token":" big"},{"token":" world"}]}}]}"#,
+                // Summed over choices.
+                r#"{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{}]}},{"index":1,"delta":{"content":"b c"},"logprobs":{"content":[{},{}]}}]}"#,
+                // An empty logprobs array gives no count.
+                r#"{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[]}}]}"#,
+            ],
+        );
+        assert_eq!(
+            chat,
+            vec![
+                content(1, true),
+                content(2, true),
+                content(3, true),
+                content(1, false)
+            ]
+        );
+        let completions = stream(
+            COMPLETIONS,
+            &[
+                r#"{"choices":[{"text":" a b","logprobs":{"tokens":[" a"," b"],"token_logprobs":[-0.1,-0.2],"top_logprobs":null,"text_offset":[0,2]}}]}"#,
+            ],
+        );
+        assert_eq!(completions, vec![content(2, true)]);
+    }
+
+    #[test]
+    fn continuous_usage_gives_exact_deltas() {
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":9,"completion_tokens":0,"total_tokens":9}}"#,
+                r#"{"choices":[{"delta":{"content":"A"}}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#,
+                r#"{"choices":[{"delta":{"content":" quick brown fox"}}],"usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13}}"#,
+                r#"{"choices":[{"delta":{"content":"!"}}],"usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13}}"#,
+                r#"{"choices":[{"delta":{"content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}"#,
+            ],
+        );
+        let u = |n| usage(Some(9), Some(n));
+        assert_eq!(
+            signals,
+            vec![
+                u(0),
+                content(1, true),
+                u(1),
+                content(3, true),
+                u(4),
+                content(1, false),
+                u(4),
+                u(5)
+            ]
+        );
+    }
+
+    #[test]
+    fn first_event_counts_usage_from_zero_later_ones_need_a_previous_report() {
+        // Usage only on the first token-bearing chunk: growth from zero is exact.
+        let first = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"content":"ab"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+            ],
+        );
+        assert_eq!(first, vec![content(2, true), usage(Some(3), Some(2))]);
+        // Usage only at the end on a content chunk: unknown baseline, so the estimate.
+        let last = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"content":"a"}}],"usage":null}"#,
+                r#"{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#,
+            ],
+        );
+        assert_eq!(
+            last,
+            vec![
+                content(1, false),
+                content(1, false),
+                usage(Some(3), Some(7))
+            ]
+        );
+    }
+
+    #[test]
+    fn logprobs_beat_usage_delta() {
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{}]}}],"usage":{"completion_tokens":5}}"#,
+            ],
+        );
+        assert_eq!(signals, vec![content(1, true), usage(None, Some(5))]);
+    }
+
+    #[test]
+    fn usage_reports() {
+        let signals = stream(
+            CHAT,
+            &[
+                r#"{"choices":[],"usage":null}"#,
+                r#"{"choices":[],"usage":{}}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":null,"completion_tokens":null}}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":null}}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":12.0,"completion_tokens":40,"total_tokens":52,"completion_tokens_details":{"reasoning_tokens":0}}}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":"7"}}"#,
+            ],
+        );
+        assert_eq!(
+            signals,
+            vec![usage(Some(12), None), usage(Some(12), Some(40))]
+        );
+    }
+
+    #[test]
+    fn llama_cpp_timings_stand_in_for_usage() {
+        let timings = r#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"timings":{"cache_n":4,"prompt_n":6,"prompt_ms":12.5,"predicted_n":30,"predicted_ms":301.2}}"#;
+        assert_eq!(stream(CHAT, &[timings]), vec![usage(Some(10), Some(30))]);
+        let both = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":31},"timings":{"prompt_n":6,"predicted_n":30}}"#;
+        assert_eq!(stream(CHAT, &[both]), vec![usage(Some(10), Some(31))]);
+    }
+
+    #[test]
+    fn json_body_model_and_usage() {
+        let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29}}"#;
+        assert_eq!(
+            json(body, DecodeLimits::default()),
+            Ok(vec![Model("gpt-4o-mini".into()), usage(Some(19), Some(10))])
+        );
+        let llama = r#"{"model":"m.gguf","choices":[],"timings":{"prompt_n":5,"predicted_n":8}}"#;
+        assert_eq!(
+            json(llama, DecodeLimits::default()),
+            Ok(vec![Model("m.gguf".into()), usage(Some(5), Some(8))])
+        );
+    }
+
+    #[test]
+    fn json_body_error_and_malformed() {
+        let err = r#"{"error":{"message":"Invalid model","type":"invalid_request_error","param":"model","code":"model_not_found"}}"#;
+        assert_eq!(json(err, DecodeLimits::default()), Ok(vec![Error]));
+        assert_eq!(
+            json("{\"model\":", DecodeLimits::default()),
+            Ok(vec![Malformed])
+        );
+        assert_eq!(json("", DecodeLimits::default()), Ok(vec![Malformed]));
+    }
+
+    #[test]
+    fn json_body_is_bounded() {
+        let body = r#"{"model":"m","usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+        let exact = DecodeLimits {
+            max_body_bytes: body.len(),
+            ..DecodeLimits::default()
+        };
+        assert_eq!(
+            json(body, exact),
+            Ok(vec![Model("m".into()), usage(Some(1), Some(2))])
+        );
+        let short = DecodeLimits {
+            max_body_bytes: body.len() - 1,
+            ..DecodeLimits::default()
+        };
+        assert_eq!(
+            json(body, short),
+            Err(DecodeError::BodyTooLarge {
+                limit: body.len() - 1
+            })
+        );
+        // The buffer never grows past the limit, whatever the frames.
+        let mut dec = JsonDecoder::new(CHAT, exact);
+        for byte in body.as_bytes().chunks(1) {
+            dec.feed(byte, &mut Vec::new()).expect("within limit");
+            assert!(dec.body.capacity() <= body.len());
+        }
+    }
+
+    #[test]
+    fn stream_event_bound() {
+        let limits = DecodeLimits {
+            max_event_bytes: 32,
+            ..DecodeLimits::default()
+        };
+        let mut dec = StreamDecoder::new(CHAT, limits);
+        let big = format!("data: {}\n\n", "x".repeat(64));
+        assert_eq!(
+            dec.feed(big.as_bytes(), &mut Vec::new()),
+            Err(DecodeError::EventTooLarge { limit: 32 })
+        );
+    }
+}

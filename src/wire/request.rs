@@ -1,0 +1,345 @@
+//! Reads `model` and `stream` from a JSON request body as it streams upstream.
+//!
+//! The body is never buffered: an incremental scanner walks the bytes once, tracking only
+//! nesting depth and string state, and captures the values of the two top-level keys it
+//! cares about (bounded). So `model` is found even after a megabyte of prompt, the memory
+//! cost is a few hundred bytes whatever the body size, and forwarding never waits.
+
+use memchr::memchr2;
+
+/// Longest `model` value captured (raw JSON string bytes); longer ones are ignored.
+const MAX_VALUE: usize = 256;
+/// Longest top-level key captured; longer keys are not ones we look for.
+const MAX_KEY: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Model,
+    Stream,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Before the opening `{` of the document.
+    Start,
+    /// Inside the document, outside any string.
+    Structure,
+    /// Inside a string; `escape` after a backslash.
+    Str { escape: bool },
+    /// The document is not a JSON object, or it ended: nothing more to learn.
+    Done,
+}
+
+/// Incremental scanner for the top-level `model` (string) and `stream` (bool) fields.
+#[derive(Debug)]
+pub struct RequestScanner {
+    state: State,
+    depth: u32,
+    /// At depth 1, whether the next string is a key (after `{` or `,`).
+    expect_key: bool,
+    /// Capturing the string being scanned: a top-level key, or a wanted value.
+    capture: Option<Vec<u8>>,
+    capturing_key: bool,
+    /// The key whose value comes next (after `:`).
+    pending: Option<Target>,
+    /// Raw bytes of a literal value at depth 1 (`true`/`false`).
+    literal: Vec<u8>,
+    model: Option<String>,
+    stream: Option<bool>,
+}
+
+impl Default for RequestScanner {
+    fn default() -> Self {
+        RequestScanner::new()
+    }
+}
+
+impl RequestScanner {
+    pub fn new() -> Self {
+        RequestScanner {
+            state: State::Start,
+            depth: 0,
+            expect_key: false,
+            capture: None,
+            capturing_key: false,
+            pending: None,
+            literal: Vec::new(),
+            model: None,
+            stream: None,
+        }
+    }
+
+    /// The `model` found so far.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The `stream` flag found so far.
+    pub fn stream(&self) -> Option<bool> {
+        self.stream
+    }
+
+    /// Whether there is nothing more to learn from the rest of the body.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done || (self.model.is_some() && self.stream.is_some())
+    }
+
+    /// Scan the next bytes of the body.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && !self.is_done() {
+            match self.state {
+                State::Done => return,
+                State::Start => {
+                    let b = bytes[0];
+                    bytes = &bytes[1..];
+                    match b {
+                        b'{' => {
+                            self.state = State::Structure;
+                            self.depth = 1;
+                            self.expect_key = true;
+                        }
+                        b' ' | b'\t' | b'\r' | b'\n' => {}
+                        // A UTF-8 byte-order mark is tolerated before the document.
+                        0xEF | 0xBB | 0xBF => {}
+                        _ => self.state = State::Done,
+                    }
+                }
+                State::Str { escape } => {
+                    if escape {
+                        self.push_capture(bytes[0]);
+                        bytes = &bytes[1..];
+                        self.state = State::Str { escape: false };
+                        continue;
+                    }
+                    match memchr2(b'"', b'\\', bytes) {
+                        None => {
+                            self.extend_capture(bytes);
+                            bytes = &[];
+                        }
+                        Some(i) => {
+                            self.extend_capture(&bytes[..i]);
+                            if bytes[i] == b'\\' {
+                                self.push_capture(b'\\');
+                                self.state = State::Str { escape: true };
+                            } else {
+                                self.end_string();
+                                self.state = State::Structure;
+                            }
+                            bytes = &bytes[i + 1..];
+                        }
+                    }
+                }
+                State::Structure => {
+                    let b = bytes[0];
+                    bytes = &bytes[1..];
+                    self.structure_byte(b);
+                }
+            }
+        }
+    }
+
+    fn structure_byte(&mut self, b: u8) {
+        let top = self.depth == 1;
+        match b {
+            b'"' => {
+                if top && self.expect_key {
+                    self.capture = Some(Vec::new());
+                    self.capturing_key = true;
+                } else if top && self.pending == Some(Target::Model) {
+                    self.capture = Some(Vec::with_capacity(32));
+                    self.capturing_key = false;
+                }
+                self.state = State::Str { escape: false };
+            }
+            b'{' | b'[' => {
+                self.end_literal();
+                self.depth += 1;
+                if top {
+                    self.pending = None;
+                }
+            }
+            b'}' | b']' => {
+                self.end_literal();
+                self.depth = self.depth.saturating_sub(1);
+                if self.depth == 0 {
+                    self.state = State::Done;
+                }
+            }
+            b':' if top => self.expect_key = false,
+            b',' if top => {
+                self.end_literal();
+                self.expect_key = true;
+                self.pending = None;
+            }
+            b' ' | b'\t' | b'\r' | b'\n' => self.end_literal(),
+            _ if top && self.pending.is_some() && self.literal.len() < 8 => self.literal.push(b),
+            _ => {}
+        }
+    }
+
+    fn push_capture(&mut self, b: u8) {
+        if let Some(capture) = self.capture.as_mut() {
+            if capture.len() < MAX_VALUE {
+                capture.push(b);
+            } else {
+                // Over the bound: give up on this value.
+                self.capture = None;
+                self.pending = None;
+            }
+        }
+    }
+
+    fn extend_capture(&mut self, bytes: &[u8]) {
+        if let Some(capture) = self.capture.as_mut() {
+            let limit = if self.capturing_key {
+                MAX_KEY
+            } else {
+                MAX_VALUE
+            };
+            if capture.len() + bytes.len() <= limit {
+                capture.extend_from_slice(bytes);
+            } else {
+                self.capture = None;
+                if !self.capturing_key {
+                    self.pending = None;
+                }
+            }
+        }
+    }
+
+    fn end_string(&mut self) {
+        let Some(raw) = self.capture.take() else {
+            if self.capturing_key {
+                // A long key: not one we want.
+                self.pending = None;
+                self.capturing_key = false;
+            }
+            return;
+        };
+        if self.capturing_key {
+            self.capturing_key = false;
+            self.pending = match raw.as_slice() {
+                b"model" => Some(Target::Model),
+                b"stream" => Some(Target::Stream),
+                _ => None,
+            };
+        } else if self.pending == Some(Target::Model) {
+            self.pending = None;
+            if self.model.is_none() {
+                self.model = unescape(&raw);
+            }
+        }
+    }
+
+    fn end_literal(&mut self) {
+        if self.literal.is_empty() {
+            return;
+        }
+        if self.pending == Some(Target::Stream) && self.stream.is_none() {
+            self.stream = match self.literal.as_slice() {
+                b"true" => Some(true),
+                b"false" => Some(false),
+                _ => None,
+            };
+        }
+        self.literal.clear();
+        self.pending = None;
+    }
+}
+
+/// Decode a JSON string's raw contents (escapes included) into text.
+fn unescape(raw: &[u8]) -> Option<String> {
+    if !raw.contains(&b'\\') {
+        return std::str::from_utf8(raw).ok().map(str::to_string);
+    }
+    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    quoted.push(b'"');
+    serde_json::from_slice(&quoted).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scan(body: &[u8]) -> (Option<String>, Option<bool>) {
+        let mut s = RequestScanner::new();
+        s.feed(body);
+        (s.model().map(str::to_string), s.stream())
+    }
+
+    #[test]
+    fn finds_model_and_stream() {
+        let body = br#"{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "stream": true}"#;
+        assert_eq!(scan(body), (Some("llama-3.1-8b".into()), Some(true)));
+    }
+
+    #[test]
+    fn ignores_nested_keys_named_model() {
+        let body = br#"{"messages":[{"model":"fake","stream":true}],"metadata":{"model":"x"},"model":"real","stream":false}"#;
+        assert_eq!(scan(body), (Some("real".into()), Some(false)));
+    }
+
+    #[test]
+    fn ignores_model_text_inside_strings() {
+        let body = br#"{"prompt":"\"model\": \"evil\", {\"stream\": true}","model":"m"}"#;
+        assert_eq!(scan(body), (Some("m".into()), None));
+    }
+
+    #[test]
+    fn finds_model_after_a_megabyte_of_prompt() {
+        let mut body = br#"{"prompt":""#.to_vec();
+        body.extend(std::iter::repeat_n(b'a', 1 << 20));
+        body.extend_from_slice(br#"\" tricky","stream":true,"model":"late-model"}"#);
+        assert_eq!(scan(&body), (Some("late-model".into()), Some(true)));
+    }
+
+    #[test]
+    fn unescapes_model() {
+        assert_eq!(
+            scan(br#"{"model":"org\/name\u0041"}"#).0,
+            Some("org/nameA".into())
+        );
+    }
+
+    #[test]
+    fn non_object_or_garbage_finds_nothing() {
+        assert_eq!(scan(b"[1,2,3]"), (None, None));
+        assert_eq!(scan(b"not json at all"), (None, None));
+        assert_eq!(scan(b""), (None, None));
+        assert_eq!(scan(br#"{"model": 42}"#), (None, None));
+        assert_eq!(scan(br#"{"stream": "yes"}"#), (None, None));
+    }
+
+    #[test]
+    fn overlong_model_is_ignored() {
+        let long = "m".repeat(MAX_VALUE + 1);
+        assert_eq!(scan(format!(r#"{{"model":"{long}"}}"#).as_bytes()).0, None);
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_gives_same_result(cuts in proptest::collection::vec(0usize..200, 0..12)) {
+            let body = br#"{"messages":[{"role":"user","content":"a \"quoted\" {x}"}],"model":"llama\\3","temperature":0.2,"stream":true}"#;
+            let whole = scan(body);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % body.len()).collect();
+            cuts.sort_unstable();
+            let mut s = RequestScanner::new();
+            let mut at = 0;
+            for cut in cuts {
+                s.feed(&body[at..cut]);
+                at = cut;
+            }
+            s.feed(&body[at..]);
+            prop_assert_eq!((s.model().map(str::to_string), s.stream()), whole);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut s = RequestScanner::new();
+            s.feed(&body);
+        }
+    }
+}
