@@ -279,8 +279,11 @@ pub fn parse(text: &str) -> Result<RawConfig, ConfigIssue> {
         if let Some(cut) = message.find(" at line ") {
             message.truncate(cut);
         }
-        if let Some(rest) = message.strip_prefix(&format!("{path}: ")) {
-            message = rest.to_string();
+        // ... and sometimes with the path (or its parent) as a prefix.
+        if let Some((prefix, rest)) = message.split_once(": ") {
+            if path.starts_with(prefix) {
+                message = rest.to_string();
+            }
         }
         ConfigIssue {
             path,

@@ -1,1 +1,153 @@
+use super::*;
 
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_yaml(text, "test.yaml", &Overrides::default())
+}
+
+fn issues(text: &str) -> Vec<ConfigIssue> {
+    match parse(text) {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(err) => err.issues().to_vec(),
+    }
+}
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let config = parse("upstream:\n  url: http://127.0.0.1:8000\n").expect("valid");
+    assert_eq!(config.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(config.admin.to_string(), "0.0.0.0:9464");
+    assert_eq!(config.upstream.url(), "http://127.0.0.1:8000");
+    assert_eq!(config.upstream.connect_timeout, Duration::from_secs(5));
+    assert_eq!(config.upstream.idle_timeout, Duration::from_secs(120));
+    assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(30));
+    assert_eq!(config.labels.model.max_values, Some(1000));
+    assert_eq!(config.labels.tenant.max_values, Some(1000));
+    assert!(matches!(&config.tenants[..], [TenantSource::Header(h)] if h == "x-tenant-id"));
+    assert_eq!(config.log.format, LogFormat::Text);
+}
+
+#[test]
+fn unknown_key_is_an_error_with_path_and_line() {
+    let found = issues("upstream:\n  url: http://a:1\n  conect_timeout: 5s\n");
+    assert_eq!(found.len(), 1);
+    let issue = &found[0];
+    assert!(issue.path.starts_with("upstream"), "{issue}");
+    assert!(issue.message.contains("conect_timeout"), "{issue}");
+    assert_eq!(issue.location.map(|l| l.0), Some(3), "{issue}");
+}
+
+#[test]
+fn bad_duration_names_key_and_line_column() {
+    let found = issues("upstream:\n  url: http://a:1\n  idle_timeout: soon\n");
+    let issue = &found[0];
+    assert_eq!(issue.path, "upstream.idle_timeout");
+    assert_eq!(issue.location, Some((3, 17)), "{issue}");
+    assert!(issue.message.contains("soon"), "{issue}");
+}
+
+#[test]
+fn validation_errors_are_all_reported_with_lines() {
+    let text = "\
+listen: nowhere
+upstream:
+  url: ftp://example.com
+log:
+  format: xml
+";
+    let found = issues(text);
+    let paths: Vec<_> = found.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, ["listen", "upstream.url", "log.format"], "{found:?}");
+    let lines: Vec<_> = found.iter().map(|i| i.location.map(|l| l.0)).collect();
+    assert_eq!(lines, [Some(1), Some(3), Some(5)]);
+}
+
+#[test]
+fn missing_upstream_is_explained() {
+    let found = issues("listen: 127.0.0.1:8080\n");
+    assert_eq!(found[0].path, "upstream.url");
+    assert!(found[0].message.contains("--upstream"));
+}
+
+#[test]
+fn upstream_credentials_are_rejected_without_echo() {
+    let err = parse("upstream:\n  url: https://user:hunter2@api.example.com\n")
+        .expect_err("credentials rejected");
+    let text = err.to_string();
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[test]
+fn api_key_tenants_need_hashes_and_never_echo_keys() {
+    let err = parse(
+        "upstream: {url: 'http://a:1'}\ntenants:\n  sources:\n    - api_keys:\n        sk-live-supersecret: team-a\n",
+    )
+    .expect_err("raw key rejected");
+    let text = err.to_string();
+    assert!(text.contains("tenants.sources.0.api_keys"), "{text}");
+    assert!(!text.contains("supersecret"), "{text}");
+
+    let hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let config = parse(&format!(
+        "upstream: {{url: 'http://a:1'}}\ntenants:\n  sources:\n    - header: x-team\n    - api_keys:\n        {hash}: team-a\n"
+    ))
+    .expect("valid");
+    assert_eq!(config.tenants.len(), 2);
+}
+
+#[test]
+fn buckets_must_increase() {
+    let found = issues(
+        "upstream: {url: 'http://a:1'}\nmetrics:\n  buckets:\n    inter_token_latency_seconds: [0.01, 0.005]\n",
+    );
+    assert_eq!(found[0].path, "metrics.buckets.inter_token_latency_seconds");
+    assert_eq!(found[0].location.map(|l| l.0), Some(4));
+}
+
+#[test]
+fn label_caps_are_bounded_unless_opted_out() {
+    let found = issues("upstream: {url: 'http://a:1'}\nlabels:\n  tenant:\n    max_values: 5000000\n");
+    assert_eq!(found[0].path, "labels.tenant.max_values");
+    let config = parse("upstream: {url: 'http://a:1'}\nlabels:\n  tenant:\n    unbounded: true\n")
+        .expect("valid");
+    assert_eq!(config.labels.tenant.max_values, None);
+}
+
+#[test]
+fn flags_override_the_file() {
+    let overrides = Overrides {
+        upstream: Some("http://10.0.0.1:9000".into()),
+        listen: Some("127.0.0.1:1234".into()),
+        ..Overrides::default()
+    };
+    let config = Config::from_yaml(
+        "listen: 0.0.0.0:1\nupstream:\n  url: http://a:1\n",
+        "f",
+        &overrides,
+    )
+    .expect("valid");
+    assert_eq!(config.listen.to_string(), "127.0.0.1:1234");
+    assert_eq!(config.upstream.url(), "http://10.0.0.1:9000");
+}
+
+#[test]
+fn type_errors_are_located() {
+    let found = issues("upstream:\n  url: http://a:1\n  http2: maybe\n");
+    assert_eq!(found[0].path, "upstream.http2");
+    assert_eq!(found[0].location.map(|l| l.0), Some(3));
+}
+
+#[test]
+fn locate_walks_nested_keys_and_sequences() {
+    let text = "a:\n  b: 1\n  c:\n    - x: 1\n    - y: 2\n      z: 3\n";
+    assert_eq!(raw::locate(text, "a.b"), Some((2, 3)));
+    assert_eq!(raw::locate(text, "a.c.1.z"), Some((6, 7)));
+    assert_eq!(raw::locate(text, "a.missing"), None);
+}
+
+#[test]
+fn upstream_url_forms() {
+    let (scheme, authority, base) = parse_upstream_url("https://api.openai.com/v1/").unwrap();
+    assert_eq!((scheme.as_str(), authority.as_str(), base.as_str()), ("https", "api.openai.com", "/v1"));
+    assert!(parse_upstream_url("localhost:8000").is_err());
+    assert!(parse_upstream_url("http://a:1/?x=1").is_err());
+}

@@ -119,8 +119,9 @@ impl DecodeError {
 pub trait Decoder: Send {
     /// Consume the next bytes of the body.
     fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError>;
-    /// The body ended cleanly: flush whatever a complete body implies (for example a
-    /// final event not followed by a blank line, or a buffered JSON document).
+    /// The body ended cleanly: flush whatever a complete body implies (a buffered JSON
+    /// document; for SSE, a final event left unterminated is discarded as the HTML spec
+    /// says, and reported as `Malformed`).
     fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError>;
 }
 
