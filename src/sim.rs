@@ -155,6 +155,7 @@ pub struct Sim {
 struct SimState {
     config: SimConfig,
     requests: AtomicU64,
+    open_streams: Arc<AtomicU64>,
 }
 
 impl Sim {
@@ -164,6 +165,7 @@ impl Sim {
             state: Arc::new(SimState {
                 config,
                 requests: AtomicU64::new(0),
+                open_streams: Arc::new(AtomicU64::new(0)),
             }),
         })
     }
@@ -172,6 +174,17 @@ impl Sim {
         self.listener
             .local_addr()
             .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Streamed responses currently open (their body not yet dropped). Lets tests see that
+    /// a proxy closed the upstream side of a stream its client abandoned.
+    pub fn open_streams(&self) -> Arc<AtomicU64> {
+        self.state.open_streams.clone()
+    }
+
+    /// Chat and completion requests received so far.
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(Ordering::Relaxed)
     }
 
     /// Serve until `shutdown` resolves.
@@ -339,7 +352,8 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         schedule: Schedule::new(start, profile, tokens, &mut rng),
     };
     if stream {
-        let mut response = Response::new(SimStream::new(script).boxed_unsync());
+        let stream = SimStream::new(script, state.open_streams.clone());
+        let mut response = Response::new(stream.boxed_unsync());
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),
@@ -525,12 +539,21 @@ struct SimStream {
     script: Script,
     step: Step,
     sleep: Pin<Box<Sleep>>,
+    open: Arc<AtomicU64>,
+}
+
+impl Drop for SimStream {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl SimStream {
-    fn new(script: Script) -> SimStream {
+    fn new(script: Script, open: Arc<AtomicU64>) -> SimStream {
+        open.fetch_add(1, Ordering::Relaxed);
         let first = script.schedule.at(0);
         SimStream {
+            open,
             step: if script.role_chunk {
                 Step::Role
             } else {
