@@ -105,7 +105,8 @@ fn buckets_must_increase() {
 
 #[test]
 fn label_caps_are_bounded_unless_opted_out() {
-    let found = issues("upstream: {url: 'http://a:1'}\nlabels:\n  tenant:\n    max_values: 5000000\n");
+    let found =
+        issues("upstream: {url: 'http://a:1'}\nlabels:\n  tenant:\n    max_values: 5000000\n");
     assert_eq!(found[0].path, "labels.tenant.max_values");
     let config = parse("upstream: {url: 'http://a:1'}\nlabels:\n  tenant:\n    unbounded: true\n")
         .expect("valid");
@@ -147,7 +148,10 @@ fn locate_walks_nested_keys_and_sequences() {
 #[test]
 fn upstream_url_forms() {
     let (scheme, authority, base) = parse_upstream_url("https://api.openai.com/v1/").unwrap();
-    assert_eq!((scheme.as_str(), authority.as_str(), base.as_str()), ("https", "api.openai.com", "/v1"));
+    assert_eq!(
+        (scheme.as_str(), authority.as_str(), base.as_str()),
+        ("https", "api.openai.com", "/v1")
+    );
     assert!(parse_upstream_url("localhost:8000").is_err());
     assert!(parse_upstream_url("http://a:1/?x=1").is_err());
 }

@@ -1,0 +1,397 @@
+//! Shared harness for integration tests: an in-process simulator and tokentap in front
+//! of it, both on `127.0.0.1:0`, plus a client and a scraper for `/metrics`.
+//!
+//! Nothing here sleeps to wait for a server: listeners are bound before their addresses
+//! are handed out, and conditions on metrics are polled with a deadline.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokentap::config::{Config, Overrides};
+use tokentap::sim::{Sim, SimConfig};
+use tokentap::Server;
+use tokio::sync::watch;
+
+/// A running simulator.
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    pub open_streams: Arc<AtomicU64>,
+    stop: watch::Sender<bool>,
+}
+
+impl SimHandle {
+    pub async fn start(config: SimConfig) -> SimHandle {
+        let sim = Sim::bind("127.0.0.1:0".parse().unwrap(), config)
+            .await
+            .expect("bind sim");
+        let addr = sim.local_addr();
+        let open_streams = sim.open_streams();
+        let (stop, rx) = watch::channel(false);
+        tokio::spawn(sim.run(stopped(rx)));
+        SimHandle {
+            addr,
+            open_streams,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn open_streams(&self) -> u64 {
+        self.open_streams.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// A running tokentap.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    stop: watch::Sender<bool>,
+    pub task: Option<tokio::task::JoinHandle<Result<(), tokentap::ServeError>>>,
+}
+
+impl Proxy {
+    /// tokentap in front of `upstream`, with extra YAML config (may be empty).
+    pub async fn start(upstream: &str, yaml: &str) -> Proxy {
+        let overrides = Overrides {
+            upstream: Some(upstream.to_string()),
+            listen: Some("127.0.0.1:0".into()),
+            admin: Some("127.0.0.1:0".into()),
+            ..Overrides::default()
+        };
+        let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
+        let config = Config::from_yaml(yaml, "test", &overrides).expect("valid test config");
+        let server = Server::bind(config).await.expect("bind tokentap");
+        let addr = server.proxy_addr();
+        let admin = server.admin_addr();
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server.run(stopped(rx)));
+        Proxy {
+            addr,
+            admin,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Ask for a graceful shutdown (like SIGTERM).
+    pub fn shutdown(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    pub async fn metrics(&self) -> Metrics {
+        let response = client()
+            .request(
+                Request::get(format!("http://{}/metrics", self.admin))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .expect("scrape");
+        let text = body_text(response).await;
+        Metrics::parse(&text)
+    }
+
+    /// Poll `/metrics` until `condition` holds (panics after 10 s with the last scrape).
+    pub async fn wait_metrics(&self, what: &str, condition: impl Fn(&Metrics) -> bool) -> Metrics {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = self.metrics().await;
+            if condition(&metrics) {
+                return metrics;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for {what}; last scrape:\n{}",
+                    metrics.text
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Response<Incoming> {
+        client()
+            .request(
+                Request::get(self.url(path))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .expect("request through proxy")
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn body_text(response: Response<Incoming>) -> String {
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A chat completion request.
+pub fn chat(
+    url: &str,
+    model: &str,
+    tenant: &str,
+    stream: bool,
+    usage: bool,
+) -> Request<Full<Bytes>> {
+    let mut body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "stream": stream,
+    });
+    if usage {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    Request::post(url)
+        .header("content-type", "application/json")
+        .header("x-tenant-id", tenant)
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// One sample: metric name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// A parsed Prometheus text exposition.
+pub struct Metrics {
+    pub text: String,
+    samples: Vec<Sample>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect("sample line");
+            let value: f64 = value.parse().expect("sample value");
+            let (name, labels) = match series.split_once('{') {
+                None => (series.to_string(), Vec::new()),
+                Some((name, rest)) => {
+                    let rest = rest.trim_end_matches('}');
+                    let labels = rest
+                        .split("\",")
+                        .filter(|p| !p.is_empty())
+                        .map(|pair| {
+                            let (k, v) = pair.split_once('=').expect("label pair");
+                            (k.to_string(), v.trim_matches('"').to_string())
+                        })
+                        .collect();
+                    (name.to_string(), labels)
+                }
+            };
+            samples.push((name, labels, value));
+        }
+        Metrics {
+            text: text.to_string(),
+            samples,
+        }
+    }
+
+    /// Sum of every sample of `name` whose labels include all of `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| *v)
+            .sum()
+    }
+
+    /// Whether any sample of `name` exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|(n, _, _)| n == name)
+    }
+
+    /// `sum / count` of a histogram for the given labels.
+    pub fn mean(&self, histogram: &str, labels: &[(&str, &str)]) -> f64 {
+        self.sum(&format!("{histogram}_sum"), labels)
+            / self.sum(&format!("{histogram}_count"), labels)
+    }
+}
+
+/// One step of a [`ScriptedBackend`] response.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// Write these bytes as they are.
+    Write(Vec<u8>),
+    /// Wait this long.
+    Sleep(Duration),
+    /// Reset the connection (RST) now.
+    Reset,
+}
+
+/// A raw TCP backend that answers every request with the same byte-exact script, so tests
+/// control the response head to the byte (header case, no `Date`, chunked trailers).
+pub struct ScriptedBackend {
+    pub addr: SocketAddr,
+    /// The request heads (and bodies) received, raw.
+    pub requests: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl ScriptedBackend {
+    pub async fn start(script: Vec<Step>) -> ScriptedBackend {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let script = script.clone();
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    // Read one request: head, then a Content-Length body if any.
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let head_end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    seen.lock().unwrap().push(buf);
+                    for step in script {
+                        match step {
+                            Step::Write(bytes) => {
+                                if stream.write_all(&bytes).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Step::Sleep(d) => tokio::time::sleep(d).await,
+                            Step::Reset => {
+                                // SO_LINGER 0 makes the close an RST; the socket is
+                                // dropped right here, so blocking on drop is moot.
+                                #[allow(deprecated)]
+                                let _ = stream.set_linger(Some(Duration::ZERO));
+                                return;
+                            }
+                        }
+                    }
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        ScriptedBackend { addr, requests }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Send a raw HTTP/1.1 request and read the raw response until the server closes.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    out
+}
+
+/// Split a raw HTTP/1.1 response into its header lines and its de-chunked body.
+pub fn parse_raw_response(raw: &[u8]) -> (Vec<String>, Vec<u8>, Vec<String>) {
+    let head_end = find(raw, b"\r\n\r\n").expect("response head") + 4;
+    let head = String::from_utf8_lossy(&raw[..head_end]);
+    let lines: Vec<String> = head
+        .split("\r\n")
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    let chunked = lines
+        .iter()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let mut rest = &raw[head_end..];
+    if !chunked {
+        return (lines, rest.to_vec(), Vec::new());
+    }
+    let mut body = Vec::new();
+    loop {
+        let line_end = find(rest, b"\r\n").expect("chunk size line");
+        let size_text = String::from_utf8_lossy(&rest[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("chunk size");
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            let trailers = String::from_utf8_lossy(rest)
+                .split("\r\n")
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            return (lines, body, trailers);
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
