@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (`.ci/run` calls exactly this).
+# Installs what the checks need when it is missing (idempotent), then runs:
+# formatting, clippy, every Rust test, and the checks of the shipped deploy files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test (unit, fixtures, property tests, integration)"
+cargo test --all-targets 2>&1 | tee /tmp/tokentap-cargo-test.log
+# Doc tests run separately (all-targets skips them).
+cargo test --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')
+echo
+echo "cargo: ${passed} passed, ${failed} failed"
