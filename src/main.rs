@@ -191,9 +191,52 @@ fn run_proxy(args: RunArgs) -> ExitCode {
     };
     init_logs(config.log.format, &config.log.level);
     report(runtime().and_then(|rt| {
-        rt.block_on(tokentap::serve(config, shutdown_signal()))
-            .context("proxy failed")
+        rt.block_on(async move {
+            let server = tokentap::Server::bind(config).await?;
+            if let Some(path) = args.config {
+                tokio::spawn(reload_on_sighup(server.reloader(), path, overrides));
+            }
+            server.run(shutdown_signal()).await
+        })
+        .context("proxy failed")
     }))
+}
+
+/// On SIGHUP, re-read and validate the config file and swap it in atomically. An invalid
+/// file is rejected with a logged error and the running configuration keeps serving.
+async fn reload_on_sighup(
+    reloader: tokentap::server::Reloader,
+    path: PathBuf,
+    overrides: Overrides,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; config reload disabled");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match Config::from_file(&path, &overrides) {
+                Err(err) => tracing::error!(
+                    error = %err,
+                    "config reload rejected; the running configuration keeps serving"
+                ),
+                Ok(config) => match reloader.reload(config) {
+                    Ok(None) => tracing::info!(file = %path.display(), "config reloaded"),
+                    Ok(Some(warning)) => {
+                        tracing::warn!(file = %path.display(), "config reloaded; {warning}")
+                    }
+                    Err(err) => tracing::error!(
+                        error = %err,
+                        "config reload rejected; the running configuration keeps serving"
+                    ),
+                },
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (reloader, path, overrides);
 }
 
 async fn run_sim(args: SimArgs) -> anyhow::Result<()> {

@@ -68,9 +68,23 @@ pub struct Server {
     metrics: Arc<Metrics>,
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
-    upstream: UpstreamClient,
+    proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
     readiness: Arc<Readiness>,
+}
+
+/// Applies a new configuration to a running server (SIGHUP).
+#[derive(Clone)]
+pub struct Reloader {
+    proxy: Arc<Proxy>,
+}
+
+impl Reloader {
+    /// Swap in `config` atomically. In-flight requests finish under the old one. Returns
+    /// a warning if settings that only a restart applies were changed.
+    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, ClientError> {
+        self.proxy.reload(config)
+    }
 }
 
 impl Server {
@@ -91,12 +105,14 @@ impl Server {
         let admin_listener = bind("admin", config.admin).await?;
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
+        let config = Arc::new(config);
+        let proxy = Proxy::new(config.clone(), upstream, metrics.clone());
         Ok(Server {
-            config: Arc::new(config),
+            config,
             metrics,
             proxy_listener,
             admin_listener,
-            upstream,
+            proxy,
             tls,
             readiness,
         })
@@ -116,6 +132,13 @@ impl Server {
             .unwrap_or(self.config.admin)
     }
 
+    /// A handle to reload the configuration while serving.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            proxy: self.proxy.clone(),
+        }
+    }
+
     /// The metric families this server exports.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
@@ -128,7 +151,7 @@ impl Server {
             metrics,
             proxy_listener,
             admin_listener,
-            upstream,
+            proxy,
             tls,
             readiness,
         } = self;
@@ -139,17 +162,15 @@ impl Server {
             readiness.clone(),
         ));
         let probe_task = tokio::spawn(probe_upstream(
-            upstream.clone(),
-            config.upstream.probe_interval,
+            proxy.clone(),
             readiness.clone(),
             metrics.clone(),
         ));
-        let proxy = Proxy::new(config.clone(), upstream, metrics.clone());
         let builder = connection_builder(&config);
         let graceful = GracefulShutdown::new();
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
-            upstream = %config.upstream.url(),
+            upstream = %proxy.generation().config.upstream.url(),
             tls = tls.is_some(),
             "proxy listening"
         );
@@ -177,7 +198,7 @@ impl Server {
         drop(proxy_listener);
         readiness.draining.store(true, Ordering::Relaxed);
         let in_flight = graceful.count();
-        let drain = config.shutdown.drain_timeout;
+        let drain = proxy.generation().config.shutdown.drain_timeout;
         tracing::info!(connections = in_flight, deadline = ?drain, "draining");
         match tokio::time::timeout(drain, graceful.shutdown()).await {
             Ok(()) => tracing::info!("drained; exiting"),
@@ -303,15 +324,13 @@ fn tls_acceptor(tls: &ListenerTls) -> Result<TlsAcceptor, ServeError> {
 }
 
 /// Keep `upstream_reachable` and `tokentap_upstream_up` current.
-async fn probe_upstream(
-    upstream: UpstreamClient,
-    interval: Duration,
-    readiness: Arc<Readiness>,
-    metrics: Arc<Metrics>,
-) {
+async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: Arc<Metrics>) {
     let mut was = None;
     loop {
-        let reachable = upstream.probe().await;
+        // The upstream may change on reload: probe the one in force.
+        let generation = proxy.generation();
+        let interval = generation.config.upstream.probe_interval;
+        let reachable = generation.upstream.probe().await;
         readiness
             .upstream_reachable
             .store(reachable, Ordering::Relaxed);

@@ -36,7 +36,7 @@ pub struct Config {
 }
 
 /// Where traffic goes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
@@ -71,7 +71,7 @@ pub enum HostHeader {
 }
 
 /// TLS on the proxy listener.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
@@ -83,7 +83,7 @@ pub struct Shutdown {
 }
 
 /// Bounds on what clients may make tokentap hold.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_in_flight: usize,
     pub header_read_timeout: Duration,

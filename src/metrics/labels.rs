@@ -17,7 +17,7 @@ pub const OTHER: &str = "other";
 
 /// The admitted values of one label.
 pub struct LabelSet {
-    policy: LabelPolicy,
+    policy: RwLock<Arc<LabelPolicy>>,
     admitted: RwLock<HashMap<Box<str>, Arc<str>>>,
     unknown: Arc<str>,
     other: Arc<str>,
@@ -28,12 +28,21 @@ impl LabelSet {
     /// `overflow` counts values folded into `other` by the cap, allowlist or length bound.
     pub fn new(policy: LabelPolicy, overflow: IntCounter) -> Self {
         LabelSet {
-            policy,
+            policy: RwLock::new(Arc::new(policy)),
             admitted: RwLock::new(HashMap::new()),
             unknown: Arc::from(UNKNOWN),
             other: Arc::from(OTHER),
             overflow,
         }
+    }
+
+    /// Replace the policy (on config reload). Values admitted so far stay admitted: their
+    /// series exist already, and dropping them would only reset counters.
+    pub fn set_policy(&self, policy: LabelPolicy) {
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(policy);
     }
 
     /// The label value to use for `raw`.
@@ -42,14 +51,18 @@ impl LabelSet {
             None | Some("") => return self.unknown.clone(),
             Some(v) => v,
         };
-        let value = self.policy.aliases.get(raw).map_or(raw, String::as_str);
+        let policy = self
+            .policy
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let value = policy.aliases.get(raw).map_or(raw, String::as_str);
         if let Some(found) = self.read().get(value) {
             return found.clone();
         }
-        if value.len() > self.policy.max_value_len
+        if value.len() > policy.max_value_len
             || value.chars().any(char::is_control)
-            || self
-                .policy
+            || policy
                 .allow
                 .as_ref()
                 .is_some_and(|allow| !allow.contains(value))
@@ -64,11 +77,7 @@ impl LabelSet {
         if let Some(found) = admitted.get(value) {
             return found.clone();
         }
-        if self
-            .policy
-            .max_values
-            .is_some_and(|max| admitted.len() >= max)
-        {
+        if policy.max_values.is_some_and(|max| admitted.len() >= max) {
             self.overflow.inc();
             return self.other.clone();
         }

@@ -283,6 +283,12 @@ impl Metrics {
         }
     }
 
+    /// Apply new label policies (config reload).
+    pub fn set_label_policies(&self, labels: &Labels) {
+        self.models.set_policy(labels.model.clone());
+        self.tenants.set_policy(labels.tenant.clone());
+    }
+
     /// Count a response that is forwarded but not measured.
     pub fn unobserved(&self, reason: Unobserved) {
         self.unobserved.with_label_values(&[reason.as_str()]).inc();

@@ -11,7 +11,7 @@ pub mod upstream;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -34,21 +34,72 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Shared state of the proxy service.
 pub struct Proxy {
-    config: Arc<Config>,
-    upstream: UpstreamClient,
+    /// The configuration in force; swapped whole on reload. A request takes its own
+    /// reference at its head, so in-flight streams finish under the config they began with.
+    current: RwLock<Arc<Generation>>,
     metrics: Arc<Metrics>,
     /// Bounds requests in flight; a permit lives as long as the response body.
     in_flight: Arc<Semaphore>,
 }
 
+/// One configuration and the upstream client built from it.
+pub struct Generation {
+    pub config: Arc<Config>,
+    pub upstream: UpstreamClient,
+}
+
+/// Settings a reload cannot change in a running process (they shape listeners, the
+/// in-flight semaphore or already registered metric families).
+const RESTART_ONLY: &str =
+    "listen, admin, tls, limits and metrics.buckets changes take effect after a restart";
+
 impl Proxy {
     pub fn new(config: Arc<Config>, upstream: UpstreamClient, metrics: Arc<Metrics>) -> Arc<Proxy> {
         Arc::new(Proxy {
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
-            config,
-            upstream,
+            current: RwLock::new(Arc::new(Generation { config, upstream })),
             metrics,
         })
+    }
+
+    /// The configuration in force.
+    pub fn generation(&self) -> Arc<Generation> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Switch to a new, already validated configuration, atomically: a request sees
+    /// either the old generation or the new one, never a mix. The upstream client (and
+    /// its connection pool) is kept when the upstream settings did not change. Returns a
+    /// warning when settings that need a restart differ.
+    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, upstream::ClientError> {
+        let old = self.generation();
+        let upstream = if old.config.upstream == config.upstream {
+            old.upstream.clone()
+        } else {
+            UpstreamClient::new(&config.upstream)?
+        };
+        let before = &old.config;
+        let restart_needed = before.listen != config.listen
+            || before.admin != config.admin
+            || before.tls != config.tls
+            || before.limits != config.limits
+            || before.metrics.buckets != config.metrics.buckets;
+        self.metrics.set_label_policies(&config.labels);
+        *self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(Generation {
+            config: Arc::new(config),
+            upstream,
+        });
+        Ok(restart_needed.then_some(RESTART_ONLY))
+    }
+
+    fn in_flight_limit(&self) -> usize {
+        self.generation().config.limits.max_in_flight
     }
 
     /// A hyper service handle for one connection.
@@ -60,7 +111,7 @@ impl Proxy {
         let t_req = Instant::now();
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             tracing::warn!(
-                limit = self.config.limits.max_in_flight,
+                limit = self.in_flight_limit(),
                 "rejecting request: too many in flight"
             );
             return text(
@@ -68,10 +119,14 @@ impl Proxy {
                 "too many requests in flight",
             );
         };
+        let generation = self.generation();
+        let config = &generation.config;
         let (parts, body) = request.into_parts();
-        let info = inspect::inspect(&parts, &self.config.tenants);
+        let info = inspect::inspect(&parts, &config.tenants);
         let Some(dialect) = info.dialect else {
-            return self.passthrough(parts, body, t_req, permit).await;
+            return self
+                .passthrough(&generation, parts, body, t_req, permit)
+                .await;
         };
 
         let facts = Arc::new(RequestFacts::default());
@@ -85,9 +140,9 @@ impl Proxy {
                 tenant: info.tenant,
             },
             facts.clone(),
-            self.config.metrics.stall_threshold,
+            config.metrics.stall_threshold,
         );
-        let response = match self.upstream.send(parts, body, true, facts).await {
+        let response = match generation.upstream.send(parts, body, true, facts).await {
             Ok(response) => response,
             Err(err) => {
                 let outcome = match err {
@@ -103,12 +158,12 @@ impl Proxy {
 
         let (mut parts, body) = response.into_parts();
         upstream::strip_hop_by_hop(&mut parts.headers);
-        let decoder = self.decoder_for(dialect, &parts);
+        let decoder = self.decoder_for(config, dialect, &parts);
         let observer = StreamObserver::new(recorder, decoder, self.metrics.clone());
         let body = ObservedBody::new(
             body,
             Some(observer),
-            self.config.upstream.idle_timeout,
+            config.upstream.idle_timeout,
             self.metrics.clone(),
             Some(permit),
         );
@@ -118,6 +173,7 @@ impl Proxy {
     /// Choose the decoder for a response head, or `None` to forward it unobserved.
     fn decoder_for(
         &self,
+        config: &Config,
         dialect: wire::Dialect,
         parts: &http::response::Parts,
     ) -> Option<Box<dyn wire::Decoder>> {
@@ -148,14 +204,15 @@ impl Proxy {
             return None;
         };
         let limits = DecodeLimits {
-            max_event_bytes: self.config.observe.max_event_bytes,
-            max_body_bytes: self.config.observe.max_body_bytes,
+            max_event_bytes: config.observe.max_event_bytes,
+            max_body_bytes: config.observe.max_body_bytes,
         };
         Some(wire::decoder(dialect, framing, limits))
     }
 
     async fn passthrough(
         &self,
+        generation: &Generation,
         parts: http::request::Parts,
         body: Incoming,
         t_req: Instant,
@@ -165,7 +222,7 @@ impl Proxy {
         let method = parts.method.clone();
         let path = parts.uri.path().to_string();
         let facts = Arc::new(RequestFacts::default());
-        match self.upstream.send(parts, body, false, facts).await {
+        match generation.upstream.send(parts, body, false, facts).await {
             Ok(response) => {
                 tracing::info!(
                     target: "tokentap::access",
@@ -180,7 +237,7 @@ impl Proxy {
                 let body = ObservedBody::new(
                     body,
                     None,
-                    self.config.upstream.idle_timeout,
+                    generation.config.upstream.idle_timeout,
                     self.metrics.clone(),
                     Some(permit),
                 );

@@ -1,0 +1,91 @@
+//! TLS on both sides: a client talks plain HTTP to tokentap B, whose upstream is
+//! `https://localhost` served by tokentap A's TLS listener (trusted through `ca_file`),
+//! in front of the simulator. Covers listener TLS, HTTPS upstreams with a custom CA and
+//! ALPN, and that measurement is the same through two hops.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokentap::sim::{ModelProfile, SimConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listener_and_https_upstream_with_custom_ca() {
+    let dir = std::env::temp_dir().join(format!("tokentap-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_file = dir.join("tls.crt");
+    let key_file = dir.join("tls.key");
+    std::fs::write(&cert_file, certified.cert.pem()).unwrap();
+    std::fs::write(&key_file, certified.key_pair.serialize_pem()).unwrap();
+
+    let sim = SimHandle::start(SimConfig {
+        models: vec![ModelProfile::new(
+            "m",
+            Duration::from_millis(5),
+            Duration::from_millis(2),
+            20,
+        )],
+        ..SimConfig::default()
+    })
+    .await;
+    let inner = Proxy::start(
+        &sim.url(),
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+    )
+    .await;
+    let outer = Proxy::start(
+        &format!("https://localhost:{}", inner.addr.port()),
+        &format!("upstream:\n  ca_file: {}\n", cert_file.display()),
+    )
+    .await;
+
+    let response = client()
+        .request(chat(
+            &outer.url("/v1/chat/completions"),
+            "m",
+            "t",
+            true,
+            true,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = body_text(response).await;
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    for proxy in [&outer, &inner] {
+        let m = proxy
+            .wait_metrics("the request", |m| {
+                m.sum("tokentap_requests_total", &[]) >= 1.0
+            })
+            .await;
+        assert_eq!(
+            m.sum("tokentap_output_tokens_total", &[("model", "m")]),
+            20.0
+        );
+        assert_eq!(
+            m.sum("tokentap_requests_total", &[("outcome", "completed")]),
+            1.0
+        );
+    }
+
+    // Without the CA, the outer proxy refuses the upstream's certificate: 502.
+    let untrusting = Proxy::start(&format!("https://localhost:{}", inner.addr.port()), "").await;
+    let response = client()
+        .request(chat(
+            &untrusting.url("/v1/chat/completions"),
+            "m",
+            "t",
+            true,
+            false,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    let _ = std::fs::remove_dir_all(&dir);
+}
