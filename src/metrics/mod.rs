@@ -73,6 +73,7 @@ pub struct Metrics {
     unobserved: IntCounterVec,
     decode_errors: IntCounterVec,
     passthrough: IntCounter,
+    overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
 }
@@ -220,6 +221,11 @@ impl Metrics {
                 "Requests on non-LLM routes, forwarded without measurement.",
             )
             .expect("static counter definition is valid"),
+            overload_rejections: IntCounter::new(
+                "tokentap_overload_rejections_total",
+                "Requests answered 503 because limits.max_in_flight requests were in flight.",
+            )
+            .expect("static counter definition is valid"),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -249,6 +255,7 @@ impl Metrics {
             Box::new(metrics.unobserved.clone()),
             Box::new(metrics.decode_errors.clone()),
             Box::new(metrics.passthrough.clone()),
+            Box::new(metrics.overload_rejections.clone()),
             Box::new(label_overflow),
             Box::new(build_info),
         ];
@@ -301,6 +308,11 @@ impl Metrics {
                 .with_label_values(&[dialect])
                 .inc_by(count);
         }
+    }
+
+    /// Count a request refused by the in-flight limit.
+    pub fn overload_rejection(&self) {
+        self.overload_rejections.inc();
     }
 
     /// Count a request on a non-LLM route.

@@ -106,7 +106,8 @@ pin_project! {
         observer: Option<StreamObserver>,
         idle_timeout: Duration,
         idle: Option<Pin<Box<Sleep>>>,
-        last_frame: Instant,
+        // When the upstream must have sent something by; armed while it has nothing.
+        idle_deadline: Option<tokio::time::Instant>,
         // Whether the inner body said it had nothing more to send after the last frame.
         at_end: bool,
         metrics: Arc<Metrics>,
@@ -151,7 +152,7 @@ impl<B> ObservedBody<B> {
             permit,
             idle_timeout,
             idle: None,
-            last_frame: Instant::now(),
+            idle_deadline: None,
             at_end: false,
             metrics,
         }
@@ -183,30 +184,35 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let at = Instant::now();
-        match polled {
-            Poll::Pending => {
-                let deadline =
-                    tokio::time::Instant::from_std(*this.last_frame + *this.idle_timeout);
-                let sleep = this
-                    .idle
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                if sleep.deadline() != deadline {
-                    sleep.as_mut().reset(deadline);
-                }
-                if sleep.as_mut().poll(cx).is_ready() {
-                    if let Some(observer) = this.observer.take() {
-                        guarded(this.metrics, || observer.fail(at, Outcome::Timeout));
-                    }
-                    tracing::warn!(timeout = ?this.idle_timeout, "upstream stream idle; aborting it");
-                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(*this.idle_timeout)))));
-                }
-                Poll::Pending
+        let Poll::Ready(polled) = this.inner.as_mut().poll_frame(cx) else {
+            // The idle clock runs from the first time the upstream has nothing for us, not
+            // from the last frame: a slow client that delays our next poll is not an idle
+            // upstream.
+            let idle_timeout = *this.idle_timeout;
+            let deadline = *this
+                .idle_deadline
+                .get_or_insert_with(|| tokio::time::Instant::now() + idle_timeout);
+            let sleep = this
+                .idle
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if sleep.deadline() != deadline {
+                sleep.as_mut().reset(deadline);
             }
-            Poll::Ready(Some(Ok(frame))) => {
-                // The idle timer restarts from this frame.
-                *this.last_frame = at;
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if let Some(observer) = this.observer.take() {
+                let at = Instant::now();
+                guarded(this.metrics, || observer.fail(at, Outcome::Timeout));
+            }
+            tracing::warn!(timeout = ?idle_timeout, "upstream stream idle; aborting it");
+            return Poll::Ready(Some(Err(Box::new(IdleTimeout(idle_timeout)))));
+        };
+        // The one clock read for this frame: every event completed by it gets this instant.
+        let at = Instant::now();
+        *this.idle_deadline = None;
+        match polled {
+            Some(Ok(frame)) => {
                 if let (Some(observer), Some(data)) = (this.observer.as_mut(), frame.data_ref()) {
                     if !guarded(this.metrics, || observer.data(at, data)) {
                         // The decoder's state is not trusted after a panic; the request is
@@ -222,7 +228,7 @@ where
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(err))) => {
+            Some(Err(err)) => {
                 if let Some(observer) = this.observer.take() {
                     guarded(this.metrics, || observer.fail(at, Outcome::UpstreamError));
                 }
@@ -230,7 +236,7 @@ where
                 tracing::warn!(error = %err, "upstream stream failed mid-body");
                 Poll::Ready(Some(Err(err)))
             }
-            Poll::Ready(None) => {
+            None => {
                 if let Some(observer) = this.observer.take() {
                     guarded(this.metrics, || observer.end(at));
                 }
