@@ -702,3 +702,22 @@ async fn continuous_usage_gives_exact_per_event_counts() {
         12.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_upstream_by_option() {
+    let sim = SimHandle::start(scripted_sim()).await;
+    let proxy = Proxy::start(&sim.url(), "upstream:\n  http2: true\n").await;
+    // An HTTP/1.1 client in, HTTP/2 prior knowledge out.
+    let response = client()
+        .request(chat(&proxy.url(CHAT), "llama-3-8b", "t", true, true))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), http::Version::HTTP_11);
+    let body = collect(response).await;
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    let m = proxy
+        .wait_metrics("the request", |m| m.sum("tokentap_requests_total", &[]) >= 1.0)
+        .await;
+    assert_eq!(m.sum("tokentap_output_tokens_total", &[]), 40.0);
+}
