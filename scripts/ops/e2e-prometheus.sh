@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# End-to-end check: tokentap + its simulator + a real Prometheus, all on loopback.
+#
+#   cargo build --release && scripts/ops/e2e-prometheus.sh
+#   TOKENTAP_BIN=/path/to/tokentap scripts/ops/e2e-prometheus.sh
+#   scripts/ops/e2e-prometheus.sh --self-test   # harness test with scripts/ops/fake_tokentap.py
+#
+# What it does:
+#   1. starts `tokentap sim` twice (a normal backend with two models, and a slow one
+#      whose token gap of 5.5 s exceeds the 5 s stall threshold) and four tokentap
+#      proxies: main (-> normal sim), stall (-> slow sim, idle timeout 30 s),
+#      timeout (-> slow sim, idle timeout 2 s), dead (-> a port nothing listens on),
+#      odd (-> scripts/ops/e2e_odd_backend.py: a text/plain answer and a stream with a
+#      malformed event, so the unobserved / decode-error series exist);
+#   2. starts Prometheus (Debian's /usr/bin/prometheus) with the `tokentap` job of
+#      deploy/prometheus/scrape-config.yaml, its relabel rules unchanged and static
+#      targets that carry the labels Kubernetes pod discovery would set (plus decoy
+#      targets the rules must drop), scrape/evaluation interval 1 s, and
+#      deploy/prometheus/rules.yaml loaded;
+#   3. sends bounded streaming traffic (scripts/ops/e2e_traffic.py): two models,
+#      tenants via x-tenant-id and none, chat + completions, non-streaming, client
+#      cancellations, slow and dead upstreams;
+#   4. waits until Prometheus has scraped the final state, then runs
+#      scripts/ops/e2e_check.py: targets, exposition (promtool check metrics, every
+#      contract and dashboard/rule metric name, labels, buckets), traffic semantics,
+#      EVERY dashboard panel + variable query and EVERY recording rule / alert
+#      expression through /api/v1/query (invalid or no data = FAIL);
+#   5. graceful shutdown: SIGTERM to main during a stream -> the stream finishes,
+#      new connections are refused, exit code 0.
+# Every process is started here and ended by PID on exit (trap). Bounded in time.
+# Last line: `e2e-prometheus: N passed, M failed[, K skipped]`; exit 1 on any failure,
+# 2 if it could not run (missing binary or tool).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OPS=$ROOT/scripts/ops
+BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
+MODE=real
+if [ "${1:-}" = "--self-test" ]; then
+  MODE=self-test
+  BIN=$OPS/fake_tokentap.py
+elif [ -n "${1:-}" ]; then
+  sed -n '2,30p' "$0"; exit 2
+fi
+PROMETHEUS=${PROMETHEUS:-prometheus}
+DEADLINE=${E2E_DEADLINE:-300}   # seconds for the whole run
+CANCELS=4
+MODELS=llama-3-8b,qwen2-7b
+
+PASSED=0 FAILED=0 SKIPPED=0
+pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
+summary() {
+  local s="e2e-prometheus: $PASSED passed, $FAILED failed"
+  [ "$SKIPPED" -gt 0 ] && s="$s, $SKIPPED skipped"
+  echo "$s"
+}
+die() { echo "e2e-prometheus: $*" >&2; exit 2; }
+
+# ------------------------------------------------------------------ preflight
+[ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN (or use --self-test)"
+for t in "$PROMETHEUS" promtool curl python3; do
+  command -v "$t" >/dev/null || die "$t not found (apt-get install -y prometheus curl)"
+done
+python3 -c 'import yaml' 2>/dev/null || die "python3 needs PyYAML (pip install pyyaml)"
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-e2e.XXXXXX")
+declare -A PID_OF=()
+PIDS=()
+cleanup() {
+  local pid n
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${PIDS[@]}"; do
+    for n in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 130' INT TERM
+
+start() {  # start NAME CMD...   (logs to $TMP/NAME.log)
+  local name=$1; shift
+  "$@" >"$TMP/$name.log" 2>&1 &
+  PID_OF[$name]=$!
+  PIDS+=("$!")
+}
+log_tail() { echo "---- $1.log (tail)"; tail -n 20 "$TMP/$1.log" 2>/dev/null; echo "----"; }
+time_left() { [ "$SECONDS" -lt "$DEADLINE" ]; }
+
+# wait_http NAME URL WANT_CODE TIMEOUT_S: poll until URL answers WANT_CODE.
+wait_http() {
+  local name=$1 url=$2 want=$3 limit=$4 code
+  for _ in $(seq $((limit * 10))); do
+    code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$url" 2>/dev/null)
+    [ "$code" = "$want" ] && return 0
+    if [ -n "${PID_OF[$name]:-}" ] && ! kill -0 "${PID_OF[$name]}" 2>/dev/null; then
+      echo "$name exited early"; log_tail "$name"; return 1
+    fi
+    sleep 0.1
+  done
+  echo "$url answered ${code:-nothing}, wanted $want after ${limit}s"; log_tail "$name"
+  return 1
+}
+
+read -r P_SIM P_SLOW P_DEAD P_MAIN P_MAIN_A P_STALL P_STALL_A P_TO P_TO_A P_DEADT P_DEAD_A P_PROM P_DECOY P_ODD P_ODDT P_ODD_A < <(
+  python3 - <<'EOF'
+import socket
+socks = []
+for _ in range(16):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks: s.close()
+EOF
+)
+H=127.0.0.1
+echo "mode: $MODE, binary: $BIN, temp: $TMP"
+
+# ------------------------------------------------------------------ backends + proxies
+start sim      "$BIN" sim --listen "$H:$P_SIM" --models "$MODELS" --ttft 150ms --itl 20ms --tokens 40
+start sim-slow "$BIN" sim --listen "$H:$P_SLOW" --models slow-model --ttft 50ms --itl 5500ms --tokens 3
+start odd-backend python3 "$OPS/e2e_odd_backend.py" --listen "$H:$P_ODD"
+
+start main "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_MAIN" --admin "$H:$P_MAIN_A" --log-format json
+cat >"$TMP/stall.yaml" <<EOF
+listen: $H:$P_STALL
+admin: $H:$P_STALL_A
+upstream:
+  url: http://$H:$P_SLOW
+  idle_timeout: 30s
+log:
+  format: json
+EOF
+cat >"$TMP/timeout.yaml" <<EOF
+listen: $H:$P_TO
+admin: $H:$P_TO_A
+upstream:
+  url: http://$H:$P_SLOW
+  idle_timeout: 2s
+log:
+  format: json
+EOF
+start stall   "$BIN" --config "$TMP/stall.yaml"
+start timeout "$BIN" --config "$TMP/timeout.yaml"
+# Nothing listens on P_DEAD (it was only reserved and released).
+start dead "$BIN" --upstream "http://$H:$P_DEAD" --listen "$H:$P_DEADT" --admin "$H:$P_DEAD_A" --log-format json
+start odd  "$BIN" --upstream "http://$H:$P_ODD" --listen "$H:$P_ODDT" --admin "$H:$P_ODD_A" --log-format json
+
+ok_start=1
+wait_http sim      "http://$H:$P_SIM/health" 200 20 || ok_start=0
+wait_http sim-slow "http://$H:$P_SLOW/health" 200 20 || ok_start=0
+wait_http odd-backend "http://$H:$P_ODD/health" 200 20 || ok_start=0
+for n in main:$P_MAIN_A stall:$P_STALL_A timeout:$P_TO_A dead:$P_DEAD_A odd:$P_ODD_A; do
+  wait_http "${n%%:*}" "http://$H:${n#*:}/healthz" 200 20 || ok_start=0
+done
+for n in main:$P_MAIN_A stall:$P_STALL_A timeout:$P_TO_A odd:$P_ODD_A; do
+  wait_http "${n%%:*}" "http://$H:${n#*:}/readyz" 200 20 || ok_start=0
+done
+if [ "$ok_start" = 1 ]; then pass "backends and 5 tokentap instances started (healthz; readyz where the upstream is up)"
+else fail "start-up (see logs above)"; summary; exit 1; fi
+
+# ------------------------------------------------------------------ Prometheus
+meta() {  # meta POD CONTAINER PORTNAME PHASE
+  echo "__meta_kubernetes_namespace=e2e,__meta_kubernetes_pod_name=$1,__meta_kubernetes_pod_container_name=$2,__meta_kubernetes_pod_container_port_name=$3,__meta_kubernetes_pod_phase=$4,__meta_kubernetes_pod_node_name=loopback"
+}
+python3 "$OPS/prom_config.py" derive "$ROOT/deploy/prometheus/scrape-config.yaml" "$TMP/prometheus.yaml" \
+  --rules "$ROOT/deploy/prometheus/rules.yaml" --interval 1s \
+  --target "$H:$P_MAIN_A,$(meta main tokentap metrics Running)" \
+  --target "$H:$P_STALL_A,$(meta stall tokentap metrics Running)" \
+  --target "$H:$P_TO_A,$(meta timeout tokentap metrics Running)" \
+  --target "$H:$P_DEAD_A,$(meta dead tokentap metrics Running)" \
+  --target "$H:$P_ODD_A,$(meta odd tokentap metrics Running)" \
+  --target "$H:$P_SIM,$(meta engine vllm metrics Running)" \
+  --target "$H:$P_MAIN,$(meta main tokentap http Running)" \
+  --target "$H:$P_DECOY,$(meta old tokentap metrics Succeeded)"
+if promtool check config "$TMP/prometheus.yaml" >"$TMP/promtool-config.log" 2>&1; then
+  pass "promtool check config (scrape-config.yaml job with loopback targets + rules.yaml)"
+else fail "promtool check config"; cat "$TMP/promtool-config.log"; fi
+
+start prometheus "$PROMETHEUS" --config.file="$TMP/prometheus.yaml" --storage.tsdb.path="$TMP/tsdb" \
+  --web.listen-address="$H:$P_PROM" --storage.tsdb.retention.time=1h --log.level=warn
+PROM=http://$H:$P_PROM
+if wait_http prometheus "$PROM/-/ready" 200 30; then pass "Prometheus ready on $PROM"
+else fail "Prometheus did not start"; summary; exit 1; fi
+
+active=0
+for _ in $(seq 300); do
+  active=$(curl -s "$PROM/api/v1/targets?state=active" | python3 -c 'import json,sys; print(sum(1 for t in json.load(sys.stdin)["data"]["activeTargets"] if t["health"]=="up"))' 2>/dev/null || echo 0)
+  [ "$active" = 5 ] && break
+  sleep 0.1
+done
+if [ "$active" = 5 ]; then pass "Prometheus scrapes the 5 tokentap admin ports"
+else fail "Prometheus has $active healthy targets, expected 5"; fi
+
+# ------------------------------------------------------------------ traffic
+if python3 "$OPS/e2e_traffic.py" --main "http://$H:$P_MAIN" --models "$MODELS" \
+     --stall "http://$H:$P_STALL" --timeout "http://$H:$P_TO" --dead "http://$H:$P_DEADT" --odd "http://$H:$P_ODDT" \
+     --cancels "$CANCELS" --deadline 120 >"$TMP/traffic.json" 2>"$TMP/traffic.err"; then
+  pass "traffic sent ($(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["main_sent"], "main requests in", d["elapsed_s"], "s")' "$TMP/traffic.json"))"
+else
+  fail "traffic generator"; cat "$TMP/traffic.err"; summary; exit 1
+fi
+t_end=$(date +%s)
+
+# Wait until every target was scraped after the traffic ended and the rules ran.
+fresh=0
+for _ in $(seq 300); do
+  time_left || break
+  fresh=$(curl -s "$PROM/api/v1/query" --data-urlencode "query=min(timestamp(up{job=\"tokentap\"})) > $((t_end + 2)) and on() count(model:tokentap_requests:rate5m) > 0" \
+    | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0)
+  [ "$fresh" = 1 ] && break
+  sleep 0.2
+done
+if [ "$fresh" = 1 ]; then pass "Prometheus scraped the final state and evaluated the rules"
+else fail "Prometheus did not catch up after the traffic"; fi
+
+# ------------------------------------------------------------------ checks
+python3 "$OPS/e2e_check.py" --prom "$PROM" \
+  --instance "main=http://$H:$P_MAIN_A" --instance "stall=http://$H:$P_STALL_A" \
+  --instance "timeout=http://$H:$P_TO_A" --instance "dead=http://$H:$P_DEAD_A" --instance "odd=http://$H:$P_ODD_A" \
+  --roles main=main,stall=stall,timeout=timeout,dead=dead,odd=odd \
+  --traffic "$TMP/traffic.json" --cancels "$CANCELS" --rate-interval 2m \
+  --expect-dropped "$H:$P_SIM" --expect-dropped "$H:$P_MAIN" --expect-dropped "$H:$P_DECOY" \
+  | tee "$TMP/check.log"
+counts=$(grep '^E2E_COUNTS ' "$TMP/check.log" | tail -n1)
+if [ -n "$counts" ]; then
+  read -r _ cp cf cs <<<"$counts"
+  PASSED=$((PASSED + cp)); FAILED=$((FAILED + cf)); SKIPPED=$((SKIPPED + cs))
+else
+  fail "e2e_check.py did not finish"
+fi
+
+# ------------------------------------------------------------------ graceful shutdown
+echo "== graceful shutdown"
+python3 - "$H" "$P_MAIN" "$TMP/first-token" >"$TMP/drain.json" 2>&1 <<'EOF' &
+import http.client, json, pathlib, sys
+host, port, flag = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+out = {"done": False, "events": 0, "error": None}
+try:
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request("POST", "/v1/chat/completions", headers={"content-type": "application/json", "x-tenant-id": "drain"},
+              body=json.dumps({"model": "llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}))
+    r = c.getresponse()
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if line.startswith(b"data:"):
+            if line[5:].strip() == b"[DONE]":
+                out["done"] = True
+                r.read()
+                break
+            out["events"] += 1
+            if b'"content"' in line and not flag.exists():
+                flag.touch()
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+EOF
+client=$!
+for _ in $(seq 100); do [ -e "$TMP/first-token" ] && break; sleep 0.05; done
+if [ -e "$TMP/first-token" ]; then
+  t0=$SECONDS
+  kill -TERM "${PID_OF[main]}"
+  sleep 0.5
+  code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' -X POST -H 'content-type: application/json' \
+    -d '{"model":"llama-3-8b","stream":true,"messages":[]}' "http://$H:$P_MAIN/v1/chat/completions"; echo " rc=$?")
+  wait "$client"
+  if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["done"] else 1)' "$TMP/drain.json" 2>/dev/null; then
+    pass "SIGTERM during a stream: the in-flight stream still completes"
+  else fail "SIGTERM during a stream: stream cut ($(cat "$TMP/drain.json"))"; fi
+  case "$code" in
+    *"rc=7"*) pass "after SIGTERM new connections are refused" ;;
+    *) fail "after SIGTERM a new request got: $code (expected connection refused)" ;;
+  esac
+  rc=""
+  for _ in $(seq 400); do kill -0 "${PID_OF[main]}" 2>/dev/null || break; sleep 0.1; done
+  if ! kill -0 "${PID_OF[main]}" 2>/dev/null; then wait "${PID_OF[main]}"; rc=$?; fi
+  if [ "$rc" = 0 ]; then pass "tokentap exits 0 after draining ($((SECONDS - t0)) s)"
+  else fail "tokentap exit status after SIGTERM: ${rc:-still running after 40 s}"; log_tail main; fi
+else
+  fail "drain test: no token arrived on the test stream"; kill "$client" 2>/dev/null
+fi
+
+time_left || fail "run exceeded ${DEADLINE}s"
+summary
+[ "$FAILED" -eq 0 ]

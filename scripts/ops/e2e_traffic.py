@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Bounded OpenAI-style traffic for scripts/ops/e2e-prometheus.sh (loopback only).
+
+    e2e_traffic.py --main URL --models m1,m2 [--stall URL --stall-model M]
+                   [--timeout URL --timeout-model M] [--dead URL] [--odd URL]
+                   [--requests 48] [--concurrency 4] [--cancels 4] [--deadline 120]
+
+Sends, through tokentap:
+  main     streaming chat + completions requests over the models, tenants acme /
+           globex / initech via x-tenant-id plus some without the header, a few
+           non-streaming ones, and --cancels streams the client abandons after the
+           first token (-> outcome cancelled); one GET /v1/models (passthrough);
+  stall    2 streams to a slow backend whose token gap exceeds the stall threshold;
+  timeout  2 streams to a slow backend behind a short upstream idle timeout;
+  dead     3 requests to a tokentap whose upstream is not listening;
+  odd      a text/plain answer and a stream with a malformed event (e2e_odd_backend.py).
+Every socket has a timeout and the whole run a deadline. Only loopback URLs are
+accepted. Prints a JSON summary on stdout (what the client observed).
+"""
+import argparse
+import concurrent.futures as cf
+import http.client
+import json
+import socket
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+TENANTS = ["acme", "globex", "initech", None]
+
+
+def loopback(url):
+    h = urlparse(url).hostname
+    if h not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"refusing non-loopback URL {url}")
+    return url
+
+
+def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=False, timeout=30):
+    """One request; returns what the client saw."""
+    u = urlparse(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    body = {"model": model, "max_tokens": 64, "stream": stream}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": "Say something about latency."}]
+    else:
+        body["prompt"] = "Say something about latency."
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    headers = {"content-type": "application/json"}
+    if tenant:
+        headers["x-tenant-id"] = tenant
+    out = {"model": model, "tenant": tenant, "kind": kind, "stream": stream, "cancel": cancel_after_first,
+           "status": None, "done": False, "events": 0, "error": None}
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers)
+        resp = conn.getresponse()
+        out["status"] = resp.status
+        if not stream:
+            data = resp.read()
+            out["done"] = resp.status == 200 and b"choices" in data
+            return out
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    out["done"] = True
+                    # Read the response to its end (the chunked terminator) like a
+                    # well-behaved HTTP client: whether a client that hangs up right
+                    # after [DONE] counts as completed is not what this run measures.
+                    resp.read()
+                    break
+                out["events"] += 1
+                if cancel_after_first and (b'"content"' in payload or b'"text"' in payload):
+                    # Abandon the stream mid-way: shut the socket down under the response.
+                    if conn.sock is not None:
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+                    resp.close()
+                    return out
+    except (OSError, http.client.HTTPException) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--main", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--stall")
+    ap.add_argument("--stall-model", default="slow-model")
+    ap.add_argument("--timeout")
+    ap.add_argument("--timeout-model", default="slow-model")
+    ap.add_argument("--dead")
+    ap.add_argument("--odd", help="tokentap in front of e2e_odd_backend.py")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--cancels", type=int, default=4)
+    ap.add_argument("--deadline", type=float, default=120)
+    a = ap.parse_args()
+    for u in (a.main, a.stall, a.timeout, a.dead, a.odd):
+        if u:
+            loopback(u)
+    models = a.models.split(",")
+    started = time.monotonic()
+    results = {"main": [], "stall": [], "timeout": [], "dead": [], "odd": [], "models_status": None}
+
+    # Slow streams first, in the background: they take ~10 s each.
+    slow = []
+    bg = cf.ThreadPoolExecutor(max_workers=4)
+    if a.stall:
+        slow += [("stall", bg.submit(request, a.stall, a.stall_model, "acme", "chat", True, False, 40)) for _ in range(2)]
+    if a.timeout:
+        slow += [("timeout", bg.submit(request, a.timeout, a.timeout_model, "acme", "chat", True, False, 40)) for _ in range(2)]
+
+    # Passthrough path (not an LLM call).
+    u = urlparse(a.main)
+    try:
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        c.request("GET", "/v1/models")
+        r = c.getresponse()
+        r.read()
+        results["models_status"] = r.status
+        c.close()
+    except (OSError, http.client.HTTPException) as e:
+        results["models_status"] = f"{type(e).__name__}: {e}"
+
+    jobs = []
+    for i in range(a.requests):
+        jobs.append(dict(model=models[i % len(models)], tenant=TENANTS[i % len(TENANTS)],
+                         kind="chat" if i % 3 else "completions", stream=(i % 8 != 7)))
+    for i in range(a.cancels):
+        jobs.append(dict(model=models[i % len(models)], tenant="acme", kind="chat", stream=True, cancel_after_first=True))
+    with cf.ThreadPoolExecutor(max_workers=a.concurrency) as ex:
+        futs = [ex.submit(request, a.main, **j) for j in jobs]
+        for f in futs:
+            left = a.deadline - (time.monotonic() - started)
+            results["main"].append(f.result(timeout=max(left, 1)))
+    if a.dead:
+        for m in models[:1] * 3:
+            results["dead"].append(request(a.dead, m, "acme", "chat", True, False, 10))
+    if a.odd:
+        for m in ("odd-plain", "odd-malformed"):
+            results["odd"].append(request(a.odd, m, "acme", "chat", True, False, 10))
+    for kind, f in slow:
+        left = a.deadline - (time.monotonic() - started)
+        results[kind].append(f.result(timeout=max(left, 1)))
+    bg.shutdown(wait=True)
+
+    main = results["main"]
+    summary = {
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "main_sent": len(main),
+        "main_completed": sum(1 for r in main if r["done"] and not r["cancel"]),
+        "main_completed_by_model": {m: sum(1 for r in main if r["done"] and not r["cancel"] and r["model"] == m) for m in models},
+        "main_cancelled_by_client": sum(1 for r in main if r["cancel"]),
+        "main_errors": [r for r in main if r["error"] or (r["status"] != 200)],
+        "stall_done": sum(1 for r in results["stall"] if r["done"]),
+        "timeout_incomplete": sum(1 for r in results["timeout"] if not r["done"]),
+        "dead_statuses": [r["status"] or r["error"] for r in results["dead"]],
+        "odd": [{"model": r["model"], "status": r["status"], "done": r["done"], "error": r["error"]} for r in results["odd"]],
+        "models_status": results["models_status"],
+        "models": models,
+        "tenants": sorted({r["tenant"] or "unknown" for r in main}),
+    }
+    json.dump(summary, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Prove the promtool unit tests can fail: break rules.yaml on purpose, expect red.
+
+Each mutation is a plausible mistake (a wrong threshold, a dropped guard, a wrong
+label filter, a shorter `for:`). It is applied to a temporary copy of
+deploy/prometheus/rules.yaml next to a copy of the tests, and
+`promtool test rules` must FAIL on it. A mutation whose text is not found is an
+error too (the list must follow rules.yaml).
+
+    scripts/ops/mutate-rules.py        # prints PASS/FAIL per mutation, exit 1 on any FAIL
+"""
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROM = ROOT / "deploy/prometheus"
+
+# (what, old, new): `old` must occur exactly once in rules.yaml.
+MUTATIONS = [
+    ("ITL threshold 0.1 -> 0.2", "expr: vector(0.1)", "expr: vector(0.2)"),
+    ("TTFT threshold 5 -> 10", "expr: vector(5)", "expr: vector(10)"),
+    ("error threshold 0.05 -> 0.5", "tokentap:threshold:error_ratio\n        expr: vector(0.05)",
+     "tokentap:threshold:error_ratio\n        expr: vector(0.5)"),
+    ("cancel threshold 0.2 -> 0.5", "expr: vector(0.2)", "expr: vector(0.5)"),
+    ("traffic guard 0.05 -> 0.01 req/s", "tokentap:threshold:min_request_rate\n        expr: vector(0.05)",
+     "tokentap:threshold:min_request_rate\n        expr: vector(0.01)"),
+    ("p99 ITL computed as p95",
+     "record: model:tokentap_inter_token_latency_seconds:p99_5m\n        expr: histogram_quantile(0.99,",
+     "record: model:tokentap_inter_token_latency_seconds:p99_5m\n        expr: histogram_quantile(0.95,"),
+    ("ITL quantile aggregated without tenant split",
+     "record: model_tenant:tokentap_inter_token_latency_seconds:p99_5m\n        expr: histogram_quantile(0.99, sum by (le, model, tenant)",
+     "record: model_tenant:tokentap_inter_token_latency_seconds:p99_5m\n        expr: histogram_quantile(0.99, sum by (le, model)"),
+    ("timeouts not counted as errors", 'outcome=~"upstream_error|timeout"', 'outcome="upstream_error"'),
+    ("error ratio without the explicit-zero arm",
+     'sum by (model) (rate(tokentap_requests_total{outcome=~"upstream_error|timeout"}[5m]))\n            or\n            0 * sum by (model) (rate(tokentap_requests_total[5m]))',
+     'sum by (model) (rate(tokentap_requests_total{outcome=~"upstream_error|timeout"}[5m]))'),
+    ("cancel ratio counts completed", 'rate(tokentap_requests_total{outcome="cancelled"}[5m])',
+     'rate(tokentap_requests_total{outcome="completed"}[5m])'),
+    ("stall rule ignores timeouts",
+     "increase(tokentap_stream_stalls_total[10m])\n            or\n            increase(tokentap_requests_total{outcome=\"timeout\"}[10m])",
+     "increase(tokentap_stream_stalls_total[10m])"),
+    ("ITL alert `for` 10m -> 5m",
+     "tokentap:threshold:itl_p99_seconds\n          and on (model)\n          model:tokentap_requests:rate5m\n            >= on () group_left () tokentap:threshold:min_request_rate\n        for: 10m",
+     "tokentap:threshold:itl_p99_seconds\n          and on (model)\n          model:tokentap_requests:rate5m\n            >= on () group_left () tokentap:threshold:min_request_rate\n        for: 5m"),
+    ("TokentapDown on any job", 'expr: up{job="tokentap"} == 0', "expr: up == 0"),
+    ("absent() on the wrong job", 'absent(up{job="tokentap"})', 'absent(up{job="tokentap-gateway"})'),
+    ("upstream alert inverted", "expr: tokentap_upstream_up == 0", "expr: tokentap_upstream_up == 1"),
+    ("label overflow alert on rate over 1m", "increase(tokentap_label_overflow_total[1h])",
+     "increase(tokentap_label_overflow_total[1m])"),
+    ("decode errors alert on the wrong label", "sum by (dialect) (rate(tokentap_decode_errors_total[10m]))",
+     "sum by (reason) (rate(tokentap_decode_errors_total[10m]))"),
+]
+
+
+def main():
+    rules = (PROM / "rules.yaml").read_text()
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        shutil.copytree(PROM / "tests", tmp / "tests")
+        tests = sorted(str(p) for p in (tmp / "tests").glob("*.yaml"))
+        # Baseline: the unmodified rules pass, or the mutations prove nothing.
+        (tmp / "rules.yaml").write_text(rules)
+        base = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
+        if base.returncode != 0:
+            print("FAIL baseline: promtool test rules fails on the unmodified rules")
+            print(base.stdout[-2000:], base.stderr[-2000:])
+            return 1
+        for what, old, new in MUTATIONS:
+            n = rules.count(old)
+            if n != 1:
+                print(f"FAIL mutation \"{what}\": its text occurs {n} times in rules.yaml (expected 1)")
+                failed += 1
+                continue
+            (tmp / "rules.yaml").write_text(rules.replace(old, new))
+            r = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"PASS mutation \"{what}\" is caught by the tests")
+            else:
+                print(f"FAIL mutation \"{what}\" is NOT caught: promtool test rules still passes")
+                failed += 1
+    print(f"rule mutations: {len(MUTATIONS) - failed} caught, {failed} not")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The metric contract of tokentap, as agreed for dashboards, rules and tests.
+
+One list, used by scripts/ops/check-grafana.py (static checks) and
+scripts/ops/e2e-prometheus.sh (against the real /metrics exposition). If the
+binary renames a metric, change it here and the checks show every place to fix.
+"""
+import re
+
+HIST_LABELS = ("model", "tenant")
+
+# name -> (type, labels)
+METRICS = {
+    "tokentap_time_to_first_byte_seconds": ("histogram", HIST_LABELS),
+    "tokentap_time_to_first_token_seconds": ("histogram", HIST_LABELS),
+    "tokentap_time_to_first_content_token_seconds": ("histogram", HIST_LABELS),
+    "tokentap_inter_token_latency_seconds": ("histogram", HIST_LABELS),
+    "tokentap_time_per_output_token_seconds": ("histogram", HIST_LABELS),
+    "tokentap_output_tokens_per_second": ("histogram", HIST_LABELS),
+    "tokentap_request_duration_seconds": ("histogram", HIST_LABELS),
+    "tokentap_requests_total": ("counter", ("model", "tenant", "outcome")),
+    "tokentap_output_tokens_total": ("counter", HIST_LABELS),
+    "tokentap_input_tokens_total": ("counter", HIST_LABELS),
+    "tokentap_stream_stalls_total": ("counter", HIST_LABELS),
+    "tokentap_label_overflow_total": ("counter", ("label",)),
+    "tokentap_unobserved_responses_total": ("counter", ("reason",)),
+    "tokentap_decode_errors_total": ("counter", ("dialect",)),
+    "tokentap_streams_in_flight": ("gauge", ()),
+    "tokentap_upstream_up": ("gauge", ()),
+    "tokentap_build_info": ("gauge", ("version",)),
+}
+
+# Counters whose series only exist after the event they count happened (a labelled
+# child is created on first increment unless the binary pre-creates it). The e2e
+# test provokes what it can from the contract and reports the rest as skipped
+# when they are absent from the exposition.
+EVENT_DRIVEN = {
+    "tokentap_stream_stalls_total",
+    "tokentap_label_overflow_total",
+    "tokentap_unobserved_responses_total",
+    "tokentap_decode_errors_total",
+}
+
+PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}
+
+OUTCOMES = ("completed", "cancelled", "upstream_error", "timeout")
+
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+               0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5,
+                7.5, 10, 15, 20, 30, 60)
+
+_NAME = re.compile(r"\btokentap_[a-z0-9_]+\b")
+
+
+def base_name(series_name):
+    """tokentap_x_seconds_bucket -> tokentap_x_seconds for histograms; else unchanged."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if series_name.endswith(suffix):
+            stem = series_name[: -len(suffix)]
+            if METRICS.get(stem, ("",))[0] == "histogram":
+                return stem
+    return series_name
+
+
+def referenced(text):
+    """Contract-level metric names (histogram suffixes stripped) referenced in PromQL text.
+
+    Names inside recording-rule names (`model:tokentap_requests:rate5m`) and the
+    threshold series (`tokentap:threshold:...`) are not metric references."""
+    names = set()
+    for m in _NAME.finditer(text):
+        start = m.start()
+        if start > 0 and text[start - 1] == ":":
+            continue  # part of a recording rule name, e.g. model:tokentap_requests:rate5m
+        names.add(base_name(m.group(0)))
+    return names
