@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, every Rust test, and the checks of the shipped deploy files.
+# formatting, clippy, every Rust test, the checks of the shipped deploy files, and an
+# end-to-end run of tokentap under a real Prometheus with the dashboard's queries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +23,11 @@ passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log
 failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')
 echo
 echo "cargo: ${passed} passed, ${failed} failed"
+
+step "deploy/ and grafana/ checks (kustomize, kubernetes-validate, hadolint, promtool, dashboard types)"
+# check-config in ops-check uses this binary.
+export TOKENTAP_BIN="$PWD/target/debug/tokentap"
+bash scripts/ops-check.sh
+
+step "end to end: a real Prometheus scrapes tokentap; every dashboard query and rule must return data"
+bash scripts/ops/e2e-prometheus.sh

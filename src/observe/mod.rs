@@ -122,8 +122,9 @@ pin_project! {
                 // Dropped before the end: the client went away (or the server is shutting
                 // down past its drain deadline). hyper may also drop a body it has read to
                 // its end without polling for `None`: that is a completion.
+                // A client that leaves right after the stream's end marker got everything.
                 let at = Instant::now();
-                let outcome = if *this.at_end {
+                let outcome = if *this.at_end || observer.recorder.saw_end_marker() {
                     Outcome::Completed
                 } else {
                     Outcome::Cancelled

@@ -60,6 +60,8 @@ pub struct Recorder {
     status: Option<StatusCode>,
     stall_threshold: Duration,
     stream_error: bool,
+    /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
+    end_marker: bool,
     malformed: u64,
     _in_flight: InFlight,
 }
@@ -83,6 +85,7 @@ impl Recorder {
             status: None,
             stall_threshold,
             stream_error: false,
+            end_marker: false,
             malformed: 0,
             _in_flight: in_flight,
         }
@@ -139,7 +142,7 @@ impl Recorder {
                 }
                 Signal::Error => self.stream_error = true,
                 Signal::Malformed => self.malformed += 1,
-                Signal::Done => {}
+                Signal::Done => self.end_marker = true,
             }
         }
     }
@@ -162,9 +165,11 @@ impl Recorder {
         self.handles.as_ref().expect("resolved just above")
     }
 
-    /// Whether the stream reported an error itself.
-    pub fn saw_stream_error(&self) -> bool {
-        self.stream_error
+    /// Whether the stream's own end marker arrived: a client that leaves after it has
+    /// received the whole answer, even if the connection's final framing was not yet
+    /// delivered.
+    pub fn saw_end_marker(&self) -> bool {
+        self.end_marker
     }
 
     /// Record the outcome and per-request figures. Consumes the recorder: once only.
