@@ -717,7 +717,52 @@ async fn h2c_upstream_by_option() {
     let body = collect(response).await;
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     let m = proxy
-        .wait_metrics("the request", |m| m.sum("tokentap_requests_total", &[]) >= 1.0)
+        .wait_metrics("the request", |m| {
+            m.sum("tokentap_requests_total", &[]) >= 1.0
+        })
         .await;
     assert_eq!(m.sum("tokentap_output_tokens_total", &[]), 40.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_right_after_done_is_completed() {
+    let event = |data: &str| {
+        let payload = format!("data: {data}\n\n");
+        format!("{:x}\r\n{payload}\r\n", payload.len()).into_bytes()
+    };
+    let backend = ScriptedBackend::start(vec![
+        Step::Write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .to_vec(),
+        ),
+        Step::Write(event(r#"{"model":"m","choices":[{"index":0,"delta":{"content":"hi"}}]}"#)),
+        Step::Write(event("[DONE]")),
+        // The final zero-length chunk comes late: the client leaves before it.
+        Step::Sleep(Duration::from_secs(3)),
+        Step::Write(b"0\r\n\r\n".to_vec()),
+    ])
+    .await;
+    let proxy = Proxy::start(&backend.url(), "").await;
+    let response = client()
+        .request(chat(&proxy.url(CHAT), "m", "t", true, false))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut seen = String::new();
+    while !seen.contains("[DONE]") {
+        let frame = body.frame().await.expect("frame").expect("ok");
+        seen.push_str(&String::from_utf8_lossy(frame.data_ref().unwrap()));
+    }
+    drop(body);
+    let m = proxy
+        .wait_metrics("the outcome", |m| {
+            m.sum("tokentap_requests_total", &[]) >= 1.0
+        })
+        .await;
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[("outcome", "completed")]),
+        1.0,
+        "{}",
+        m.text
+    );
 }
