@@ -89,6 +89,9 @@ struct SimArgs {
     /// Embed the wall-clock send time in each chunk (for the benchmark).
     #[arg(long)]
     stamp: bool,
+    /// Compress responses (zstd or gzip) for clients that accept it, flushed per event.
+    #[arg(long)]
+    compress: bool,
 }
 
 #[derive(Args, Debug)]
@@ -253,6 +256,7 @@ async fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         usage: args.usage,
         role_chunk: !args.no_role_chunk,
         stamp: args.stamp,
+        compress: args.compress,
         ..SimConfig::default()
     };
     let sim = Sim::bind(args.listen, config)

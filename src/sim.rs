@@ -1,4 +1,4 @@
-//! A simulated OpenAI-compatible inference server with known timing.
+//! A simulated inference server with known timing, speaking every dialect tokentap reads.
 //!
 //! `tokentap sim`, the demo, the integration tests and the benchmarks all need a backend
 //! whose TTFT, inter-token latency and output length are known in advance, so tokentap's
@@ -6,13 +6,31 @@
 //! stream) with absolute deadlines, so a stream's timing does not drift and ten thousand
 //! open streams cost little.
 //!
-//! Serves `POST /v1/chat/completions` and `POST /v1/completions` (streamed or not, with
-//! `stream_options.include_usage`), `GET /v1/models` and `GET /health`. A request may ask
-//! for a fault with the `x-sim-fault` header (see [`Fault`]), which is how the tests make
-//! an upstream reset, stall, report an error mid-stream or fail with a status.
+//! Every dialect is served at once, on its native path, with the same timing: one event
+//! per token at the profile's deadlines, and each dialect's own framing, preamble, usage
+//! and end (see `sim/render.rs`):
+//!
+//! | path | dialect | streamed when |
+//! |---|---|---|
+//! | `POST /v1/chat/completions`, `/v1/completions` | OpenAI (`stream_options.include_usage` honoured) | `"stream": true` |
+//! | `POST /v1/responses` | OpenAI Responses | `"stream": true` |
+//! | `POST /v1/messages` | Anthropic Messages | `"stream": true` |
+//! | `POST /v1beta/models/{m}:streamGenerateContent[?alt=sse]`, `:generateContent` | Gemini (SSE, or a streamed JSON array without `alt=sse`) | `:streamGenerateContent` |
+//! | `POST /api/chat`, `/api/generate` | Ollama (NDJSON) | unless `"stream": false` |
+//! | `POST /generate_stream`, `/generate` | TGI | `/generate_stream` |
+//! | `POST /v2/models/{m}/generate_stream`, `/generate` | Triton | `generate_stream` |
+//!
+//! Also `GET /v1/models` and `GET /health`. A request may ask for a fault with the
+//! `x-sim-fault` header (see [`Fault`]), which is how the tests make an upstream reset,
+//! stall, report an error mid-stream (in the dialect's own way) or fail with a status. A
+//! request that accepts `gzip` or `zstd` gets a compressed response when
+//! [`SimConfig::compress`] is set (flushed after every event, as streaming servers do).
+
+mod render;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +49,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
+
+use render::{Api, Script};
 
 /// Timing and length of one simulated model.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,6 +117,13 @@ pub struct SimConfig {
     /// benchmark's per-event latency.
     pub stamp: bool,
     pub seed: u64,
+    /// Report this Unix time (seconds) as every response's creation time, and derive
+    /// response ids from the request body instead of a counter, so that two identical
+    /// requests get byte-identical responses (tests compare proxied and direct bytes).
+    pub fixed_clock: Option<u64>,
+    /// Compress responses with `zstd` or `gzip` when the request's `Accept-Encoding`
+    /// allows (the first of the two it lists), flushing after every event.
+    pub compress: bool,
 }
 
 impl Default for SimConfig {
@@ -112,6 +139,8 @@ impl Default for SimConfig {
             role_chunk: true,
             stamp: false,
             seed: 1,
+            fixed_clock: None,
+            compress: false,
         }
     }
 }
@@ -123,7 +152,8 @@ pub enum Fault {
     ResetAfter(u32),
     /// Stop sending (but keep the connection open) after N tokens.
     StallAfter(u32),
-    /// Send an OpenAI-style error object after N tokens, then end the stream.
+    /// Report an error mid-stream after N tokens, as the dialect does (an OpenAI error
+    /// object, Anthropic `error` event, Responses `response.failed`, ...), then end.
     ErrorAfter(u32),
     /// End the stream cleanly after N tokens, without finish chunk, usage or `[DONE]`.
     EndAfter(u32),
@@ -182,7 +212,7 @@ impl Sim {
         self.state.open_streams.clone()
     }
 
-    /// Chat and completion requests received so far.
+    /// LLM requests (of any dialect) received so far.
     pub fn requests(&self) -> u64 {
         self.state.requests.load(Ordering::Relaxed)
     }
@@ -248,9 +278,97 @@ fn error_json(status: StatusCode, message: &str, kind: &str) -> Response<SimBody
     )
 }
 
+/// The API, model named in the path, and whether the response streams, from the route
+/// (the body may still decide streaming, see [`streams`]).
+fn route(method: &Method, path: &str, query: Option<&str>) -> Option<(Api, Option<String>)> {
+    if method != Method::POST {
+        return None;
+    }
+    let model_in = |rest: &str, suffix: &str| rest.strip_suffix(suffix).map(str::to_string);
+    Some(match path {
+        "/v1/chat/completions" => (Api::Chat, None),
+        "/v1/completions" => (Api::Completions, None),
+        "/v1/responses" => (Api::Responses, None),
+        "/v1/messages" => (Api::Anthropic, None),
+        "/api/chat" => (Api::Ollama { chat: true }, None),
+        "/api/generate" => (Api::Ollama { chat: false }, None),
+        "/generate_stream" | "/generate" => (Api::Tgi, None),
+        _ => {
+            if let Some(rest) = path
+                .strip_prefix("/v1beta/models/")
+                .or_else(|| path.strip_prefix("/v1/models/"))
+            {
+                let sse = query.is_some_and(|q| q.split('&').any(|p| p == "alt=sse"));
+                let model = model_in(rest, ":streamGenerateContent")
+                    .or_else(|| model_in(rest, ":generateContent"))?;
+                (Api::Gemini { sse }, Some(model))
+            } else if let Some(rest) = path.strip_prefix("/v2/models/") {
+                let model =
+                    model_in(rest, "/generate_stream").or_else(|| model_in(rest, "/generate"))?;
+                // `/v2/models/{m}/versions/{v}/generate...`
+                let model = model.split('/').next().unwrap_or_default().to_string();
+                (Api::Triton, Some(model))
+            } else {
+                return None;
+            }
+        }
+    })
+}
+
+/// Whether a request asks for a streamed response.
+fn streams(api: Api, path: &str, body: &serde_json::Value) -> bool {
+    let flag = body.get("stream").and_then(|v| v.as_bool());
+    match api {
+        Api::Gemini { .. } => path.ends_with(":streamGenerateContent"),
+        Api::Tgi | Api::Triton => path.ends_with("/generate_stream"),
+        Api::Ollama { .. } => flag != Some(false),
+        _ => flag == Some(true),
+    }
+}
+
+/// The output-token cap a request sets, in its dialect's field.
+fn max_tokens(api: Api, body: &serde_json::Value) -> Option<u64> {
+    let pointers: &[&str] = match api {
+        Api::Chat | Api::Completions => &["/max_tokens", "/max_completion_tokens"],
+        Api::Responses => &["/max_output_tokens"],
+        Api::Anthropic | Api::Triton => &["/max_tokens"],
+        Api::Gemini { .. } => &["/generationConfig/maxOutputTokens"],
+        Api::Ollama { .. } => &["/options/num_predict"],
+        Api::Tgi => &["/parameters/max_new_tokens"],
+    };
+    pointers
+        .iter()
+        .find_map(|p| body.pointer(p).and_then(|v| v.as_u64()))
+}
+
+/// The compression a request accepts, if the simulator is configured to compress.
+fn accepted_coding(config: &SimConfig, headers: &http::HeaderMap) -> Option<Coding> {
+    if !config.compress {
+        return None;
+    }
+    let accept = headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())?;
+    accept
+        .split(',')
+        .find_map(|token| match token.split(';').next().unwrap_or("").trim() {
+            "zstd" => Some(Coding::Zstd),
+            "gzip" => Some(Coding::Gzip),
+            _ => None,
+        })
+}
+
+/// FNV-1a, for ids that depend only on the request.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
-    let api = match (request.method(), request.uri().path()) {
+    let path = request.uri().path().to_string();
+    let (api, path_model) = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => return json(StatusCode::OK, "{}".into()),
         (&Method::GET, "/v1/models") => {
             let data: Vec<_> = state
@@ -264,15 +382,17 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
                 serde_json::json!({"object": "list", "data": data}).to_string(),
             );
         }
-        (&Method::POST, "/v1/chat/completions") => Api::Chat,
-        (&Method::POST, "/v1/completions") => Api::Completions,
-        _ => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
+        (method, path) => match route(method, path, request.uri().query()) {
+            Some(route) => route,
+            None => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
+        },
     };
     let fault = request
         .headers()
         .get("x-sim-fault")
         .and_then(|v| v.to_str().ok())
         .and_then(Fault::parse);
+    let coding = accepted_coding(&state.config, request.headers());
     let body = match Limited::new(request.into_body(), 64 << 20).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => {
@@ -300,7 +420,12 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         }
         return response;
     }
-    let requested = parsed.get("model").and_then(|m| m.as_str()).unwrap_or("");
+    let requested = path_model
+        .as_deref()
+        .or_else(|| parsed.get("model").and_then(|m| m.as_str()))
+        .unwrap_or("");
+    // TGI serves one model and names none.
+    let requested = if api == Api::Tgi { "" } else { requested };
     let Some(profile) = state
         .config
         .models
@@ -314,13 +439,10 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
             "invalid_request_error",
         );
     };
-    let max_tokens = parsed
-        .get("max_tokens")
-        .or_else(|| parsed.get("max_completion_tokens"))
-        .and_then(|v| v.as_u64())
-        .map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
+    let max_tokens =
+        max_tokens(api, &parsed).map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
     let tokens = profile.tokens.min(max_tokens).max(1);
-    let stream = parsed.get("stream").and_then(|v| v.as_bool()) == Some(true);
+    let stream = streams(api, &path, &parsed);
     let include_usage = match state.config.usage {
         UsageMode::Always | UsageMode::Continuous => true,
         UsageMode::Never => false,
@@ -335,13 +457,21 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     let mut rng =
         SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let prompt_tokens = (body.len() as u64 / 4).max(1);
+    let (id, created) = match state.config.fixed_clock {
+        Some(at) => (format!("sim-{:016x}", fnv1a(&body)), at),
+        None => (
+            format!("sim-{n}"),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        ),
+    };
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let script = Script {
         api,
         model: profile.name.clone(),
-        id: format!("sim-{n}"),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        id,
+        created,
         tokens,
         prompt_tokens,
         include_usage,
@@ -349,29 +479,46 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         role_chunk: state.config.role_chunk && api == Api::Chat,
         stamp: state.config.stamp,
         fault,
-        schedule: Schedule::new(start, profile, tokens, &mut rng),
+        ttft_ns: nanos(profile.ttft),
+        itl_ns: nanos(profile.itl),
     };
+    let schedule = Schedule::new(start, profile, tokens, &mut rng);
     if stream {
-        let stream = SimStream::new(script, state.open_streams.clone());
+        let content_type = script.stream_content_type();
+        let stream = SimStream::new(script, schedule, coding, state.open_streams.clone());
         let mut response = Response::new(stream.boxed_unsync());
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         response
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        if let Some(coding) = coding {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_ENCODING, coding.header());
+        }
         response
     } else {
-        tokio::time::sleep_until(script.schedule.at(tokens - 1)).await;
-        json(StatusCode::OK, script.whole_response())
+        tokio::time::sleep_until(schedule.at(tokens - 1)).await;
+        let body = script.whole_response();
+        match coding {
+            None => json(StatusCode::OK, body),
+            Some(coding) => {
+                let mut encoder = Encoder::new(coding);
+                let mut bytes = encoder.frame(body.as_bytes()).to_vec();
+                bytes.extend_from_slice(&encoder.finish());
+                let mut response = json(StatusCode::OK, String::new());
+                *response.body_mut() = Full::new(Bytes::from(bytes))
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_ENCODING, coding.header());
+                response
+            }
+        }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Api {
-    Chat,
-    Completions,
 }
 
 /// Absolute send deadlines of every token of one response.
@@ -404,141 +551,96 @@ impl Schedule {
     }
 }
 
-/// Everything needed to produce one response.
-struct Script {
-    api: Api,
-    model: String,
-    id: String,
-    created: u64,
-    tokens: u32,
-    prompt_tokens: u64,
-    include_usage: bool,
-    continuous: bool,
-    role_chunk: bool,
-    stamp: bool,
-    fault: Option<Fault>,
-    schedule: Schedule,
+/// A content coding the simulator can send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Coding {
+    Gzip,
+    Zstd,
 }
 
-const WORDS: [&str; 16] = [
-    " the",
-    " token",
-    " streams",
-    " fast",
-    " and",
-    " every",
-    " gap",
-    " is",
-    " measured",
-    " by",
-    " tokentap",
-    " at",
-    " the",
-    " pod",
-    " boundary",
-    ".",
-];
-
-impl Script {
-    fn word(i: u32) -> &'static str {
-        WORDS[i as usize % WORDS.len()]
-    }
-
-    fn usage(&self, completion: u64) -> serde_json::Value {
-        serde_json::json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
+impl Coding {
+    fn header(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Coding::Gzip => "gzip",
+            Coding::Zstd => "zstd",
         })
     }
+}
 
-    /// One `data:` event. `choice` is the choice object, `None` for a usage-only chunk.
-    fn chunk(&self, choice: Option<serde_json::Value>, usage: Option<serde_json::Value>) -> Bytes {
-        let object = match self.api {
-            Api::Chat => "chat.completion.chunk",
-            Api::Completions => "text_completion",
+/// A streaming compressor: each frame is flushed, so it can be decoded on arrival.
+enum Encoder {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    fn new(coding: Coding) -> Encoder {
+        match coding {
+            Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                flate2::Compression::fast(),
+            )),
+            Coding::Zstd => match zstd::stream::write::Encoder::new(Vec::new(), 1) {
+                Ok(encoder) => Encoder::Zstd(encoder),
+                // Cannot happen short of allocation failure; gzip needs no context.
+                Err(_) => Encoder::new(Coding::Gzip),
+            },
+        }
+    }
+
+    /// Compress and flush one frame. Writing into a `Vec` cannot fail.
+    fn frame(&mut self, bytes: &[u8]) -> Bytes {
+        let out = match self {
+            Encoder::Gzip(e) => {
+                let _ = e.write_all(bytes).and_then(|()| e.flush());
+                std::mem::take(e.get_mut())
+            }
+            Encoder::Zstd(e) => {
+                let _ = e.write_all(bytes).and_then(|()| e.flush());
+                std::mem::take(e.get_mut())
+            }
         };
-        let mut chunk = serde_json::json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choice.map_or_else(Vec::new, |c| vec![c]),
-        });
-        if let Some(usage) = usage {
-            chunk["usage"] = usage;
-        }
-        if self.stamp {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            chunk["sim_sent_unix_ns"] = now.into();
-        }
-        Bytes::from(format!("data: {chunk}\n\n"))
+        Bytes::from(out)
     }
 
-    fn token_choice(&self, i: u32) -> serde_json::Value {
-        match self.api {
-            Api::Chat => serde_json::json!({
-                "index": 0, "delta": {"content": Self::word(i)}, "logprobs": null, "finish_reason": null
-            }),
-            Api::Completions => serde_json::json!({
-                "index": 0, "text": Self::word(i), "logprobs": null, "finish_reason": null
-            }),
-        }
-    }
-
-    fn finish_choice(&self) -> serde_json::Value {
-        match self.api {
-            Api::Chat => serde_json::json!({
-                "index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"
-            }),
-            Api::Completions => serde_json::json!({
-                "index": 0, "text": "", "logprobs": null, "finish_reason": "length"
-            }),
-        }
-    }
-
-    fn continuous_usage(&self, completion: u64) -> Option<serde_json::Value> {
-        self.continuous.then(|| self.usage(completion))
-    }
-
-    fn whole_response(&self) -> String {
-        let text: String = (0..self.tokens).map(Self::word).collect();
-        let (object, choice) = match self.api {
-            Api::Chat => (
-                "chat.completion",
-                serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}),
-            ),
-            Api::Completions => (
-                "text_completion",
-                serde_json::json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
-            ),
+    /// The end of the compressed stream.
+    fn finish(&mut self) -> Bytes {
+        let out = match self {
+            Encoder::Gzip(e) => {
+                let _ = e.try_finish();
+                std::mem::take(e.get_mut())
+            }
+            Encoder::Zstd(e) => {
+                let _ = e.do_finish();
+                std::mem::take(e.get_mut())
+            }
         };
-        serde_json::json!({
-            "id": self.id, "object": object, "created": self.created, "model": self.model,
-            "choices": [choice], "usage": self.usage(u64::from(self.tokens)),
-        })
-        .to_string()
+        Bytes::from(out)
     }
 }
 
 /// Where a stream is in its script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
-    Role,
+    Preamble,
     Token(u32),
     Finish,
     Usage,
     Done,
+    /// The compressed stream's trailer, if compressing.
+    Trailer,
     End,
 }
 
-/// A timer-driven SSE body following a [`Script`].
+/// A timer-driven streamed body following a [`Script`].
 struct SimStream {
     script: Script,
+    schedule: Schedule,
     step: Step,
+    /// Events sent so far (the first Gemini array element opens the array).
+    sent: u32,
     sleep: Pin<Box<Sleep>>,
+    encoder: Option<Encoder>,
     open: Arc<AtomicU64>,
 }
 
@@ -549,19 +651,33 @@ impl Drop for SimStream {
 }
 
 impl SimStream {
-    fn new(script: Script, open: Arc<AtomicU64>) -> SimStream {
+    fn new(
+        script: Script,
+        schedule: Schedule,
+        coding: Option<Coding>,
+        open: Arc<AtomicU64>,
+    ) -> SimStream {
         open.fetch_add(1, Ordering::Relaxed);
-        let first = script.schedule.at(0);
+        let first = schedule.at(0);
         SimStream {
             open,
-            step: if script.role_chunk {
-                Step::Role
-            } else {
-                Step::Token(0)
-            },
-            sleep: Box::pin(tokio::time::sleep_until(first)),
             script,
+            schedule,
+            step: Step::Preamble,
+            sent: 0,
+            sleep: Box::pin(tokio::time::sleep_until(first)),
+            encoder: coding.map(Encoder::new),
         }
+    }
+
+    /// A data frame, compressed if the stream is.
+    fn emit(&mut self, bytes: Bytes) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.sent += 1;
+        let bytes = match self.encoder.as_mut() {
+            Some(encoder) => encoder.frame(&bytes),
+            None => bytes,
+        };
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
     }
 }
 
@@ -576,15 +692,11 @@ impl Body for SimStream {
         let this = &mut *self;
         loop {
             match this.step {
-                Step::Role => {
+                Step::Preamble => {
                     this.step = Step::Token(0);
-                    let choice = serde_json::json!({
-                        "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null
-                    });
-                    let usage = this.script.continuous_usage(0);
-                    return Poll::Ready(Some(Ok(Frame::data(
-                        this.script.chunk(Some(choice), usage),
-                    ))));
+                    if let Some(bytes) = this.script.preamble() {
+                        return this.emit(bytes);
+                    }
                 }
                 Step::Token(i) => {
                     match this.script.fault {
@@ -597,14 +709,12 @@ impl Body for SimStream {
                         }
                         Some(Fault::StallAfter(n)) if i == n => return Poll::Pending,
                         Some(Fault::ErrorAfter(n)) if i == n => {
-                            this.step = Step::End;
-                            let error = serde_json::json!({"error": {"message": "simulated engine failure", "type": "server_error", "code": 500}});
-                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
-                                "data: {error}\n\n"
-                            ))))));
+                            this.step = Step::Trailer;
+                            let error = this.script.error(this.sent == 0);
+                            return this.emit(error);
                         }
                         Some(Fault::EndAfter(n)) if i == n => {
-                            this.step = Step::End;
+                            this.step = Step::Trailer;
                             continue;
                         }
                         _ => {}
@@ -613,7 +723,7 @@ impl Body for SimStream {
                         this.step = Step::Finish;
                         continue;
                     }
-                    let deadline = this.script.schedule.at(i);
+                    let deadline = this.schedule.at(i);
                     if this.sleep.deadline() != deadline {
                         this.sleep.as_mut().reset(deadline);
                     }
@@ -621,30 +731,35 @@ impl Body for SimStream {
                         return Poll::Pending;
                     }
                     this.step = Step::Token(i + 1);
-                    let usage = this.script.continuous_usage(u64::from(i) + 1);
-                    let chunk = this.script.chunk(Some(this.script.token_choice(i)), usage);
-                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                    let bytes = this.script.token(i, this.sent == 0);
+                    return this.emit(bytes);
                 }
                 Step::Finish => {
                     this.step = Step::Usage;
-                    let usage = this.script.continuous_usage(u64::from(this.script.tokens));
-                    let chunk = this.script.chunk(Some(this.script.finish_choice()), usage);
-                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                    if let Some(bytes) = this.script.finish(this.sent == 0) {
+                        return this.emit(bytes);
+                    }
                 }
                 Step::Usage => {
                     this.step = Step::Done;
-                    if this.script.include_usage {
-                        let usage = this.script.usage(u64::from(this.script.tokens));
-                        return Poll::Ready(Some(Ok(Frame::data(
-                            this.script.chunk(None, Some(usage)),
-                        ))));
+                    if let Some(bytes) = this.script.usage() {
+                        return this.emit(bytes);
                     }
                 }
                 Step::Done => {
+                    this.step = Step::Trailer;
+                    if let Some(bytes) = this.script.done() {
+                        return this.emit(bytes);
+                    }
+                }
+                Step::Trailer => {
                     this.step = Step::End;
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
-                        b"data: [DONE]\n\n",
-                    )))));
+                    if let Some(encoder) = this.encoder.as_mut() {
+                        let tail = encoder.finish();
+                        if !tail.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(tail))));
+                        }
+                    }
                 }
                 Step::End => return Poll::Ready(None),
             }

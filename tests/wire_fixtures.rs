@@ -1,12 +1,17 @@
-//! Recorded-style response bodies in `tests/fixtures/openai/`, decoded end to end through
-//! `tokentap::wire::decoder` and compared with golden signal lists, plus the properties the
-//! measurement depends on: any split of a body into frames yields the same signals, and no
-//! input (arbitrary bytes, mutated fixtures, tiny limits) makes a decoder panic.
+//! Recorded-style response bodies in `tests/fixtures/<dialect>/`, decoded end to end
+//! through `tokentap::wire::response_decoder` and compared with golden signal lists, plus
+//! the properties the measurement depends on: any split of a body into frames yields the
+//! same signals (compressed bodies too), and no input (arbitrary bytes, mutated fixtures,
+//! tiny limits) makes any decoder panic.
 //!
-//! Fixture names pick the decoder: `completions_*` is `/v1/completions`, `chat_*` is
-//! `/v1/chat/completions`; `.sse` is a stream, `.json` a non-streaming body. Each
-//! `NAME.sse` / `NAME.json` has a `NAME.golden`, one signal per line (`#` comments and
-//! blank lines are ignored):
+//! The directory picks the dialect (`responses`, `anthropic`, `gemini`, `ollama`, `tgi`,
+//! `triton`); in `openai/` the name does: `completions_*` is `/v1/completions`, `chat_*`
+//! is `/v1/chat/completions`. The extension picks the content-type as a server would send
+//! it: `.sse` is `text/event-stream`, `.json` is `application/json`, `.ndjson` is
+//! `application/x-ndjson`; a further `.gz`, `.br` or `.zst` is the `Content-Encoding`
+//! (`tests/fixtures/compress.py` makes those from the plain fixture, flushed per event).
+//! Each `NAME.EXT[.ENC]` has a `NAME.golden`, one signal per line (`#` comments and blank
+//! lines are ignored):
 //!
 //! ```text
 //! model NAME
@@ -19,81 +24,138 @@
 //! ```
 
 use std::fs;
+use std::io::Write;
 use std::path::PathBuf;
 
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tokentap::wire::{decoder, DecodeLimits, Dialect, Framing, OutputKind, Signal};
+use tokentap::wire::{
+    decoder, response_decoder, DecodeLimits, DecodeOptions, Dialect, Framing, OutputKind, Signal,
+};
 
 /// One fixture body with the decoder it is meant for and its golden lines.
 struct Fixture {
+    /// `DIR/FILE`, for messages.
     name: String,
     dialect: Dialect,
-    framing: Framing,
+    content_type: &'static str,
+    /// `Content-Encoding`, if compressed.
+    encoding: Option<&'static str>,
     body: Vec<u8>,
     golden: Vec<String>,
 }
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openai")
+impl Fixture {
+    fn decode<'a>(
+        &self,
+        limits: DecodeLimits,
+        frames: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Vec<String> {
+        decode_response(
+            self.dialect,
+            self.content_type,
+            self.encoding,
+            limits,
+            frames,
+        )
+    }
 }
 
-/// Every fixture in the directory, sorted by name. Panics on a fixture without a golden,
-/// a golden without a fixture, or a file whose name does not say how to decode it.
+fn fixture_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The dialect of a fixture from its directory (and, for `openai/`, its name).
+fn dialect_of(dir: &str, file: &str) -> Dialect {
+    match dir {
+        "openai" if file.starts_with("completions_") => Dialect::OpenAiCompletions,
+        "openai" if file.starts_with("chat_") => Dialect::OpenAiChat,
+        "openai" => panic!("openai/{file}: name must start with chat_ or completions_"),
+        "responses" => Dialect::OpenAiResponses,
+        "anthropic" => Dialect::Anthropic,
+        "gemini" => Dialect::Gemini,
+        "ollama" => Dialect::Ollama,
+        "tgi" => Dialect::Tgi,
+        "triton" => Dialect::Triton,
+        other => panic!("tests/fixtures/{other}: unknown dialect directory"),
+    }
+}
+
+/// Every fixture, sorted by directory and name. Panics on a fixture without a golden, a
+/// golden without a fixture, or a file whose name does not say how to decode it.
 fn fixtures() -> Vec<Fixture> {
-    let dir = fixture_dir();
-    let mut names: Vec<String> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| {
-            entry
-                .expect("dir entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
+    let root = fixture_root();
+    let mut dirs: Vec<String> = fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|entry| entry.expect("dir entry"))
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .collect();
-    names.sort();
+    dirs.sort();
     let mut all = Vec::new();
-    for name in &names {
-        let Some((stem, ext)) = name.rsplit_once('.') else {
-            panic!("{name}: no extension");
-        };
-        let framing = match ext {
-            "sse" => Framing::Sse,
-            "json" => Framing::Json,
-            "golden" => {
-                let has_body = [".sse", ".json"]
-                    .iter()
-                    .any(|ext| names.contains(&format!("{stem}{ext}")));
-                assert!(has_body, "{name}: golden without a fixture");
+    for dir in &dirs {
+        let path = root.join(dir);
+        let mut names: Vec<String> = fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .map(|entry| {
+                entry
+                    .expect("dir entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        let stems: Vec<&str> = names
+            .iter()
+            .filter(|n| !n.ends_with(".golden"))
+            .filter_map(|n| n.split_once('.').map(|(stem, _)| stem))
+            .collect();
+        for name in &names {
+            let Some((stem, ext)) = name.split_once('.') else {
+                panic!("{dir}/{name}: no extension");
+            };
+            if ext == "golden" {
+                assert!(
+                    stems.contains(&stem),
+                    "{dir}/{name}: golden without a fixture"
+                );
                 continue;
             }
-            _ => panic!("{name}: unknown fixture extension"),
-        };
-        let dialect = if stem.starts_with("completions_") {
-            Dialect::OpenAiCompletions
-        } else if stem.starts_with("chat_") {
-            Dialect::OpenAiChat
-        } else {
-            panic!("{name}: name must start with chat_ or completions_");
-        };
-        let golden_path = dir.join(format!("{stem}.golden"));
-        let golden = fs::read_to_string(&golden_path)
-            .unwrap_or_else(|e| panic!("{name}: no golden ({}): {e}", golden_path.display()));
-        all.push(Fixture {
-            name: name.clone(),
-            dialect,
-            framing,
-            body: fs::read(dir.join(name)).expect("read fixture"),
-            golden: golden
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(str::to_owned)
-                .collect(),
-        });
+            let (framing, encoding) = ext.split_once('.').unwrap_or((ext, ""));
+            let content_type = match framing {
+                "sse" => "text/event-stream",
+                "json" => "application/json",
+                "ndjson" => "application/x-ndjson",
+                _ => panic!("{dir}/{name}: unknown fixture extension"),
+            };
+            let encoding = match encoding {
+                "" => None,
+                "gz" => Some("gzip"),
+                "br" => Some("br"),
+                "zst" => Some("zstd"),
+                _ => panic!("{dir}/{name}: unknown compression extension"),
+            };
+            let golden_path = path.join(format!("{stem}.golden"));
+            let golden = fs::read_to_string(&golden_path).unwrap_or_else(|e| {
+                panic!("{dir}/{name}: no golden ({}): {e}", golden_path.display())
+            });
+            all.push(Fixture {
+                name: format!("{dir}/{name}"),
+                dialect: dialect_of(dir, name),
+                content_type,
+                encoding,
+                body: fs::read(path.join(name)).expect("read fixture"),
+                golden: golden
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned)
+                    .collect(),
+            });
+        }
     }
-    assert!(!all.is_empty(), "no fixtures in {}", dir.display());
+    assert!(!all.is_empty(), "no fixtures in {}", root.display());
     all
 }
 
@@ -131,13 +193,10 @@ fn render(signal: &Signal) -> String {
 
 /// Feed `frames` to a fresh decoder, then finish; the rendered signals, ending with
 /// `fail REASON` if the decoder stopped.
-fn decode<'a>(
-    dialect: Dialect,
-    framing: Framing,
-    limits: DecodeLimits,
+fn run<'a>(
+    mut dec: Box<dyn tokentap::wire::Decoder>,
     frames: impl IntoIterator<Item = &'a [u8]>,
 ) -> Vec<String> {
-    let mut dec = decoder(dialect, framing, limits);
     let mut signals = Vec::new();
     let mut result = Ok(());
     for frame in frames {
@@ -154,6 +213,36 @@ fn decode<'a>(
         lines.push(format!("fail {}", e.reason()));
     }
     lines
+}
+
+/// Decode with the decoder for a dialect and framing (no content-encoding).
+fn decode<'a>(
+    dialect: Dialect,
+    framing: Framing,
+    limits: DecodeLimits,
+    frames: impl IntoIterator<Item = &'a [u8]>,
+) -> Vec<String> {
+    run(decoder(dialect, framing, limits), frames)
+}
+
+/// Decode as the proxy does: framing from the content-type, decompression from the
+/// content-encoding.
+fn decode_response<'a>(
+    dialect: Dialect,
+    content_type: &str,
+    encoding: Option<&str>,
+    limits: DecodeLimits,
+    frames: impl IntoIterator<Item = &'a [u8]>,
+) -> Vec<String> {
+    let dec = response_decoder(
+        dialect,
+        content_type,
+        encoding.map(str::as_bytes),
+        limits,
+        DecodeOptions::default(),
+    )
+    .expect("every fixture is observable");
+    run(dec, frames)
 }
 
 /// Cut `body` into frames of the given sizes (cycled); `true` adds an empty frame after.
@@ -192,12 +281,7 @@ fn limits() -> impl Strategy<Value = DecodeLimits> {
 fn every_fixture_matches_its_golden() {
     let mut failures = Vec::new();
     for fx in fixtures() {
-        let got = decode(
-            fx.dialect,
-            fx.framing,
-            DecodeLimits::default(),
-            [&fx.body[..]],
-        );
+        let got = fx.decode(DecodeLimits::default(), [&fx.body[..]]);
         if got != fx.golden {
             failures.push(format!(
                 "{}:\n  want: {:#?}\n  got:  {:#?}",
@@ -209,17 +293,83 @@ fn every_fixture_matches_its_golden() {
 }
 
 #[test]
+fn every_dialect_and_framing_has_fixtures() {
+    let all = fixtures();
+    for dialect in Dialect::ALL {
+        assert!(
+            all.iter()
+                .any(|fx| fx.dialect == dialect && fx.content_type != "application/json"),
+            "{dialect}: no streamed fixture"
+        );
+        assert!(
+            all.iter()
+                .any(|fx| fx.dialect == dialect && fx.content_type == "application/json"),
+            "{dialect}: no JSON fixture"
+        );
+    }
+    for encoding in ["gzip", "br", "zstd"] {
+        assert!(
+            all.iter().any(|fx| fx.encoding == Some(encoding)),
+            "no {encoding} fixture"
+        );
+    }
+}
+
+#[test]
 fn every_fixture_byte_by_byte_and_at_every_single_cut() {
     for fx in fixtures() {
         let limits = DecodeLimits::default();
-        let bytes = decode(fx.dialect, fx.framing, limits, fx.body.chunks(1));
+        let bytes = fx.decode(limits, fx.body.chunks(1));
         assert_eq!(bytes, fx.golden, "{}: one byte per frame", fx.name);
         for cut in 0..=fx.body.len() {
             let (a, b) = fx.body.split_at(cut);
-            let got = decode(fx.dialect, fx.framing, limits, [a, b]);
+            let got = fx.decode(limits, [a, b]);
             assert_eq!(got, fx.golden, "{}: cut at {cut}", fx.name);
         }
     }
+}
+
+/// Compress `body` as a streaming server would: `pieces` flushes, then the end.
+fn compress(encoding: &str, body: &[u8], pieces: &[(usize, bool)]) -> Vec<u8> {
+    let frames = split(body, pieces);
+    match encoding {
+        "gzip" => {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            for frame in frames {
+                enc.write_all(frame).expect("compress");
+                enc.flush().expect("flush");
+            }
+            enc.finish().expect("finish")
+        }
+        "deflate" => {
+            let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            for frame in frames {
+                enc.write_all(frame).expect("compress");
+                enc.flush().expect("flush");
+            }
+            enc.finish().expect("finish")
+        }
+        "zstd" => {
+            let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).expect("encoder");
+            for frame in frames {
+                enc.write_all(frame).expect("compress");
+                enc.flush().expect("flush");
+            }
+            enc.finish().expect("finish")
+        }
+        other => panic!("no compressor for {other}"),
+    }
+}
+
+fn plain_fixtures() -> Vec<Fixture> {
+    fixtures()
+        .into_iter()
+        .filter(|fx| fx.encoding.is_none())
+        .collect()
+}
+
+fn encoding() -> impl Strategy<Value = &'static str> {
+    prop_oneof![Just("gzip"), Just("deflate"), Just("zstd")]
 }
 
 proptest! {
@@ -229,8 +379,28 @@ proptest! {
     fn any_split_of_a_fixture_gives_its_golden(index in any::<prop::sample::Index>(), sizes in frame_sizes()) {
         let all = fixtures();
         let fx = &all[index.index(all.len())];
-        let got = decode(fx.dialect, fx.framing, DecodeLimits::default(), split(&fx.body, &sizes));
+        let got = fx.decode(DecodeLimits::default(), split(&fx.body, &sizes));
         prop_assert_eq!(&got, &fx.golden, "{}", fx.name);
+    }
+
+    #[test]
+    fn any_compression_of_a_fixture_split_anywhere_gives_its_golden(
+        index in any::<prop::sample::Index>(),
+        flushes in frame_sizes(),
+        sizes in frame_sizes(),
+        encoding in encoding(),
+    ) {
+        let all = plain_fixtures();
+        let fx = &all[index.index(all.len())];
+        let compressed = compress(encoding, &fx.body, &flushes);
+        let got = decode_response(
+            fx.dialect,
+            fx.content_type,
+            Some(encoding),
+            DecodeLimits::default(),
+            split(&compressed, &sizes),
+        );
+        prop_assert_eq!(&got, &fx.golden, "{} ({})", fx.name, encoding);
     }
 
     #[test]
@@ -239,11 +409,53 @@ proptest! {
         sizes in frame_sizes(),
         limits in limits(),
     ) {
-        for framing in [Framing::Sse, Framing::Json] {
-            for dialect in [Dialect::OpenAiChat, Dialect::OpenAiCompletions] {
+        for framing in Framing::ALL {
+            for dialect in Dialect::ALL {
                 let whole = decode(dialect, framing, limits, [&body[..]]);
                 let cut = decode(dialect, framing, limits, split(&body, &sizes));
-                prop_assert_eq!(whole, cut);
+                prop_assert_eq!(whole, cut, "{} {:?}", dialect, framing);
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_compressed_never_panic_and_ignore_splits(
+        body in sse_soup(),
+        flushes in frame_sizes(),
+        sizes in frame_sizes(),
+        limits in limits(),
+        encoding in encoding(),
+    ) {
+        let compressed = compress(encoding, &body, &flushes);
+        for (dialect, content_type) in [
+            (Dialect::OpenAiChat, "text/event-stream"),
+            (Dialect::Anthropic, "text/event-stream"),
+            (Dialect::Ollama, "application/x-ndjson"),
+            (Dialect::Gemini, "application/json"),
+            (Dialect::Tgi, "application/json"),
+        ] {
+            let whole = decode_response(dialect, content_type, Some(encoding), limits, [&compressed[..]]);
+            let cut = decode_response(dialect, content_type, Some(encoding), limits, split(&compressed, &sizes));
+            prop_assert_eq!(whole, cut, "{} {}", dialect, encoding);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_into_a_decompressor_never_panic(
+        body in vec(any::<u8>(), 0..512),
+        sizes in frame_sizes(),
+        encoding in prop_oneof![Just("gzip"), Just("deflate"), Just("br"), Just("zstd")],
+        prefix in prop_oneof![
+            Just(&b""[..]),
+            Just(&b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03"[..]),
+            Just(&b"\x28\xb5\x2f\xfd"[..]),
+            Just(&b"\x78\x9c"[..]),
+        ],
+    ) {
+        let body = [prefix, &body[..]].concat();
+        for framing in ["text/event-stream", "application/json", "application/x-ndjson"] {
+            for dialect in Dialect::ALL {
+                decode_response(dialect, framing, Some(encoding), DecodeLimits::default(), split(&body, &sizes));
             }
         }
     }
@@ -261,10 +473,16 @@ proptest! {
         for m in &mutations {
             m.apply(&mut body);
         }
-        for framing in [Framing::Sse, Framing::Json] {
-            let whole = decode(fx.dialect, framing, limits, [&body[..]]);
-            let cut = decode(fx.dialect, framing, limits, split(&body, &sizes));
-            prop_assert_eq!(whole, cut, "{}", fx.name);
+        if fx.encoding.is_some() {
+            // A corrupt compressed body only has to be survived: where the inflater
+            // notices corruption can depend on the split.
+            fx.decode(limits, split(&body, &sizes));
+        } else {
+            for framing in Framing::ALL {
+                let whole = decode(fx.dialect, framing, limits, [&body[..]]);
+                let cut = decode(fx.dialect, framing, limits, split(&body, &sizes));
+                prop_assert_eq!(whole, cut, "{} {:?}", fx.name, framing);
+            }
         }
     }
 }
@@ -292,6 +510,20 @@ fn sse_soup() -> impl Strategy<Value = Vec<u8>> {
         Just(&br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9}}"#[..]),
         Just(&br#"{"timings":{"prompt_n":1,"cache_n":2,"predicted_n":3}}"#[..]),
         Just(&br#"{"error":{"message":"x"}}"#[..]),
+        Just(&b"event: content_block_delta"[..]),
+        Just(&b"event: response.output_text.delta"[..]),
+        Just(&br#"{"type":"response.output_text.delta","delta":"x","logprobs":[{},{}]}"#[..]),
+        Just(&br#"{"type":"response.completed","response":{"model":"m","usage":{"input_tokens":1,"output_tokens":2}}}"#[..]),
+        Just(&br#"{"type":"message_start","message":{"model":"c","usage":{"input_tokens":3,"cache_read_input_tokens":4}}}"#[..]),
+        Just(&br#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"t"}}"#[..]),
+        Just(&br#"{"type":"message_delta","usage":{"output_tokens":7}}"#[..]),
+        Just(&br#"{"candidates":[{"content":{"parts":[{"text":"g","thought":true},{"functionCall":{}}]}}],"usageMetadata":{"promptTokenCount":2,"candidatesTokenCount":5}}"#[..]),
+        Just(&br#"{"model":"o","message":{"content":"c","thinking":"t","tool_calls":[{}]},"done":true,"eval_count":3}"#[..]),
+        Just(&br#"{"token":{"id":1,"text":"x","special":true},"details":{"generated_tokens":2,"input_length":1}}"#[..]),
+        Just(&br#"{"model_name":"e","text_output":"x"}"#[..]),
+        Just(&b"["[..]),
+        Just(&b"]"[..]),
+        Just(&b","[..]),
     ]
     .prop_map(<[u8]>::to_vec);
     let noise = prop_oneof![

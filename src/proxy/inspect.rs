@@ -9,7 +9,7 @@ use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
 use crate::config::TenantSource;
-use crate::wire::Dialect;
+use crate::wire::{self, Dialect};
 
 /// What the request head says about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,25 +22,15 @@ pub struct RequestInfo {
 /// Inspect a request head.
 pub fn inspect(parts: &Parts, sources: &[TenantSource]) -> RequestInfo {
     RequestInfo {
-        dialect: dialect_for(&parts.method, parts.uri.path()),
+        dialect: wire::dialect_for(&parts.method, parts.uri.path(), parts.uri.query()),
         tenant: tenant_for(&parts.headers, sources),
     }
 }
 
-/// The dialect of an LLM route. Matched on the path's end so that base paths work
-/// (`/openai/v1/chat/completions`, Azure's `/openai/deployments/x/chat/completions`).
+/// The dialect of an LLM route, from its method and path (no query): see
+/// [`wire::dialect_for`], which owns the routing table.
 pub fn dialect_for(method: &Method, path: &str) -> Option<Dialect> {
-    if method != Method::POST {
-        return None;
-    }
-    let path = path.trim_end_matches('/');
-    if path.ends_with("/chat/completions") {
-        Some(Dialect::OpenAiChat)
-    } else if path.ends_with("/completions") {
-        Some(Dialect::OpenAiCompletions)
-    } else {
-        None
-    }
+    wire::dialect_for(method, path, None)
 }
 
 /// The tenant from the first configured source that yields one.

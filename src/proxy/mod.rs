@@ -26,7 +26,7 @@ use crate::metrics::{Metrics, Outcome, Unobserved};
 use crate::observe::{
     BoxError, ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver,
 };
-use crate::wire::{self, DecodeLimits, Framing};
+use crate::wire::{self, DecodeLimits, DecodeOptions, Unobservable};
 use upstream::{error_response, UpstreamClient};
 
 /// The body type of every response tokentap sends.
@@ -110,6 +110,7 @@ impl Proxy {
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let t_req = Instant::now();
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.metrics.overload_rejection();
             tracing::warn!(
                 limit = self.in_flight_limit(),
                 "rejecting request: too many in flight"
@@ -181,33 +182,37 @@ impl Proxy {
             // Error bodies carry no tokens; the status decides the outcome.
             return None;
         }
-        if parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|v| v.as_bytes() != b"identity")
-        {
-            self.metrics.unobserved(Unobserved::ContentEncoding);
-            return None;
-        }
         let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let framing = if content_type.starts_with("text/event-stream") {
-            Framing::Sse
-        } else if content_type.starts_with("application/json") {
-            Framing::Json
-        } else {
-            self.metrics.unobserved(Unobserved::ContentType);
-            return None;
-        };
+            .unwrap_or("");
+        // A compressed body is forwarded as it came; the decoder inflates its own copy.
+        let content_encoding = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .map(|v| v.as_bytes());
         let limits = DecodeLimits {
             max_event_bytes: config.observe.max_event_bytes,
             max_body_bytes: config.observe.max_body_bytes,
         };
-        Some(wire::decoder(dialect, framing, limits))
+        match wire::response_decoder(
+            dialect,
+            content_type,
+            content_encoding,
+            limits,
+            DecodeOptions::default(),
+        ) {
+            Ok(decoder) => Some(decoder),
+            Err(Unobservable::ContentType) => {
+                self.metrics.unobserved(Unobserved::ContentType);
+                None
+            }
+            Err(Unobservable::ContentEncoding) => {
+                self.metrics.unobserved(Unobserved::ContentEncoding);
+                None
+            }
+        }
     }
 
     async fn passthrough(

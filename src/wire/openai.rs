@@ -30,13 +30,12 @@
 //! arrays as they go (no `serde_json::Value`, no `Vec` per chunk); leaf fields accept any
 //! JSON type so one odd field does not cost a whole event.
 
-use std::borrow::Cow;
-use std::fmt;
-use std::marker::PhantomData;
-
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 
+use super::count::visibility;
+use super::frame::Handler;
+use super::json::{Count, Fold, Folded, Num, Str, Text};
 use super::sse::{SseDecoder, SseEvent};
 use super::{DecodeError, DecodeLimits, Decoder, Dialect, OutputKind, Signal};
 
@@ -50,7 +49,8 @@ pub struct StreamDecoder {
 /// What the stream has told so far, beyond the SSE framing.
 #[derive(Debug)]
 struct StreamState {
-    dialect: Dialect,
+    /// `/v1/completions` (reads `choices[].text`); chat (`choices[].delta`) otherwise.
+    completions: bool,
     model_sent: bool,
     /// Output tokens in the last usage report (cumulative), if any was seen.
     reported_output: Option<u64>,
@@ -64,7 +64,7 @@ impl StreamDecoder {
         StreamDecoder {
             sse: SseDecoder::new(limits.max_event_bytes),
             state: StreamState {
-                dialect,
+                completions: dialect == Dialect::OpenAiCompletions,
                 model_sent: false,
                 reported_output: None,
                 started: false,
@@ -124,12 +124,13 @@ impl StreamState {
         let usage = reported_usage(chunk.usage, chunk.timings);
         let reported_output = usage.and_then(|(_, output)| output);
         let choices = chunk.choices.map(|c| c.0).unwrap_or_default();
-        let (kind, logprobs) = match self.dialect {
-            Dialect::OpenAiChat => (choices.delta_kind, choices.content_logprobs),
-            Dialect::OpenAiCompletions => (
+        let (kind, logprobs) = if self.completions {
+            (
                 choices.text.then_some(OutputKind::Content),
                 choices.token_logprobs,
-            ),
+            )
+        } else {
+            (choices.delta_kind, choices.content_logprobs)
         };
         if let Some(kind) = kind {
             let (tokens, exact) = self.tokens(logprobs, reported_output);
@@ -205,27 +206,69 @@ impl Decoder for JsonDecoder {
 
     fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
         let body = std::mem::take(&mut self.body);
-        let parsed = match serde_json::from_slice::<Body<'_>>(&body) {
-            Ok(parsed) => parsed,
-            Err(_) => {
-                out.push(Signal::Malformed);
-                return Ok(());
-            }
-        };
-        if is_error(parsed.error.as_ref(), &parsed.object) {
-            out.push(Signal::Error);
-            return Ok(());
-        }
-        if let Some(model) = parsed.model.non_empty() {
-            out.push(Signal::Model(model.into_owned()));
-        }
-        if let Some((input_tokens, output_tokens)) = reported_usage(parsed.usage, parsed.timings) {
-            out.push(Signal::Usage {
-                input_tokens,
-                output_tokens,
-            });
-        }
+        read_body(&body, out);
         Ok(())
+    }
+}
+
+/// Model, usage and error of a whole non-streaming body.
+fn read_body(body: &[u8], out: &mut Vec<Signal>) {
+    let parsed = match serde_json::from_slice::<Body<'_>>(body) {
+        Ok(parsed) => parsed,
+        Err(_) => {
+            out.push(Signal::Malformed);
+            return;
+        }
+    };
+    if is_error(parsed.error.as_ref(), &parsed.object) {
+        out.push(Signal::Error);
+        return;
+    }
+    if let Some(model) = parsed.model.non_empty() {
+        out.push(Signal::Model(model.into_owned()));
+    }
+    if let Some((input_tokens, output_tokens)) = reported_usage(parsed.usage, parsed.timings) {
+        out.push(Signal::Usage {
+            input_tokens,
+            output_tokens,
+        });
+    }
+}
+
+/// The same rules as a framing-independent [`Handler`], for OpenAI-style chunks framed
+/// some other way (NDJSON lines, JSON-array elements): each unit is read as one chunk.
+#[derive(Debug)]
+pub(crate) struct OpenAi {
+    state: StreamState,
+}
+
+impl OpenAi {
+    pub(crate) fn new(dialect: Dialect) -> Self {
+        OpenAi {
+            state: StreamState {
+                completions: dialect == Dialect::OpenAiCompletions,
+                model_sent: false,
+                reported_output: None,
+                started: false,
+            },
+        }
+    }
+}
+
+impl Handler for OpenAi {
+    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        self.state.on_event(
+            SseEvent {
+                event: name,
+                data,
+                id: None,
+            },
+            out,
+        );
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        read_body(body, out);
     }
 }
 
@@ -376,16 +419,6 @@ struct Logprobs {
     tokens: Option<Folded<Count>>,
 }
 
-/// Rank for picking one kind per event: Content > Refusal > ToolCall > Reasoning.
-const fn visibility(kind: OutputKind) -> u8 {
-    match kind {
-        OutputKind::Content => 3,
-        OutputKind::Refusal => 2,
-        OutputKind::ToolCall => 1,
-        OutputKind::Reasoning => 0,
-    }
-}
-
 /// What the `choices` of one chunk carried, summed over choices.
 #[derive(Default)]
 struct Choices {
@@ -430,201 +463,6 @@ impl Fold for AnyToolCall {
     fn add(&mut self, call: ToolCall) {
         self.0 |= call.function.as_ref().is_some_and(FunctionCall::carries);
     }
-}
-
-/// The length of an array whose elements are not read.
-#[derive(Default)]
-struct Count(u64);
-
-impl Fold for Count {
-    type Item = IgnoredAny;
-
-    fn add(&mut self, _: IgnoredAny) {
-        self.0 = self.0.saturating_add(1);
-    }
-}
-
-// ---- deserializers that fold or tolerate instead of collecting ----
-
-/// An accumulator over a JSON array's elements.
-trait Fold: Default {
-    type Item: for<'de> Deserialize<'de>;
-    fn add(&mut self, item: Self::Item);
-}
-
-/// A JSON array folded element by element into `F`, without collecting it.
-struct Folded<F>(F);
-
-impl<'de, F: Fold> Deserialize<'de> for Folded<F> {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        struct FoldVisitor<F>(PhantomData<F>);
-        impl<'de, F: Fold> Visitor<'de> for FoldVisitor<F> {
-            type Value = Folded<F>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an array")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut acc = F::default();
-                while let Some(item) = seq.next_element()? {
-                    acc.add(item);
-                }
-                Ok(Folded(acc))
-            }
-        }
-        de.deserialize_seq(FoldVisitor(PhantomData))
-    }
-}
-
-/// Whether a field carries output: a non-empty string (or non-empty array of content
-/// parts). Accepts any JSON value; everything else counts as no output.
-#[derive(Default)]
-struct Text(bool);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-        impl<'de> Visitor<'de> for TextVisitor {
-            type Value = Text;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(!v.is_empty()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text, A::Error> {
-                Ok(Text(drain_seq(seq)? > 0))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text, A::Error> {
-                drain_map(map).map(|()| Text(false))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Text, E> {
-                Ok(Text(false))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Text, E> {
-                Ok(Text(false))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Text, E> {
-                Ok(Text(false))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Text, E> {
-                Ok(Text(false))
-            }
-            fn visit_unit<E>(self) -> Result<Text, E> {
-                Ok(Text(false))
-            }
-        }
-        de.deserialize_any(TextVisitor)
-    }
-}
-
-/// A token count: a non-negative integer (also written as `12.0`); any other JSON value
-/// (`null`, negative, a string ...) is no count.
-#[derive(Default)]
-struct Num(Option<u64>);
-
-impl<'de> Deserialize<'de> for Num {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        struct NumVisitor;
-        impl<'de> Visitor<'de> for NumVisitor {
-            type Value = Num;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Num, E> {
-                Ok(Num(Some(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Num, E> {
-                Ok(Num(u64::try_from(v).ok()))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<Num, E> {
-                // `as` saturates; the range check keeps the value honest.
-                let integral = v >= 0.0 && v.fract() == 0.0 && v < u64::MAX as f64;
-                Ok(Num(integral.then_some(v as u64)))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Num, E> {
-                Ok(Num(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Num, E> {
-                Ok(Num(None))
-            }
-            fn visit_unit<E>(self) -> Result<Num, E> {
-                Ok(Num(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
-                drain_seq(seq).map(|_| Num(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
-                drain_map(map).map(|()| Num(None))
-            }
-        }
-        de.deserialize_any(NumVisitor)
-    }
-}
-
-/// A string, borrowed from the input when it has no escapes; any other JSON value
-/// (`null`, a number ...) is no string.
-#[derive(Default)]
-struct Str<'a>(Option<Cow<'a, str>>);
-
-impl<'a> Str<'a> {
-    fn non_empty(self) -> Option<Cow<'a, str>> {
-        self.0.filter(|s| !s.is_empty())
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        struct StrVisitor<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
-            type Value = Str<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'a>, E> {
-                Ok(Str(Some(Cow::Borrowed(v))))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Str<'a>, E> {
-                Ok(Str(Some(Cow::Owned(v.to_owned()))))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Str<'a>, E> {
-                Ok(Str(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Str<'a>, E> {
-                Ok(Str(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Str<'a>, E> {
-                Ok(Str(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Str<'a>, E> {
-                Ok(Str(None))
-            }
-            fn visit_unit<E>(self) -> Result<Str<'a>, E> {
-                Ok(Str(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Str<'a>, A::Error> {
-                drain_seq(seq).map(|_| Str(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Str<'a>, A::Error> {
-                drain_map(map).map(|()| Str(None))
-            }
-        }
-        de.deserialize_any(StrVisitor(PhantomData))
-    }
-}
-
-/// Skip an array's elements; returns how many there were.
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<u64, A::Error> {
-    let mut n = 0u64;
-    while seq.next_element::<IgnoredAny>()?.is_some() {
-        n = n.saturating_add(1);
-    }
-    Ok(n)
-}
-
-/// Skip an object's entries.
-fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
-    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-    Ok(())
 }
 
 #[cfg(test)]

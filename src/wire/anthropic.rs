@@ -1,0 +1,317 @@
+//! Anthropic Messages (`POST /v1/messages`): typed SSE events, and the non-streaming
+//! `message` object.
+//!
+//! Rules, per event (the JSON `type`, else the SSE event name):
+//!
+//! | event | signal |
+//! |---|---|
+//! | `message_start` | `Model` (`message.model`); `Usage` with input tokens only |
+//! | `content_block_delta` with `text_delta` | `Output` Content, 1 token (estimated) |
+//! | `content_block_delta` with `thinking_delta` | `Output` Reasoning |
+//! | `content_block_delta` with `input_json_delta` | `Output` ToolCall |
+//! | `message_delta` | `Usage`: the cumulative `output_tokens` (and input tokens if repeated) |
+//! | `message_stop` | `Done` |
+//! | `error` | `Error` |
+//! | `ping`, `content_block_start`/`_stop`, `signature_delta`, `citations_delta` | nothing |
+//!
+//! Empty deltas (the first `input_json_delta` is often `""`) carry nothing. Anthropic
+//! batches several tokens into one delta and reports no per-event count, so every delta is
+//! the estimated one token; the final `message_delta` usage then corrects N.
+//!
+//! Usage: `message_delta.usage.output_tokens` is cumulative, so it is reported as is (the
+//! latest report wins, never summed). The `output_tokens` in `message_start` is a
+//! placeholder (usually 1) and is not reported: a stream cut before `message_delta` falls
+//! back to counting its events. Input tokens are `input_tokens +
+//! cache_creation_input_tokens + cache_read_input_tokens`: Anthropic's `input_tokens`
+//! excludes the prompt tokens read from or written to the cache, and tokentap reports the
+//! whole prompt, as OpenAI's `prompt_tokens` does.
+
+use serde::Deserialize;
+
+use super::count::{most_visible, Tally};
+use super::frame::Handler;
+use super::json::{add, Num, Present, Str, Text};
+use super::{OutputKind, Signal};
+
+/// Anthropic Messages state for one response.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Anthropic {
+    model_sent: bool,
+    tally: Tally,
+}
+
+impl Anthropic {
+    fn model(&mut self, model: Str<'_>, out: &mut Vec<Signal>) {
+        if !self.model_sent {
+            if let Some(model) = model.non_empty() {
+                out.push(Signal::Model(model.into_owned()));
+                self.model_sent = true;
+            }
+        }
+    }
+}
+
+impl Handler for Anthropic {
+    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
+            out.push(if name == "error" {
+                Signal::Error
+            } else {
+                Signal::Malformed
+            });
+            return;
+        };
+        let kind = event.kind.0.as_deref().unwrap_or(name);
+        match kind {
+            "error" => out.push(Signal::Error),
+            _ if name == "error" || event.error.0 => out.push(Signal::Error),
+            "message_start" => {
+                if let Some(message) = event.message {
+                    self.model(message.model, out);
+                    if let Some(input) = message.usage.and_then(|u| u.input()) {
+                        out.push(Signal::Usage {
+                            input_tokens: Some(input),
+                            output_tokens: None,
+                        });
+                    }
+                }
+            }
+            "content_block_delta" => {
+                if let Some(kind) = event.delta.and_then(|d| d.kind()) {
+                    out.push(self.tally.output(kind, 0, None));
+                }
+            }
+            "message_delta" => {
+                if let Some(usage) = event.usage {
+                    let input = usage.input();
+                    let output = usage.output_tokens.0;
+                    if input.is_some() || output.is_some() {
+                        out.push(Signal::Usage {
+                            input_tokens: input,
+                            output_tokens: output,
+                        });
+                    }
+                }
+            }
+            "message_stop" => out.push(Signal::Done),
+            _ => {}
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        let Ok(message) = serde_json::from_slice::<Body<'_>>(body) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if message.kind.0.as_deref() == Some("error") || message.error.0 {
+            out.push(Signal::Error);
+            return;
+        }
+        self.model(message.model, out);
+        if let Some(usage) = message.usage {
+            let input = usage.input();
+            let output = usage.output_tokens.0;
+            if input.is_some() || output.is_some() {
+                out.push(Signal::Usage {
+                    input_tokens: input,
+                    output_tokens: output,
+                });
+            }
+        }
+    }
+}
+
+/// One streamed event; only the fields the rules read.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Str<'a>,
+    #[serde(borrow)]
+    message: Option<Message<'a>>,
+    delta: Option<Delta>,
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Present,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    usage: Option<Usage>,
+}
+
+/// A `content_block_delta`'s delta (or a `message_delta`'s, which has none of these).
+/// The delta's `type` is implied by which field it carries.
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    text: Text,
+    #[serde(default)]
+    thinking: Text,
+    #[serde(default)]
+    partial_json: Text,
+}
+
+impl Delta {
+    fn kind(&self) -> Option<OutputKind> {
+        let text = self.text.0.then_some(OutputKind::Content);
+        let tool = self.partial_json.0.then_some(OutputKind::ToolCall);
+        let thinking = self.thinking.0.then_some(OutputKind::Reasoning);
+        most_visible(most_visible(text, tool), thinking)
+    }
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Num,
+    #[serde(default)]
+    cache_creation_input_tokens: Num,
+    #[serde(default)]
+    cache_read_input_tokens: Num,
+    #[serde(default)]
+    output_tokens: Num,
+}
+
+impl Usage {
+    /// The whole prompt: uncached input plus cache writes and reads. `None` without
+    /// `input_tokens` (cache counts alone are not a prompt size).
+    fn input(&self) -> Option<u64> {
+        let input = self.input_tokens.0?;
+        let cached = add(
+            self.cache_creation_input_tokens.0,
+            self.cache_read_input_tokens.0,
+        );
+        Some(input.saturating_add(cached.unwrap_or(0)))
+    }
+}
+
+/// A whole non-streaming body: a `message` or an `error`.
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Str<'a>,
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Present,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{body, sse};
+    use Signal::{Done, Error, Model};
+
+    fn out(kind: OutputKind) -> Signal {
+        Signal::Output {
+            tokens: 1,
+            exact: false,
+            kind,
+        }
+    }
+
+    fn usage(i: Option<u64>, o: Option<u64>) -> Signal {
+        Signal::Usage {
+            input_tokens: i,
+            output_tokens: o,
+        }
+    }
+
+    fn ev(kind: &str, rest: &str) -> String {
+        let sep = if rest.is_empty() { "" } else { "," };
+        format!("event: {kind}\ndata: {{\"type\":\"{kind}\"{sep}{rest}}}\n\n")
+    }
+
+    #[test]
+    fn a_whole_stream() {
+        let s = [
+            ev("message_start", r#""message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-20250514","stop_reason":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":10,"cache_read_input_tokens":5,"output_tokens":1}}"#),
+            ev("content_block_start", r#""index":0,"content_block":{"type":"text","text":""}"#),
+            ev("ping", ""),
+            ev("content_block_delta", r#""index":0,"delta":{"type":"text_delta","text":"Hello"}"#),
+            ev("content_block_delta", r#""index":0,"delta":{"type":"text_delta","text":"!"}"#),
+            ev("content_block_stop", r#""index":0"#),
+            ev("message_delta", r#""delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":12}"#),
+            ev("message_stop", ""),
+        ]
+        .concat();
+        assert_eq!(
+            sse(Anthropic::default(), s.as_bytes()),
+            vec![
+                Model("claude-sonnet-4-20250514".into()),
+                usage(Some(40), None),
+                out(OutputKind::Content),
+                out(OutputKind::Content),
+                usage(None, Some(12)),
+                Done
+            ]
+        );
+    }
+
+    #[test]
+    fn thinking_tool_use_and_empty_deltas() {
+        let s = [
+            ev("content_block_delta", r#""index":0,"delta":{"type":"thinking_delta","thinking":"Let me"}"#),
+            ev("content_block_delta", r#""index":0,"delta":{"type":"signature_delta","signature":"EqQB"}"#),
+            ev("content_block_delta", r#""index":1,"delta":{"type":"input_json_delta","partial_json":""}"#),
+            ev("content_block_delta", r#""index":1,"delta":{"type":"input_json_delta","partial_json":"{\"loc"}"#),
+            ev("content_block_delta", r#""index":2,"delta":{"type":"citations_delta","citation":{"type":"char_location"}}"#),
+        ]
+        .concat();
+        assert_eq!(
+            sse(Anthropic::default(), s.as_bytes()),
+            vec![out(OutputKind::Reasoning), out(OutputKind::ToolCall)]
+        );
+    }
+
+    #[test]
+    fn cumulative_usage_is_reported_not_summed() {
+        let s = [
+            ev("message_delta", r#""usage":{"output_tokens":5}"#),
+            ev(
+                "message_delta",
+                r#""usage":{"input_tokens":7,"cache_read_input_tokens":3,"output_tokens":9}"#,
+            ),
+        ]
+        .concat();
+        assert_eq!(
+            sse(Anthropic::default(), s.as_bytes()),
+            vec![usage(None, Some(5)), usage(Some(10), Some(9))]
+        );
+    }
+
+    #[test]
+    fn errors() {
+        let e = ev(
+            "error",
+            r#""error":{"type":"overloaded_error","message":"Overloaded"}"#,
+        );
+        assert_eq!(sse(Anthropic::default(), e.as_bytes()), vec![Error]);
+        assert_eq!(
+            sse(Anthropic::default(), b"event: error\ndata: <html>\n\n"),
+            vec![Error]
+        );
+        let err_body =
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"x"}}"#;
+        assert_eq!(body(Anthropic::default(), err_body), vec![Error]);
+    }
+
+    #[test]
+    fn json_body() {
+        let b = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":6}}"#;
+        assert_eq!(
+            body(Anthropic::default(), b),
+            vec![
+                Model("claude-3-5-haiku-20241022".into()),
+                usage(Some(12), Some(6))
+            ]
+        );
+    }
+}

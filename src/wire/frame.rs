@@ -1,0 +1,226 @@
+//! Framings: the four ways a response body is cut into units a dialect reads, each as a
+//! [`Decoder`] around a dialect's [`Handler`].
+//!
+//! Most dialects differ only in what one event means, not in how events are cut: Anthropic
+//! and the Responses API are typed SSE, TGI and Triton plain SSE, Ollama NDJSON, Gemini SSE
+//! or a streamed JSON array, and every one of them answers non-streaming requests with one
+//! JSON document. So the cutting lives here, once, and a dialect module only implements
+//! [`Handler`]: what to make of one complete event, and of one whole body. Split
+//! invariance then only has to be proved for the framers ([`SseDecoder`],
+//! [`NdjsonDecoder`], [`ArraySplitter`], [`BodyBuffer`]), which are the only parts that
+//! see frame edges.
+
+use super::jsonarray::{ArraySplitter, Piece};
+use super::ndjson::NdjsonDecoder;
+use super::sse::{SseDecoder, SseEvent};
+use super::{DecodeError, DecodeLimits, Decoder, Signal};
+
+/// What a dialect makes of complete events and whole bodies.
+pub(crate) trait Handler: Send {
+    /// One complete streamed event: an SSE event (`name` is its `event:` type, empty when
+    /// the stream named none), an NDJSON line or a JSON-array element (`name` empty).
+    /// Whitespace around `data` is the framer's; the data may still be anything.
+    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>);
+    /// A whole non-streaming body. Emits no [`Signal::Output`]: a body that arrives at
+    /// once has no inter-token timing, only a model, usage and possibly an error.
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>);
+}
+
+/// `text/event-stream`: one [`Handler::event`] per SSE event.
+pub(crate) struct SseStream<H> {
+    sse: SseDecoder,
+    handler: H,
+}
+
+impl<H: Handler> SseStream<H> {
+    pub(crate) fn new(handler: H, limits: DecodeLimits) -> Self {
+        SseStream {
+            sse: SseDecoder::new(limits.max_event_bytes),
+            handler,
+        }
+    }
+}
+
+impl<H: Handler> Decoder for SseStream<H> {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.sse.feed(bytes, &mut |event: SseEvent<'_>| {
+            handler.event(event.event, event.data, out)
+        })
+    }
+
+    /// A final event without its terminating blank line is discarded (SSE spec) and, if
+    /// it carried data, reported as [`Signal::Malformed`].
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        if self.sse.finish() {
+            out.push(Signal::Malformed);
+        }
+        Ok(())
+    }
+}
+
+/// `application/x-ndjson`: one [`Handler::event`] per non-blank line.
+pub(crate) struct NdjsonStream<H> {
+    lines: NdjsonDecoder,
+    handler: H,
+}
+
+impl<H: Handler> NdjsonStream<H> {
+    pub(crate) fn new(handler: H, limits: DecodeLimits) -> Self {
+        NdjsonStream {
+            lines: NdjsonDecoder::new(limits.max_event_bytes),
+            handler,
+        }
+    }
+}
+
+impl<H: Handler> Decoder for NdjsonStream<H> {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.lines
+            .feed(bytes, &mut |line: &[u8]| handler.event("", line, out))
+    }
+
+    /// A last line without its `\n` is still a complete JSON value more often than not
+    /// (servers that end the body right after the final object): it is decoded.
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.lines
+            .finish(&mut |line: &[u8]| handler.event("", line, out));
+        Ok(())
+    }
+}
+
+/// A streamed JSON array (`[{...},{...}]`, Gemini without `alt=sse`): one
+/// [`Handler::event`] per element. A body whose top level is an object instead is one
+/// whole document for [`Handler::body`], so the same framing serves Gemini's streaming
+/// and non-streaming JSON answers.
+pub(crate) struct ArrayStream<H> {
+    splitter: ArraySplitter,
+    handler: H,
+}
+
+impl<H: Handler> ArrayStream<H> {
+    pub(crate) fn new(handler: H, limits: DecodeLimits) -> Self {
+        ArrayStream {
+            splitter: ArraySplitter::new(limits.max_event_bytes, limits.max_body_bytes),
+            handler,
+        }
+    }
+}
+
+impl<H: Handler> ArrayStream<H> {
+    fn on_piece(handler: &mut H, piece: Piece<'_>, out: &mut Vec<Signal>) {
+        match piece {
+            Piece::Element(data) => handler.event("", data, out),
+            Piece::Document(body) => handler.body(body, out),
+            Piece::Malformed => out.push(Signal::Malformed),
+        }
+    }
+}
+
+impl<H: Handler> Decoder for ArrayStream<H> {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.splitter.feed(bytes, &mut |piece: Piece<'_>| {
+            Self::on_piece(handler, piece, out)
+        })
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.splitter
+            .finish(&mut |piece: Piece<'_>| Self::on_piece(handler, piece, out));
+        Ok(())
+    }
+}
+
+/// `application/json`: the body is buffered (bounded) and read once at the end.
+pub(crate) struct JsonBody<H> {
+    body: BodyBuffer,
+    handler: H,
+}
+
+impl<H: Handler> JsonBody<H> {
+    pub(crate) fn new(handler: H, limits: DecodeLimits) -> Self {
+        JsonBody {
+            body: BodyBuffer::new(limits.max_body_bytes),
+            handler,
+        }
+    }
+}
+
+impl<H: Handler> Decoder for JsonBody<H> {
+    fn feed(&mut self, bytes: &[u8], _out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        self.body.extend(bytes)
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let body = self.body.take();
+        self.handler.body(&body, out);
+        Ok(())
+    }
+}
+
+/// A body buffer that never grows past its limit, whatever the frames.
+#[derive(Debug)]
+pub(crate) struct BodyBuffer {
+    limit: usize,
+    body: Vec<u8>,
+}
+
+impl BodyBuffer {
+    pub(crate) fn new(limit: usize) -> Self {
+        BodyBuffer {
+            limit,
+            body: Vec::new(),
+        }
+    }
+
+    /// Append `bytes`, or fail if the body would pass the limit.
+    pub(crate) fn extend(&mut self, bytes: &[u8]) -> Result<(), DecodeError> {
+        let needed = self.body.len().saturating_add(bytes.len());
+        if needed > self.limit {
+            return Err(DecodeError::BodyTooLarge { limit: self.limit });
+        }
+        if needed > self.body.capacity() {
+            // Grow geometrically, but never past the limit.
+            let target = needed
+                .max(self.body.capacity().saturating_mul(2))
+                .min(self.limit);
+            self.body.reserve_exact(target - self.body.len());
+        }
+        self.body.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// The body so far, leaving the buffer empty.
+    pub(crate) fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.body)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.body.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_buffer_is_bounded_whatever_the_frames() {
+        let body = b"0123456789abcdef";
+        let mut buf = BodyBuffer::new(body.len());
+        for byte in body.chunks(1) {
+            buf.extend(byte).expect("within limit");
+            assert!(buf.capacity() <= body.len());
+        }
+        assert_eq!(
+            buf.extend(b"x"),
+            Err(DecodeError::BodyTooLarge { limit: body.len() })
+        );
+        assert_eq!(buf.take(), body);
+    }
+}

@@ -1,0 +1,343 @@
+//! Google Gemini (`models/{m}:streamGenerateContent`, `:generateContent`, on the Gemini
+//! API and Vertex AI): `GenerateContentResponse` chunks, as SSE (`?alt=sse`) or as the
+//! elements of one streamed JSON array, and the non-streaming response.
+//!
+//! Rules, per chunk:
+//!
+//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it.
+//! - The first non-empty `modelVersion` is [`Signal::Model`].
+//! - A chunk is token-bearing when some candidate's `content.parts[]` carries output:
+//!   `text` ([`OutputKind::Content`], or [`OutputKind::Reasoning`] with `thought: true`),
+//!   `functionCall` or `executableCode` ([`OutputKind::ToolCall`]). One chunk is one event;
+//!   its kind is the most visible one present.
+//! - Tokens in the event: the `logprobsResult.chosenCandidates` entries (one per token,
+//!   when the request asked for logprobs), exact; else the growth of the cumulative
+//!   `usageMetadata.candidatesTokenCount + thoughtsTokenCount`, which Gemini reports on
+//!   every chunk, exact; else 1, estimated.
+//! - `usageMetadata` is [`Signal::Usage`]: input `promptTokenCount +
+//!   toolUsePromptTokenCount` (cached tokens are part of `promptTokenCount`), output
+//!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output).
+//!
+//! A blocked prompt (`promptFeedback.blockReason`) or a `finishReason` such as `SAFETY` is
+//! not an error: the stream completed, with whatever output it had.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::count::{most_visible, Tally};
+use super::frame::Handler;
+use super::json::{add, Count, Flag, Fold, Folded, Num, Present, Str, Text};
+use super::{OutputKind, Signal};
+
+/// Gemini state for one response.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gemini {
+    model_sent: bool,
+    tally: Tally,
+}
+
+impl Gemini {
+    /// Model and error of a chunk or body; `false` if it was an error.
+    fn head(&mut self, chunk: &mut Chunk<'_>, out: &mut Vec<Signal>) -> bool {
+        if chunk.error.0 {
+            out.push(Signal::Error);
+            return false;
+        }
+        if !self.model_sent {
+            if let Some(model) = std::mem::take(&mut chunk.model).non_empty() {
+                out.push(Signal::Model(model.into_owned()));
+                self.model_sent = true;
+            }
+        }
+        true
+    }
+}
+
+impl Handler for Gemini {
+    fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        let Ok(mut chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if !self.head(&mut chunk, out) {
+            return;
+        }
+        let usage = chunk.usage.map(UsageMetadata::counts);
+        let now = usage.and_then(|(_, output)| output);
+        let candidates = chunk.candidates.map(|c| c.0).unwrap_or_default();
+        match candidates.kind {
+            Some(kind) => out.push(self.tally.output(kind, candidates.logprobs, now)),
+            None => self.tally.report(now),
+        }
+        if let Some((input, output)) = usage.filter(|(i, o)| i.is_some() || o.is_some()) {
+            out.push(Signal::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            });
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        let Ok(mut chunk) = serde_json::from_slice::<Chunk<'_>>(body) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if !self.head(&mut chunk, out) {
+            return;
+        }
+        if let Some((input, output)) = chunk
+            .usage
+            .map(UsageMetadata::counts)
+            .filter(|(i, o)| i.is_some() || o.is_some())
+        {
+            out.push(Signal::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            });
+        }
+    }
+}
+
+/// One `GenerateContentResponse`; only the fields the rules read.
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    candidates: Option<Folded<Candidates>>,
+    #[serde(rename = "usageMetadata", alias = "usage_metadata")]
+    usage: Option<UsageMetadata>,
+    #[serde(rename = "modelVersion", alias = "model_version", borrow, default)]
+    model: Str<'a>,
+    #[serde(default)]
+    error: Present,
+}
+
+#[derive(Deserialize)]
+struct Candidate {
+    content: Option<Content>,
+    #[serde(rename = "logprobsResult", alias = "logprobs_result")]
+    logprobs: Option<LogprobsResult>,
+}
+
+#[derive(Deserialize)]
+struct Content {
+    parts: Option<Folded<Parts>>,
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(default)]
+    text: Text,
+    #[serde(default)]
+    thought: Flag,
+    #[serde(rename = "functionCall", alias = "function_call")]
+    function_call: Option<IgnoredAny>,
+    #[serde(rename = "executableCode", alias = "executable_code")]
+    executable_code: Option<IgnoredAny>,
+}
+
+impl Part {
+    fn kind(&self) -> Option<OutputKind> {
+        let text = self.text.0.then_some(if self.thought.0 {
+            OutputKind::Reasoning
+        } else {
+            OutputKind::Content
+        });
+        let tool = (self.function_call.is_some() || self.executable_code.is_some())
+            .then_some(OutputKind::ToolCall);
+        most_visible(text, tool)
+    }
+}
+
+#[derive(Deserialize)]
+struct LogprobsResult {
+    #[serde(rename = "chosenCandidates", alias = "chosen_candidates")]
+    chosen: Option<Folded<Count>>,
+}
+
+#[derive(Deserialize)]
+struct UsageMetadata {
+    #[serde(rename = "promptTokenCount", alias = "prompt_token_count", default)]
+    prompt: Num,
+    #[serde(
+        rename = "toolUsePromptTokenCount",
+        alias = "tool_use_prompt_token_count",
+        default
+    )]
+    tool_use_prompt: Num,
+    #[serde(
+        rename = "candidatesTokenCount",
+        alias = "candidates_token_count",
+        default
+    )]
+    candidates: Num,
+    #[serde(rename = "thoughtsTokenCount", alias = "thoughts_token_count", default)]
+    thoughts: Num,
+}
+
+impl UsageMetadata {
+    /// `(input, output)`.
+    fn counts(self) -> (Option<u64>, Option<u64>) {
+        (
+            add(self.prompt.0, self.tool_use_prompt.0),
+            add(self.candidates.0, self.thoughts.0),
+        )
+    }
+}
+
+/// What the candidates of one chunk carried.
+#[derive(Default)]
+struct Candidates {
+    kind: Option<OutputKind>,
+    /// `logprobsResult.chosenCandidates` entries, summed over candidates.
+    logprobs: u64,
+}
+
+impl Fold for Candidates {
+    type Item = Candidate;
+
+    fn add(&mut self, candidate: Candidate) {
+        if let Some(parts) = candidate.content.and_then(|c| c.parts) {
+            self.kind = most_visible(self.kind, parts.0 .0);
+        }
+        if let Some(chosen) = candidate.logprobs.and_then(|l| l.chosen) {
+            self.logprobs = self.logprobs.saturating_add(chosen.0 .0);
+        }
+    }
+}
+
+/// The most visible output kind among parts.
+#[derive(Default)]
+struct Parts(Option<OutputKind>);
+
+impl Fold for Parts {
+    type Item = Part;
+
+    fn add(&mut self, part: Part) {
+        self.0 = most_visible(self.0, part.kind());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{array, body, sse};
+    use Signal::{Error, Malformed, Model};
+
+    fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {
+        Signal::Output {
+            tokens,
+            exact,
+            kind,
+        }
+    }
+
+    fn usage(i: Option<u64>, o: Option<u64>) -> Signal {
+        Signal::Usage {
+            input_tokens: i,
+            output_tokens: o,
+        }
+    }
+
+    fn chunk(parts: &str, usage: &str) -> String {
+        format!(
+            r#"{{"candidates": [{{"content": {{"parts": [{parts}],"role": "model"}},"index": 0}}],"usageMetadata": {{{usage}}},"modelVersion": "gemini-2.5-flash"}}"#
+        )
+    }
+
+    #[test]
+    fn cumulative_usage_gives_exact_counts() {
+        let chunks = [
+            chunk(
+                r#"{"text": "The"}"#,
+                r#""promptTokenCount": 8,"candidatesTokenCount": 1,"totalTokenCount": 9"#,
+            ),
+            chunk(
+                r#"{"text": " quick brown"}"#,
+                r#""promptTokenCount": 8,"candidatesTokenCount": 3"#,
+            ),
+            chunk(r#"{"text": "!"}"#, r#""promptTokenCount": 8"#),
+        ];
+        let s: String = chunks
+            .iter()
+            .map(|c| format!("data: {c}\r\n\r\n"))
+            .collect();
+        let want = vec![
+            Model("gemini-2.5-flash".into()),
+            out(1, true, OutputKind::Content),
+            usage(Some(8), Some(1)),
+            out(2, true, OutputKind::Content),
+            usage(Some(8), Some(3)),
+            out(1, false, OutputKind::Content),
+            usage(Some(8), None),
+        ];
+        assert_eq!(sse(Gemini::default(), s.as_bytes()), want);
+        // The same chunks as a streamed JSON array.
+        let a = format!("[{}]", chunks.join(",\r\n"));
+        assert_eq!(array(Gemini::default(), a.as_bytes()), want);
+    }
+
+    #[test]
+    fn thoughts_tools_and_logprobs() {
+        let thought = chunk(
+            r#"{"text": "**Planning**", "thought": true}"#,
+            r#""promptTokenCount": 4,"thoughtsTokenCount": 6"#,
+        );
+        let call = chunk(
+            r#"{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}"#,
+            r#""promptTokenCount": 4,"candidatesTokenCount": 5,"thoughtsTokenCount": 6"#,
+        );
+        let both = chunk(
+            r#"{"text": "hm", "thought": true}, {"text": "Hi"}"#,
+            r#""promptTokenCount": 4"#,
+        );
+        let lp = r#"{"candidates":[{"content":{"parts":[{"text":"a b"}]},"logprobsResult":{"topCandidates":[],"chosenCandidates":[{"token":"a","logProbability":-0.1},{"token":" b","logProbability":-0.2}]}}]}"#;
+        let s: String = [thought, call, both, lp.to_owned()]
+            .iter()
+            .map(|c| format!("data: {c}\n\n"))
+            .collect();
+        assert_eq!(
+            sse(Gemini::default(), s.as_bytes()),
+            vec![
+                Model("gemini-2.5-flash".into()),
+                out(6, true, OutputKind::Reasoning),
+                usage(Some(4), Some(6)),
+                out(5, true, OutputKind::ToolCall),
+                usage(Some(4), Some(11)),
+                out(1, false, OutputKind::Content),
+                usage(Some(4), None),
+                out(2, true, OutputKind::Content),
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_and_blocked_prompts() {
+        let err = r#"{"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}}"#;
+        assert_eq!(
+            sse(Gemini::default(), format!("data: {err}\n\n").as_bytes()),
+            vec![Error]
+        );
+        assert_eq!(
+            array(Gemini::default(), format!("[{err}]").as_bytes()),
+            vec![Error]
+        );
+        let blocked = r#"{"promptFeedback": {"blockReason": "SAFETY"},"usageMetadata": {"promptTokenCount": 7,"totalTokenCount": 7}}"#;
+        assert_eq!(
+            sse(Gemini::default(), format!("data: {blocked}\n\n").as_bytes()),
+            vec![usage(Some(7), None)]
+        );
+        assert_eq!(sse(Gemini::default(), b"data: [1]\n\n"), vec![Malformed]);
+    }
+
+    #[test]
+    fn whole_responses() {
+        let b = r#"{"candidates":[{"content":{"parts":[{"text":"Hi there"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":3,"thoughtsTokenCount":2,"totalTokenCount":10},"modelVersion":"gemini-2.0-flash"}"#;
+        let want = vec![Model("gemini-2.0-flash".into()), usage(Some(5), Some(5))];
+        assert_eq!(body(Gemini::default(), b.as_bytes()), want);
+        // Through the array framing, a top-level object is a whole body too.
+        assert_eq!(array(Gemini::default(), b.as_bytes()), want);
+    }
+}

@@ -1,0 +1,268 @@
+//! Tolerant, allocation-free building blocks for reading JSON events with serde.
+//!
+//! Every dialect reads a handful of fields out of each event and ignores the rest. These
+//! types make that cheap and forgiving: arrays are folded element by element instead of
+//! collected ([`Folded`]), strings are borrowed when they have no escapes ([`Str`]), and
+//! leaf fields accept any JSON type ([`Text`], [`Num`], [`Flag`]) so that one odd field
+//! (a `null`, a number where a string was expected) does not cost a whole event.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// The length of an array whose elements are not read.
+#[derive(Default)]
+pub(crate) struct Count(pub(crate) u64);
+
+impl Fold for Count {
+    type Item = IgnoredAny;
+
+    fn add(&mut self, _: IgnoredAny) {
+        self.0 = self.0.saturating_add(1);
+    }
+}
+
+/// An accumulator over a JSON array's elements.
+pub(crate) trait Fold: Default {
+    type Item: for<'de> Deserialize<'de>;
+    fn add(&mut self, item: Self::Item);
+}
+
+/// A JSON array folded element by element into `F`, without collecting it.
+pub(crate) struct Folded<F>(pub(crate) F);
+
+impl<'de, F: Fold> Deserialize<'de> for Folded<F> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct FoldVisitor<F>(PhantomData<F>);
+        impl<'de, F: Fold> Visitor<'de> for FoldVisitor<F> {
+            type Value = Folded<F>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut acc = F::default();
+                while let Some(item) = seq.next_element()? {
+                    acc.add(item);
+                }
+                Ok(Folded(acc))
+            }
+        }
+        de.deserialize_seq(FoldVisitor(PhantomData))
+    }
+}
+
+/// Whether a field carries output: a non-empty string (or non-empty array of content
+/// parts). Accepts any JSON value; everything else counts as no output.
+#[derive(Default)]
+pub(crate) struct Text(pub(crate) bool);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(!v.is_empty()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text, A::Error> {
+                Ok(Text(drain_seq(seq)? > 0))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text, A::Error> {
+                drain_map(map).map(|()| Text(false))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+            fn visit_unit<E>(self) -> Result<Text, E> {
+                Ok(Text(false))
+            }
+        }
+        de.deserialize_any(TextVisitor)
+    }
+}
+
+/// A token count: a non-negative integer (also written as `12.0`); any other JSON value
+/// (`null`, negative, a string ...) is no count.
+#[derive(Default)]
+pub(crate) struct Num(pub(crate) Option<u64>);
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct NumVisitor;
+        impl<'de> Visitor<'de> for NumVisitor {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Num, E> {
+                // `as` saturates; the range check keeps the value honest.
+                let integral = v >= 0.0 && v.fract() == 0.0 && v < u64::MAX as f64;
+                Ok(Num(integral.then_some(v as u64)))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_unit<E>(self) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
+                drain_seq(seq).map(|_| Num(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
+                drain_map(map).map(|()| Num(None))
+            }
+        }
+        de.deserialize_any(NumVisitor)
+    }
+}
+
+/// A string, borrowed from the input when it has no escapes; any other JSON value
+/// (`null`, a number ...) is no string.
+#[derive(Default)]
+pub(crate) struct Str<'a>(pub(crate) Option<Cow<'a, str>>);
+
+impl<'a> Str<'a> {
+    pub(crate) fn non_empty(self) -> Option<Cow<'a, str>> {
+        self.0.filter(|s| !s.is_empty())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct StrVisitor<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_unit<E>(self) -> Result<Str<'a>, E> {
+                Ok(Str(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Str<'a>, A::Error> {
+                drain_seq(seq).map(|_| Str(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Str<'a>, A::Error> {
+                drain_map(map).map(|()| Str(None))
+            }
+        }
+        de.deserialize_any(StrVisitor(PhantomData))
+    }
+}
+
+/// Skip an array's elements; returns how many there were.
+pub(crate) fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<u64, A::Error> {
+    let mut n = 0u64;
+    while seq.next_element::<IgnoredAny>()?.is_some() {
+        n = n.saturating_add(1);
+    }
+    Ok(n)
+}
+
+/// Skip an object's entries.
+pub(crate) fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// A boolean flag: `true` only for JSON `true`; any other value (or absence) is `false`.
+#[derive(Default)]
+pub(crate) struct Flag(pub(crate) bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl<'de> Visitor<'de> for FlagVisitor {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Flag, E> {
+                Ok(Flag(v))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_unit<E>(self) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Flag, A::Error> {
+                drain_seq(seq).map(|_| Flag(false))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Flag, A::Error> {
+                drain_map(map).map(|()| Flag(false))
+            }
+        }
+        de.deserialize_any(FlagVisitor)
+    }
+}
+
+/// Some JSON value other than `null` was present (an `error` field, say). Unlike
+/// `Option<IgnoredAny>` this also tells an empty string or object apart from nothing:
+/// both count as present.
+#[derive(Default)]
+pub(crate) struct Present(pub(crate) bool);
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        Option::<IgnoredAny>::deserialize(de).map(|v| Present(v.is_some()))
+    }
+}
+
+/// The sum of two optional counts: `None` only when both are absent.
+pub(crate) fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+    }
+}

@@ -1,0 +1,223 @@
+//! Ollama's native API (`POST /api/chat`, `POST /api/generate`): NDJSON lines when
+//! streaming (Ollama's default), one JSON object otherwise.
+//!
+//! Rules, per line:
+//!
+//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it.
+//! - The first non-empty `model` is [`Signal::Model`].
+//! - A line is token-bearing when it carries output: `message.content` (chat) or
+//!   `response` (generate) as [`OutputKind::Content`], `message.tool_calls` (non-empty)
+//!   as [`OutputKind::ToolCall`], `message.thinking` / `thinking` as
+//!   [`OutputKind::Reasoning`]; one line is one event, of the most visible kind present.
+//! - Tokens in the event: the `logprobs` entries (one per token, when requested), exact;
+//!   else 1, estimated (Ollama streams about one token per line, but holds back and merges
+//!   tokens around stop sequences and split UTF-8).
+//! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as
+//!   [`Signal::Usage`], then [`Signal::Done`]. Durations (ns) are not read: tokentap
+//!   measures time itself.
+
+use serde::Deserialize;
+
+use super::count::{most_visible, Tally};
+use super::frame::Handler;
+use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
+use super::{OutputKind, Signal};
+
+/// Ollama state for one response.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ollama {
+    model_sent: bool,
+    tally: Tally,
+}
+
+impl Ollama {
+    /// Model (once) and usage of a line or body. An error line pushes [`Signal::Error`]
+    /// and yields no usage.
+    fn common(&mut self, line: &mut Line<'_>, out: &mut Vec<Signal>) -> Option<Signal> {
+        if line.error.0 {
+            out.push(Signal::Error);
+            return None;
+        }
+        if !self.model_sent {
+            if let Some(model) = std::mem::take(&mut line.model).non_empty() {
+                out.push(Signal::Model(model.into_owned()));
+                self.model_sent = true;
+            }
+        }
+        let (input, output) = (line.prompt_eval_count.0, line.eval_count.0);
+        Some(Signal::Usage {
+            input_tokens: input,
+            output_tokens: output,
+        })
+        .filter(|_| input.is_some() || output.is_some())
+    }
+}
+
+impl Handler for Ollama {
+    fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        let Ok(mut line) = serde_json::from_slice::<Line<'_>>(data) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if line.error.0 {
+            out.push(Signal::Error);
+            return;
+        }
+        let usage = self.common(&mut line, out);
+        if let Some(kind) = line.kind() {
+            let entries = line.logprobs.map_or(0, |l| l.0 .0);
+            out.push(self.tally.output(kind, entries, None));
+        }
+        if let Some(usage) = usage {
+            out.push(usage);
+        }
+        if line.done.0 {
+            out.push(Signal::Done);
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        let Ok(mut line) = serde_json::from_slice::<Line<'_>>(body) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if let Some(usage) = self.common(&mut line, out) {
+            out.push(usage);
+        }
+    }
+}
+
+/// One line (or the whole non-streaming body); only the fields the rules read.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    message: Option<Message>,
+    #[serde(default)]
+    response: Text,
+    #[serde(default)]
+    thinking: Text,
+    logprobs: Option<Folded<Count>>,
+    #[serde(default)]
+    done: Flag,
+    #[serde(default)]
+    prompt_eval_count: Num,
+    #[serde(default)]
+    eval_count: Num,
+    #[serde(default)]
+    error: Present,
+}
+
+impl Line<'_> {
+    fn kind(&self) -> Option<OutputKind> {
+        let (content, tools, thinking) = match &self.message {
+            Some(m) => (
+                m.content.0 || self.response.0,
+                m.tool_calls.as_ref().is_some_and(|t| t.0 .0 > 0),
+                m.thinking.0 || self.thinking.0,
+            ),
+            None => (self.response.0, false, self.thinking.0),
+        };
+        let content = content.then_some(OutputKind::Content);
+        let tools = tools.then_some(OutputKind::ToolCall);
+        let thinking = thinking.then_some(OutputKind::Reasoning);
+        most_visible(most_visible(content, tools), thinking)
+    }
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Text,
+    #[serde(default)]
+    thinking: Text,
+    tool_calls: Option<Folded<Count>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{body, ndjson};
+    use Signal::{Done, Error, Malformed, Model};
+
+    fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {
+        Signal::Output {
+            tokens,
+            exact,
+            kind,
+        }
+    }
+
+    #[test]
+    fn chat_stream() {
+        let s = concat!(
+            r#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00.1Z","message":{"role":"assistant","content":"The"},"done":false}"#,
+            "\n",
+            r#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00.2Z","message":{"role":"assistant","content":"","thinking":"hmm"},"done":false}"#,
+            "\n",
+            r#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00.3Z","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]},"done":false}"#,
+            "\n",
+            r#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00.4Z","message":{"role":"assistant","content":" sky"},"logprobs":[{"token":" sky","logprob":-0.2}],"done":false}"#,
+            "\n",
+            r#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00.5Z","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,"total_duration":4883583458,"prompt_eval_count":26,"eval_count":282}"#,
+            "\n",
+        );
+        assert_eq!(
+            ndjson(Ollama::default(), s.as_bytes()),
+            vec![
+                Model("llama3.2".into()),
+                out(1, false, OutputKind::Content),
+                out(1, false, OutputKind::Reasoning),
+                out(1, false, OutputKind::ToolCall),
+                out(1, true, OutputKind::Content),
+                Signal::Usage {
+                    input_tokens: Some(26),
+                    output_tokens: Some(282)
+                },
+                Done
+            ]
+        );
+    }
+
+    #[test]
+    fn generate_stream_and_errors() {
+        let s = concat!(
+            r#"{"model":"qwen3","response":"","thinking":"Let","done":false}"#,
+            "\n",
+            r#"{"model":"qwen3","response":"Hi","done":false}"#,
+            "\n",
+            r#"{"error":"an error was encountered while running the model: unexpected EOF"}"#,
+            "\n",
+            "not json\n",
+        );
+        assert_eq!(
+            ndjson(Ollama::default(), s.as_bytes()),
+            vec![
+                Model("qwen3".into()),
+                out(1, false, OutputKind::Reasoning),
+                out(1, false, OutputKind::Content),
+                Error,
+                Malformed
+            ]
+        );
+    }
+
+    #[test]
+    fn whole_response() {
+        let b = br#"{"model":"llama3.2","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant","content":"Hello!"},"done_reason":"stop","done":true,"prompt_eval_count":10,"eval_count":3}"#;
+        assert_eq!(
+            body(Ollama::default(), b),
+            vec![
+                Model("llama3.2".into()),
+                Signal::Usage {
+                    input_tokens: Some(10),
+                    output_tokens: Some(3)
+                }
+            ]
+        );
+        assert_eq!(
+            body(Ollama::default(), br#"{"error":"model 'x' not found"}"#),
+            vec![Error]
+        );
+    }
+}

@@ -1,0 +1,310 @@
+//! The OpenAI Responses API (`POST /v1/responses`): typed SSE events, and the
+//! non-streaming `response` object.
+//!
+//! The Responses API streams one JSON object per SSE event, each with a `type` that the
+//! SSE `event:` line repeats, and no `[DONE]`: the stream ends with a terminal
+//! `response.*` event. Rules, per event (the JSON `type`, else the SSE event name):
+//!
+//! | event | signal |
+//! |---|---|
+//! | `response.output_text.delta` | `Output` Content; tokens = `logprobs` entries (exact) when present, else 1 (estimated) |
+//! | `response.refusal.delta` | `Output` Refusal |
+//! | `response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`, `response.mcp_call_arguments.delta`, `response.code_interpreter_call_code.delta` | `Output` ToolCall |
+//! | `response.reasoning_text.delta`, `response.reasoning_summary_text.delta` (and the older `response.reasoning.delta`, `response.reasoning_summary.delta`) | `Output` Reasoning |
+//! | any event whose `response` names a `model` | `Model`, once |
+//! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), then `Done` |
+//! | `response.failed`, or an `error` event | `Usage` if reported, `Error`, `Done` for `response.failed` |
+//!
+//! A delta whose `delta` is empty carries nothing. `response.incomplete` (the model hit
+//! `max_output_tokens` or a content filter) is a completed stream, not an error: the
+//! response was delivered as far as it went, and its usage is as exact as a completed one.
+//! `input_tokens` includes cached tokens and `output_tokens` includes reasoning tokens, as
+//! OpenAI bills them.
+
+use serde::Deserialize;
+
+use super::count::Tally;
+use super::frame::Handler;
+use super::json::{Count, Folded, Num, Present, Str, Text};
+use super::{OutputKind, Signal};
+
+/// Responses API state for one response.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Responses {
+    model_sent: bool,
+    tally: Tally,
+}
+
+impl Responses {
+    fn model(&mut self, model: Str<'_>, out: &mut Vec<Signal>) {
+        if !self.model_sent {
+            if let Some(model) = model.non_empty() {
+                out.push(Signal::Model(model.into_owned()));
+                self.model_sent = true;
+            }
+        }
+    }
+}
+
+/// The output kind of a delta event type.
+fn delta_kind(kind: &str) -> Option<OutputKind> {
+    Some(match kind {
+        "response.output_text.delta" => OutputKind::Content,
+        "response.refusal.delta" => OutputKind::Refusal,
+        "response.function_call_arguments.delta"
+        | "response.custom_tool_call_input.delta"
+        | "response.mcp_call_arguments.delta"
+        | "response.code_interpreter_call_code.delta" => OutputKind::ToolCall,
+        "response.reasoning_text.delta"
+        | "response.reasoning_summary_text.delta"
+        | "response.reasoning.delta"
+        | "response.reasoning_summary.delta" => OutputKind::Reasoning,
+        _ => return None,
+    })
+}
+
+impl Handler for Responses {
+    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
+            out.push(if name == "error" {
+                Signal::Error
+            } else {
+                Signal::Malformed
+            });
+            return;
+        };
+        let kind = event.kind.0.as_deref().unwrap_or(name);
+        if let Some(response) = event.response {
+            self.model(response.model, out);
+            let usage = response.usage.map(Usage::signal);
+            let failed =
+                kind == "response.failed" || response.status.0.as_deref() == Some("failed");
+            if let Some(usage) = usage.filter(|_| is_terminal(kind) || failed) {
+                out.push(usage);
+            }
+            if failed {
+                out.push(Signal::Error);
+            }
+            if is_terminal(kind) {
+                out.push(Signal::Done);
+            }
+            return;
+        }
+        if kind == "error" || name == "error" {
+            out.push(Signal::Error);
+            return;
+        }
+        if let Some(output) = delta_kind(kind) {
+            if event.delta.0 {
+                let entries = event.logprobs.map_or(0, |l| l.0 .0);
+                out.push(self.tally.output(output, entries, None));
+            }
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        let Ok(response) = serde_json::from_slice::<Response<'_>>(body) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if response.error.0 && response.status.0.is_none() {
+            // An error object rather than a response.
+            out.push(Signal::Error);
+            return;
+        }
+        self.model(response.model, out);
+        if let Some(usage) = response.usage {
+            out.push(usage.signal());
+        }
+        if response.status.0.as_deref() == Some("failed") {
+            out.push(Signal::Error);
+        }
+    }
+}
+
+/// The events that end a response stream.
+fn is_terminal(kind: &str) -> bool {
+    matches!(
+        kind,
+        "response.completed" | "response.incomplete" | "response.failed"
+    )
+}
+
+/// One streamed event; only the fields the rules read.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Str<'a>,
+    #[serde(default)]
+    delta: Text,
+    logprobs: Option<Folded<Count>>,
+    #[serde(borrow)]
+    response: Option<Response<'a>>,
+}
+
+/// A `response` object (streamed inside `response.*` events, or the whole body).
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    model: Str<'a>,
+    #[serde(borrow, default)]
+    status: Str<'a>,
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Present,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Num,
+    #[serde(default)]
+    output_tokens: Num,
+}
+
+impl Usage {
+    fn signal(self) -> Signal {
+        Signal::Usage {
+            input_tokens: self.input_tokens.0,
+            output_tokens: self.output_tokens.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{body, sse};
+    use Signal::{Done, Error, Malformed, Model};
+
+    fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {
+        Signal::Output {
+            tokens,
+            exact,
+            kind,
+        }
+    }
+
+    fn usage(i: u64, o: u64) -> Signal {
+        Signal::Usage {
+            input_tokens: Some(i),
+            output_tokens: Some(o),
+        }
+    }
+
+    fn typed(kind: &str, rest: &str) -> String {
+        format!("event: {kind}\ndata: {{\"type\":\"{kind}\",{rest}}}\n\n")
+    }
+
+    #[test]
+    fn deltas_and_kinds() {
+        use OutputKind::*;
+        let cases = [
+            ("response.output_text.delta", Content),
+            ("response.refusal.delta", Refusal),
+            ("response.function_call_arguments.delta", ToolCall),
+            ("response.reasoning_summary_text.delta", Reasoning),
+            ("response.reasoning_text.delta", Reasoning),
+        ];
+        for (kind, want) in cases {
+            let s = typed(kind, r#""item_id":"x","output_index":0,"delta":"Hi""#);
+            assert_eq!(
+                sse(Responses::default(), s.as_bytes()),
+                vec![out(1, false, want)]
+            );
+            let empty = typed(kind, r#""delta":"""#);
+            assert_eq!(sse(Responses::default(), empty.as_bytes()), vec![]);
+        }
+    }
+
+    #[test]
+    fn logprobs_entries_are_exact() {
+        let s = typed(
+            "response.output_text.delta",
+            r#""delta":" big world","logprobs":[{"token":" big","logprob":-0.1},{"token":" world","logprob":-0.2}]"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), s.as_bytes()),
+            vec![out(2, true, OutputKind::Content)]
+        );
+    }
+
+    #[test]
+    fn lifecycle_model_usage_and_ends() {
+        let mut s = typed(
+            "response.created",
+            r#""response":{"id":"r","status":"in_progress","model":"gpt-4o","usage":null}"#,
+        );
+        s += &typed(
+            "response.in_progress",
+            r#""response":{"status":"in_progress","model":"gpt-4o"}"#,
+        );
+        s += &typed("response.output_text.delta", r#""delta":"a""#);
+        s += &typed(
+            "response.completed",
+            r#""response":{"status":"completed","model":"gpt-4o","usage":{"input_tokens":9,"output_tokens":3,"total_tokens":12}}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), s.as_bytes()),
+            vec![
+                Model("gpt-4o".into()),
+                out(1, false, OutputKind::Content),
+                usage(9, 3),
+                Done
+            ]
+        );
+        let incomplete = typed(
+            "response.incomplete",
+            r#""response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":1,"output_tokens":2}}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), incomplete.as_bytes()),
+            vec![usage(1, 2), Done]
+        );
+    }
+
+    #[test]
+    fn failures() {
+        let failed = typed(
+            "response.failed",
+            r#""response":{"status":"failed","error":{"code":"server_error","message":"x"},"usage":null}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), failed.as_bytes()),
+            vec![Error, Done]
+        );
+        let error = typed("error", r#""code":"ERR","message":"boom","param":null"#);
+        assert_eq!(sse(Responses::default(), error.as_bytes()), vec![Error]);
+        assert_eq!(
+            sse(Responses::default(), b"event: error\ndata: not json\n\n"),
+            vec![Error]
+        );
+        assert_eq!(
+            sse(
+                Responses::default(),
+                b"event: response.output_text.delta\ndata: {\n\n"
+            ),
+            vec![Malformed]
+        );
+    }
+
+    #[test]
+    fn json_bodies() {
+        let ok = br#"{"id":"resp_1","object":"response","status":"completed","model":"gpt-4o-mini","output":[],"usage":{"input_tokens":5,"output_tokens":7}}"#;
+        assert_eq!(
+            body(Responses::default(), ok),
+            vec![Model("gpt-4o-mini".into()), usage(5, 7)]
+        );
+        let err = br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#;
+        assert_eq!(body(Responses::default(), err), vec![Error]);
+        let failed = br#"{"status":"failed","model":"m","error":{"code":"server_error"}}"#;
+        assert_eq!(
+            body(Responses::default(), failed),
+            vec![Model("m".into()), Error]
+        );
+    }
+}

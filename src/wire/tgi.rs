@@ -1,0 +1,184 @@
+//! Hugging Face Text Generation Inference's native API (`POST /generate_stream`,
+//! `POST /generate`): SSE with one generated token per event, and the `/generate` JSON.
+//!
+//! Rules, per event:
+//!
+//! - A non-null `error` (TGI sends `{"error": "...", "error_type": "generation"}` when
+//!   generation fails mid-stream) is [`Signal::Error`].
+//! - An event with a `token` object is one generated token: [`Signal::Output`] of one
+//!   token, exact, [`OutputKind::Content`]. This holds whatever the token's text: a
+//!   byte-fallback token that ends in the middle of a UTF-8 sequence has empty text but
+//!   was still generated, and speculative decoding sends each accepted token as its own
+//!   event.
+//! - Special tokens (`token.special: true`, e.g. the final EOS) are counted by default,
+//!   so that the per-event counts add up to `details.generated_tokens`, which counts them
+//!   too. With [`DecodeOptions::skip_special_tokens`](super::DecodeOptions) they are not
+//!   token-bearing events (TTFT and ITL then ignore them; N still comes from
+//!   `generated_tokens`).
+//! - `details` (on the last event) is [`Signal::Usage`]: output `generated_tokens`, input
+//!   `input_length` (TGI >= 2) or `prompt_tokens` where present; then [`Signal::Done`].
+//!
+//! TGI names no model in its native API; the model label comes from the request or is
+//! `unknown`. Its OpenAI-compatible `/v1/chat/completions` is the OpenAI dialect.
+
+use serde::Deserialize;
+
+use super::frame::Handler;
+use super::json::{Count, Flag, Folded, Num, Present};
+use super::{OutputKind, Signal};
+
+/// TGI state for one response.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tgi {
+    skip_special: bool,
+}
+
+impl Tgi {
+    pub(crate) fn new(skip_special: bool) -> Self {
+        Tgi { skip_special }
+    }
+}
+
+impl Handler for Tgi {
+    fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        let Ok(event) = serde_json::from_slice::<Event>(data) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if event.error.0 {
+            out.push(Signal::Error);
+            return;
+        }
+        if let Some(token) = event.token {
+            if !(self.skip_special && token.special.0) {
+                out.push(Signal::Output {
+                    tokens: 1,
+                    exact: true,
+                    kind: OutputKind::Content,
+                });
+            }
+        }
+        if let Some(details) = event.details {
+            if let Some(usage) = details.usage() {
+                out.push(usage);
+            }
+            out.push(Signal::Done);
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        let Ok(response) = serde_json::from_slice::<Event>(body) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        if response.error.0 {
+            out.push(Signal::Error);
+            return;
+        }
+        if let Some(usage) = response.details.and_then(|d| d.usage()) {
+            out.push(usage);
+        }
+    }
+}
+
+/// A stream event or the `/generate` body; only the fields the rules read.
+#[derive(Deserialize)]
+struct Event {
+    token: Option<Token>,
+    details: Option<Details>,
+    #[serde(default)]
+    error: Present,
+}
+
+#[derive(Deserialize)]
+struct Token {
+    #[serde(default)]
+    special: Flag,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    generated_tokens: Num,
+    #[serde(default)]
+    input_length: Num,
+    #[serde(default)]
+    prompt_tokens: Num,
+    /// `/generate` with `decoder_input_details`: one entry per prompt token.
+    prefill: Option<Folded<Count>>,
+}
+
+impl Details {
+    fn usage(self) -> Option<Signal> {
+        let prefill = self.prefill.map(|p| p.0 .0).filter(|n| *n > 0);
+        let input = self.input_length.0.or(self.prompt_tokens.0).or(prefill);
+        let output = self.generated_tokens.0;
+        (input.is_some() || output.is_some()).then_some(Signal::Usage {
+            input_tokens: input,
+            output_tokens: output,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{body, sse};
+    use Signal::{Done, Error};
+
+    const TOKEN: Signal = Signal::Output {
+        tokens: 1,
+        exact: true,
+        kind: OutputKind::Content,
+    };
+
+    const STREAM: &[u8] = concat!(
+        "data:{\"index\":1,\"token\":{\"id\":415,\"text\":\" The\",\"logprob\":-0.1,\"special\":false},\"generated_text\":null,\"details\":null}\n\n",
+        "data:{\"index\":2,\"token\":{\"id\":28705,\"text\":\"\",\"logprob\":-0.4,\"special\":false},\"generated_text\":null,\"details\":null}\n\n",
+        ":\n\n",
+        "data:{\"index\":3,\"token\":{\"id\":2,\"text\":\"</s>\",\"logprob\":-0.01,\"special\":true},\"generated_text\":\" The\",\"details\":{\"finish_reason\":\"eos_token\",\"generated_tokens\":3,\"seed\":null,\"input_length\":7}}\n\n",
+    )
+    .as_bytes();
+
+    fn usage() -> Signal {
+        Signal::Usage {
+            input_tokens: Some(7),
+            output_tokens: Some(3),
+        }
+    }
+
+    #[test]
+    fn one_exact_token_per_event_special_counted_by_default() {
+        assert_eq!(
+            sse(Tgi::default(), STREAM),
+            vec![TOKEN, TOKEN, TOKEN, usage(), Done]
+        );
+        assert_eq!(
+            sse(Tgi::new(true), STREAM),
+            vec![TOKEN, TOKEN, usage(), Done]
+        );
+    }
+
+    #[test]
+    fn errors() {
+        let e = b"data:{\"error\":\"Request failed during generation: Server error: CUDA out of memory\",\"error_type\":\"generation\"}\n\n";
+        assert_eq!(sse(Tgi::default(), e), vec![Error]);
+    }
+
+    #[test]
+    fn generate_body() {
+        let b = br#"{"generated_text":" Deep learning is","details":{"finish_reason":"length","generated_tokens":4,"seed":null,"prefill":[{"id":1,"text":"<s>","logprob":null},{"id":2,"text":"Hi","logprob":-1.0}],"tokens":[]}}"#;
+        assert_eq!(
+            body(Tgi::default(), b),
+            vec![Signal::Usage {
+                input_tokens: Some(2),
+                output_tokens: Some(4)
+            }]
+        );
+        assert_eq!(body(Tgi::default(), br#"{"generated_text":"x"}"#), vec![]);
+    }
+}
