@@ -17,6 +17,8 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::Uri;
 
+use crate::wire::{Dialect, Tokenizer};
+
 pub use raw::RawConfig;
 
 /// The validated configuration tokentap runs with.
@@ -32,6 +34,8 @@ pub struct Config {
     pub labels: Labels,
     pub metrics: MetricsConfig,
     pub observe: Observe,
+    /// Routes with a configured dialect, in file order (the first match wins).
+    pub routes: Vec<Route>,
     pub log: Log,
 }
 
@@ -137,10 +141,33 @@ pub struct MetricsConfig {
     pub stall_threshold: Duration,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Observe {
     pub max_event_bytes: usize,
     pub max_body_bytes: usize,
+    /// TGI: special tokens are not token-bearing events.
+    pub skip_special_tokens: bool,
+    /// Counts text deltas that carry no exact count; `None` (the default) costs nothing.
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// A path prefix whose requests have a configured dialect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Starts with `/`; no trailing `/` unless it is `/` itself.
+    pub path_prefix: String,
+    /// The dialect of `POST`s under the prefix; `None` forwards everything unobserved.
+    pub dialect: Option<Dialect>,
+}
+
+impl Route {
+    /// Whether `path` is the prefix or continues it with `/`.
+    pub fn matches(&self, path: &str) -> bool {
+        self.path_prefix == "/"
+            || path
+                .strip_prefix(self.path_prefix.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

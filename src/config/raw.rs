@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::units::{ByteSize, HumanDuration};
 use super::*;
+use crate::wire::{Dialect, Tokenizer};
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
@@ -35,8 +36,28 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     #[serde(default)]
     pub observe: RawObserve,
+    /// Routes that set the API dialect of a path instead of detecting it (see
+    /// [`RawRoute`]). The first route whose `path_prefix` matches wins; a path no route
+    /// matches is detected from its shape (`…/chat/completions`, `…/v1/messages`, ...).
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: RawLog,
+}
+
+/// One route: `{path_prefix: /my/llm, dialect: anthropic}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Matches the request path (as the client sent it, before `upstream.url`'s base path
+    /// is prepended) when it equals the prefix or continues it with `/`: `/my/llm` matches
+    /// `/my/llm` and `/my/llm/chat`, not `/my/llmx`. `/` matches every path.
+    pub path_prefix: String,
+    /// The dialect of `POST` requests under the prefix: `openai_chat`,
+    /// `openai_completions`, `openai_responses`, `anthropic`, `gemini`, `ollama`, `tgi`,
+    /// `triton`; other methods are detected as usual. `none`: every request under the
+    /// prefix is forwarded unobserved, as a non-LLM path.
+    pub dialect: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -173,6 +194,28 @@ pub struct RawObserve {
     pub max_event_bytes: Option<ByteSize>,
     /// Largest non-streaming JSON response buffered to read usage. Default 8MiB.
     pub max_body_bytes: Option<ByteSize>,
+    /// TGI: special tokens (`"special": true`, e.g. the final `</s>`) are not
+    /// token-bearing events, so they add no ITL sample and no per-event token. Default
+    /// false: every event counts, and per-event counts add up to `generated_tokens`.
+    #[serde(default)]
+    pub skip_special_tokens: bool,
+    /// Count the tokens of text deltas with a tokenizer where the stream gives no exact
+    /// count (Anthropic, Ollama, Triton, and OpenAI / Responses / Gemini streams without
+    /// logprobs or cumulative usage), instead of one per event. Still counted as
+    /// `accuracy="estimated"`. Default: off (no cost). Exactly one of `encoding`, `file`.
+    pub tokenizer: Option<RawTokenizer>,
+}
+
+/// `observe.tokenizer`: exactly one of the keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenizer {
+    /// A built-in tiktoken encoding: `o200k_base` (GPT-4o, GPT-4.1, o-series, gpt-oss) or
+    /// `cl100k_base` (GPT-4, GPT-3.5). Shipped inside tokentap; nothing is downloaded.
+    pub encoding: Option<String>,
+    /// A Hugging Face `tokenizer.json` (e.g. the served model's own), read when the
+    /// configuration is loaded. Needs a build with `--features tokenizers`.
+    pub file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -415,10 +458,13 @@ impl RawConfig {
                 .observe
                 .max_body_bytes
                 .map_or(default_max_body_bytes(), |b| b.0),
+            skip_special_tokens: self.observe.skip_special_tokens,
+            tokenizer: self.observe.tokenizer.and_then(|t| t.validate(&mut issues)),
         };
         if observe.max_event_bytes < 1024 {
             issues.push("observe.max_event_bytes", "must be at least 1KiB");
         }
+        let routes = routes(&mut issues, self.routes);
         let log = self.log.validate(&mut issues, overrides);
 
         match (listen, admin, upstream) {
@@ -433,6 +479,7 @@ impl RawConfig {
                 labels,
                 metrics,
                 observe,
+                routes,
                 log,
             }),
             _ => Err(issues.found),
@@ -548,6 +595,90 @@ impl RawUpstream {
     }
 }
 
+/// Validate `routes`, in order: a prefix is a path (no query), a dialect is a known name
+/// or `none`, and no route is hidden behind an earlier one that matches all its paths.
+fn routes(issues: &mut Issues<'_>, raw: Vec<RawRoute>) -> Vec<Route> {
+    let mut out: Vec<Route> = Vec::with_capacity(raw.len());
+    // Each kept route's index in the file, for messages.
+    let mut written_at = Vec::with_capacity(raw.len());
+    for (i, route) in raw.into_iter().enumerate() {
+        let path = format!("routes.{i}");
+        let prefix = route.path_prefix.trim();
+        let mut valid = true;
+        if !prefix.starts_with('/') || prefix.contains(['?', '#']) || prefix.contains("//") {
+            issues.push(
+                &format!("{path}.path_prefix"),
+                format!("`{prefix}` is not a path prefix (starts with `/`, no query)"),
+            );
+            valid = false;
+        }
+        let dialect = match route.dialect.as_str() {
+            "none" => None,
+            name => match Dialect::from_name(name) {
+                Some(dialect) => Some(dialect),
+                None => {
+                    let names: Vec<String> =
+                        Dialect::ALL.iter().map(|d| format!("`{d}`")).collect();
+                    issues.push(
+                        &format!("{path}.dialect"),
+                        format!("`{name}` is not one of {}, `none`", names.join(", ")),
+                    );
+                    valid = false;
+                    None
+                }
+            },
+        };
+        if !valid {
+            continue;
+        }
+        let prefix = match prefix.trim_end_matches('/') {
+            "" => "/",
+            trimmed => trimmed,
+        };
+        let route = Route {
+            path_prefix: prefix.to_string(),
+            dialect,
+        };
+        if let Some(j) = out.iter().position(|earlier| earlier.matches(prefix)) {
+            issues.push(
+                &format!("{path}.path_prefix"),
+                format!(
+                    "never used: `routes.{}` (`{}`) comes first and matches every path \
+                     this one does",
+                    written_at[j], out[j].path_prefix
+                ),
+            );
+            continue;
+        }
+        out.push(route);
+        written_at.push(i);
+    }
+    out
+}
+
+impl RawTokenizer {
+    fn validate(self, issues: &mut Issues<'_>) -> Option<Tokenizer> {
+        let loaded = match (self.encoding, self.file) {
+            (Some(name), None) => Tokenizer::encoding(&name).map_err(|e| ("encoding", e)),
+            (None, Some(file)) => Tokenizer::from_file(&file).map_err(|e| ("file", e)),
+            _ => {
+                issues.push(
+                    "observe.tokenizer",
+                    "needs exactly one of `encoding`, `file`",
+                );
+                return None;
+            }
+        };
+        match loaded {
+            Ok(tokenizer) => Some(tokenizer),
+            Err((key, err)) => {
+                issues.push(&format!("observe.tokenizer.{key}"), err.to_string());
+                None
+            }
+        }
+    }
+}
+
 impl RawTenants {
     fn validate(self, issues: &mut Issues<'_>) -> Vec<TenantSource> {
         let Some(sources) = self.sources else {
@@ -645,71 +776,99 @@ impl RawLog {
 }
 
 /// Find the line:column of a dotted key path in YAML text (block style), for issues found
-/// after parsing. Numeric segments index block sequences (`- `). Best effort: `None` when
-/// the key is not written in the file (a default or a flag).
+/// after parsing. Numeric segments index block sequences (`- `); a key written on an
+/// item's own line (`- path_prefix: /x`) is found there. Best effort: `None` when the key
+/// is not written in the file (a default, a flag, or flow style like `{url: ...}`).
 pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
-    let mut lines = text.lines().enumerate().peekable();
+    let nodes = yaml_nodes(text);
+    let mut next = 0usize;
     let mut parent_indent: isize = -1;
+    let mut parent_is_item = false;
     let mut found = None;
     for segment in path.split('.') {
         found = None;
-        if let Ok(index) = segment.parse::<usize>() {
-            let mut seen = 0usize;
-            for (n, line) in lines.by_ref() {
-                let indent = indent_of(line);
-                let trimmed = line.trim_start();
-                if is_blank(trimmed) {
-                    continue;
-                }
-                if (indent as isize) <= parent_indent && !trimmed.starts_with('-') {
-                    return None;
-                }
-                if trimmed.starts_with("- ") || trimmed == "-" {
-                    if seen == index {
-                        found = Some((n + 1, indent + 1));
-                        // The item's keys sit after "- ".
-                        parent_indent = indent as isize;
-                        break;
-                    }
-                    seen += 1;
-                }
+        let index = segment.parse::<usize>().ok();
+        // Direct children of the parent: the first node deeper than it sets the level.
+        let mut child_indent = None;
+        let mut seen = 0usize;
+        while let Some(node) = nodes.get(next) {
+            next += 1;
+            let indent = node.indent as isize;
+            // A sequence may sit at its parent key's own indent (`key:\n- item`).
+            let item_of_parent = node.key.is_none() && indent == parent_indent && !parent_is_item;
+            if indent <= parent_indent && !item_of_parent {
+                return None;
             }
-        } else {
-            for (n, line) in lines.by_ref() {
-                let trimmed = line.trim_start();
-                if is_blank(trimmed) {
-                    continue;
+            let level = *child_indent.get_or_insert(node.indent);
+            if node.indent != level {
+                continue;
+            }
+            let hit = match (index, node.key) {
+                (Some(index), None) => {
+                    seen += 1;
+                    seen == index + 1
                 }
-                let mut indent = indent_of(line);
-                let mut key_part = trimmed;
-                if let Some(rest) = trimmed.strip_prefix("- ") {
-                    indent += 2;
-                    key_part = rest;
-                }
-                if (indent as isize) <= parent_indent {
-                    return None;
-                }
-                let key = key_part
-                    .split(':')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .trim_matches(|c| c == '"' || c == '\'');
-                if key == segment
-                    && key_part[key.len()..]
-                        .trim_start_matches(['"', '\''])
-                        .starts_with(':')
-                {
-                    found = Some((n + 1, indent + 1));
-                    parent_indent = indent as isize;
-                    break;
-                }
+                (None, Some(key)) => key == segment,
+                _ => false,
+            };
+            if hit {
+                found = Some((node.line, node.indent + 1));
+                parent_indent = indent;
+                parent_is_item = node.key.is_none();
+                break;
             }
         }
         found?;
-        lines.peek();
     }
     found
+}
+
+/// One block-style YAML node start: a `key:` or a sequence item's `-`.
+struct YamlNode<'t> {
+    /// 1-based line.
+    line: usize,
+    /// 0-based column where the node starts.
+    indent: usize,
+    /// The key, or `None` for a sequence item.
+    key: Option<&'t str>,
+}
+
+/// The nodes of `text` in order; `- key: v` is an item followed by a key on the same line.
+fn yaml_nodes(text: &str) -> Vec<YamlNode<'_>> {
+    let mut nodes = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut indent = indent_of(line);
+        let mut rest = &line[indent..];
+        if is_blank(rest) {
+            continue;
+        }
+        while rest == "-" || rest.starts_with("- ") {
+            nodes.push(YamlNode {
+                line: n + 1,
+                indent,
+                key: None,
+            });
+            let after = rest[1..].trim_start_matches(' ');
+            indent += rest.len() - after.len();
+            rest = after;
+        }
+        if rest.is_empty() {
+            continue;
+        }
+        // `key: value` or `key:` (a colon inside a value, as in a URL, is no key).
+        let key = rest
+            .find(':')
+            .filter(|&colon| matches!(rest.as_bytes().get(colon + 1), None | Some(b' ')))
+            .map(|colon| rest[..colon].trim().trim_matches(['"', '\'']));
+        nodes.push(YamlNode {
+            line: n + 1,
+            indent,
+            // A plain scalar line (a continuation, a flow item) is a node with a key no
+            // segment matches.
+            key: Some(key.unwrap_or("")),
+        });
+    }
+    nodes
 }
 
 fn indent_of(line: &str) -> usize {

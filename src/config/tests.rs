@@ -155,3 +155,170 @@ fn upstream_url_forms() {
     assert!(parse_upstream_url("localhost:8000").is_err());
     assert!(parse_upstream_url("http://a:1/?x=1").is_err());
 }
+
+#[test]
+fn locate_finds_keys_on_a_sequence_item_line() {
+    let text = "\
+routes:
+  - path_prefix: /a
+    dialect: anthropic
+  - path_prefix: /b
+    dialect: nope
+seq_at_key_indent:
+- x: 1
+- x: 2
+observe:
+  tokenizer:
+    file: /t.json
+";
+    assert_eq!(raw::locate(text, "routes.0.path_prefix"), Some((2, 5)));
+    assert_eq!(raw::locate(text, "routes.1.path_prefix"), Some((4, 5)));
+    assert_eq!(raw::locate(text, "routes.1.dialect"), Some((5, 5)));
+    assert_eq!(raw::locate(text, "routes.2"), None);
+    assert_eq!(raw::locate(text, "seq_at_key_indent.1.x"), Some((8, 3)));
+    assert_eq!(raw::locate(text, "observe.tokenizer.file"), Some((11, 5)));
+    // Only direct children match: `dialect` is not a key of `routes` itself.
+    assert_eq!(raw::locate(text, "routes.dialect"), None);
+    assert_eq!(
+        raw::locate("upstream:\n  url: http://a:1\n", "upstream.url"),
+        Some((2, 3))
+    );
+}
+
+#[test]
+fn routes_force_a_dialect_or_none_first_match_wins() {
+    let config = parse(
+        "\
+upstream: {url: 'http://a:1'}
+routes:
+  - path_prefix: /my/llm/
+    dialect: anthropic
+  - path_prefix: /internal
+    dialect: none
+  - path_prefix: /my
+    dialect: ollama
+",
+    )
+    .expect("valid");
+    let routes = &config.routes;
+    assert_eq!(routes.len(), 3);
+    assert_eq!(routes[0].path_prefix, "/my/llm", "trailing slash trimmed");
+    assert_eq!(routes[0].dialect, Some(crate::wire::Dialect::Anthropic));
+    assert_eq!(routes[1].dialect, None);
+    assert!(routes[0].matches("/my/llm"));
+    assert!(routes[0].matches("/my/llm/v1/invoke"));
+    assert!(!routes[0].matches("/my/llmx"));
+    assert!(!routes[0].matches("/my"));
+    let root = Route {
+        path_prefix: "/".into(),
+        dialect: None,
+    };
+    assert!(root.matches("/anything"));
+    // No routes by default.
+    assert!(parse("upstream: {url: 'http://a:1'}\n")
+        .expect("valid")
+        .routes
+        .is_empty());
+}
+
+#[test]
+fn bad_routes_are_located() {
+    let found = issues(
+        "\
+upstream: {url: 'http://a:1'}
+routes:
+  - path_prefix: /a
+    dialect: antropic
+  - path_prefix: no-slash
+    dialect: tgi
+  - path_prefix: /x
+    dialect: gemini
+  - path_prefix: /x/y
+    dialect: tgi
+",
+    );
+    let got: Vec<_> = found
+        .iter()
+        .map(|i| (i.path.as_str(), i.location.map(|l| l.0)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("routes.0.dialect", Some(4)),
+            ("routes.1.path_prefix", Some(5)),
+            ("routes.3.path_prefix", Some(9)),
+        ],
+        "{found:?}"
+    );
+    assert!(found[0].message.contains("anthropic"), "{}", found[0]);
+    assert!(found[0].message.contains("none"), "{}", found[0]);
+    assert!(found[2].message.contains("routes.2"), "{}", found[2]);
+    let unknown = issues("upstream: {url: 'http://a:1'}\nroutes:\n  - path_prefix: /a\n    dialect: tgi\n    method: GET\n");
+    assert!(unknown[0].message.contains("method"), "{}", unknown[0]);
+    assert_eq!(unknown[0].location.map(|l| l.0), Some(5), "{}", unknown[0]);
+}
+
+#[test]
+fn observe_options_default_off() {
+    let config = parse("upstream: {url: 'http://a:1'}\n").expect("valid");
+    assert!(!config.observe.skip_special_tokens);
+    assert!(config.observe.tokenizer.is_none());
+    let config = parse(
+        "upstream: {url: 'http://a:1'}\nobserve:\n  skip_special_tokens: true\n  tokenizer:\n    encoding: cl100k_base\n",
+    )
+    .expect("valid");
+    assert!(config.observe.skip_special_tokens);
+    let tokenizer = config.observe.tokenizer.expect("tokenizer");
+    assert_eq!(tokenizer.name(), "cl100k_base");
+    assert_eq!(tokenizer.count("Hello world"), 2);
+}
+
+#[test]
+fn bad_tokenizers_are_located() {
+    let head = "upstream: {url: 'http://a:1'}\nobserve:\n  tokenizer:\n";
+    let found = issues(&format!("{head}    encoding: p50k_base\n"));
+    assert_eq!(found[0].path, "observe.tokenizer.encoding");
+    assert_eq!(found[0].location, Some((4, 5)));
+    assert!(found[0].message.contains("o200k_base"), "{}", found[0]);
+
+    let found = issues(&format!(
+        "{head}    encoding: o200k_base\n    file: /t.json\n"
+    ));
+    assert_eq!(found[0].path, "observe.tokenizer");
+    assert_eq!(found[0].location, Some((3, 3)));
+
+    let found = issues(&format!("{head}    file: /nonexistent/tokenizer.json\n"));
+    assert_eq!(found[0].path, "observe.tokenizer.file");
+    assert_eq!(found[0].location, Some((4, 5)));
+    assert!(
+        found[0].message.contains("/nonexistent/tokenizer.json"),
+        "{}",
+        found[0]
+    );
+}
+
+#[test]
+fn tokenizer_file_needs_the_tokenizers_feature_or_a_valid_file() {
+    let path = std::env::temp_dir().join(format!("tokentap-cfg-{}.json", std::process::id()));
+    std::fs::write(&path, "{\"not\": \"a tokenizer\"}").expect("temp file");
+    let found = issues(&format!(
+        "upstream: {{url: 'http://a:1'}}\nobserve:\n  tokenizer:\n    file: {}\n",
+        path.display()
+    ));
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(found[0].path, "observe.tokenizer.file");
+    assert_eq!(found[0].location, Some((4, 5)));
+    if cfg!(feature = "tokenizers") {
+        assert!(
+            found[0].message.contains("not a usable tokenizer.json"),
+            "{}",
+            found[0]
+        );
+    } else {
+        assert!(
+            found[0].message.contains("--features tokenizers"),
+            "{}",
+            found[0]
+        );
+    }
+}

@@ -188,7 +188,7 @@ impl Metrics {
             ),
             token_counts: counter(
                 "tokentap_event_tokens_total",
-                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is one per event (estimated).",
+                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(

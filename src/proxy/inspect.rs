@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
-use crate::config::TenantSource;
+use crate::config::{Route, TenantSource};
 use crate::wire::{self, Dialect};
 
 /// What the request head says about a request.
@@ -19,11 +19,36 @@ pub struct RequestInfo {
     pub tenant: Option<String>,
 }
 
-/// Inspect a request head.
-pub fn inspect(parts: &Parts, sources: &[TenantSource]) -> RequestInfo {
+/// Inspect a request head: the dialect from the configured `routes`, else from the
+/// path; the tenant from the first source that names one.
+pub fn inspect(parts: &Parts, routes: &[Route], sources: &[TenantSource]) -> RequestInfo {
     RequestInfo {
-        dialect: wire::dialect_for(&parts.method, parts.uri.path(), parts.uri.query()),
+        dialect: routed_dialect(routes, &parts.method, parts.uri.path(), parts.uri.query()),
         tenant: tenant_for(&parts.headers, sources),
+    }
+}
+
+/// The dialect of a request. The first route whose prefix matches the path decides:
+/// `dialect: none` forwards the request unobserved whatever its method; a dialect applies
+/// to `POST`s, and other methods are detected from the path as without the route (which
+/// finds only the Responses API's `GET …/responses/{id}?stream=true`). A path no route
+/// matches is detected by [`wire::dialect_for`].
+pub fn routed_dialect(
+    routes: &[Route],
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Option<Dialect> {
+    match routes.iter().find(|route| route.matches(path)) {
+        Some(route) => {
+            let forced = route.dialect?;
+            if method == Method::POST {
+                Some(forced)
+            } else {
+                wire::dialect_for(method, path, query)
+            }
+        }
+        None => wire::dialect_for(method, path, query),
     }
 }
 
@@ -94,6 +119,51 @@ mod tests {
         assert_eq!(dialect_for(&Method::GET, "/v1/chat/completions"), None);
         assert_eq!(dialect_for(&post, "/v1/models"), None);
         assert_eq!(dialect_for(&post, "/v1/embeddings"), None);
+    }
+
+    #[test]
+    fn routes_decide_before_path_detection() {
+        use crate::config::Route;
+        let routes = [
+            Route {
+                path_prefix: "/my/llm".into(),
+                dialect: Some(Dialect::Anthropic),
+            },
+            Route {
+                path_prefix: "/private".into(),
+                dialect: None,
+            },
+        ];
+        let post = Method::POST;
+        let get = Method::GET;
+        let at = |method: &Method, path: &str, query: Option<&str>| {
+            routed_dialect(&routes, method, path, query)
+        };
+        // Forced, whatever the path looks like.
+        assert_eq!(at(&post, "/my/llm", None), Some(Dialect::Anthropic));
+        assert_eq!(
+            at(&post, "/my/llm/v1/chat/completions", None),
+            Some(Dialect::Anthropic)
+        );
+        // Other methods under a forced prefix: detected as usual.
+        assert_eq!(at(&get, "/my/llm/v1/models", None), None);
+        assert_eq!(
+            at(&get, "/my/llm/v1/responses/r1", Some("stream=true")),
+            Some(Dialect::OpenAiResponses)
+        );
+        // `none`: never observed, even an LLM-shaped path.
+        assert_eq!(at(&post, "/private/v1/chat/completions", None), None);
+        assert_eq!(
+            at(&get, "/private/v1/responses/r1", Some("stream=true")),
+            None
+        );
+        // Not a segment boundary, or no route: path detection.
+        assert_eq!(
+            at(&post, "/my/llmx/v1/chat/completions", None),
+            Some(Dialect::OpenAiChat)
+        );
+        assert_eq!(at(&post, "/api/chat", None), Some(Dialect::Ollama));
+        assert_eq!(at(&post, "/my/llmx", None), None);
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Proxy {
         let generation = self.generation();
         let config = &generation.config;
         let (parts, body) = request.into_parts();
-        let info = inspect::inspect(&parts, &config.tenants);
+        let info = inspect::inspect(&parts, &config.routes, &config.tenants);
         let Some(dialect) = info.dialect else {
             return self
                 .passthrough(&generation, parts, body, t_req, permit)
@@ -196,12 +196,16 @@ impl Proxy {
             max_event_bytes: config.observe.max_event_bytes,
             max_body_bytes: config.observe.max_body_bytes,
         };
-        match wire::response_decoder(
+        let options = DecodeOptions {
+            skip_special_tokens: config.observe.skip_special_tokens,
+        };
+        match wire::response_decoder_tokenized(
             dialect,
             content_type,
             content_encoding,
             limits,
-            DecodeOptions::default(),
+            options,
+            config.observe.tokenizer.as_ref(),
         ) {
             Ok(decoder) => Some(decoder),
             Err(Unobservable::ContentType) => {

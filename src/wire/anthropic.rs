@@ -16,7 +16,9 @@
 //!
 //! Empty deltas (the first `input_json_delta` is often `""`) carry nothing. Anthropic
 //! batches several tokens into one delta and reports no per-event count, so every delta is
-//! the estimated one token; the final `message_delta` usage then corrects N.
+//! the estimated one token (or, with `observe.tokenizer`, the tokenizer's count of its
+//! `text` / `thinking` / `partial_json`, still estimated); the final `message_delta` usage
+//! then corrects N.
 //!
 //! Usage: `message_delta.usage.output_tokens` is cumulative, so it is reported as is (the
 //! latest report wins, never summed). The `output_tokens` in `message_start` is a
@@ -31,6 +33,7 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Num, Present, Str, Text};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{OutputKind, Signal};
 
 /// Anthropic Messages state for one response.
@@ -38,9 +41,17 @@ use super::{OutputKind, Signal};
 pub(crate) struct Anthropic {
     model_sent: bool,
     tally: Tally,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Anthropic {
+    pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
+        Anthropic {
+            tokenizer,
+            ..Anthropic::default()
+        }
+    }
+
     fn model(&mut self, model: Str<'_>, out: &mut Vec<Signal>) {
         if !self.model_sent {
             if let Some(model) = model.non_empty() {
@@ -82,7 +93,8 @@ impl Handler for Anthropic {
             }
             "content_block_delta" => {
                 if let Some(kind) = event.delta.and_then(|d| d.kind()) {
-                    out.push(self.tally.output(kind, 0, None));
+                    let estimate = || count_event(self.tokenizer.as_ref(), data, delta_texts);
+                    out.push(self.tally.output(kind, 0, None, estimate));
                 }
             }
             "message_delta" => {
@@ -122,6 +134,14 @@ impl Handler for Anthropic {
                 });
             }
         }
+    }
+}
+
+/// The texts of a `content_block_delta`, for the tokenizer.
+fn delta_texts(event: &serde_json::Value, f: &mut dyn FnMut(&str)) {
+    let delta = event.get("delta");
+    for key in ["text", "thinking", "partial_json"] {
+        text::of(delta.and_then(|d| d.get(key)), f);
     }
 }
 

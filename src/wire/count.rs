@@ -5,7 +5,8 @@
 //! event (logprobs entries, Gemini's chosen candidates), and a cumulative output count
 //! reported on every event (vLLM/SGLang continuous usage, Gemini's `usageMetadata`),
 //! whose growth since the previous report is the event's count. [`Tally`] applies those
-//! rules the same way for every dialect.
+//! rules the same way for every dialect. Without either, the estimate is one token, or
+//! the configured tokenizer's count of the event's text ([`super::tokenize`]).
 
 use super::{OutputKind, Signal};
 
@@ -25,15 +26,23 @@ impl Tally {
     ///
     /// `entries > 0` is exact. Else the growth of `now` over the previous report is exact;
     /// before the first token-bearing event nothing was generated, so zero is a known
-    /// baseline there (a later event needs an earlier report). Else one, estimated.
-    pub(crate) fn output(&mut self, kind: OutputKind, entries: u64, now: Option<u64>) -> Signal {
+    /// baseline there (a later event needs an earlier report). Else `estimate()` (the
+    /// configured tokenizer's count of the event's text, called only here), else one;
+    /// either is estimated.
+    pub(crate) fn output(
+        &mut self,
+        kind: OutputKind,
+        entries: u64,
+        now: Option<u64>,
+        estimate: impl FnOnce() -> Option<u64>,
+    ) -> Signal {
         let baseline = self.reported.or((!self.started).then_some(0));
         let (tokens, exact) = if entries > 0 {
             (entries, true)
         } else {
             match (now, baseline) {
                 (Some(now), Some(before)) if now > before => (now - before, true),
-                _ => (1, false),
+                _ => (estimate().unwrap_or(1), false),
             }
         };
         self.started = true;
@@ -87,22 +96,41 @@ mod tests {
     #[test]
     fn entries_then_growth_then_estimate() {
         let mut t = Tally::default();
-        assert_eq!(t.output(Content, 0, Some(3)), out(3, true)); // from zero
-        assert_eq!(t.output(Content, 2, Some(9)), out(2, true)); // entries win
-        assert_eq!(t.output(Content, 0, Some(9)), out(1, false)); // no growth
-        assert_eq!(t.output(Content, 0, None), out(1, false));
-        assert_eq!(t.output(Content, 0, Some(12)), out(3, true)); // since last report
+        assert_eq!(t.output(Content, 0, Some(3), || None), out(3, true)); // from zero
+        assert_eq!(t.output(Content, 2, Some(9), || None), out(2, true)); // entries win
+        assert_eq!(t.output(Content, 0, Some(9), || None), out(1, false)); // no growth
+        assert_eq!(t.output(Content, 0, None, || None), out(1, false));
+        assert_eq!(t.output(Content, 0, Some(12), || None), out(3, true)); // since last report
+    }
+
+    #[test]
+    fn estimate_only_replaces_the_one_token_guess() {
+        let mut t = Tally::default();
+        let mut calls = 0;
+        let mut guess = || {
+            calls += 1;
+            Some(4)
+        };
+        assert_eq!(t.output(Content, 0, None, &mut guess), out(4, false));
+        assert_eq!(t.output(Content, 2, None, &mut guess), out(2, true));
+        assert_eq!(t.output(Content, 0, None, || None), out(1, false));
+        let mut t = Tally::default();
+        assert_eq!(t.output(Content, 0, Some(3), &mut guess), out(3, true));
+        assert_eq!(
+            calls, 1,
+            "the estimate is asked for only when nothing exact exists"
+        );
     }
 
     #[test]
     fn unknown_baseline_after_the_first_event() {
         let mut t = Tally::default();
-        assert_eq!(t.output(Content, 0, None), out(1, false));
-        assert_eq!(t.output(Content, 0, Some(7)), out(1, false));
+        assert_eq!(t.output(Content, 0, None, || None), out(1, false));
+        assert_eq!(t.output(Content, 0, Some(7), || None), out(1, false));
         // A report without output sets the baseline for the next event.
         let mut t = Tally::default();
         t.report(Some(4));
-        assert_eq!(t.output(Content, 0, Some(6)), out(2, true));
+        assert_eq!(t.output(Content, 0, Some(6), || None), out(2, true));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! - Tokens in the event: the `logprobsResult.chosenCandidates` entries (one per token,
 //!   when the request asked for logprobs), exact; else the growth of the cumulative
 //!   `usageMetadata.candidatesTokenCount + thoughtsTokenCount`, which Gemini reports on
-//!   every chunk, exact; else 1, estimated.
+//!   every chunk, exact; else 1, or with `observe.tokenizer` the tokenizer's count of the
+//!   parts' text, function-call name and arguments and code, estimated.
 //! - `usageMetadata` is [`Signal::Usage`]: input `promptTokenCount +
 //!   toolUsePromptTokenCount` (cached tokens are part of `promptTokenCount`), output
 //!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output).
@@ -27,6 +28,7 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Count, Flag, Fold, Folded, Num, Present, Str, Text};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{OutputKind, Signal};
 
 /// Gemini state for one response.
@@ -34,9 +36,17 @@ use super::{OutputKind, Signal};
 pub(crate) struct Gemini {
     model_sent: bool,
     tally: Tally,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Gemini {
+    pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
+        Gemini {
+            tokenizer,
+            ..Gemini::default()
+        }
+    }
+
     /// Model and error of a chunk or body; `false` if it was an error.
     fn head(&mut self, chunk: &mut Chunk<'_>, out: &mut Vec<Signal>) -> bool {
         if chunk.error.0 {
@@ -70,7 +80,10 @@ impl Handler for Gemini {
         let now = usage.and_then(|(_, output)| output);
         let candidates = chunk.candidates.map(|c| c.0).unwrap_or_default();
         match candidates.kind {
-            Some(kind) => out.push(self.tally.output(kind, candidates.logprobs, now)),
+            Some(kind) => {
+                let estimate = || count_event(self.tokenizer.as_ref(), data, chunk_texts);
+                out.push(self.tally.output(kind, candidates.logprobs, now, estimate));
+            }
             None => self.tally.report(now),
         }
         if let Some((input, output)) = usage.filter(|(i, o)| i.is_some() || o.is_some()) {
@@ -98,6 +111,27 @@ impl Handler for Gemini {
                 input_tokens: input,
                 output_tokens: output,
             });
+        }
+    }
+}
+
+/// The output texts of a chunk's parts, for the tokenizer.
+fn chunk_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
+    for candidate in text::each(chunk.get("candidates")) {
+        let parts = candidate.get("content").and_then(|c| c.get("parts"));
+        for part in text::each(parts) {
+            text::of(part.get("text"), f);
+            let call = part
+                .get("functionCall")
+                .or_else(|| part.get("function_call"));
+            if let Some(call) = call {
+                text::of(call.get("name"), f);
+                text::arguments(call.get("args"), f);
+            }
+            let code = part
+                .get("executableCode")
+                .or_else(|| part.get("executable_code"));
+            text::of(code.and_then(|c| c.get("code")), f);
         }
     }
 }

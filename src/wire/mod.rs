@@ -33,6 +33,10 @@
 //! event count as N. A non-streaming (JSON) body yields the model, usage and errors only:
 //! it arrives at once and has no inter-token timing. Responses compressed with `gzip`,
 //! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
+//!
+//! Where the table says "1, estimated", an optional [`Tokenizer`] (`observe.tokenizer`,
+//! see [`tokenize`]) counts the event's output text instead; that count is still
+//! estimated (`exact: false`). Without one (the default) the text is never looked at.
 
 pub mod anthropic;
 pub mod compress;
@@ -48,7 +52,10 @@ pub mod request;
 pub mod responses;
 pub mod sse;
 pub mod tgi;
+pub mod tokenize;
 pub mod triton;
+
+pub use tokenize::{TokenCounter, Tokenizer};
 
 use std::fmt;
 
@@ -223,11 +230,14 @@ impl Default for DecodeLimits {
     }
 }
 
-/// Dialect-specific decoding choices (defaults suit every backend).
+/// Dialect-specific decoding choices (defaults suit every backend). The optional
+/// [`Tokenizer`] is passed beside these ([`decoder_tokenized`]) so that the options stay
+/// `Copy`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// TGI: special tokens (`token.special`, e.g. the final EOS) are not token-bearing
     /// events. Off by default, so that per-event counts add up to `generated_tokens`.
+    /// Set by `observe.skip_special_tokens`.
     pub skip_special_tokens: bool,
 }
 
@@ -267,18 +277,34 @@ pub fn decoder_with(
     limits: DecodeLimits,
     options: DecodeOptions,
 ) -> Box<dyn Decoder> {
+    decoder_tokenized(dialect, framing, limits, options, None)
+}
+
+/// Build the decoder for a dialect and framing that counts the text of events without an
+/// exact count with `tokenizer` (see [`tokenize`]); `None` is [`decoder_with`].
+pub fn decoder_tokenized(
+    dialect: Dialect,
+    framing: Framing,
+    limits: DecodeLimits,
+    options: DecodeOptions,
+    tokenizer: Option<&Tokenizer>,
+) -> Box<dyn Decoder> {
+    let tokenizer = tokenizer.cloned();
     match dialect {
         Dialect::OpenAiChat | Dialect::OpenAiCompletions => match framing {
-            Framing::Sse => Box::new(openai::StreamDecoder::new(dialect, limits)),
+            Framing::Sse => Box::new(openai::StreamDecoder::with_tokenizer(
+                dialect, limits, tokenizer,
+            )),
             Framing::Json => Box::new(openai::JsonDecoder::new(dialect, limits)),
-            other => framed(openai::OpenAi::new(dialect), other, limits),
+            other => framed(openai::OpenAi::new(dialect, tokenizer), other, limits),
         },
-        Dialect::OpenAiResponses => framed(responses::Responses::default(), framing, limits),
-        Dialect::Anthropic => framed(anthropic::Anthropic::default(), framing, limits),
-        Dialect::Gemini => framed(gemini::Gemini::default(), framing, limits),
-        Dialect::Ollama => framed(ollama::Ollama::default(), framing, limits),
+        Dialect::OpenAiResponses => framed(responses::Responses::new(tokenizer), framing, limits),
+        Dialect::Anthropic => framed(anthropic::Anthropic::new(tokenizer), framing, limits),
+        Dialect::Gemini => framed(gemini::Gemini::new(tokenizer), framing, limits),
+        Dialect::Ollama => framed(ollama::Ollama::new(tokenizer), framing, limits),
+        // One token per event, exact: nothing for a tokenizer to improve.
         Dialect::Tgi => framed(tgi::Tgi::new(options.skip_special_tokens), framing, limits),
-        Dialect::Triton => framed(triton::Triton::default(), framing, limits),
+        Dialect::Triton => framed(triton::Triton::new(tokenizer), framing, limits),
     }
 }
 
@@ -344,12 +370,31 @@ pub fn response_decoder(
     limits: DecodeLimits,
     options: DecodeOptions,
 ) -> Result<Box<dyn Decoder>, Unobservable> {
+    response_decoder_tokenized(
+        dialect,
+        content_type,
+        content_encoding,
+        limits,
+        options,
+        None,
+    )
+}
+
+/// [`response_decoder`] with an optional [`Tokenizer`] ([`decoder_tokenized`]).
+pub fn response_decoder_tokenized(
+    dialect: Dialect,
+    content_type: &str,
+    content_encoding: Option<&[u8]>,
+    limits: DecodeLimits,
+    options: DecodeOptions,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Box<dyn Decoder>, Unobservable> {
     let framing = framing_for(dialect, content_type).ok_or(Unobservable::ContentType)?;
     let coding = match content_encoding {
         None => None,
         Some(value) => compress::Coding::parse(value).map_err(|_| Unobservable::ContentEncoding)?,
     };
-    let inner = decoder_with(dialect, framing, limits, options);
+    let inner = decoder_tokenized(dialect, framing, limits, options, tokenizer);
     match coding {
         None => Ok(inner),
         Some(coding) => compress::Decompressing::new(coding, inner)

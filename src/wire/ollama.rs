@@ -11,7 +11,8 @@
 //!   [`OutputKind::Reasoning`]; one line is one event, of the most visible kind present.
 //! - Tokens in the event: the `logprobs` entries (one per token, when requested), exact;
 //!   else 1, estimated (Ollama streams about one token per line, but holds back and merges
-//!   tokens around stop sequences and split UTF-8).
+//!   tokens around stop sequences and split UTF-8); with `observe.tokenizer`, the
+//!   tokenizer's count of the line's content, thinking and tool calls, still estimated.
 //! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as
 //!   [`Signal::Usage`], then [`Signal::Done`]. Durations (ns) are not read: tokentap
 //!   measures time itself.
@@ -21,6 +22,7 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{OutputKind, Signal};
 
 /// Ollama state for one response.
@@ -28,9 +30,17 @@ use super::{OutputKind, Signal};
 pub(crate) struct Ollama {
     model_sent: bool,
     tally: Tally,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Ollama {
+    pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
+        Ollama {
+            tokenizer,
+            ..Ollama::default()
+        }
+    }
+
     /// Model (once) and usage of a line or body. An error line pushes [`Signal::Error`]
     /// and yields no usage.
     fn common(&mut self, line: &mut Line<'_>, out: &mut Vec<Signal>) -> Option<Signal> {
@@ -66,7 +76,8 @@ impl Handler for Ollama {
         let usage = self.common(&mut line, out);
         if let Some(kind) = line.kind() {
             let entries = line.logprobs.map_or(0, |l| l.0 .0);
-            out.push(self.tally.output(kind, entries, None));
+            let estimate = || count_event(self.tokenizer.as_ref(), data, line_texts);
+            out.push(self.tally.output(kind, entries, None, estimate));
         }
         if let Some(usage) = usage {
             out.push(usage);
@@ -83,6 +94,21 @@ impl Handler for Ollama {
         };
         if let Some(usage) = self.common(&mut line, out) {
             out.push(usage);
+        }
+    }
+}
+
+/// The output texts of a line, for the tokenizer.
+fn line_texts(line: &serde_json::Value, f: &mut dyn FnMut(&str)) {
+    text::of(line.get("response"), f);
+    text::of(line.get("thinking"), f);
+    if let Some(message) = line.get("message") {
+        text::of(message.get("content"), f);
+        text::of(message.get("thinking"), f);
+        for call in text::each(message.get("tool_calls")) {
+            let function = call.get("function");
+            text::of(function.and_then(|c| c.get("name")), f);
+            text::arguments(function.and_then(|c| c.get("arguments")), f);
         }
     }
 }

@@ -22,7 +22,9 @@
 //! - Tokens in the event: the number of logprobs entries (chat `logprobs.content`,
 //!   completions `logprobs.tokens`, summed over choices), exact; else the growth of a
 //!   cumulative `usage.completion_tokens` (vLLM / SGLang `continuous_usage_stats`) since
-//!   the previous usage, or since zero for the first event, exact; else 1, estimated.
+//!   the previous usage, or since zero for the first event, exact; else 1, or with
+//!   `observe.tokenizer` the tokenizer's count of the chunk's output text (content,
+//!   refusal, reasoning, tool-call names and arguments), estimated.
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
 //!   chunk's `Output`. A `usage: null` or one without counts is no signal.
 //!
@@ -37,6 +39,7 @@ use super::count::visibility;
 use super::frame::Handler;
 use super::json::{Count, Fold, Folded, Num, Str, Text};
 use super::sse::{SseDecoder, SseEvent};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{DecodeError, DecodeLimits, Decoder, Dialect, OutputKind, Signal};
 
 /// Decoder for a streamed (`text/event-stream`) OpenAI-style response.
@@ -56,19 +59,38 @@ struct StreamState {
     reported_output: Option<u64>,
     /// Whether a token-bearing event was seen.
     started: bool,
+    /// Counts a chunk's text when nothing exact does (`observe.tokenizer`).
+    tokenizer: Option<Tokenizer>,
+}
+
+impl StreamState {
+    fn new(dialect: Dialect, tokenizer: Option<Tokenizer>) -> Self {
+        StreamState {
+            completions: dialect == Dialect::OpenAiCompletions,
+            model_sent: false,
+            reported_output: None,
+            started: false,
+            tokenizer,
+        }
+    }
 }
 
 impl StreamDecoder {
     /// A decoder for one streamed response of `dialect`.
     pub fn new(dialect: Dialect, limits: DecodeLimits) -> Self {
+        StreamDecoder::with_tokenizer(dialect, limits, None)
+    }
+
+    /// A decoder that counts a chunk's text with `tokenizer` when the chunk gives no
+    /// exact count.
+    pub fn with_tokenizer(
+        dialect: Dialect,
+        limits: DecodeLimits,
+        tokenizer: Option<Tokenizer>,
+    ) -> Self {
         StreamDecoder {
             sse: SseDecoder::new(limits.max_event_bytes),
-            state: StreamState {
-                completions: dialect == Dialect::OpenAiCompletions,
-                model_sent: false,
-                reported_output: None,
-                started: false,
-            },
+            state: StreamState::new(dialect, tokenizer),
         }
     }
 }
@@ -105,12 +127,12 @@ impl StreamState {
             return;
         }
         match serde_json::from_slice::<Chunk<'_>>(data) {
-            Ok(chunk) => self.on_chunk(chunk, out),
+            Ok(chunk) => self.on_chunk(chunk, data, out),
             Err(_) => out.push(Signal::Malformed),
         }
     }
 
-    fn on_chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<Signal>) {
+    fn on_chunk(&mut self, chunk: Chunk<'_>, data: &[u8], out: &mut Vec<Signal>) {
         if is_error(chunk.error.as_ref(), &chunk.object) {
             out.push(Signal::Error);
             return;
@@ -133,7 +155,7 @@ impl StreamState {
             (choices.delta_kind, choices.content_logprobs)
         };
         if let Some(kind) = kind {
-            let (tokens, exact) = self.tokens(logprobs, reported_output);
+            let (tokens, exact) = self.tokens(logprobs, reported_output, data);
             out.push(Signal::Output {
                 tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
                 exact,
@@ -152,8 +174,8 @@ impl StreamState {
         }
     }
 
-    /// `k` for a token-bearing event and whether it is exact.
-    fn tokens(&self, logprobs: u64, reported_output: Option<u64>) -> (u64, bool) {
+    /// `k` for a token-bearing event (whose JSON is `data`) and whether it is exact.
+    fn tokens(&self, logprobs: u64, reported_output: Option<u64>, data: &[u8]) -> (u64, bool) {
         if logprobs > 0 {
             return (logprobs, true);
         }
@@ -162,8 +184,40 @@ impl StreamState {
         let baseline = self.reported_output.or((!self.started).then_some(0));
         match (reported_output, baseline) {
             (Some(now), Some(before)) if now > before => (now - before, true),
-            _ => (1, false),
+            _ => {
+                let select = if self.completions {
+                    completion_texts
+                } else {
+                    chat_texts
+                };
+                let counted = count_event(self.tokenizer.as_ref(), data, select);
+                (counted.unwrap_or(1), false)
+            }
         }
+    }
+}
+
+/// The output texts of a chat chunk's choices, for the tokenizer.
+fn chat_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
+    for choice in text::each(chunk.get("choices")) {
+        let Some(delta) = choice.get("delta") else {
+            continue;
+        };
+        for key in ["content", "refusal", "reasoning_content", "reasoning"] {
+            text::of(delta.get(key), f);
+        }
+        let calls = text::each(delta.get("tool_calls")).filter_map(|c| c.get("function"));
+        for function in calls.chain(delta.get("function_call")) {
+            text::of(function.get("name"), f);
+            text::arguments(function.get("arguments"), f);
+        }
+    }
+}
+
+/// The texts of a completions chunk's choices, for the tokenizer.
+fn completion_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
+    for choice in text::each(chunk.get("choices")) {
+        text::of(choice.get("text"), f);
     }
 }
 
@@ -243,14 +297,9 @@ pub(crate) struct OpenAi {
 }
 
 impl OpenAi {
-    pub(crate) fn new(dialect: Dialect) -> Self {
+    pub(crate) fn new(dialect: Dialect, tokenizer: Option<Tokenizer>) -> Self {
         OpenAi {
-            state: StreamState {
-                completions: dialect == Dialect::OpenAiCompletions,
-                model_sent: false,
-                reported_output: None,
-                started: false,
-            },
+            state: StreamState::new(dialect, tokenizer),
         }
     }
 }

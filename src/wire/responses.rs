@@ -15,7 +15,9 @@
 //! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), then `Done` |
 //! | `response.failed`, or an `error` event | `Usage` if reported, `Error`, `Done` for `response.failed` |
 //!
-//! A delta whose `delta` is empty carries nothing. `response.incomplete` (the model hit
+//! A delta whose `delta` is empty carries nothing. Without logprobs, a delta counts one
+//! token, or with `observe.tokenizer` the tokenizer's count of its `delta` text (both
+//! estimated). `response.incomplete` (the model hit
 //! `max_output_tokens` or a content filter) is a completed stream, not an error: the
 //! response was delivered as far as it went, and its usage is as exact as a completed one.
 //! `input_tokens` includes cached tokens and `output_tokens` includes reasoning tokens, as
@@ -26,6 +28,7 @@ use serde::Deserialize;
 use super::count::Tally;
 use super::frame::Handler;
 use super::json::{Count, Folded, Num, Present, Str, Text};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{OutputKind, Signal};
 
 /// Responses API state for one response.
@@ -33,9 +36,17 @@ use super::{OutputKind, Signal};
 pub(crate) struct Responses {
     model_sent: bool,
     tally: Tally,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Responses {
+    pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
+        Responses {
+            tokenizer,
+            ..Responses::default()
+        }
+    }
+
     fn model(&mut self, model: Str<'_>, out: &mut Vec<Signal>) {
         if !self.model_sent {
             if let Some(model) = model.non_empty() {
@@ -101,7 +112,12 @@ impl Handler for Responses {
         if let Some(output) = delta_kind(kind) {
             if event.delta.0 {
                 let entries = event.logprobs.map_or(0, |l| l.0 .0);
-                out.push(self.tally.output(output, entries, None));
+                let estimate = || {
+                    count_event(self.tokenizer.as_ref(), data, |event, f| {
+                        text::of(event.get("delta"), f)
+                    })
+                };
+                out.push(self.tally.output(output, entries, None, estimate));
             }
         }
     }

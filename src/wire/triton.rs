@@ -12,6 +12,7 @@
 //!   event of [`OutputKind::Content`], 1 token, estimated: the generate extension reports
 //!   no token counts (TensorRT-LLM streams one decode step per response, but a step can
 //!   hold several tokens with speculative decoding or when detokenisation holds text back).
+//!   With `observe.tokenizer`, the tokenizer's count of the `text_output`, still estimated.
 //!
 //! Triton has no usage block and no end marker: N is the count of events.
 
@@ -19,15 +20,24 @@ use serde::Deserialize;
 
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
+use super::tokenize::{count_event, text, Tokenizer};
 use super::{OutputKind, Signal};
 
 /// Triton state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Triton {
     model_sent: bool,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Triton {
+    pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
+        Triton {
+            tokenizer,
+            ..Triton::default()
+        }
+    }
+
     fn read(&mut self, data: &[u8], out: &mut Vec<Signal>) -> Option<bool> {
         let Ok(response) = serde_json::from_slice::<Response<'_>>(data) else {
             out.push(Signal::Malformed);
@@ -54,8 +64,11 @@ impl Handler for Triton {
             return;
         }
         if self.read(data, out) == Some(true) {
+            let tokens = count_event(self.tokenizer.as_ref(), data, |response, f| {
+                text::of(response.get("text_output"), f)
+            });
             out.push(Signal::Output {
-                tokens: 1,
+                tokens: tokens.map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
                 exact: false,
                 kind: OutputKind::Content,
             });

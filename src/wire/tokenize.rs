@@ -1,0 +1,309 @@
+//! Optional token counting for text deltas (`observe.tokenizer`).
+//!
+//! Several dialects batch text: an Anthropic `text_delta`, an Ollama line or a Triton
+//! response can carry several tokens and the wire format does not say how many. Without
+//! a tokenizer such an event counts as the documented estimate of one token. With one,
+//! the event's text (content, reasoning, refusal and tool-call arguments) is run through
+//! it and the event counts as many tokens as the text encodes to. That count is still an
+//! estimate, labelled as such (`Signal::Output { exact: false, .. }`): the tokenizer may
+//! not be the model's, and even the model's own tokenizer may split decoded text
+//! differently from how it was generated. It only replaces the one-per-event estimate;
+//! counts the wire format gives (logprobs entries, cumulative usage growth, one token per
+//! TGI event) are never re-counted, and reported usage still corrects `N`.
+//!
+//! Two sources, both loaded once when the configuration is:
+//!
+//! - a built-in tiktoken encoding, `o200k_base` or `cl100k_base`: the BPE ranks ship
+//!   inside the `tiktoken-rs` crate, so nothing is downloaded, ever;
+//! - a Hugging Face `tokenizer.json` file, in builds with the `tokenizers` feature.
+//!
+//! Off by default, and then free: the decoders hold `None` and never look at the text.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use tiktoken_rs::CoreBPE;
+
+/// Something that can count the tokens in a piece of text.
+pub trait TokenCounter: Send + Sync {
+    /// Tokens `text` encodes to, without any special tokens added around it.
+    fn count(&self, text: &str) -> usize;
+}
+
+/// Any `Fn(&str) -> usize` counts tokens (handy in tests).
+impl<F: Fn(&str) -> usize + Send + Sync> TokenCounter for F {
+    fn count(&self, text: &str) -> usize {
+        self(text)
+    }
+}
+
+/// A shared, cheaply cloned token counter with a name for logs.
+#[derive(Clone)]
+pub struct Tokenizer {
+    name: Arc<str>,
+    counter: Arc<dyn TokenCounter>,
+}
+
+/// The built-in tiktoken encodings, by the names `observe.tokenizer.encoding` takes.
+pub const ENCODINGS: [&str; 2] = ["o200k_base", "cl100k_base"];
+
+/// Why a tokenizer could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("`{0}` is not one of `o200k_base`, `cl100k_base`")]
+    UnknownEncoding(String),
+    #[error("cannot load the built-in {name} encoding: {message}")]
+    Encoding { name: &'static str, message: String },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a usable tokenizer.json: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error(
+        "this tokentap was built without tokenizer.json support (rebuild with \
+         `--features tokenizers`), or use `encoding: o200k_base` / `cl100k_base`"
+    )]
+    Unsupported,
+}
+
+impl Tokenizer {
+    /// A tokenizer from any counter (tests, embedders).
+    pub fn new(name: &str, counter: Arc<dyn TokenCounter>) -> Tokenizer {
+        Tokenizer {
+            name: Arc::from(name),
+            counter,
+        }
+    }
+
+    /// A built-in tiktoken encoding ([`ENCODINGS`]). The first call for an encoding
+    /// parses its ranks (a fraction of a second); later calls share them.
+    pub fn encoding(name: &str) -> Result<Tokenizer, TokenizerError> {
+        static O200K: OnceLock<CoreBPE> = OnceLock::new();
+        static CL100K: OnceLock<CoreBPE> = OnceLock::new();
+        let (name, cell) = match name {
+            "o200k_base" => ("o200k_base", &O200K),
+            "cl100k_base" => ("cl100k_base", &CL100K),
+            other => return Err(TokenizerError::UnknownEncoding(other.to_string())),
+        };
+        let bpe = match cell.get() {
+            Some(bpe) => bpe,
+            None => {
+                let loaded = if name == "o200k_base" {
+                    tiktoken_rs::o200k_base()
+                } else {
+                    tiktoken_rs::cl100k_base()
+                };
+                let loaded = loaded.map_err(|err| TokenizerError::Encoding {
+                    name,
+                    message: err.to_string(),
+                })?;
+                cell.get_or_init(|| loaded)
+            }
+        };
+        Ok(Tokenizer::new(name, Arc::new(Tiktoken(bpe))))
+    }
+
+    /// A Hugging Face `tokenizer.json` file (builds with the `tokenizers` feature).
+    pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        hf::load(path, &bytes)
+    }
+
+    /// The encoding's name, or the file's path.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tokens in `text`.
+    pub fn count(&self, text: &str) -> u64 {
+        u64::try_from(self.counter.count(text)).unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Tokenizer").field(&self.name).finish()
+    }
+}
+
+/// A tiktoken encoding. Output text is counted as ordinary text: a model writing
+/// `<|endoftext|>` as text wrote ordinary tokens.
+struct Tiktoken(&'static CoreBPE);
+
+impl TokenCounter for Tiktoken {
+    fn count(&self, text: &str) -> usize {
+        self.0.count_ordinary(text)
+    }
+}
+
+#[cfg(feature = "tokenizers")]
+mod hf {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::{TokenCounter, Tokenizer, TokenizerError};
+
+    /// A Hugging Face tokenizer; its post-processor's special tokens are not added.
+    struct HfTokenizer(tokenizers::Tokenizer);
+
+    impl TokenCounter for HfTokenizer {
+        fn count(&self, text: &str) -> usize {
+            // An encoding error (none is known for plain text) counts as no tokens, so
+            // the event falls back to the one-token estimate.
+            self.0.encode_fast(text, false).map_or(0, |e| e.len())
+        }
+    }
+
+    pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<Tokenizer, TokenizerError> {
+        let inner =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|err| TokenizerError::Parse {
+                path: path.to_path_buf(),
+                message: err.to_string(),
+            })?;
+        Ok(Tokenizer::new(
+            &path.display().to_string(),
+            Arc::new(HfTokenizer(inner)),
+        ))
+    }
+}
+
+#[cfg(not(feature = "tokenizers"))]
+mod hf {
+    use std::path::Path;
+
+    use super::{Tokenizer, TokenizerError};
+
+    pub(super) fn load(_path: &Path, _bytes: &[u8]) -> Result<Tokenizer, TokenizerError> {
+        Err(TokenizerError::Unsupported)
+    }
+}
+
+/// Picks the output texts out of one event's JSON, calling back with each.
+pub(crate) type SelectTexts = fn(&serde_json::Value, &mut dyn FnMut(&str));
+
+/// Tokens in the texts `select` finds in one event's JSON `data`, by `tokenizer`; `None`
+/// without a tokenizer (without even parsing), or when the event holds no text that
+/// encodes to a token. Only called when the wire format gave no exact count.
+pub(crate) fn count_event(
+    tokenizer: Option<&Tokenizer>,
+    data: &[u8],
+    select: SelectTexts,
+) -> Option<u64> {
+    let tokenizer = tokenizer?;
+    let value: serde_json::Value = serde_json::from_slice(data).ok()?;
+    let mut total = 0u64;
+    select(&value, &mut |text: &str| {
+        if !text.is_empty() {
+            total = total.saturating_add(tokenizer.count(text));
+        }
+    });
+    (total > 0).then_some(total)
+}
+
+/// Text helpers for the dialects' `select` functions.
+pub(crate) mod text {
+    use serde_json::Value;
+
+    /// A string as is; an array of strings or of content parts (`{"text": ...}`) part by
+    /// part; anything else is no text.
+    pub(crate) fn of(value: Option<&Value>, f: &mut dyn FnMut(&str)) {
+        match value {
+            Some(Value::String(s)) => f(s),
+            Some(Value::Array(items)) => {
+                for item in items {
+                    match item {
+                        Value::String(s) => f(s),
+                        Value::Object(part) => {
+                            if let Some(Value::String(s)) = part.get("text") {
+                                f(s);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Tool-call arguments: a string (streamed JSON text) as is, a structured value as
+    /// its compact JSON, which is about what the model wrote.
+    pub(crate) fn arguments(value: Option<&Value>, f: &mut dyn FnMut(&str)) {
+        match value {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => f(s),
+            Some(other) => f(&other.to_string()),
+        }
+    }
+
+    /// The elements of an array (nothing for anything else).
+    pub(crate) fn each(value: Option<&Value>) -> impl Iterator<Item = &Value> {
+        value
+            .and_then(Value::as_array)
+            .map(|items| items.iter())
+            .into_iter()
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_encodings_count_like_tiktoken() {
+        let o200k = Tokenizer::encoding("o200k_base").expect("o200k");
+        let cl100k = Tokenizer::encoding("cl100k_base").expect("cl100k");
+        let text = "Hello! It's nice to meet you. How can I help you today?";
+        assert_eq!(
+            o200k.count(text),
+            tiktoken_rs::o200k_base()
+                .unwrap()
+                .encode_ordinary(text)
+                .len() as u64
+        );
+        assert_eq!(
+            cl100k.count(text),
+            tiktoken_rs::cl100k_base()
+                .unwrap()
+                .encode_ordinary(text)
+                .len() as u64
+        );
+        // Special-token text in output is ordinary text.
+        assert!(o200k.count("<|endoftext|>") > 1);
+        assert_eq!(o200k.name(), "o200k_base");
+        assert!(matches!(
+            Tokenizer::encoding("p50k_base"),
+            Err(TokenizerError::UnknownEncoding(_))
+        ));
+    }
+
+    #[test]
+    fn event_text_is_counted_only_with_a_tokenizer() {
+        let select: SelectTexts = |v, f| text::of(v.get("text"), f);
+        let data = br#"{"text":"one two three"}"#;
+        assert_eq!(count_event(None, data, select), None);
+        let words = Tokenizer::new(
+            "words",
+            Arc::new(|t: &str| t.split_whitespace().count()) as Arc<dyn TokenCounter>,
+        );
+        assert_eq!(count_event(Some(&words), data, select), Some(3));
+        assert_eq!(count_event(Some(&words), br#"{"text":""}"#, select), None);
+        assert_eq!(count_event(Some(&words), b"not json", select), None);
+        let parts = br#"{"text":["a b",{"type":"text","text":"c"},7]}"#;
+        assert_eq!(count_event(Some(&words), parts, select), Some(3));
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error() {
+        let err = Tokenizer::from_file(Path::new("/nonexistent/tokenizer.json"))
+            .expect_err("no such file");
+        assert!(matches!(err, TokenizerError::Read { .. }), "{err}");
+    }
+}
