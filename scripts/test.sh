@@ -24,6 +24,12 @@ failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} EN
 echo
 echo "cargo: ${passed} passed, ${failed} failed"
 
+step "soak, short version: sustained streams, nothing lost, nothing growing (scripts/soak.sh --minutes 30 is the full run)"
+bash scripts/soak.sh --minutes 0.5 --debug
+
+step "coverage-guided fuzzing of every decoder and the request scanner, 10 s per target"
+bash scripts/fuzz.sh --seconds 10
+
 step "deploy/ and grafana/ checks (kustomize, kubernetes-validate, hadolint, promtool, dashboard types)"
 # check-config in ops-check uses this binary.
 export TOKENTAP_BIN="$PWD/target/debug/tokentap"

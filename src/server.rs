@@ -191,7 +191,15 @@ impl Server {
                 },
             };
             let _ = stream.set_nodelay(true);
-            serve_connection(stream, peer, &builder, &graceful, &proxy, tls.as_ref());
+            serve_connection(
+                stream,
+                peer,
+                config.limits.header_read_timeout,
+                &builder,
+                &graceful,
+                &proxy,
+                tls.as_ref(),
+            );
         }
 
         // Stop accepting, fail readiness, and let in-flight streams finish.
@@ -239,9 +247,27 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// The HTTP/2 connection preface, which tells h2c prior knowledge from HTTP/1.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Wait (without consuming anything) until the first bytes say which protocol the client
+/// speaks: a byte that is not the h2 preface's, the whole preface, or the end of input.
+async fn protocol_known(stream: &TcpStream) {
+    let mut buf = [0u8; 24];
+    loop {
+        match stream.peek(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n >= H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] => return,
+            // A partial preface: peek would return at once again, so wait for more.
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    header_read_timeout: Duration,
     builder: &auto::Builder<TokioExecutor>,
     graceful: &GracefulShutdown,
     proxy: &Arc<Proxy>,
@@ -250,12 +276,23 @@ fn serve_connection(
     let service = proxy.service();
     match tls {
         None => {
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
-            let conn = graceful.watch(conn);
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
             tokio::spawn(async move {
-                if let Err(err) = conn.await {
+                // hyper's header_read_timeout starts only once the protocol is known, and
+                // hyper-util waits for that without a deadline: bound it here, so a client
+                // that connects and says nothing cannot hold a descriptor forever.
+                if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(%peer, "closing a connection that sent no request");
+                    return;
+                }
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .into_owned();
+                if let Err(err) = watcher.watch(conn).await {
                     tracing::debug!(%peer, error = %err, "connection ended with an error");
                 }
             });

@@ -1,0 +1,3 @@
+//! The `openai_responses` decoder, every framing: whole and split decoding agree.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tokentap_fuzz::check_dialect("openai_responses", data));

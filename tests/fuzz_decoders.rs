@@ -1,0 +1,403 @@
+//! The fuzz checks of `fuzz/src/lib.rs`, on a fixed budget of generated inputs, in every
+//! `cargo test`: every decoder (each dialect and framing, and compressed bodies) and the
+//! request scanner get arbitrary bytes and mutated recorded fixtures; each must decode a
+//! body cut into arbitrary frames exactly as it decodes it whole, never panic, and (the
+//! scanner) agree with serde_json about `model` and `stream`.
+//!
+//! The coverage-guided version of the same checks is `scripts/fuzz.sh` (cargo-fuzz). The
+//! budget here is `TOKENTAP_FUZZ_CASES` cases per property (default 256).
+
+// `check_dialect` serves the per-dialect cargo-fuzz targets only.
+#[allow(dead_code)]
+#[path = "../fuzz/src/lib.rs"]
+mod checks;
+
+use std::path::Path;
+
+use proptest::prelude::*;
+use tokentap::wire::{framing_for, Dialect, Framing};
+
+fn cases() -> u32 {
+    std::env::var("TOKENTAP_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A recorded fixture: its dialect, framing, content coding (if compressed) and bytes.
+#[derive(Clone, Debug)]
+struct Fixture {
+    name: String,
+    dialect: Dialect,
+    framing: Framing,
+    coding: Option<u8>,
+    content_type: u8,
+    bytes: Vec<u8>,
+}
+
+fn dialect_of(dir: &str, file: &str) -> Option<Dialect> {
+    match dir {
+        "openai" if file.starts_with("completions") => Some(Dialect::OpenAiCompletions),
+        "openai" => Some(Dialect::OpenAiChat),
+        "responses" => Some(Dialect::OpenAiResponses),
+        other => Dialect::from_name(other),
+    }
+}
+
+/// Every response fixture under tests/fixtures (goldens and scripts skipped).
+fn fixtures() -> Vec<Fixture> {
+    let mut out = Vec::new();
+    let root = Path::new("tests/fixtures");
+    for dir in std::fs::read_dir(root).expect("tests/fixtures") {
+        let dir = dir.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let dir_name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let path = file.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let Some(dialect) = dialect_of(&dir_name, &name) else {
+                continue;
+            };
+            let mut parts = name.rsplit('.');
+            let last = parts.next().unwrap_or("");
+            let (ext, coding) = match last {
+                "gz" => (parts.next().unwrap_or(""), Some(0u8)),
+                "br" => (parts.next().unwrap_or(""), Some(2)),
+                "zst" => (parts.next().unwrap_or(""), Some(3)),
+                other => (other, None),
+            };
+            let (content_type, ctype_index) = match ext {
+                "sse" => ("text/event-stream", 0u8),
+                "json" => ("application/json", 1),
+                "ndjson" => ("application/x-ndjson", 2),
+                _ => continue,
+            };
+            let Some(framing) = framing_for(dialect, content_type) else {
+                continue;
+            };
+            out.push(Fixture {
+                name: format!("{dir_name}/{name}"),
+                dialect,
+                framing,
+                coding,
+                content_type: ctype_index,
+                bytes: std::fs::read(&path).unwrap(),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    assert!(out.len() >= 20, "found only {} fixtures", out.len());
+    out
+}
+
+fn framing_index(framing: Framing) -> u8 {
+    Framing::ALL.iter().position(|f| *f == framing).unwrap() as u8
+}
+
+/// One edit of a byte string.
+#[derive(Clone, Debug)]
+enum Edit {
+    Flip(usize, u8),
+    Insert(usize, Vec<u8>),
+    Delete(usize, usize),
+    Duplicate(usize, usize),
+    Truncate(usize),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    // Insertions favour the bytes that matter to the framings.
+    let interesting = prop_oneof![
+        Just(b"\n".to_vec()),
+        Just(b"\r".to_vec()),
+        Just(b"\n\n".to_vec()),
+        Just(b"data: ".to_vec()),
+        Just(b"\"".to_vec()),
+        Just(b"{".to_vec()),
+        Just(b"}".to_vec()),
+        Just(b"[".to_vec()),
+        Just(b",".to_vec()),
+        Just(b"\\".to_vec()),
+        Just(b"\xff".to_vec()),
+        Just(b"\xef\xbb\xbf".to_vec()),
+        proptest::collection::vec(any::<u8>(), 1..16),
+    ];
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Edit::Flip(at, b)),
+        (any::<usize>(), interesting).prop_map(|(at, b)| Edit::Insert(at, b)),
+        (any::<usize>(), 1usize..64).prop_map(|(at, n)| Edit::Delete(at, n)),
+        (any::<usize>(), 1usize..256).prop_map(|(at, n)| Edit::Duplicate(at, n)),
+        any::<usize>().prop_map(Edit::Truncate),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, edits: &[Edit]) {
+    for edit in edits {
+        let len = bytes.len().max(1);
+        match edit {
+            Edit::Flip(at, b) => {
+                if !bytes.is_empty() {
+                    let i = at % bytes.len();
+                    bytes[i] ^= b | 1;
+                }
+            }
+            Edit::Insert(at, b) => {
+                let i = at % (bytes.len() + 1);
+                bytes.splice(i..i, b.iter().copied());
+            }
+            Edit::Delete(at, n) => {
+                let i = at % len;
+                let end = (i + n).min(bytes.len());
+                if i < end {
+                    bytes.drain(i..end);
+                }
+            }
+            Edit::Duplicate(at, n) => {
+                let i = at % len;
+                let end = (i + n).min(bytes.len());
+                if i < end {
+                    let copy = bytes[i..end].to_vec();
+                    bytes.splice(end..end, copy);
+                }
+            }
+            Edit::Truncate(at) => bytes.truncate(at % len),
+        }
+    }
+}
+
+/// Every fixture as recorded, under many splits and every limit selector from the
+/// default down to 8-byte events: whole and split decoding agree.
+#[test]
+fn every_fixture_decodes_the_same_however_it_is_split() {
+    let mut runs = 0;
+    for fixture in fixtures().into_iter().filter(|f| f.coding.is_none()) {
+        for seed in (0..=255u8).step_by(7) {
+            for limits in [0u8, 1, 3, 6, 9, 12, 17, 40] {
+                let mut input = vec![framing_index(fixture.framing) | (limits << 2), seed];
+                input.extend_from_slice(&fixture.bytes);
+                checks::check_decoder(fixture.dialect, &input);
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs > 1000);
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Arbitrary bytes, any dialect, framing, limits and split.
+    #[test]
+    fn decoders_agree_on_arbitrary_bytes(
+        select in any::<u8>(),
+        seed in any::<u8>(),
+        which in any::<u8>(),
+        body in proptest::collection::vec(any::<u8>(), 0..2048),
+    ) {
+        let mut input = vec![select, seed, which];
+        input.extend_from_slice(&body);
+        checks::check_any_dialect(&input);
+    }
+
+    /// Recorded fixtures with a few random edits (flips, structural bytes inserted,
+    /// ranges deleted or duplicated, truncation), any limits and split.
+    #[test]
+    fn decoders_agree_on_mutated_fixtures(
+        pick in any::<prop::sample::Index>(),
+        edits in proptest::collection::vec(edit(), 1..6),
+        limits in 0u8..64,
+        seed in any::<u8>(),
+        other_framing in any::<bool>(),
+        framing in 0u8..4,
+    ) {
+        let fixtures = plain_fixtures();
+        let fixture = pick.get(fixtures);
+        let mut bytes = fixture.bytes.clone();
+        apply(&mut bytes, &edits);
+        // Now and then the wrong framing for the body.
+        let framing = if other_framing { framing } else { framing_index(fixture.framing) };
+        let mut input = vec![framing | (limits << 2), seed];
+        input.extend_from_slice(&bytes);
+        checks::check_decoder(fixture.dialect, &input);
+    }
+
+    /// Compressed bodies: recorded compressed fixtures (mutated or not), plaintext
+    /// fixtures compressed by the harness, and arbitrary bytes as a compressed stream.
+    #[test]
+    fn compressed_bodies_never_panic_and_agree(
+        pick in any::<prop::sample::Index>(),
+        edits in proptest::collection::vec(edit(), 0..4),
+        mode in 0u8..3,
+        coding in 0u8..4,
+        seed in any::<u8>(),
+        noise in proptest::collection::vec(any::<u8>(), 0..1024),
+    ) {
+        let all = all_fixtures();
+        let fixture = pick.get(all);
+        let dialect = Dialect::ALL.iter().position(|d| *d == fixture.dialect).unwrap() as u8;
+        let (select, mut body) = match (mode, fixture.coding) {
+            // The recorded compressed bytes (or a plaintext fixture under a coding).
+            (0, Some(c)) => (c, fixture.bytes.clone()),
+            (0, None) | (1, _) => (coding | 4, plain_of(fixture)),
+            _ => (coding, noise),
+        };
+        apply(&mut body, &edits);
+        let mut input = vec![select | (dialect << 3), seed, fixture.content_type];
+        input.extend_from_slice(&body);
+        checks::check_compressed(&input);
+    }
+
+    /// Arbitrary bytes into the request scanner.
+    #[test]
+    fn request_scanner_never_panics_and_is_split_invariant(
+        seed in any::<u8>(),
+        body in proptest::collection::vec(any::<u8>(), 0..1024),
+    ) {
+        let mut input = vec![seed];
+        input.extend_from_slice(&body);
+        checks::check_request_scanner(&input);
+    }
+
+    /// Generated JSON request bodies, with `model` and `stream` at the top level, nested,
+    /// inside strings, missing, or of the wrong type, compact or pretty: the scanner
+    /// agrees with serde_json.
+    #[test]
+    fn request_scanner_agrees_with_serde_json(
+        members in request_body(),
+        pretty in any::<bool>(),
+        seed in any::<u8>(),
+    ) {
+        // By hand, so that the members keep the generated order (serde_json's map sorts
+        // its keys unless built with `preserve_order`).
+        let (open, colon, comma, close) = if pretty {
+            ("{\n  ", ": ", ",\n  ", "\n}\n")
+        } else {
+            ("{", ":", ",", "}")
+        };
+        let text = format!(
+            "{open}{}{close}",
+            members
+                .iter()
+                .map(|(k, v)| format!("{}{colon}{}", serde_json::Value::from(k.as_str()), v))
+                .collect::<Vec<_>>()
+                .join(comma)
+        );
+        let mut input = vec![seed];
+        input.extend_from_slice(text.as_bytes());
+        checks::check_request_scanner(&input);
+    }
+}
+
+fn all_fixtures() -> &'static [Fixture] {
+    static ALL: std::sync::OnceLock<Vec<Fixture>> = std::sync::OnceLock::new();
+    ALL.get_or_init(fixtures)
+}
+
+fn plain_fixtures() -> &'static [Fixture] {
+    static PLAIN: std::sync::OnceLock<Vec<Fixture>> = std::sync::OnceLock::new();
+    PLAIN.get_or_init(|| {
+        all_fixtures()
+            .iter()
+            .filter(|f| f.coding.is_none())
+            .cloned()
+            .collect()
+    })
+}
+
+/// The plaintext of a fixture (the recorded plain twin of a compressed one).
+fn plain_of(fixture: &Fixture) -> Vec<u8> {
+    if fixture.coding.is_none() {
+        return fixture.bytes.clone();
+    }
+    let stem = fixture.name.rsplit_once('.').map_or("", |(s, _)| s);
+    plain_fixtures()
+        .iter()
+        .find(|f| f.name == stem)
+        .map_or_else(Vec::new, |f| f.bytes.clone())
+}
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        tricky_string().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::vec((key(), inner), 0..4)
+                .prop_map(|members| Value::Object(members.into_iter().collect())),
+        ]
+    })
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("model".to_string()),
+        Just("stream".to_string()),
+        Just("messages".to_string()),
+        Just("content".to_string()),
+        "[a-z_]{1,20}",
+    ]
+}
+
+fn tricky_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-zA-Z0-9 ._/-]{0,40}",
+        Just("\"model\": \"decoy\"".to_string()),
+        Just("{\"stream\": true}".to_string()),
+        Just("back\\slash \"quote\" \n newline \t tab".to_string()),
+        Just("é € 日本 🦀".to_string()),
+        "[a-z]{250,260}",
+        any::<String>(),
+    ]
+}
+
+/// A request body's members, in order: the top-level `model` and `stream` may be
+/// anything (or missing), among other members that may hold decoys.
+fn request_body() -> impl Strategy<Value = Vec<(String, serde_json::Value)>> {
+    use serde_json::Value;
+    let model = prop_oneof![
+        3 => tricky_string().prop_map(|s| Some(Value::String(s))),
+        1 => json_value().prop_map(Some),
+        1 => Just(None),
+    ];
+    let stream = prop_oneof![
+        3 => any::<bool>().prop_map(|b| Some(Value::Bool(b))),
+        1 => json_value().prop_map(Some),
+        1 => Just(None),
+    ];
+    (
+        proptest::collection::vec((key(), json_value()), 0..5),
+        model,
+        stream,
+        0usize..6,
+        0usize..6,
+    )
+        .prop_map(|(members, model, stream, model_at, stream_at)| {
+            let mut members: Vec<(String, Value)> = members
+                .into_iter()
+                .filter(|(k, _)| k != "model" && k != "stream")
+                .collect();
+            if let Some(model) = model {
+                let at = model_at.min(members.len());
+                members.insert(at, ("model".to_string(), model));
+            }
+            if let Some(stream) = stream {
+                let at = stream_at.min(members.len());
+                members.insert(at, ("stream".to_string(), stream));
+            }
+            members
+        })
+}
