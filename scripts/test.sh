@@ -27,6 +27,9 @@ echo "cargo: ${passed} passed, ${failed} failed"
 step "soak, short version: sustained streams, nothing lost, nothing growing (scripts/soak.sh --minutes 30 is the full run)"
 bash scripts/soak.sh --minutes 0.5 --debug
 
+step "benchmark smoke: the load harness against tokentap and a direct connection (scripts/bench.sh is the full run)"
+bash scripts/bench.sh --smoke --debug
+
 step "coverage-guided fuzzing of every decoder and the request scanner, 10 s per target"
 bash scripts/fuzz.sh --seconds 10
 

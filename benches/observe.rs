@@ -1,0 +1,209 @@
+//! The per-event observe path, in ns per event: a whole simulated response (role chunk,
+//! 40 token events, finish, usage, `[DONE]`, one frame each) polled through
+//! `tokentap::observe::ObservedBody` wrapping an in-memory body, exactly as the proxy
+//! polls it: clock read per frame, decoder, `TokenClock`, histogram observations, and the
+//! once-per-request finish (handles, counters, access-log event).
+//!
+//! - `passthrough`: the wrapper with no observer (idle-timeout guard only): the floor;
+//! - `observed`: the full path with the label pair already admitted (steady state);
+//! - `observed_900_tenants`: requests rotate over 900 tenants (a bigger label map;
+//!   the first round also admits the values).
+//!
+//! Also `metrics/render_50x200`: the `/metrics` text with 10,000 label pairs.
+//!
+//! Run: `cargo bench --bench observe` (add `-- --quick` for a fast pass).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use tokentap::config::{Config, Overrides};
+use tokentap::metrics::Metrics;
+use tokentap::observe::{ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver};
+use tokentap::wire::{decoder, DecodeLimits, Dialect, Framing};
+
+const TOKENS: usize = 40;
+
+/// One frame per event, as `tokentap sim` sends them.
+fn sim_frames() -> Vec<Bytes> {
+    let words = [
+        " the", " token", " streams", " fast", " and", " every", " gap", " is",
+    ];
+    let head = r#"{"id":"sim-1","object":"chat.completion.chunk","created":1764000000,"model":"sim-model","choices":"#;
+    let mut out = vec![format!(
+        "data: {head}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    )];
+    for i in 0..TOKENS {
+        out.push(format!(
+            "data: {head}[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+            words[i % words.len()]
+        ));
+    }
+    out.push(format!(
+        "data: {head}[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"length\"}}]}}\n\n"
+    ));
+    out.push(format!(
+        "data: {head}[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":{TOKENS},\"total_tokens\":{}}}}}\n\n",
+        TOKENS + 12
+    ));
+    out.push("data: [DONE]\n\n".to_string());
+    out.into_iter().map(Bytes::from).collect()
+}
+
+type InMemory = StreamBody<
+    futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>>,
+>;
+
+fn in_memory(frames: &[Bytes]) -> InMemory {
+    let frames: Vec<_> = frames.iter().cloned().map(|b| Ok(Frame::data(b))).collect();
+    StreamBody::new(futures_util::stream::iter(frames))
+}
+
+fn metrics() -> Arc<Metrics> {
+    let config = Config::from_overrides(&Overrides {
+        upstream: Some("http://127.0.0.1:9".to_string()),
+        ..Overrides::default()
+    })
+    .expect("flag-only config is valid");
+    Metrics::new(&config.metrics.buckets, &config.labels)
+}
+
+fn observer(metrics: &Arc<Metrics>, tenant: Option<String>) -> StreamObserver {
+    let facts = Arc::new(RequestFacts::default());
+    let _ = facts.model.set("sim-model".to_string());
+    let _ = facts.stream.set(true);
+    let mut recorder = Recorder::new(
+        metrics.clone(),
+        Instant::now(),
+        RequestLabels {
+            method: http::Method::POST,
+            path: "/v1/chat/completions".to_string(),
+            dialect: Dialect::OpenAiChat,
+            tenant,
+        },
+        facts,
+        Duration::from_secs(5),
+    );
+    recorder.response_head(Instant::now(), http::StatusCode::OK);
+    let dec = decoder(Dialect::OpenAiChat, Framing::Sse, DecodeLimits::default());
+    StreamObserver::new(recorder, Some(dec), metrics.clone())
+}
+
+fn drain<B>(rt: &tokio::runtime::Runtime, body: B) -> usize
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    rt.block_on(async move {
+        let mut body = body;
+        let mut n = 0;
+        while let Some(frame) = body.frame().await {
+            n += frame
+                .expect("in-memory frames do not fail")
+                .into_data()
+                .map_or(0, |d| d.len());
+        }
+        n
+    })
+}
+
+fn bench_observe(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let frames = sim_frames();
+    let events = frames.len() as u64;
+    let metrics = metrics();
+    let idle = Duration::from_secs(120);
+
+    let mut group = c.benchmark_group("observe");
+    group.throughput(Throughput::Elements(events));
+    group.bench_function("passthrough", |b| {
+        b.iter_batched(
+            || ObservedBody::new(in_memory(&frames), None, idle, metrics.clone(), None),
+            |body| black_box(drain(&rt, body)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("observed", |b| {
+        b.iter_batched(
+            || {
+                let obs = observer(&metrics, Some("tenant-a".to_string()));
+                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
+            },
+            |body| black_box(drain(&rt, body)),
+            BatchSize::SmallInput,
+        )
+    });
+    let mut n = 0u64;
+    group.bench_function("observed_900_tenants", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                let obs = observer(&metrics, Some(format!("t{}", n % 900)));
+                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
+            },
+            |body| black_box(drain(&rt, body)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+/// `/metrics` with 50 models x 200 tenants (10,000 label pairs, every family populated
+/// through the real observe path): the whole render, and `gather()` alone (the snapshot
+/// the text encoder then formats).
+fn bench_render(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let frames = sim_frames();
+    let metrics = metrics();
+    let idle = Duration::from_secs(120);
+    for m in 0..50 {
+        for t in 0..200 {
+            let facts = Arc::new(RequestFacts::default());
+            let _ = facts.model.set(format!("model-{m}"));
+            let _ = facts.stream.set(true);
+            let mut recorder = Recorder::new(
+                metrics.clone(),
+                Instant::now(),
+                RequestLabels {
+                    method: http::Method::POST,
+                    path: "/v1/chat/completions".to_string(),
+                    dialect: Dialect::OpenAiChat,
+                    tenant: Some(format!("tenant-{t}")),
+                },
+                facts,
+                Duration::from_secs(5),
+            );
+            recorder.response_head(Instant::now(), http::StatusCode::OK);
+            let dec = decoder(Dialect::OpenAiChat, Framing::Sse, DecodeLimits::default());
+            let obs = StreamObserver::new(recorder, Some(dec), metrics.clone());
+            drain(
+                &rt,
+                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None),
+            );
+        }
+    }
+    let bytes = metrics.render().len();
+    eprintln!("render_50x200: {bytes} bytes");
+    let mut group = c.benchmark_group("metrics");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("render_50x200", |b| {
+        b.iter(|| black_box(metrics.render().len()))
+    });
+    group.bench_function("gather_50x200", |b| {
+        b.iter(|| black_box(metrics.gather().len()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_observe, bench_render);
+criterion_main!(benches);

