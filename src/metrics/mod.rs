@@ -76,6 +76,7 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
+    last_render_bytes: std::sync::atomic::AtomicUsize,
 }
 
 /// Why a response on an LLM route was passed through without being measured.
@@ -235,6 +236,7 @@ impl Metrics {
                 label_overflow.with_label_values(&["tenant"]),
             ),
             registry,
+            last_render_bytes: std::sync::atomic::AtomicUsize::new(0),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![
@@ -359,9 +361,16 @@ impl Metrics {
 
     /// The Prometheus text exposition of every family.
     pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 << 10);
+        // Start at the last exposition's size: with many label pairs it is megabytes,
+        // and growing a small buffer there would copy it over and over.
+        let previous = self
+            .last_render_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut out = Vec::with_capacity(previous.max(64 << 10) + (previous >> 4));
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        self.last_render_bytes
+            .store(out.len(), std::sync::atomic::Ordering::Relaxed);
         out
     }
 

@@ -68,7 +68,7 @@ impl Handler for Anthropic {
         if data.is_empty() {
             return;
         }
-        let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
+        let Ok(event) = super::json::parse::<Event<'_>>(data) else {
             out.push(if name == "error" {
                 Signal::Error
             } else {
@@ -115,7 +115,7 @@ impl Handler for Anthropic {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        let Ok(message) = serde_json::from_slice::<Body<'_>>(body) else {
+        let Ok(message) = super::json::parse::<Body<'_>>(body) else {
             out.push(Signal::Malformed);
             return;
         };

@@ -69,7 +69,7 @@ impl Handler for Gemini {
         if data.is_empty() {
             return;
         }
-        let Ok(mut chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
+        let Ok(mut chunk) = super::json::parse::<Chunk<'_>>(data) else {
             out.push(Signal::Malformed);
             return;
         };
@@ -95,7 +95,7 @@ impl Handler for Gemini {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        let Ok(mut chunk) = serde_json::from_slice::<Chunk<'_>>(body) else {
+        let Ok(mut chunk) = super::json::parse::<Chunk<'_>>(body) else {
             out.push(Signal::Malformed);
             return;
         };

@@ -65,7 +65,7 @@ impl Ollama {
 
 impl Handler for Ollama {
     fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
-        let Ok(mut line) = serde_json::from_slice::<Line<'_>>(data) else {
+        let Ok(mut line) = super::json::parse::<Line<'_>>(data) else {
             out.push(Signal::Malformed);
             return;
         };
@@ -88,7 +88,7 @@ impl Handler for Ollama {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        let Ok(mut line) = serde_json::from_slice::<Line<'_>>(body) else {
+        let Ok(mut line) = super::json::parse::<Line<'_>>(body) else {
             out.push(Signal::Malformed);
             return;
         };

@@ -126,7 +126,7 @@ impl StreamState {
             out.push(Signal::Done);
             return;
         }
-        match serde_json::from_slice::<Chunk<'_>>(data) {
+        match super::json::parse::<Chunk<'_>>(data) {
             Ok(chunk) => self.on_chunk(chunk, data, out),
             Err(_) => out.push(Signal::Malformed),
         }
@@ -267,7 +267,7 @@ impl Decoder for JsonDecoder {
 
 /// Model, usage and error of a whole non-streaming body.
 fn read_body(body: &[u8], out: &mut Vec<Signal>) {
-    let parsed = match serde_json::from_slice::<Body<'_>>(body) {
+    let parsed = match super::json::parse::<Body<'_>>(body) {
         Ok(parsed) => parsed,
         Err(_) => {
             out.push(Signal::Malformed);

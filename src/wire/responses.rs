@@ -80,7 +80,7 @@ impl Handler for Responses {
         if data.is_empty() {
             return;
         }
-        let Ok(event) = serde_json::from_slice::<Event<'_>>(data) else {
+        let Ok(event) = super::json::parse::<Event<'_>>(data) else {
             out.push(if name == "error" {
                 Signal::Error
             } else {
@@ -123,7 +123,7 @@ impl Handler for Responses {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        let Ok(response) = serde_json::from_slice::<Response<'_>>(body) else {
+        let Ok(response) = super::json::parse::<Response<'_>>(body) else {
             out.push(Signal::Malformed);
             return;
         };

@@ -45,7 +45,7 @@ impl Handler for Tgi {
         if data.is_empty() {
             return;
         }
-        let Ok(event) = serde_json::from_slice::<Event>(data) else {
+        let Ok(event) = super::json::parse::<Event>(data) else {
             out.push(Signal::Malformed);
             return;
         };
@@ -71,7 +71,7 @@ impl Handler for Tgi {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        let Ok(response) = serde_json::from_slice::<Event>(body) else {
+        let Ok(response) = super::json::parse::<Event>(body) else {
             out.push(Signal::Malformed);
             return;
         };

@@ -39,7 +39,7 @@ impl Triton {
     }
 
     fn read(&mut self, data: &[u8], out: &mut Vec<Signal>) -> Option<bool> {
-        let Ok(response) = serde_json::from_slice::<Response<'_>>(data) else {
+        let Ok(response) = super::json::parse::<Response<'_>>(data) else {
             out.push(Signal::Malformed);
             return None;
         };
