@@ -319,3 +319,113 @@ where
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Buckets, LabelPolicy, Labels};
+    use crate::wire::{DecodeError, Dialect, OutputKind};
+    use http_body_util::{BodyExt, StreamBody};
+
+    /// A decoder that sees one token, then panics on its second frame.
+    struct Panicking {
+        frames: u32,
+    }
+
+    impl Decoder for Panicking {
+        fn feed(&mut self, _: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+            self.frames += 1;
+            if self.frames == 2 {
+                panic!("decoder bug");
+            }
+            out.push(Signal::Output {
+                tokens: 1,
+                exact: false,
+                kind: OutputKind::Content,
+            });
+            Ok(())
+        }
+        fn finish(&mut self, _: &mut Vec<Signal>) -> Result<(), DecodeError> {
+            Ok(())
+        }
+    }
+
+    fn metrics() -> Arc<Metrics> {
+        let policy = LabelPolicy {
+            max_values: Some(10),
+            allow: None,
+            aliases: Default::default(),
+            max_value_len: 64,
+        };
+        let buckets = Buckets {
+            time_to_first_byte_seconds: vec![1.0],
+            time_to_first_token_seconds: vec![1.0],
+            inter_token_latency_seconds: vec![1.0],
+            time_per_output_token_seconds: vec![1.0],
+            output_tokens_per_second: vec![1.0],
+            request_duration_seconds: vec![1.0],
+        };
+        Metrics::new(
+            &buckets,
+            &Labels {
+                model: policy.clone(),
+                tenant: policy,
+            },
+        )
+    }
+
+    fn text(metrics: &Metrics) -> String {
+        String::from_utf8(metrics.render()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_decoder_never_breaks_the_stream() {
+        // The test prints the decoder's panic message: that panic is the point.
+        let metrics = metrics();
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = ["one", "two", "three"]
+            .into_iter()
+            .map(|s| Ok(Frame::data(Bytes::from(s))))
+            .collect();
+        let inner = StreamBody::new(futures_util::stream::iter(frames));
+        let recorder = Recorder::new(
+            metrics.clone(),
+            Instant::now(),
+            RequestLabels {
+                method: http::Method::POST,
+                path: "/v1/chat/completions".into(),
+                dialect: Dialect::OpenAiChat,
+                tenant: Some("t".into()),
+            },
+            Arc::new(RequestFacts::default()),
+            Duration::from_secs(5),
+        );
+        let observer = StreamObserver::new(
+            recorder,
+            Some(Box::new(Panicking { frames: 0 })),
+            metrics.clone(),
+        );
+        let body = ObservedBody::new(
+            inner,
+            Some(observer),
+            Duration::from_secs(5),
+            metrics.clone(),
+            None,
+        );
+        let forwarded = body.collect().await.expect("stream intact").to_bytes();
+
+        // Every byte went through, the request was still recorded once, and the panic
+        // is visible as an unobserved response.
+        assert_eq!(&forwarded[..], b"onetwothree");
+        let exposition = text(&metrics);
+        assert!(exposition.contains(
+            "tokentap_requests_total{model=\"unknown\",outcome=\"completed\",tenant=\"t\"} 1"
+        ));
+        assert!(
+            exposition.contains("tokentap_output_tokens_total{model=\"unknown\",tenant=\"t\"} 1")
+        );
+        assert!(
+            exposition.contains("tokentap_unobserved_responses_total{reason=\"observer_panic\"} 1")
+        );
+        assert!(exposition.contains("tokentap_streams_in_flight 0"));
+    }
+}
