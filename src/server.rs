@@ -315,6 +315,13 @@ fn serve_connection(
                         return;
                     }
                 };
+                // ALPN already named the protocol, so nothing is sniffed and hyper's
+                // header_read_timeout bounds an HTTP/1 client from its first byte.
+                let builder = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    builder.http2_only()
+                } else {
+                    builder.http1_only()
+                };
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), service)
                     .into_owned();

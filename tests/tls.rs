@@ -89,3 +89,71 @@ async fn tls_listener_and_https_upstream_with_custom_ca() {
     assert_eq!(response.status(), 502);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A TLS client of either protocol is served, and one that completes the handshake and
+/// then says nothing is closed by `limits.header_read_timeout` (ALPN names the protocol,
+/// so nothing waits on a sniff without a deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_http1_clients_are_served_and_silent_ones_closed() {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = std::env::temp_dir().join(format!("tokentap-tls-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_file = dir.join("tls.crt");
+    let key_file = dir.join("tls.key");
+    std::fs::write(&cert_file, certified.cert.pem()).unwrap();
+    std::fs::write(&key_file, certified.key_pair.serialize_pem()).unwrap();
+    let sim = SimHandle::start(SimConfig::default()).await;
+    let proxy = Proxy::start(
+        &sim.url(),
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\nlimits:\n  header_read_timeout: 300ms\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+    )
+    .await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(certified.cert.der().clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        connector.connect(name, tcp).await.expect("TLS handshake")
+    };
+
+    // HTTP/1.1 over TLS works.
+    let mut tls = connect().await;
+    tls.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    assert!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
+
+    // A silent client is closed after the header read timeout.
+    let mut silent = connect().await;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+        .await
+        .expect("the silent connection is closed, not held");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let _ = std::fs::remove_dir_all(&dir);
+}
