@@ -25,12 +25,13 @@ use tokio::net::{TcpListener, TcpStream};
 const CHAT: &str = "/v1/chat/completions";
 const MIB: usize = 1 << 20;
 
+/// Two tests here assert on this process's RSS, which every test in the binary shares:
+/// they run alone (write lock), the others together (read lock).
+static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
-
-/// Tests that measure this process's RSS run one at a time.
-static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn rss() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -115,6 +116,7 @@ fn sse_event(content: &str) -> String {
 /// be read are measured; the others are counted in `tokentap_decode_errors_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_sse_and_invalid_utf8_are_forwarded_byte_identical() {
+    let _memory = MEMORY.read().await;
     let mut body = Vec::new();
     body.extend_from_slice(b": a comment\n\n");
     body.extend_from_slice(sse_event("a").as_bytes()); // token 1
@@ -201,6 +203,7 @@ async fn malformed_sse_and_invalid_utf8_are_forwarded_byte_identical() {
 /// completed; the body is the upstream's business).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_json_body_is_forwarded_and_counted() {
+    let _memory = MEMORY.read().await;
     let body: &[u8] = b"{\"id\":\"x\",\"choices\":[{\"message\":{\"content\":\"\xff\xfe";
     let mut head = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -339,7 +342,7 @@ impl BigEventBackend {
 /// runs tokentap, the backend and the client) grows by far less than the event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_100_mib_event_is_forwarded_intact_and_observation_gives_up() {
-    let _serial = MEMORY.lock().await;
+    let _memory = MEMORY.write().await;
     for (name, shape, path, dialect) in [
         ("sse", sse_shape(), CHAT, "openai_chat"),
         ("ndjson", ndjson_shape(), "/api/chat", "ollama"),
@@ -486,7 +489,7 @@ impl SinkBackend {
 /// the right model (the request scanner streams, it does not buffer), and memory bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_100_mib_request_body_is_forwarded_intact_and_labelled() {
-    let _serial = MEMORY.lock().await;
+    let _memory = MEMORY.write().await;
     let backend = SinkBackend::start().await;
     let proxy = Proxy::start(&format!("http://{}", backend.addr), "").await;
     let prefix = br#"{"stream":true,"messages":[{"role":"user","content":""#;
@@ -566,6 +569,7 @@ async fn a_100_mib_request_body_is_forwarded_intact_and_labelled() {
 /// top-level model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_after_a_mebibyte_of_prompt_is_labelled() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("the-real-model", ms(1), ms(1), 3)],
         usage: UsageMode::Never,
@@ -622,6 +626,7 @@ fn refused(raw: &[u8]) -> bool {
 /// upstream, and requests within the limits keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_floods_are_refused_by_the_configured_limits() {
+    let _memory = MEMORY.read().await;
     let backend = ScriptedBackend::start(vec![Step::Write(
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok".to_vec(),
     )])
@@ -687,6 +692,7 @@ async fn until_closed(stream: &mut TcpStream, within: Duration) -> (Vec<u8>, boo
 /// as the client keeps trickling. Other clients are served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_is_cut_off_by_the_header_read_timeout() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("m", ms(1), ms(1), 3)],
         ..SimConfig::default()
@@ -742,6 +748,7 @@ async fn slowloris_is_cut_off_by_the_header_read_timeout() {
 /// connections cannot pin descriptors (and in-flight slots of the accept loop) forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_are_closed_by_the_header_read_timeout() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("m", ms(1), ms(1), 3)],
         ..SimConfig::default()
@@ -770,6 +777,7 @@ async fn silent_connections_are_closed_by_the_header_read_timeout() {
 /// `limits.header_read_timeout` passes without the next request head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_connections_are_closed_by_the_header_read_timeout() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("m", ms(1), ms(1), 3)],
         ..SimConfig::default()
@@ -798,6 +806,7 @@ async fn idle_keep_alive_connections_are_closed_by_the_header_read_timeout() {
 /// request is counted, and the proxy serves normally afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_garbage_closes_the_connection_and_nothing_else() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("m", ms(1), ms(1), 3)],
         ..SimConfig::default()
@@ -888,6 +897,7 @@ async fn http2_garbage_closes_the_connection_and_nothing_else() {
 /// a reset stream) without reaching the upstream; the connection and proxy stay usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_oversized_header_list_is_refused() {
+    let _memory = MEMORY.read().await;
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new("m", ms(1), ms(1), 3)],
         ..SimConfig::default()

@@ -20,8 +20,9 @@ use tokentap::metrics::{Metrics as Families, Outcome};
 
 const VALUES: usize = 100_000;
 
-/// Tests that read this process's RSS run one at a time.
-static MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One test asserts on this process's RSS, which every test in the binary shares: it runs
+/// alone (write lock), the others together (read lock).
+static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn config(yaml: &str) -> Config {
     let overrides = Overrides {
@@ -75,7 +76,7 @@ fn series(text: &str) -> usize {
 /// values as after 100,000), and so does memory.
 #[test]
 fn a_hundred_thousand_values_fold_into_other_and_series_stay_bounded() {
-    let _serial = MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    let _memory = MEMORY.blocking_write();
     let config = config("labels:\n  model:\n    max_values: 50\n  tenant:\n    max_values: 20\n");
     let metrics = Families::new(&config.metrics.buckets, &config.labels);
     let started = Instant::now();
@@ -139,6 +140,7 @@ fn a_hundred_thousand_values_fold_into_other_and_series_stay_bounded() {
 /// (`other` and `unknown` included), never more, however many requests it sends.
 #[test]
 fn series_are_bounded_by_the_product_of_the_caps() {
+    let _memory = MEMORY.blocking_read();
     let config = config("labels:\n  model:\n    max_values: 8\n  tenant:\n    max_values: 5\n");
     let metrics = Families::new(&config.metrics.buckets, &config.labels);
     for model in 0..40 {
@@ -176,6 +178,7 @@ fn series_are_bounded_by_the_product_of_the_caps() {
 /// and its size stops growing once the caps are hit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_values_through_the_proxy_fold_into_other() {
+    let _memory = MEMORY.read().await;
     const N: usize = 10_000;
     let body =
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
@@ -256,6 +259,7 @@ async fn distinct_values_through_the_proxy_fold_into_other() {
 /// admitted (no `other`, no overflow), which is the behaviour the opt-in asks for.
 #[test]
 fn unbounded_labels_need_an_explicit_opt_in() {
+    let _memory = MEMORY.blocking_read();
     let overrides = Overrides {
         upstream: Some("http://127.0.0.1:1".into()),
         ..Overrides::default()

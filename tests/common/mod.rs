@@ -354,7 +354,9 @@ pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
+    // A server that refuses the request (431, say) may close before it was all written:
+    // what it answered is still read below.
+    let _ = stream.write_all(request).await;
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
     out
