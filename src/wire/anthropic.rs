@@ -64,17 +64,10 @@ impl Anthropic {
 
 impl Handler for Anthropic {
     fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
-        let data = data.trim_ascii();
-        if data.is_empty() {
-            return;
-        }
-        let Ok(event) = super::json::parse::<Event<'_>>(data) else {
-            out.push(if name == "error" {
-                Signal::Error
-            } else {
-                Signal::Malformed
-            });
-            return;
+        let event: Event<'_> = match super::json::typed_event(name, data) {
+            None => return,
+            Some(Ok(event)) => event,
+            Some(Err(signal)) => return out.push(signal),
         };
         let kind = event.kind.0.as_deref().unwrap_or(name);
         match kind {

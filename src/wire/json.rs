@@ -277,3 +277,23 @@ pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json
         Err(_) => serde_json::from_slice(data),
     }
 }
+
+/// The data of one typed SSE event (Anthropic, Responses): `None` when it is empty,
+/// otherwise the parsed event, or the signal an unparsable one stands for: `Error` when
+/// the SSE event is named `error`, else `Malformed`.
+pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
+    name: &str,
+    data: &'a [u8],
+) -> Option<Result<T, super::Signal>> {
+    let data = data.trim_ascii();
+    if data.is_empty() {
+        return None;
+    }
+    Some(parse(data).map_err(|_| {
+        if name == "error" {
+            super::Signal::Error
+        } else {
+            super::Signal::Malformed
+        }
+    }))
+}
