@@ -10,15 +10,42 @@ use std::time::Duration;
 use common::*;
 use tokentap::sim::{ModelProfile, SimConfig};
 
+/// A self-signed certificate for `localhost`, written as PEM files into a fresh directory.
+struct TestCert {
+    dir: std::path::PathBuf,
+    cert_file: std::path::PathBuf,
+    key_file: std::path::PathBuf,
+    certified: rcgen::CertifiedKey,
+}
+
+impl TestCert {
+    fn new(name: &str) -> TestCert {
+        let dir = std::env::temp_dir().join(format!("tokentap-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let cert_file = dir.join("tls.crt");
+        let key_file = dir.join("tls.key");
+        std::fs::write(&cert_file, certified.cert.pem()).unwrap();
+        std::fs::write(&key_file, certified.key_pair.serialize_pem()).unwrap();
+        TestCert {
+            dir,
+            cert_file,
+            key_file,
+            certified,
+        }
+    }
+}
+
+impl Drop for TestCert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_listener_and_https_upstream_with_custom_ca() {
-    let dir = std::env::temp_dir().join(format!("tokentap-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert_file = dir.join("tls.crt");
-    let key_file = dir.join("tls.key");
-    std::fs::write(&cert_file, certified.cert.pem()).unwrap();
-    std::fs::write(&key_file, certified.key_pair.serialize_pem()).unwrap();
+    let cert = TestCert::new("tls");
+    let (cert_file, key_file) = (&cert.cert_file, &cert.key_file);
 
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new(
@@ -87,7 +114,6 @@ async fn tls_listener_and_https_upstream_with_custom_ca() {
         .await
         .unwrap();
     assert_eq!(response.status(), 502);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A TLS client of either protocol is served, and one that completes the handshake and
@@ -98,13 +124,8 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
     use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let dir = std::env::temp_dir().join(format!("tokentap-tls-silent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert_file = dir.join("tls.crt");
-    let key_file = dir.join("tls.key");
-    std::fs::write(&cert_file, certified.cert.pem()).unwrap();
-    std::fs::write(&key_file, certified.key_pair.serialize_pem()).unwrap();
+    let cert = TestCert::new("tls-silent");
+    let (cert_file, key_file) = (&cert.cert_file, &cert.key_file);
     let sim = SimHandle::start(SimConfig::default()).await;
     let proxy = Proxy::start(
         &sim.url(),
@@ -117,7 +138,7 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
     .await;
 
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(certified.cert.der().clone()).unwrap();
+    roots.add(cert.certified.cert.der().clone()).unwrap();
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -155,5 +176,4 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
         .expect("the silent connection is closed, not held");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
-    let _ = std::fs::remove_dir_all(&dir);
 }
