@@ -3,21 +3,35 @@
 //!
 //! Names, labels and base units here are shared with the dashboards, the alert rules and
 //! the README; change them only together.
+//!
+//! The per-(model, tenant) families are kept in tokentap's own atomics (`series`) and
+//! written straight to text (`exposition`): with thousands of label pairs the prometheus
+//! crate's snapshot-then-encode made each scrape take most of a second. The text is the
+//! same byte for byte (`equivalence` proves it against the crate).
 
+#[cfg(test)]
+mod equivalence;
+mod exposition;
 pub mod labels;
+mod series;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
+use exposition::{Family, Snapshot};
 use labels::LabelSet;
+use series::Bounds;
+pub use series::{Counter, Histogram, PairSeries};
 
 /// How a request ended. Recorded exactly once per request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,21 +65,20 @@ impl Outcome {
     }
 }
 
+/// model -> tenant -> series.
+type PairMap = BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<PairSeries>>>;
+
 /// Every metric family tokentap exports.
+///
+/// The per-(model, tenant) families live in [`PairSeries`] (one per pair, written straight
+/// to text by `exposition`); the few small families stay on a prometheus registry.
 pub struct Metrics {
     registry: Registry,
-    ttfb: HistogramVec,
-    ttft: HistogramVec,
-    ttft_content: HistogramVec,
-    itl: HistogramVec,
-    tpot: HistogramVec,
-    tokens_per_second: HistogramVec,
-    duration: HistogramVec,
-    requests: IntCounterVec,
-    output_tokens: IntCounterVec,
-    input_tokens: IntCounterVec,
-    token_counts: IntCounterVec,
-    stalls: IntCounterVec,
+    bounds: Bounds,
+    /// model -> tenant -> series: ordered as the exposition lists them.
+    pairs: RwLock<PairMap>,
+    /// The per-pair families, sorted by name.
+    families: Vec<Family>,
     /// Requests in flight on LLM routes.
     pub streams_in_flight: IntGauge,
     /// 1 while the readiness probe reaches the upstream.
@@ -76,7 +89,7 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
-    last_render_bytes: std::sync::atomic::AtomicUsize,
+    last_render_bytes: AtomicUsize,
 }
 
 /// Why a response on an LLM route was passed through without being measured.
@@ -103,12 +116,22 @@ impl Unobserved {
     }
 }
 
-fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
-    HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        &["model", "tenant"],
-    )
-    .expect("static histogram definition is valid")
+/// Bucket bounds as the prometheus crate took them: none means its defaults, a trailing
+/// `+Inf` is implicit. The config validated them; a bad set is a programming error.
+fn bounds(buckets: &[f64]) -> Arc<[f64]> {
+    let mut bounds = if buckets.is_empty() {
+        prometheus::DEFAULT_BUCKETS.to_vec()
+    } else {
+        buckets.to_vec()
+    };
+    if bounds.last().is_some_and(|b| *b == f64::INFINITY) {
+        bounds.pop();
+    }
+    assert!(
+        bounds.windows(2).all(|w| w[0] < w[1]),
+        "histogram buckets must be in increasing order"
+    );
+    Arc::from(bounds)
 }
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -136,67 +159,97 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
 
-        let metrics = Metrics {
-            ttfb: histogram(
+        let bounds = Bounds {
+            ttfb: bounds(&buckets.time_to_first_byte_seconds),
+            ttft: bounds(&buckets.time_to_first_token_seconds),
+            itl: bounds(&buckets.inter_token_latency_seconds),
+            tpot: bounds(&buckets.time_per_output_token_seconds),
+            tokens_per_second: bounds(&buckets.output_tokens_per_second),
+            duration: bounds(&buckets.request_duration_seconds),
+        };
+        let mut families = vec![
+            Family::histogram(
                 "tokentap_time_to_first_byte_seconds",
                 "From request head received to upstream response head received.",
-                &buckets.time_to_first_byte_seconds,
+                &bounds.ttfb,
+                |p| &p.ttfb,
+                true,
             ),
-            ttft: histogram(
+            Family::histogram(
                 "tokentap_time_to_first_token_seconds",
                 "From request head received to the first token-bearing event (any output, reasoning included).",
-                &buckets.time_to_first_token_seconds,
+                &bounds.ttft,
+                |p| &p.ttft,
+                true,
             ),
-            ttft_content: histogram(
+            Family::histogram(
                 "tokentap_time_to_first_content_token_seconds",
                 "From request head received to the first event with visible (non-reasoning) output.",
-                &buckets.time_to_first_token_seconds,
+                &bounds.ttft,
+                |p| &p.ttft_content,
+                true,
             ),
-            itl: histogram(
+            Family::histogram(
                 "tokentap_inter_token_latency_seconds",
                 "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
-                &buckets.inter_token_latency_seconds,
+                &bounds.itl,
+                |p| &p.itl,
+                true,
             ),
-            tpot: histogram(
+            Family::histogram(
                 "tokentap_time_per_output_token_seconds",
                 "Per request: (last event - first event) / (output tokens - first event's tokens).",
-                &buckets.time_per_output_token_seconds,
+                &bounds.tpot,
+                |p| &p.tpot,
+                false,
             ),
-            tokens_per_second: histogram(
+            Family::histogram(
                 "tokentap_output_tokens_per_second",
                 "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
-                &buckets.output_tokens_per_second,
+                &bounds.tokens_per_second,
+                |p| &p.tokens_per_second,
+                false,
             ),
-            duration: histogram(
+            Family::histogram(
                 "tokentap_request_duration_seconds",
                 "From request head received to the end of the response (or its failure).",
-                &buckets.request_duration_seconds,
+                &bounds.duration,
+                |p| &p.duration,
+                false,
             ),
-            requests: counter(
+            Family::requests(
                 "tokentap_requests_total",
                 "Requests on LLM routes by how they ended.",
-                &["model", "tenant", "outcome"],
             ),
-            output_tokens: counter(
+            Family::counter(
                 "tokentap_output_tokens_total",
                 "Output tokens: the stream's reported usage when present, else counted per event.",
-                &["model", "tenant"],
+                |p| &p.output_tokens,
+                false,
             ),
-            input_tokens: counter(
+            Family::counter(
                 "tokentap_input_tokens_total",
                 "Input (prompt) tokens from reported usage.",
-                &["model", "tenant"],
+                |p| &p.input_tokens,
+                false,
             ),
-            token_counts: counter(
+            Family::event_tokens(
                 "tokentap_event_tokens_total",
                 "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
-                &["model", "tenant", "accuracy"],
             ),
-            stalls: counter(
+            Family::counter(
                 "tokentap_stream_stalls_total",
                 "Inter-token gaps at least as long as the configured stall threshold.",
-                &["model", "tenant"],
+                |p| &p.stalls,
+                true,
             ),
+        ];
+        families.sort_by_key(|f| f.name);
+
+        let metrics = Metrics {
+            bounds,
+            pairs: RwLock::new(BTreeMap::new()),
+            families,
             streams_in_flight: IntGauge::new(
                 "tokentap_streams_in_flight",
                 "Requests on LLM routes currently in flight.",
@@ -236,22 +289,10 @@ impl Metrics {
                 label_overflow.with_label_values(&["tenant"]),
             ),
             registry,
-            last_render_bytes: std::sync::atomic::AtomicUsize::new(0),
+            last_render_bytes: AtomicUsize::new(0),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![
-            Box::new(metrics.ttfb.clone()),
-            Box::new(metrics.ttft.clone()),
-            Box::new(metrics.ttft_content.clone()),
-            Box::new(metrics.itl.clone()),
-            Box::new(metrics.tpot.clone()),
-            Box::new(metrics.tokens_per_second.clone()),
-            Box::new(metrics.duration.clone()),
-            Box::new(metrics.requests.clone()),
-            Box::new(metrics.output_tokens.clone()),
-            Box::new(metrics.input_tokens.clone()),
-            Box::new(metrics.token_counts.clone()),
-            Box::new(metrics.stalls.clone()),
             Box::new(metrics.streams_in_flight.clone()),
             Box::new(metrics.upstream_up.clone()),
             Box::new(metrics.unobserved.clone()),
@@ -276,20 +317,49 @@ impl Metrics {
         Arc::new(metrics)
     }
 
-    /// Handles for one request's label pair, resolved through the label policies.
+    /// Handles for one request's label pair, resolved through the label policies. The
+    /// pair's series exist from here on (TTFB, TTFT, ITL and stalls even if never observed).
     pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> StreamMetrics {
         let model = self.models.resolve(model);
         let tenant = self.tenants.resolve(tenant);
-        let pair = [&*model, &*tenant];
-        StreamMetrics {
-            ttfb: self.ttfb.with_label_values(&pair),
-            ttft: self.ttft.with_label_values(&pair),
-            ttft_content: self.ttft_content.with_label_values(&pair),
-            itl: self.itl.with_label_values(&pair),
-            stalls: self.stalls.with_label_values(&pair),
-            model,
-            tenant,
+        StreamMetrics(self.pair(model, tenant))
+    }
+
+    /// The series of a pair of (already resolved) label values, created on first use.
+    fn pair(&self, model: Arc<str>, tenant: Arc<str>) -> Arc<PairSeries> {
+        if let Some(found) = self.read_pairs().get(&*model).and_then(|t| t.get(&*tenant)) {
+            return found.clone();
         }
+        let mut pairs = self
+            .pairs
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        pairs
+            .entry(model.clone())
+            .or_default()
+            .entry(tenant.clone())
+            .or_insert_with(|| Arc::new(PairSeries::new(model, tenant, &self.bounds)))
+            .clone()
+    }
+
+    fn read_pairs(&self) -> RwLockReadGuard<'_, PairMap> {
+        self.pairs
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every pair, in label order, taken under the lock once per scrape; the encoding
+    /// then runs without it.
+    fn snapshot(&self) -> Snapshot {
+        let map = self.read_pairs();
+        let mut pairs = Vec::with_capacity(map.values().map(BTreeMap::len).sum());
+        let mut models = Vec::with_capacity(map.len());
+        for tenants in map.values() {
+            let start = pairs.len();
+            pairs.extend(tenants.values().cloned());
+            models.push(start..pairs.len());
+        }
+        Snapshot { pairs, models }
     }
 
     /// Apply new label policies (config reload).
@@ -324,59 +394,79 @@ impl Metrics {
 
     /// Record the per-request figures of a finished request (exactly once per request).
     pub fn finish(&self, stream: &StreamMetrics, outcome: Outcome, timings: &Timings) {
-        let pair = [&*stream.model, &*stream.tenant];
-        self.requests
-            .with_label_values(&[pair[0], pair[1], outcome.as_str()])
-            .inc();
-        self.duration
-            .with_label_values(&pair)
-            .observe(timings.duration.as_secs_f64());
+        let pair = &stream.0;
+        pair.requests(outcome).inc();
+        pair.duration.observe(timings.duration.as_secs_f64());
         if timings.output_tokens > 0 {
-            self.output_tokens
-                .with_label_values(&pair)
-                .inc_by(timings.output_tokens);
+            pair.output_tokens.inc_by(timings.output_tokens);
         }
         if let Some(input) = timings.input_tokens.filter(|n| *n > 0) {
-            self.input_tokens.with_label_values(&pair).inc_by(input);
+            pair.input_tokens.inc_by(input);
         }
-        for (accuracy, count) in [
-            ("exact", timings.exact_event_tokens),
-            ("estimated", timings.estimated_event_tokens),
-        ] {
+        // Indexed like `series::ACCURACY`.
+        for (counter, count) in pair
+            .event_tokens
+            .iter()
+            .zip([timings.estimated_event_tokens, timings.exact_event_tokens])
+        {
             if count > 0 {
-                self.token_counts
-                    .with_label_values(&[pair[0], pair[1], accuracy])
-                    .inc_by(count);
+                counter.inc_by(count);
             }
         }
         if let Some(decode) = timings.decode {
-            self.tpot
-                .with_label_values(&pair)
-                .observe(decode.tpot.as_secs_f64());
-            self.tokens_per_second
-                .with_label_values(&pair)
-                .observe(decode.tokens_per_second);
+            pair.tpot.observe(decode.tpot.as_secs_f64());
+            pair.tokens_per_second.observe(decode.tokens_per_second);
         }
     }
 
-    /// The Prometheus text exposition of every family.
+    /// The Prometheus text exposition of every family, sorted by family name.
     pub fn render(&self) -> Vec<u8> {
-        // Start at the last exposition's size: with many label pairs it is megabytes,
-        // and growing a small buffer there would copy it over and over.
-        let previous = self
-            .last_render_bytes
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let mut out = Vec::with_capacity(previous.max(64 << 10) + (previous >> 4));
-        // Encoding into a Vec cannot fail for well-formed families.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        self.last_render_bytes
-            .store(out.len(), std::sync::atomic::Ordering::Relaxed);
+        let mut out = Vec::new();
+        self.render_into(&mut out);
         out
     }
 
-    /// A snapshot of every family (for the demo's summary and for tests).
+    /// [`Metrics::render`], appended to `out`.
+    pub fn render_into(&self, out: &mut Vec<u8>) {
+        let small = self.registry.gather();
+        let snapshot = self.snapshot();
+        // One allocation: with many label pairs the text is megabytes, and growing a
+        // buffer would copy it over and over.
+        let label_bytes = snapshot.pairs.iter().map(|p| p.labels().len()).sum();
+        let estimate: usize = self
+            .families
+            .iter()
+            .map(|f| f.estimate(snapshot.pairs.len(), label_bytes))
+            .sum();
+        let previous = self.last_render_bytes.load(Ordering::Relaxed);
+        out.reserve(estimate.max(previous + (previous >> 4)) + (64 << 10));
+        let start = out.len();
+
+        let encoder = TextEncoder::new();
+        let mut small = small.iter().peekable();
+        let mut counts = Vec::new();
+        for family in &self.families {
+            while let Some(mf) = small.next_if(|mf| mf.name() < family.name) {
+                // Encoding into a Vec cannot fail for a gathered (non-empty) family.
+                let _ = encoder.encode(std::slice::from_ref(mf), out);
+            }
+            family.render(&snapshot, out, &mut counts);
+        }
+        for mf in small {
+            let _ = encoder.encode(std::slice::from_ref(mf), out);
+        }
+        self.last_render_bytes
+            .store(out.len() - start, Ordering::Relaxed);
+    }
+
+    /// A snapshot of every family as the prometheus registry gives it (for the demo's
+    /// summary and for tests): the same series and order as [`Metrics::render`].
     pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
-        self.registry.gather()
+        let snapshot = self.snapshot();
+        let mut families = self.registry.gather();
+        families.extend(self.families.iter().filter_map(|f| f.proto(&snapshot)));
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        families
     }
 
     /// Distinct `model` and `tenant` values admitted so far.
@@ -385,15 +475,16 @@ impl Metrics {
     }
 }
 
-/// One request's resolved handles: the per-event path uses only these.
-pub struct StreamMetrics {
-    pub ttfb: Histogram,
-    pub ttft: Histogram,
-    pub ttft_content: Histogram,
-    pub itl: Histogram,
-    pub stalls: IntCounter,
-    pub model: Arc<str>,
-    pub tenant: Arc<str>,
+/// One request's resolved handles: the per-event path uses only these atomics.
+#[derive(Clone)]
+pub struct StreamMetrics(Arc<PairSeries>);
+
+impl Deref for StreamMetrics {
+    type Target = PairSeries;
+
+    fn deref(&self) -> &PairSeries {
+        &self.0
+    }
 }
 
 impl StreamMetrics {
@@ -401,7 +492,7 @@ impl StreamMetrics {
     pub fn observe_itl(&self, per_token: Duration, tokens: u32) {
         let value = per_token.as_secs_f64();
         for _ in 0..tokens {
-            self.itl.observe(value);
+            self.0.itl.observe(value);
         }
     }
 }

@@ -1,0 +1,447 @@
+//! The proof that the direct encoder changed nothing a scraper sees: the same observations
+//! go into [`Metrics`] and into prometheus-crate families built the way tokentap built them
+//! before (same names, help, labels and buckets), and the two expositions must be equal
+//! byte for byte; so must the text of [`Metrics::gather`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Metrics, Outcome, StreamMetrics};
+use crate::clock::{Decode, Timings};
+use crate::config::{Buckets, LabelPolicy, Labels};
+
+/// The families as the prometheus crate held them.
+struct Reference {
+    registry: Registry,
+    ttfb: HistogramVec,
+    ttft: HistogramVec,
+    ttft_content: HistogramVec,
+    itl: HistogramVec,
+    tpot: HistogramVec,
+    tokens_per_second: HistogramVec,
+    duration: HistogramVec,
+    requests: IntCounterVec,
+    output_tokens: IntCounterVec,
+    input_tokens: IntCounterVec,
+    token_counts: IntCounterVec,
+    stalls: IntCounterVec,
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["model", "tenant"],
+    )
+    .unwrap();
+    registry.register(Box::new(h.clone())).unwrap();
+    h
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).unwrap();
+    registry.register(Box::new(c.clone())).unwrap();
+    c
+}
+
+impl Reference {
+    fn new(b: &Buckets) -> Reference {
+        let r = Registry::new();
+        Reference {
+            ttfb: histogram(
+                &r,
+                "tokentap_time_to_first_byte_seconds",
+                "From request head received to upstream response head received.",
+                &b.time_to_first_byte_seconds,
+            ),
+            ttft: histogram(
+                &r,
+                "tokentap_time_to_first_token_seconds",
+                "From request head received to the first token-bearing event (any output, reasoning included).",
+                &b.time_to_first_token_seconds,
+            ),
+            ttft_content: histogram(
+                &r,
+                "tokentap_time_to_first_content_token_seconds",
+                "From request head received to the first event with visible (non-reasoning) output.",
+                &b.time_to_first_token_seconds,
+            ),
+            itl: histogram(
+                &r,
+                "tokentap_inter_token_latency_seconds",
+                "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
+                &b.inter_token_latency_seconds,
+            ),
+            tpot: histogram(
+                &r,
+                "tokentap_time_per_output_token_seconds",
+                "Per request: (last event - first event) / (output tokens - first event's tokens).",
+                &b.time_per_output_token_seconds,
+            ),
+            tokens_per_second: histogram(
+                &r,
+                "tokentap_output_tokens_per_second",
+                "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
+                &b.output_tokens_per_second,
+            ),
+            duration: histogram(
+                &r,
+                "tokentap_request_duration_seconds",
+                "From request head received to the end of the response (or its failure).",
+                &b.request_duration_seconds,
+            ),
+            requests: counter(
+                &r,
+                "tokentap_requests_total",
+                "Requests on LLM routes by how they ended.",
+                &["model", "tenant", "outcome"],
+            ),
+            output_tokens: counter(
+                &r,
+                "tokentap_output_tokens_total",
+                "Output tokens: the stream's reported usage when present, else counted per event.",
+                &["model", "tenant"],
+            ),
+            input_tokens: counter(
+                &r,
+                "tokentap_input_tokens_total",
+                "Input (prompt) tokens from reported usage.",
+                &["model", "tenant"],
+            ),
+            token_counts: counter(
+                &r,
+                "tokentap_event_tokens_total",
+                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+                &["model", "tenant", "accuracy"],
+            ),
+            stalls: counter(
+                &r,
+                "tokentap_stream_stalls_total",
+                "Inter-token gaps at least as long as the configured stall threshold.",
+                &["model", "tenant"],
+            ),
+            registry: r,
+        }
+    }
+
+    /// What `Metrics::stream` did: the children created up front.
+    fn stream(&self, model: &str, tenant: &str) {
+        let pair = [model, tenant];
+        self.ttfb.with_label_values(&pair);
+        self.ttft.with_label_values(&pair);
+        self.ttft_content.with_label_values(&pair);
+        self.itl.with_label_values(&pair);
+        self.stalls.with_label_values(&pair);
+    }
+
+    /// What `Metrics::finish` did.
+    fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &Timings) {
+        let pair = [model, tenant];
+        self.requests
+            .with_label_values(&[model, tenant, outcome.as_str()])
+            .inc();
+        self.duration
+            .with_label_values(&pair)
+            .observe(timings.duration.as_secs_f64());
+        if timings.output_tokens > 0 {
+            self.output_tokens
+                .with_label_values(&pair)
+                .inc_by(timings.output_tokens);
+        }
+        if let Some(input) = timings.input_tokens.filter(|n| *n > 0) {
+            self.input_tokens.with_label_values(&pair).inc_by(input);
+        }
+        for (accuracy, count) in [
+            ("exact", timings.exact_event_tokens),
+            ("estimated", timings.estimated_event_tokens),
+        ] {
+            if count > 0 {
+                self.token_counts
+                    .with_label_values(&[model, tenant, accuracy])
+                    .inc_by(count);
+            }
+        }
+        if let Some(decode) = timings.decode {
+            self.tpot
+                .with_label_values(&pair)
+                .observe(decode.tpot.as_secs_f64());
+            self.tokens_per_second
+                .with_label_values(&pair)
+                .observe(decode.tokens_per_second);
+        }
+    }
+}
+
+fn buckets() -> Buckets {
+    Buckets {
+        time_to_first_byte_seconds: vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0],
+        time_to_first_token_seconds: vec![0.005, 0.1, 0.3, 1.0, 3.0, 60.0],
+        inter_token_latency_seconds: vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 5.0],
+        time_per_output_token_seconds: vec![0.001, 0.01, 0.1, 1.0],
+        output_tokens_per_second: vec![1.0, 10.0, 50.0, 100.0, 1000.0, 2000.0],
+        request_duration_seconds: vec![0.05, 1.0, 30.0, 1800.0],
+    }
+}
+
+fn metrics() -> Arc<Metrics> {
+    let policy = LabelPolicy {
+        max_values: None,
+        allow: None,
+        aliases: Default::default(),
+        max_value_len: 64,
+    };
+    Metrics::new(
+        &buckets(),
+        &Labels {
+            model: policy.clone(),
+            tenant: policy,
+        },
+    )
+}
+
+/// A value for a histogram with `bounds`: often exactly on a bound, sometimes 0, tiny,
+/// huge, or anywhere in between.
+fn value(rng: &mut SmallRng, bounds: &[f64]) -> f64 {
+    match rng.gen_range(0..10) {
+        0..=2 => bounds[rng.gen_range(0..bounds.len())],
+        3 => 0.0,
+        4 => rng.gen_range(1..1000) as f64 * 1e-9,
+        5 => rng.gen_range(1e6..1e12),
+        _ => rng.gen_range(0.0..bounds[bounds.len() - 1] * 2.0),
+    }
+}
+
+fn seconds(v: f64) -> Duration {
+    Duration::from_secs_f64(v)
+}
+
+fn without_process(text: &str) -> String {
+    text.lines()
+        .filter(|l| {
+            !(l.starts_with("process_")
+                || l.starts_with("# HELP process_")
+                || l.starts_with("# TYPE process_"))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Panics at the first different line (the whole texts are too long to print).
+fn assert_same(actual: &str, expected: &str) {
+    for (i, (a, e)) in actual.lines().zip(expected.lines()).enumerate() {
+        assert_eq!(a, e, "line {}", i + 1);
+    }
+    assert_eq!(actual.lines().count(), expected.lines().count());
+    assert_eq!(actual, expected);
+}
+
+/// The reference exposition: tokentap's small families (still on its registry) plus the
+/// reference families, sorted by name and encoded by the crate's `TextEncoder`.
+fn expected(metrics: &Metrics, reference: &Reference) -> String {
+    let mut families = metrics.registry.gather();
+    families.extend(reference.registry.gather());
+    families.retain(|f| !f.name().starts_with("process_"));
+    families.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&families, &mut out)
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn actual(metrics: &Metrics) -> String {
+    without_process(&String::from_utf8(metrics.render()).unwrap())
+}
+
+fn gathered(metrics: &Metrics) -> String {
+    let mut families = metrics.gather();
+    families.retain(|f| !f.name().starts_with("process_"));
+    prometheus::TextEncoder::new()
+        .encode_to_string(&families)
+        .unwrap()
+}
+
+#[test]
+fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
+    let metrics = metrics();
+    let reference = Reference::new(&buckets());
+    let b = buckets();
+    assert_same(&actual(&metrics), &expected(&metrics, &reference));
+
+    // Raw values as a request carries them (`None`: missing, becomes `unknown`); the
+    // resolved values are what both sides see. Quotes and backslashes pass the label
+    // policy; a newline never does, so that pair is made below the policy.
+    let models = [
+        Some("gpt-4o"),
+        Some("llama-3.1-8b"),
+        Some("say \"hi\""),
+        Some("back\\slash\\"),
+        Some("zz-last"),
+        Some("a"),
+        None,
+    ];
+    let tenants = [Some("acme"), Some("b\"\\c"), Some("tenant-10"), None];
+    let mut pairs: Vec<(StreamMetrics, Arc<str>, Arc<str>)> = Vec::new();
+    let newline = metrics.pair(Arc::from("multi\nline"), Arc::from("t\n\"x\""));
+    pairs.push((
+        StreamMetrics(newline.clone()),
+        newline.model.clone(),
+        newline.tenant.clone(),
+    ));
+    reference.stream(&newline.model, &newline.tenant);
+
+    let mut rng = SmallRng::seed_from_u64(0x70c3);
+    for step in 0..4000 {
+        let model = models[rng.gen_range(0..models.len())];
+        let tenant = tenants[rng.gen_range(0..tenants.len())];
+        let handles = if step % 5 == 0 || pairs.is_empty() {
+            let handles = metrics.stream(model, tenant);
+            reference.stream(&handles.model, &handles.tenant);
+            let (m, t) = (handles.model.clone(), handles.tenant.clone());
+            pairs.push((handles, m, t));
+            pairs.len() - 1
+        } else {
+            rng.gen_range(0..pairs.len())
+        };
+        let (handles, m, t) = &pairs[handles];
+        let pair = [&**m, &**t];
+        if rng.gen_bool(0.7) {
+            let v = value(&mut rng, &b.time_to_first_byte_seconds);
+            handles.ttfb.observe(v);
+            reference.ttfb.with_label_values(&pair).observe(v);
+        }
+        if rng.gen_bool(0.6) {
+            let v = value(&mut rng, &b.time_to_first_token_seconds);
+            handles.ttft.observe(v);
+            reference.ttft.with_label_values(&pair).observe(v);
+        }
+        if rng.gen_bool(0.3) {
+            let v = value(&mut rng, &b.time_to_first_token_seconds);
+            handles.ttft_content.observe(v);
+            reference.ttft_content.with_label_values(&pair).observe(v);
+        }
+        if rng.gen_bool(0.5) {
+            let v = value(&mut rng, &b.inter_token_latency_seconds);
+            let tokens = rng.gen_range(0..5);
+            handles.observe_itl(seconds(v), tokens);
+            let itl = reference.itl.with_label_values(&pair);
+            for _ in 0..tokens {
+                itl.observe(seconds(v).as_secs_f64());
+            }
+        }
+        if rng.gen_bool(0.1) {
+            handles.stalls.inc();
+            reference.stalls.with_label_values(&pair).inc();
+        }
+        if rng.gen_bool(0.6) {
+            let outcome = Outcome::ALL[rng.gen_range(0..Outcome::ALL.len())];
+            let decode = rng.gen_bool(0.7).then(|| Decode {
+                tpot: seconds(value(&mut rng, &b.time_per_output_token_seconds)),
+                tokens_per_second: value(&mut rng, &b.output_tokens_per_second),
+            });
+            let exact = if rng.gen_bool(0.5) {
+                rng.gen_range(0..100)
+            } else {
+                0
+            };
+            let estimated = if rng.gen_bool(0.3) {
+                rng.gen_range(0..100)
+            } else {
+                0
+            };
+            let timings = Timings {
+                ttfb: None,
+                ttft: None,
+                ttft_content: None,
+                duration: seconds(value(&mut rng, &b.request_duration_seconds)),
+                events: 0,
+                output_tokens: if rng.gen_bool(0.8) {
+                    rng.gen_range(0..5000)
+                } else {
+                    0
+                },
+                output_tokens_reported: false,
+                exact_event_tokens: exact,
+                estimated_event_tokens: estimated,
+                input_tokens: match rng.gen_range(0..3) {
+                    0 => None,
+                    1 => Some(0),
+                    _ => Some(rng.gen_range(0..1 << 40)),
+                },
+                mean_itl: None,
+                decode,
+            };
+            metrics.finish(handles, outcome, &timings);
+            reference.finish(m, t, outcome, &timings);
+        }
+        if step % 997 == 0 {
+            assert_same(&actual(&metrics), &expected(&metrics, &reference));
+        }
+    }
+
+    // The small families keep their place in the name order.
+    metrics.passthrough();
+    metrics.overload_rejection();
+    metrics.unobserved(super::Unobserved::ContentType);
+    metrics.decode_errors("openai_chat", 3);
+    metrics.streams_in_flight.set(2);
+    metrics.upstream_up.set(1);
+
+    let text = actual(&metrics);
+    assert!(text.contains(r#"model="say \"hi\"""#), "escaped quote");
+    assert!(text.contains(r#"tenant="b\"\\c""#), "escaped backslash");
+    assert!(text.contains(r#"model="multi\nline",tenant="t\n\"x\"""#));
+    assert!(text.contains(r#"le="+Inf""#));
+    assert_same(&text, &expected(&metrics, &reference));
+    assert_same(&gathered(&metrics), &text);
+}
+
+/// Counters, sums and cumulative counts past 2^53, and sums that are not finite, print as
+/// the crate printed the `f64` it converted them to.
+#[test]
+fn extreme_values_match_too() {
+    let metrics = metrics();
+    let reference = Reference::new(&buckets());
+    let handles = metrics.stream(Some("m"), Some("t"));
+    let pair = ["m", "t"];
+    reference.stream("m", "t");
+    for v in [1e300, 1e300, 5e-324, 0.1, 0.2] {
+        handles.ttfb.observe(v);
+        reference.ttfb.with_label_values(&pair).observe(v);
+    }
+    handles.ttft.observe(f64::INFINITY);
+    reference
+        .ttft
+        .with_label_values(&pair)
+        .observe(f64::INFINITY);
+    handles.stalls.inc_by((1 << 53) + 1);
+    reference
+        .stalls
+        .with_label_values(&pair)
+        .inc_by((1 << 53) + 1);
+    let timings = Timings {
+        ttfb: None,
+        ttft: None,
+        ttft_content: None,
+        duration: Duration::MAX,
+        events: 0,
+        output_tokens: u64::MAX,
+        output_tokens_reported: true,
+        exact_event_tokens: 0,
+        estimated_event_tokens: 12345678901234567,
+        input_tokens: Some(u64::MAX - 1),
+        mean_itl: None,
+        decode: Some(Decode {
+            tpot: Duration::from_nanos(1),
+            tokens_per_second: 1e15,
+        }),
+    };
+    metrics.finish(&handles, Outcome::Timeout, &timings);
+    reference.finish("m", "t", Outcome::Timeout, &timings);
+    let text = actual(&metrics);
+    assert_same(&text, &expected(&metrics, &reference));
+    assert_same(&gathered(&metrics), &text);
+}

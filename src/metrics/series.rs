@@ -1,0 +1,213 @@
+//! Storage for the per-(model, tenant) families: one [`PairSeries`] per label pair holds
+//! every histogram and counter of that pair as plain atomics.
+//!
+//! Why not the prometheus crate's vectors: its `gather()` copies every series into an owned
+//! protobuf snapshot before encoding, which with 10,000 pairs made `/metrics` take most of
+//! a second. A pair is created once (the first request that carries it) and shared by the
+//! streams as an `Arc`, so the per-event path touches only atomics, and the text encoder
+//! (`text.rs`) reads them in place.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::exposition::escape_label_value;
+use super::Outcome;
+
+/// A classic histogram: a count per bucket (the last slot counts what is above every
+/// bound, NaN included) and the sum of every observed value.
+///
+/// The total count is the sum of the slots, so `le="+Inf"` and `_count` always agree with
+/// the finite buckets, whenever a scrape happens.
+pub struct Histogram {
+    bounds: Arc<[f64]>,
+    counts: Box<[AtomicU64]>,
+    /// `f64` bits: updated with a CAS loop so the sum is exactly the float sum of the
+    /// observed values, in the order they were observed.
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &Arc<[f64]>) -> Histogram {
+        Histogram {
+            bounds: bounds.clone(),
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// Count `v` in the first bucket whose bound is `>= v`, as the prometheus crate does.
+    pub fn observe(&self, v: f64) {
+        let slot = self
+            .bounds
+            .iter()
+            .position(|bound| v <= *bound)
+            .unwrap_or(self.bounds.len());
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        let mut current = self.sum.load(Ordering::Relaxed);
+        loop {
+            let next = (f64::from_bits(current) + v).to_bits();
+            match self.sum.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Per-slot counts appended to `out`; returns the total count and the sum.
+    pub(super) fn read(&self, out: &mut Vec<u64>) -> (u64, f64) {
+        let mut total = 0u64;
+        for slot in self.counts.iter() {
+            let n = slot.load(Ordering::Relaxed);
+            total = total.wrapping_add(n);
+            out.push(n);
+        }
+        (total, f64::from_bits(self.sum.load(Ordering::Relaxed)))
+    }
+
+    pub(super) fn bounds(&self) -> &[f64] {
+        &self.bounds
+    }
+}
+
+/// A monotonic counter.
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    pub fn inc_by(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Bucket bounds of each histogram family (validated by the config).
+pub(super) struct Bounds {
+    pub ttfb: Arc<[f64]>,
+    pub ttft: Arc<[f64]>,
+    pub itl: Arc<[f64]>,
+    pub tpot: Arc<[f64]>,
+    pub tokens_per_second: Arc<[f64]>,
+    pub duration: Arc<[f64]>,
+}
+
+/// `tokentap_event_tokens_total`'s `accuracy` values, in label-value order.
+pub(super) const ACCURACY: [&str; 2] = ["estimated", "exact"];
+
+/// Every series of one (model, tenant) pair.
+pub struct PairSeries {
+    pub model: Arc<str>,
+    pub tenant: Arc<str>,
+    /// `model="…",tenant="…"`, escaped for the exposition once.
+    labels: Box<str>,
+    /// Where `,tenant=` starts in `labels` (`outcome` sorts between the two).
+    tenant_at: usize,
+    pub ttfb: Histogram,
+    pub ttft: Histogram,
+    pub ttft_content: Histogram,
+    pub itl: Histogram,
+    pub stalls: Counter,
+    pub(super) tpot: Histogram,
+    pub(super) tokens_per_second: Histogram,
+    pub(super) duration: Histogram,
+    /// Indexed by `Outcome as usize`.
+    pub(super) requests: [Counter; 4],
+    pub(super) output_tokens: Counter,
+    pub(super) input_tokens: Counter,
+    /// Indexed like [`ACCURACY`].
+    pub(super) event_tokens: [Counter; 2],
+}
+
+impl PairSeries {
+    pub(super) fn new(model: Arc<str>, tenant: Arc<str>, bounds: &Bounds) -> PairSeries {
+        let mut labels = String::with_capacity(model.len() + tenant.len() + 20);
+        labels.push_str("model=\"");
+        escape_label_value(&model, &mut labels);
+        labels.push('"');
+        let tenant_at = labels.len();
+        labels.push_str(",tenant=\"");
+        escape_label_value(&tenant, &mut labels);
+        labels.push('"');
+        PairSeries {
+            model,
+            tenant,
+            labels: labels.into_boxed_str(),
+            tenant_at,
+            ttfb: Histogram::new(&bounds.ttfb),
+            ttft: Histogram::new(&bounds.ttft),
+            ttft_content: Histogram::new(&bounds.ttft),
+            itl: Histogram::new(&bounds.itl),
+            stalls: Counter::default(),
+            tpot: Histogram::new(&bounds.tpot),
+            tokens_per_second: Histogram::new(&bounds.tokens_per_second),
+            duration: Histogram::new(&bounds.duration),
+            requests: Default::default(),
+            output_tokens: Counter::default(),
+            input_tokens: Counter::default(),
+            event_tokens: Default::default(),
+        }
+    }
+
+    /// `model="…",tenant="…"`.
+    pub(super) fn labels(&self) -> &str {
+        &self.labels
+    }
+
+    /// `model="…"` and `,tenant="…"`.
+    pub(super) fn split_labels(&self) -> (&str, &str) {
+        self.labels.split_at(self.tenant_at)
+    }
+
+    pub(super) fn requests(&self, outcome: Outcome) -> &Counter {
+        &self.requests[outcome as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_upper_inclusive_and_nan_counts_only_in_inf() {
+        let bounds: Arc<[f64]> = Arc::from(vec![0.5, 1.0]);
+        let h = Histogram::new(&bounds);
+        for v in [0.0, 0.5, 0.75, 1.0, 2.0, f64::NAN] {
+            h.observe(v);
+        }
+        let mut counts = Vec::new();
+        let (total, sum) = h.read(&mut counts);
+        assert_eq!(counts, [2, 2, 2]);
+        assert_eq!(total, 6);
+        assert!(sum.is_nan());
+    }
+
+    #[test]
+    fn labels_are_escaped_once() {
+        let bounds: Arc<[f64]> = Arc::from(vec![1.0]);
+        let b = Bounds {
+            ttfb: bounds.clone(),
+            ttft: bounds.clone(),
+            itl: bounds.clone(),
+            tpot: bounds.clone(),
+            tokens_per_second: bounds.clone(),
+            duration: bounds,
+        };
+        let pair = PairSeries::new(Arc::from("a\"b"), Arc::from("c\\d\ne"), &b);
+        assert_eq!(pair.labels(), r#"model="a\"b",tenant="c\\d\ne""#);
+        assert_eq!(
+            pair.split_labels(),
+            (r#"model="a\"b""#, r#",tenant="c\\d\ne""#)
+        );
+    }
+}
