@@ -766,3 +766,177 @@ async fn client_leaving_right_after_done_is_completed() {
         m.text
     );
 }
+
+/// A keep-alive HTTP/1.1 backend that counts the connections that carried a request (the
+/// readiness probe's bare connects are not counted). It answers a
+/// POST with a chunked SSE stream and anything else with a `Content-Length` body, and
+/// closes a connection that has been idle for `idle_close`.
+struct KeepAliveBackend {
+    url: String,
+    /// Connections that carried at least one request.
+    used: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections that tokentap closed.
+    closed_by_peer: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn keep_alive_backend(idle_close: Duration) -> KeepAliveBackend {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let used = std::sync::Arc::new(AtomicUsize::new(0));
+    let closed_by_peer = std::sync::Arc::new(AtomicUsize::new(0));
+    let (counter, closed) = (used.clone(), closed_by_peer.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (counter, closed) = (counter.clone(), closed.clone());
+            tokio::spawn(async move {
+                let mut first = true;
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match tokio::time::timeout(idle_close, stream.read(&mut chunk)).await {
+                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            Ok(_) => {
+                                if !first {
+                                    closed.fetch_add(1, Ordering::SeqCst);
+                                }
+                                return;
+                            }
+                            Err(_) => return, // idle for too long: close
+                        }
+                    };
+                    if std::mem::take(&mut first) {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                    buf.drain(..head_end + length);
+                    let response: &[u8] = if head.starts_with("post") {
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                          transfer-encoding: chunked\r\n\r\n\
+                          67\r\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"model\":\"m\",\"object\":\"chat.completion.chunk\"}\n\n\r\n\
+                          e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                          content-length: 11\r\n\r\n{\"data\":[]}"
+                    };
+                    if stream.write_all(response).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    KeepAliveBackend {
+        url: format!("http://{addr}"),
+        used,
+        closed_by_peer,
+    }
+}
+
+/// Upstream connections are kept alive and reused, streamed (chunked) responses and
+/// `Content-Length` ones alike; concurrent requests each get their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused() {
+    use std::sync::atomic::Ordering;
+    let backend = keep_alive_backend(Duration::from_secs(30)).await;
+    let accepted = backend.used.clone();
+    let proxy = Proxy::start(&backend.url, "").await;
+    for i in 0..6 {
+        let response = if i % 2 == 0 {
+            proxy.get("/v1/models").await
+        } else {
+            client()
+                .request(chat(&proxy.url(CHAT), "m", "t", true, false))
+                .await
+                .unwrap()
+        };
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = collect(response).await;
+        assert!(!body.is_empty());
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
+
+    for _round in 0..3 {
+        let requests =
+            (0..8).map(|_| client().request(chat(&proxy.url(CHAT), "m", "t", true, false)));
+        for response in futures_util::future::join_all(requests).await {
+            let response = response.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert!(find(&collect(response).await, b"[DONE]").is_some());
+        }
+    }
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(
+        (2..=9).contains(&opened),
+        "3 rounds of 8 concurrent requests opened {opened} connections"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[("outcome", "completed")]),
+        27.0
+    );
+}
+
+/// A pooled connection the upstream closed while it sat idle is not used for the next
+/// request: that request goes out on a fresh connection and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_closed_by_the_upstream_is_replaced() {
+    use std::sync::atomic::Ordering;
+    let backend = keep_alive_backend(ms(100)).await;
+    let accepted = backend.used.clone();
+    let proxy = Proxy::start(&backend.url, "").await;
+    for round in 1..=3 {
+        let response = client()
+            .request(chat(&proxy.url(CHAT), "m", "t", true, false))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "round {round}");
+        assert!(find(&collect(response).await, b"[DONE]").is_some());
+        assert_eq!(accepted.load(Ordering::SeqCst), round);
+        // Longer than the upstream keeps an idle connection.
+        tokio::time::sleep(ms(300)).await;
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(m.sum("tokentap_requests_total", &[]), 3.0);
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[("outcome", "completed")]),
+        3.0
+    );
+}
+
+/// An idle pooled connection is closed once it is older than `pool_idle_timeout`, even
+/// when no request comes to notice it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pooled_connections_are_closed_after_the_pool_idle_timeout() {
+    use std::sync::atomic::Ordering;
+    let backend = keep_alive_backend(Duration::from_secs(30)).await;
+    let proxy = Proxy::start(&backend.url, "upstream: {pool_idle_timeout: 200ms}").await;
+    let response = proxy.get("/v1/models").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    collect(response).await;
+    assert_eq!(backend.closed_by_peer.load(Ordering::SeqCst), 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while backend.closed_by_peer.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle connection is still open 5 s after a 200 ms pool_idle_timeout"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+}

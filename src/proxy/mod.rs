@@ -6,6 +6,7 @@
 //! bytes, the status and the end-to-end headers are the upstream's own.
 
 pub mod inspect;
+pub mod same_task;
 pub mod upstream;
 
 use std::convert::Infallible;

@@ -1,6 +1,10 @@
-//! The upstream side: a pooled HTTP client (HTTP/1.1 keep-alive, h2c by option, HTTPS
-//! with ALPN), the rewrite of a client request into an upstream request (URI, version,
-//! hop-by-hop headers, `Host`), and the mapping of failures to 502/504.
+//! The upstream side: a pooled HTTP client, the rewrite of a client request into an
+//! upstream request (URI, version, hop-by-hop headers, `Host`), and the mapping of
+//! failures to 502/504.
+//!
+//! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
+//! [`same_task`](super::same_task), whose connections are driven by the task that writes
+//! to the client. HTTPS (ALPN) and h2c upstreams go through hyper-util's pooled client.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -17,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::same_task::{ResponseBody, SameTaskPool};
 use crate::config::{HostHeader, Upstream};
 use crate::observe::{RequestFacts, ScannedBody};
 
@@ -59,41 +64,37 @@ impl UpstreamError {
 /// The pooled client for one upstream.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    transport: Transport,
+    /// `Host` for requests that do not keep the client's: the upstream authority, with
+    /// its port unless it is 80.
+    host: HeaderValue,
     config: Arc<Upstream>,
+}
+
+#[derive(Clone)]
+enum Transport {
+    /// Plain HTTP/1.1: connections driven by the task that uses them.
+    SameTask(SameTaskPool),
+    /// HTTPS or h2c: hyper-util's client, one task per connection.
+    Pooled(Box<Client<HttpsConnector<HttpConnector>, UpstreamBody>>),
 }
 
 impl UpstreamClient {
     pub fn new(config: &Upstream) -> Result<UpstreamClient, ClientError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(config.connect_timeout));
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(root_store(config)?)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_max_idle_per_host)
-            .http1_preserve_header_case(true)
-            .http2_only(config.http2)
-            // A request whose body has started streaming cannot be replayed.
-            .retry_canceled_requests(false)
-            .set_host(true)
-            .build(connector);
+        let transport = if config.scheme == http::uri::Scheme::HTTP && !config.http2 {
+            Transport::SameTask(SameTaskPool::new(
+                config.authority.host(),
+                config.authority.port_u16().unwrap_or(80),
+                config.connect_timeout,
+                config.pool_idle_timeout,
+                config.pool_max_idle_per_host,
+            ))
+        } else {
+            Transport::Pooled(Box::new(pooled_client(config)?))
+        };
         Ok(UpstreamClient {
-            client,
+            transport,
+            host: host_header_value(&config.authority),
             config: Arc::new(config.clone()),
         })
     }
@@ -106,43 +107,70 @@ impl UpstreamClient {
         body: Incoming,
         scan_body: bool,
         facts: Arc<RequestFacts>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<ResponseBody>, UpstreamError> {
         let client_authority = parts.uri.authority().cloned();
-        parts.uri = self.upstream_uri(&parts.uri);
+        let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
             &mut parts.headers,
             self.config.host_header,
             client_authority,
         );
-        parts.version = if self.config.http2 {
-            Version::HTTP_2
-        } else {
-            // The legacy client picks HTTP/2 itself where ALPN negotiated it.
-            Version::HTTP_11
-        };
-        let request = Request::from_parts(parts, ScannedBody::new(body, scan_body, facts));
         let timeout = self.config.response_head_timeout;
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
-            Err(_) => Err(UpstreamError::Timeout(timeout)),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(err)) if err.is_connect() => Err(UpstreamError::Connect(error_chain(&err))),
-            Ok(Err(err)) => Err(UpstreamError::Request(error_chain(&err))),
-        }
+        let exchange = async {
+            match &self.transport {
+                Transport::SameTask(pool) => {
+                    // What hyper-util's client does for HTTP/1.1: origin-form, and a `Host`
+                    // from the upstream URI unless one is kept.
+                    parts.uri =
+                        Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
+                    parts.version = Version::HTTP_11;
+                    if !parts.headers.contains_key(header::HOST) {
+                        parts.headers.insert(header::HOST, self.host.clone());
+                    }
+                    let body = ScannedBody::new(body, scan_body, facts);
+                    pool.send(Request::from_parts(parts, body)).await
+                }
+                Transport::Pooled(client) => {
+                    parts.uri = self.absolute_uri(path_and_query);
+                    // The client picks HTTP/2 itself where ALPN negotiated it.
+                    parts.version = if self.config.http2 {
+                        Version::HTTP_2
+                    } else {
+                        Version::HTTP_11
+                    };
+                    let body = ScannedBody::new(body, scan_body, facts);
+                    match client.request(Request::from_parts(parts, body)).await {
+                        Ok(response) => Ok(response.map(ResponseBody::detached)),
+                        Err(err) if err.is_connect() => {
+                            Err(UpstreamError::Connect(error_chain(&err)))
+                        }
+                        Err(err) => Err(UpstreamError::Request(error_chain(&err))),
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout(timeout)))
     }
 
-    fn upstream_uri(&self, client_uri: &Uri) -> Uri {
+    /// The upstream's path and query for a client URI: `base_path` + the client's.
+    fn upstream_path(&self, client_uri: &Uri) -> String {
         let path_and_query = client_uri
             .path_and_query()
             .map_or("/", PathAndQuery::as_str);
-        let joined = if self.config.base_path.is_empty() {
+        if self.config.base_path.is_empty() {
             path_and_query.to_string()
         } else {
             format!("{}{}", self.config.base_path, path_and_query)
-        };
+        }
+    }
+
+    fn absolute_uri(&self, path_and_query: String) -> Uri {
         Uri::builder()
             .scheme(self.config.scheme.clone())
             .authority(self.config.authority.clone())
-            .path_and_query(joined)
+            .path_and_query(path_and_query)
             .build()
             .unwrap_or_else(|_| {
                 // Only reachable with a path hyper accepted but http rejects; keep the path.
@@ -174,6 +202,48 @@ impl UpstreamClient {
             Ok(Ok(_))
         )
     }
+}
+
+/// hyper-util's client, for HTTPS (HTTP/1.1 or h2 by ALPN) and h2c upstreams.
+fn pooled_client(
+    config: &Upstream,
+) -> Result<Client<HttpsConnector<HttpConnector>, UpstreamBody>, ClientError> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.connect_timeout));
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default protocol versions")
+    .with_root_certificates(root_store(config)?)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    let client = Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(config.pool_idle_timeout)
+        .pool_max_idle_per_host(config.pool_max_idle_per_host)
+        .http1_preserve_header_case(true)
+        .http2_only(config.http2)
+        // A request whose body has started streaming cannot be replayed.
+        .retry_canceled_requests(false)
+        .set_host(true)
+        .build(connector);
+    Ok(client)
+}
+
+fn host_header_value(authority: &http::uri::Authority) -> HeaderValue {
+    let text = match authority.port_u16() {
+        Some(port) if port != 80 => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_string(),
+    };
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("localhost"))
 }
 
 fn root_store(config: &Upstream) -> Result<rustls::RootCertStore, ClientError> {
@@ -263,7 +333,7 @@ fn prepare_headers(
 }
 
 /// An error and its causes on one line (hyper's top-level messages are terse).
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

@@ -488,7 +488,7 @@ impl Fold for Choices {
         if let Some(kind) = choice.delta.as_ref().and_then(Delta::kind) {
             if self
                 .delta_kind
-                .map_or(true, |k| visibility(kind) > visibility(k))
+                .is_none_or(|k| visibility(kind) > visibility(k))
             {
                 self.delta_kind = Some(kind);
             }

@@ -1,0 +1,355 @@
+//! Plain HTTP/1.1 upstream connections driven by the task that uses them.
+//!
+//! hyper-util's pooled client runs every upstream connection as a task of its own. A
+//! streamed event is then read in that task, handed through hyper's body channel to the
+//! client connection's task and written from there: two task polls and a cross-task (often
+//! cross-thread) wake-up per event, which is most of what tokentap spent per event beyond
+//! nginx. Here the upstream connection is polled from inside the response body, by the
+//! task that writes to the client, so an event costs one wake-up of one task.
+//!
+//! Connections are kept alive in a LIFO pool. An idle connection is not polled while it
+//! waits; a sweep every few seconds (and a check at checkout) closes the ones the upstream
+//! has closed or that outlived `pool_idle_timeout`. A request that never left a reused
+//! connection (the upstream closed it just then) is retried once on a fresh one.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::upstream::{error_chain, UpstreamBody, UpstreamError};
+
+/// How often idle connections are checked for a close by the upstream or for age.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+type Driver = http1::Connection<TokioIo<TcpStream>, UpstreamBody>;
+
+/// One HTTP/1.1 connection: the request sender and the future that does its I/O.
+struct Conn {
+    sender: http1::SendRequest<UpstreamBody>,
+    /// `None` once the connection has finished (closed by either side, or failed).
+    driver: Option<Driver>,
+}
+
+impl Conn {
+    /// Do whatever I/O the connection has pending; `false` once it has finished.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(driver) = self.driver.as_mut() {
+            if let Poll::Ready(result) = Pin::new(driver).poll(cx) {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "upstream connection ended with an error");
+                }
+                self.driver = None;
+            }
+        }
+        self.driver.is_some()
+    }
+
+    /// Poll once without a task to wake: for connections nobody is waiting on.
+    fn drive_detached(&mut self) -> bool {
+        self.drive(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Ready for another request: alive, and the previous exchange fully finished.
+    fn reusable(&mut self) -> bool {
+        self.drive_detached() && self.sender.is_ready()
+    }
+}
+
+/// The pool of one upstream (plain `http://`, HTTP/1.1).
+#[derive(Clone)]
+pub struct SameTaskPool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    host: String,
+    port: u16,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    max_idle: usize,
+    builder: http1::Builder,
+    /// Oldest first; checkout takes the most recently used (its socket is warmest).
+    idle: Mutex<Vec<Idle>>,
+    sweeper_started: std::sync::atomic::AtomicBool,
+}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+impl SameTaskPool {
+    pub fn new(
+        host: &str,
+        port: u16,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> SameTaskPool {
+        let mut builder = http1::Builder::new();
+        builder.preserve_header_case(true);
+        SameTaskPool {
+            inner: Arc::new(PoolInner {
+                host: host.trim_matches(['[', ']']).to_string(),
+                port,
+                connect_timeout,
+                idle_timeout,
+                max_idle,
+                builder,
+                idle: Mutex::new(Vec::new()),
+                sweeper_started: std::sync::atomic::AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Send `request` (origin-form URI, `Host` set) and wait for the response head while
+    /// driving the connection. The returned body keeps driving it.
+    pub async fn send(
+        &self,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<ResponseBody>, UpstreamError> {
+        let (mut conn, reused) = match self.inner.checkout(Instant::now()) {
+            Some(conn) => (conn, true),
+            None => (self.inner.connect().await?, false),
+        };
+        let response = match exchange(&mut conn, request).await {
+            Ok(response) => response,
+            Err(mut err) => match err.take_message() {
+                // The request never left a reused connection: the upstream had closed it.
+                Some(request) if reused => {
+                    tracing::debug!(error = %err.error(), "pooled connection was closed; retrying");
+                    conn = self.inner.connect().await?;
+                    exchange(&mut conn, request)
+                        .await
+                        .map_err(|err| UpstreamError::Request(error_chain(&err.into_error())))?
+                }
+                _ => return Err(UpstreamError::Request(error_chain(&err.into_error()))),
+            },
+        };
+        Ok(response.map(|body| ResponseBody {
+            body,
+            lease: Some(Lease {
+                conn,
+                pool: self.inner.clone(),
+            }),
+            failure: None,
+        }))
+    }
+}
+
+type TrySendError = hyper::client::conn::TrySendError<Request<UpstreamBody>>;
+
+/// Send on `conn` and drive it until the response head (or a failure) arrives.
+async fn exchange(
+    conn: &mut Conn,
+    request: Request<UpstreamBody>,
+) -> Result<Response<Incoming>, TrySendError> {
+    let mut response = std::pin::pin!(conn.sender.try_send_request(request));
+    poll_fn(|cx| {
+        // When the connection finishes first, the response future reports why.
+        conn.drive(cx);
+        response.as_mut().poll(cx)
+    })
+    .await
+}
+
+impl PoolInner {
+    async fn connect(&self) -> Result<Conn, UpstreamError> {
+        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return Err(UpstreamError::Connect(err.to_string())),
+            Err(_) => {
+                return Err(UpstreamError::Connect(format!(
+                    "timed out after {:?}",
+                    self.connect_timeout
+                )))
+            }
+        };
+        // Events are small writes that must leave at once.
+        let _ = stream.set_nodelay(true);
+        let (sender, driver) = self
+            .builder
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+        Ok(Conn {
+            sender,
+            driver: Some(driver),
+        })
+    }
+
+    fn checkout(&self, now: Instant) -> Option<Conn> {
+        let mut idle = self.lock_idle();
+        while let Some(mut entry) = idle.pop() {
+            if now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable() {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+
+    fn checkin(self: &Arc<Self>, mut conn: Conn) {
+        if !conn.reusable() {
+            return;
+        }
+        let mut idle = self.lock_idle();
+        if idle.len() >= self.max_idle {
+            return;
+        }
+        idle.push(Idle {
+            conn,
+            since: Instant::now(),
+        });
+        drop(idle);
+        self.start_sweeper();
+    }
+
+    /// Close idle connections that the upstream closed or that are too old. Runs while
+    /// the pool exists; started on the first checkin, from inside the runtime.
+    fn start_sweeper(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // A body dropped while the runtime shuts down: nothing left to sweep for.
+            return;
+        };
+        if self.sweeper_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let pool: Weak<PoolInner> = Arc::downgrade(self);
+        let every = SWEEP_EVERY.min(self.idle_timeout);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(pool) = pool.upgrade() else { return };
+                pool.sweep(Instant::now());
+            }
+        });
+    }
+
+    fn sweep(&self, now: Instant) {
+        // Checking a connection reads its socket: do it outside the lock, so requests
+        // are not held up behind a sweep of a large pool.
+        let mut kept = std::mem::take(&mut *self.lock_idle());
+        kept.retain_mut(|entry| {
+            now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable()
+        });
+        let mut idle = self.lock_idle();
+        // Connections checked in meanwhile are newer: they go after the survivors.
+        let newer = std::mem::replace(&mut *idle, kept);
+        idle.extend(newer);
+        let excess = idle.len().saturating_sub(self.max_idle);
+        idle.drain(..excess);
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A response in use of a pooled connection.
+struct Lease {
+    conn: Conn,
+    pool: Arc<PoolInner>,
+}
+
+pin_project_lite::pin_project! {
+    /// An upstream response body. Where it came over a same-task connection, polling it
+    /// drives that connection; at its end the connection goes back to the pool, and
+    /// dropped before its end it is closed (the rest of a response cannot be skipped on
+    /// HTTP/1.1).
+    pub struct ResponseBody {
+        #[pin]
+        body: Incoming,
+        lease: Option<Lease>,
+        // An upstream failure held back for one poll (see `poll_frame`).
+        failure: Option<hyper::Error>,
+    }
+
+    impl PinnedDrop for ResponseBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(lease) = this.lease.take() {
+                if this.body.is_end_stream() {
+                    lease.pool.checkin(lease.conn);
+                }
+            }
+        }
+    }
+}
+
+impl ResponseBody {
+    /// A body whose connection something else drives (hyper-util's pooled client).
+    pub fn detached(body: Incoming) -> ResponseBody {
+        ResponseBody {
+            body,
+            lease: None,
+            failure: None,
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        if let Some(err) = this.failure.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
+        if let Some(lease) = this.lease.as_mut() {
+            lease.conn.drive(cx);
+        }
+        match this.body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Err(err))) => {
+                // A truncated response often arrives whole in one read: its last bytes and
+                // the failure together. hyper's server drops what it has not written yet
+                // when a body fails, so the failure waits one poll, for the bytes before
+                // it to be flushed to the client first.
+                *this.lease = None;
+                *this.failure = Some(err);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(None) => {
+                if let Some(lease) = this.lease.take() {
+                    lease.pool.checkin(lease.conn);
+                }
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.body.is_end_stream() {
+                    if let Some(lease) = this.lease.take() {
+                        lease.pool.checkin(lease.conn);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
