@@ -5,7 +5,7 @@
 //! protobuf snapshot before encoding, which with 10,000 pairs made `/metrics` take most of
 //! a second. A pair is created once (the first request that carries it) and shared by the
 //! streams as an `Arc`, so the per-event path touches only atomics, and the text encoder
-//! (`text.rs`) reads them in place.
+//! (`exposition`) reads them in place.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
