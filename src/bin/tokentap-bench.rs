@@ -732,7 +732,9 @@ async fn one_request(
         return Err(Failure::StreamError);
     }
     let done = Instant::now();
-    if !shared.recording(done) {
+    // Per-request figures count only requests wholly inside the window: one sent while
+    // the connections were still being opened measures the ramp, not the steady load.
+    if !shared.recording(t_send) || !shared.recording(done) {
         return Ok(());
     }
     shared.completed.fetch_add(1, Ordering::Relaxed);
