@@ -11,6 +11,7 @@
 #   --duration D               measurement window per run, default 8s
 #   --itl D --ttft D --tokens N  the simulator's timing (default 50ms, 50ms, 40)
 #   --steps "1000 1250 ..."    concurrencies of the sustained-rate step test
+#   --fidelity "100 1000"      concurrencies of the fidelity runs
 #   --hold N                   streams held open in the held-streams test, default 10000
 #   --targets "direct tokentap nginx envoy"
 #   --skip "latency steps hold fidelity scrape"   phases to leave out
@@ -27,6 +28,7 @@ cd "$ROOT"
 
 SMOKE=0
 CONCURRENCY="100 1000"
+FIDELITY="100 1000"
 REPEATS=3
 DURATION=8s
 WARMUP=2s
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) SMOKE=1 ;;
         --concurrency) CONCURRENCY=$2; shift ;;
+        --fidelity) FIDELITY=$2; shift ;;
         --repeats) REPEATS=$2; shift ;;
         --duration) DURATION=$2; shift ;;
         --itl) ITL=$2; shift ;;
@@ -357,22 +360,23 @@ stop_targets
 
 # --- phase 2: fidelity (tokentap's per-request numbers vs the client's) ----------------
 if has_target tokentap && ! skip fidelity; then
-    FID_C=1000
-    [ "$SMOKE" = 1 ] && FID_C=20
-    log "phase: fidelity at $FID_C streams"
-    start_sim "${SIM_ARGS[@]}"
-    write_tokentap_config "$RUN/tokentap-fidelity.yaml" "labels:
+    [ "$SMOKE" = 1 ] && FIDELITY=20
+    for FID_C in $FIDELITY; do
+        log "phase: fidelity at $FID_C streams"
+        start_sim "${SIM_ARGS[@]}"
+        write_tokentap_config "$RUN/tokentap-fidelity.yaml" "labels:
   tenant:
     max_values: 100000" info
-    start_tokentap "$RUN/tokentap-fidelity.yaml"
-    bench_run fidelity tokentap "$FID_C" 1 --unique-tenants --requests-log "$OUT/fidelity-client.jsonl"
-    stop_pid "${PID[tokentap]}"; PID[tokentap]=""
-    cp "$RUN/tokentap.log" "$OUT/fidelity-tokentap.log"
-    fid=$("$BENCH" fidelity --client "$OUT/fidelity-client.jsonl" --access "$OUT/fidelity-tokentap.log")
-    echo "$BENCH fidelity --client $OUT/fidelity-client.jsonl --access $OUT/fidelity-tokentap.log" >> "$COMMANDS"
-    record "{\"phase\":\"fidelity-pairs\",\"target\":\"tokentap\",\"concurrency\":$FID_C,\"fidelity\":$fid}"
-    log "fidelity: $fid"
-    stop_targets
+        start_tokentap "$RUN/tokentap-fidelity.yaml"
+        bench_run fidelity tokentap "$FID_C" 1 --unique-tenants --requests-log "$OUT/fidelity-client-c$FID_C.jsonl"
+        stop_pid "${PID[tokentap]}"; PID[tokentap]=""
+        cp "$RUN/tokentap.log" "$OUT/fidelity-tokentap-c$FID_C.log"
+        fid=$("$BENCH" fidelity --client "$OUT/fidelity-client-c$FID_C.jsonl" --access "$OUT/fidelity-tokentap-c$FID_C.log")
+        echo "$BENCH fidelity --client $OUT/fidelity-client-c$FID_C.jsonl --access $OUT/fidelity-tokentap-c$FID_C.log" >> "$COMMANDS"
+        record "{\"phase\":\"fidelity-pairs\",\"target\":\"tokentap\",\"concurrency\":$FID_C,\"fidelity\":$fid}"
+        log "fidelity: $fid"
+        stop_targets
+    done
 fi
 
 # --- phase 3: /metrics render time with 50 models x 200 tenants -----------------------

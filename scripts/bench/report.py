@@ -197,10 +197,9 @@ def main():
         row(f"{n:,} streams held, HTTP/1.1 on both sides (2 fds per stream; hard fd limit)", "no errors", vals,
             "yes" if b.get("errors") == 0 and b.get("established") == n else "no")
 
-    fid = [r for r in rows if r["phase"] == "fidelity-pairs"]
-    if fid:
-        f = fid[0]["fidelity"]
-        c = fid[0]["concurrency"]
+    for fr in sorted((r for r in rows if r["phase"] == "fidelity-pairs"), key=lambda r: r["concurrency"]):
+        f = fr["fidelity"]
+        c = fr["concurrency"]
         t = f["ttft_abs_diff_ms"]
         i = f["mean_itl_abs_diff_ms"]
         blank = ["" for _ in cols]
@@ -214,11 +213,11 @@ def main():
             put(f"{t['p50']} / {t['p99']} (max {t['max']})"), "yes" if t["p99"] < 1 else "no")
         row(f"fidelity at {c} streams: |mean ITL tokentap - client| p50 / p99 (ms)", "p99 < 1 ms",
             put(f"{i['p50']} / {i['p99']} (max {i['max']})"), "yes" if i["p99"] < 1 else "no")
-        row("fidelity: token counts (requests paired; mismatches)", "exact",
+        row(f"fidelity at {c} streams: token counts (requests paired; mismatches)", "exact",
             put(f"{f['paired']:,} paired; {f['token_mismatches']} mismatches"),
             "yes" if f["token_mismatches"] == 0 and f["paired"] > 0 else "no")
         if f["paired"] == 0 or f["token_mismatches"] != 0 or f["unpaired"] != 0:
-            failures.append(f"fidelity: {f}")
+            failures.append(f"fidelity at {c}: {f}")
 
     sc = [r for r in rows if r["phase"] == "scrape"]
     if sc:
