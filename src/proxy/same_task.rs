@@ -143,6 +143,7 @@ impl SameTaskPool {
                 pool: self.inner.clone(),
             }),
             failure: None,
+            frame_in_flight: false,
         }))
     }
 }
@@ -276,6 +277,8 @@ pin_project_lite::pin_project! {
         lease: Option<Lease>,
         // An upstream failure held back for one poll (see `poll_frame`).
         failure: Option<hyper::Error>,
+        // A frame was just handed out and hyper has probably not written it yet.
+        frame_in_flight: bool,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -297,6 +300,7 @@ impl ResponseBody {
             body,
             lease: None,
             failure: None,
+            frame_in_flight: false,
         }
     }
 }
@@ -313,10 +317,24 @@ impl Body for ResponseBody {
         if let Some(err) = this.failure.take() {
             return Poll::Ready(Some(Err(err)));
         }
-        if let Some(lease) = this.lease.as_mut() {
-            lease.conn.drive(cx);
-        }
-        match this.body.as_mut().poll_frame(cx) {
+        let polled = if std::mem::take(this.frame_in_flight) {
+            // hyper asks for the next frame before it writes the last one, which still
+            // shares the connection's read buffer: a read now would make hyper allocate
+            // a new buffer for every event. Frames already read are handed out; for new
+            // ones, yield once so the last frame is written (and its buffer free) first.
+            let polled = this.body.as_mut().poll_frame(cx);
+            if polled.is_pending() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            polled
+        } else {
+            if let Some(lease) = this.lease.as_mut() {
+                lease.conn.drive(cx);
+            }
+            this.body.as_mut().poll_frame(cx)
+        };
+        match polled {
             Poll::Ready(Some(Err(err))) => {
                 // A truncated response often arrives whole in one read: its last bytes and
                 // the failure together. hyper's server drops what it has not written yet
@@ -334,6 +352,7 @@ impl Body for ResponseBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                *this.frame_in_flight = true;
                 if this.body.is_end_stream() {
                     if let Some(lease) = this.lease.take() {
                         lease.pool.checkin(lease.conn);
