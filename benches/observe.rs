@@ -9,8 +9,10 @@
 //! - `observed_900_tenants`: requests rotate over 900 tenants (a bigger label map;
 //!   the first round also admits the values).
 //!
-//! Also `metrics/render_50x200`: the `/metrics` text with 10,000 label pairs (and
-//! `encode_50x200`, the same into an already mapped buffer: the encoder alone).
+//! Also `metrics/render_50x200`: the `/metrics` text with 10,000 label pairs in one buffer
+//! (`encode_50x200`: the same into an already mapped buffer, the encoder alone), and
+//! `stream_50x200`: the same text as the chunks `/metrics` serves, each dropped once
+//! pulled (as after its socket write).
 //!
 //! Run: `cargo bench --bench observe` (add `-- --quick` for a fast pass).
 
@@ -210,6 +212,9 @@ fn bench_render(c: &mut Criterion) {
             metrics.render_into(&mut reused);
             black_box(reused.len())
         })
+    });
+    group.bench_function("stream_50x200", |b| {
+        b.iter(|| black_box(metrics.exposition().map(|chunk| chunk.len()).sum::<usize>()))
     });
     group.bench_function("gather_50x200", |b| {
         b.iter(|| black_box(metrics.gather().len()))

@@ -23,6 +23,19 @@ pub(super) struct Snapshot {
     pub models: Vec<Range<usize>>,
 }
 
+/// Where a family's text stopped: it can be written in parts (one or more per chunk of a
+/// streamed `/metrics` body), each resuming at the next pair.
+#[derive(Default)]
+pub(super) struct Cursor {
+    /// The header, and at least one sample, are out.
+    started: bool,
+    /// The run of pairs (see [`Family::runs`]) and the next pair in it.
+    run: usize,
+    pair: usize,
+    /// Bytes of the last pair written: to read ahead about as many pairs as fit.
+    pair_bytes: usize,
+}
+
 /// What a family reads from each pair.
 pub(super) enum Series {
     /// A histogram; `always`: the series exists as soon as the pair does (handles taken
@@ -172,70 +185,190 @@ impl Family {
         lines * (pairs * overhead + label_bytes)
     }
 
-    /// Append this family's text; nothing at all (no header either) if it has no series,
-    /// as the prometheus registry drops empty families.
-    pub fn render(&self, snapshot: &Snapshot, out: &mut Vec<u8>, counts: &mut Vec<u64>) {
+    /// How many runs of pairs this family's samples come in: one for histograms and
+    /// counters, one per (model, outcome) for requests (ordered by model, then outcome,
+    /// then tenant), one per accuracy for event tokens.
+    fn runs(&self, snapshot: &Snapshot) -> usize {
+        match self.series {
+            Series::Histogram { .. } | Series::Counter { .. } => 1,
+            Series::Requests => snapshot.models.len() * self.sub_labels.len(),
+            Series::EventTokens => self.sub_labels.len(),
+        }
+    }
+
+    /// The pairs of run `run` and the index of the sub-label its samples carry.
+    fn run<'s>(&self, snapshot: &'s Snapshot, run: usize) -> (&'s [Arc<PairSeries>], usize) {
+        match self.series {
+            Series::Histogram { .. } | Series::Counter { .. } => (&snapshot.pairs, 0),
+            Series::Requests => {
+                let outcomes = self.sub_labels.len();
+                let models = snapshot.models[run / outcomes].clone();
+                (&snapshot.pairs[models], run % outcomes)
+            }
+            Series::EventTokens => (&snapshot.pairs, run),
+        }
+    }
+
+    /// Append this family's text from `at` on, stopping right after the pair whose lines
+    /// take `out` to `limit` bytes or more; true once the family is complete (`at` then
+    /// says nothing more). The header goes out with the first sample, so a family with no
+    /// series writes nothing at all, as the prometheus registry drops empty families.
+    pub fn render_part(
+        &self,
+        snapshot: &Snapshot,
+        at: &mut Cursor,
+        out: &mut Vec<u8>,
+        limit: usize,
+        counts: &mut Vec<u64>,
+    ) -> bool {
         let start = out.len();
-        out.extend_from_slice(&self.header);
+        if !at.started {
+            out.extend_from_slice(&self.header);
+        }
         let body = out.len();
+        let runs = self.runs(snapshot);
+        let mut complete = true;
+        'runs: while at.run < runs {
+            let (pairs, sub) = self.run(snapshot, at.run);
+            while at.pair < pairs.len() {
+                // Read ahead only as many pairs as the part probably has room for: the
+                // values of pairs left for the next part would be read twice.
+                let room = limit.saturating_sub(out.len());
+                let ahead = match at.pair_bytes {
+                    0 => READ_AHEAD,
+                    bytes => (room / bytes).min(READ_AHEAD - 1) + 1,
+                };
+                let batch = &pairs[at.pair..pairs.len().min(at.pair + ahead)];
+                let (used, full) = self.rows(batch, sub, out, limit, &mut at.pair_bytes, counts);
+                at.pair += used;
+                if full {
+                    complete = at.pair == pairs.len() && at.run + 1 == runs;
+                    break 'runs;
+                }
+            }
+            at.run += 1;
+            at.pair = 0;
+        }
+        if !at.started {
+            if out.len() == body {
+                out.truncate(start);
+            } else {
+                at.started = true;
+            }
+        }
+        complete
+    }
+
+    /// The lines of `pairs` (one run's, sub-label `sub`), stopping after the pair that
+    /// takes `out` to `limit`: returns how many pairs were done and whether it stopped.
+    fn rows(
+        &self,
+        pairs: &[Arc<PairSeries>],
+        sub: usize,
+        out: &mut Vec<u8>,
+        limit: usize,
+        pair_bytes: &mut usize,
+        counts: &mut Vec<u64>,
+    ) -> (usize, bool) {
+        counts.clear();
         match self.series {
             Series::Histogram { get, always } => {
                 let slots = self.le.len();
-                let mut totals = Vec::with_capacity(READ_AHEAD);
-                for pairs in snapshot.pairs.chunks(READ_AHEAD) {
-                    counts.clear();
-                    totals.clear();
-                    totals.extend(pairs.iter().map(|pair| get(pair).read(counts)));
-                    for ((pair, (total, sum)), counts) in
-                        pairs.iter().zip(&totals).zip(counts.chunks_exact(slots))
-                    {
-                        if always || *total > 0 {
-                            let labels = pair.labels().as_bytes();
-                            self.histogram_lines(labels, counts, *total, *sum, out);
+                let mut totals = [(0u64, 0f64); READ_AHEAD];
+                for (total, pair) in totals.iter_mut().zip(pairs) {
+                    *total = get(pair).read(counts);
+                }
+                let rows = pairs.iter().zip(&totals).zip(counts.chunks_exact(slots));
+                for (i, ((pair, (total, sum)), counts)) in rows.enumerate() {
+                    if always || *total > 0 {
+                        let before = out.len();
+                        let labels = pair.labels().as_bytes();
+                        self.histogram_lines(labels, counts, *total, *sum, out);
+                        *pair_bytes = out.len() - before;
+                        if out.len() >= limit {
+                            return (i + 1, true);
                         }
                     }
                 }
+                (pairs.len(), false)
             }
             Series::Counter { get, always } => {
-                for pairs in snapshot.pairs.chunks(READ_AHEAD) {
-                    counts.clear();
-                    counts.extend(pairs.iter().map(|pair| get(pair).get()));
-                    for (pair, n) in pairs.iter().zip(counts.iter()) {
-                        if always || *n > 0 {
-                            sample(out, &self.prefix, &[pair.labels().as_bytes()], *n);
-                        }
-                    }
-                }
+                counts.extend(pairs.iter().map(|pair| get(pair).get()));
+                self.counter_rows(
+                    pairs,
+                    counts,
+                    always,
+                    out,
+                    limit,
+                    pair_bytes,
+                    |out, pair, n| {
+                        sample(out, &self.prefix, &[pair.labels().as_bytes()], n);
+                    },
+                )
             }
             Series::Requests => {
-                for models in &snapshot.models {
-                    for outcome in &self.sub_labels {
-                        for pair in &snapshot.pairs[models.clone()] {
-                            let n = pair.requests[outcome.index].get();
-                            if n > 0 {
-                                let (model, tenant) = pair.split_labels();
-                                let parts = [model.as_bytes(), &outcome.text, tenant.as_bytes()];
-                                sample(out, &self.prefix, &parts, n);
-                            }
-                        }
-                    }
-                }
+                let outcome = &self.sub_labels[sub];
+                counts.extend(pairs.iter().map(|pair| pair.requests[outcome.index].get()));
+                self.counter_rows(
+                    pairs,
+                    counts,
+                    false,
+                    out,
+                    limit,
+                    pair_bytes,
+                    |out, pair, n| {
+                        let (model, tenant) = pair.split_labels();
+                        let parts = [model.as_bytes(), &outcome.text, tenant.as_bytes()];
+                        sample(out, &self.prefix, &parts, n);
+                    },
+                )
             }
             Series::EventTokens => {
-                for accuracy in &self.sub_labels {
-                    for pair in &snapshot.pairs {
-                        let n = pair.event_tokens[accuracy.index].get();
-                        if n > 0 {
-                            let parts = [&accuracy.text[..], pair.labels().as_bytes()];
-                            sample(out, &self.prefix, &parts, n);
-                        }
-                    }
+                let accuracy = &self.sub_labels[sub];
+                counts.extend(
+                    pairs
+                        .iter()
+                        .map(|pair| pair.event_tokens[accuracy.index].get()),
+                );
+                self.counter_rows(
+                    pairs,
+                    counts,
+                    false,
+                    out,
+                    limit,
+                    pair_bytes,
+                    |out, pair, n| {
+                        let parts = [&accuracy.text[..], pair.labels().as_bytes()];
+                        sample(out, &self.prefix, &parts, n);
+                    },
+                )
+            }
+        }
+    }
+
+    /// [`Family::rows`] for one-line-per-pair families, given the values already read.
+    #[allow(clippy::too_many_arguments)]
+    fn counter_rows(
+        &self,
+        pairs: &[Arc<PairSeries>],
+        values: &[u64],
+        always: bool,
+        out: &mut Vec<u8>,
+        limit: usize,
+        pair_bytes: &mut usize,
+        line: impl Fn(&mut Vec<u8>, &PairSeries, u64),
+    ) -> (usize, bool) {
+        for (i, (pair, n)) in pairs.iter().zip(values).enumerate() {
+            if always || *n > 0 {
+                let before = out.len();
+                line(out, pair, *n);
+                *pair_bytes = out.len() - before;
+                if out.len() >= limit {
+                    return (i + 1, true);
                 }
             }
         }
-        if out.len() == body {
-            out.truncate(start);
-        }
+        (pairs.len(), false)
     }
 
     fn histogram_lines(

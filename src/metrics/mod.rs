@@ -16,19 +16,22 @@ pub mod labels;
 mod series;
 
 use std::collections::BTreeMap;
+use std::iter::Peekable;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use prometheus::core::Collector;
+use prometheus::proto;
 use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
-use exposition::{Family, Snapshot};
+use exposition::{Cursor, Family, Snapshot};
 use labels::LabelSet;
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
@@ -419,7 +422,9 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every family, sorted by family name.
+    /// The Prometheus text exposition of every family, sorted by family name, in one
+    /// buffer (tests, the demo's summary, benches). `/metrics` streams the same text as
+    /// [`Metrics::exposition`] chunks instead.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.render_into(&mut out);
@@ -428,10 +433,10 @@ impl Metrics {
 
     /// [`Metrics::render`], appended to `out`.
     pub fn render_into(&self, out: &mut Vec<u8>) {
-        let small = self.registry.gather();
-        let snapshot = self.snapshot();
+        let mut render = Render::new(self);
         // One allocation: with many label pairs the text is megabytes, and growing a
         // buffer would copy it over and over.
+        let snapshot = &render.snapshot;
         let label_bytes = snapshot.pairs.iter().map(|p| p.labels().len()).sum();
         let estimate: usize = self
             .families
@@ -441,22 +446,19 @@ impl Metrics {
         let previous = self.last_render_bytes.load(Ordering::Relaxed);
         out.reserve(estimate.max(previous + (previous >> 4)) + (64 << 10));
         let start = out.len();
-
-        let encoder = TextEncoder::new();
-        let mut small = small.iter().peekable();
-        let mut counts = Vec::new();
-        for family in &self.families {
-            while let Some(mf) = small.next_if(|mf| mf.name() < family.name) {
-                // Encoding into a Vec cannot fail for a gathered (non-empty) family.
-                let _ = encoder.encode(std::slice::from_ref(mf), out);
-            }
-            family.render(&snapshot, out, &mut counts);
-        }
-        for mf in small {
-            let _ = encoder.encode(std::slice::from_ref(mf), out);
-        }
+        render.fill(self, out, usize::MAX);
         self.last_render_bytes
             .store(out.len() - start, Ordering::Relaxed);
+    }
+
+    /// The text of [`Metrics::render`] as `Bytes` chunks of about [`CHUNK_BYTES`], each
+    /// rendered only when it is asked for (what `/metrics` serves). The pairs are listed
+    /// once, here; their values are read as each chunk is rendered.
+    pub fn exposition(self: &Arc<Self>) -> Exposition {
+        Exposition {
+            render: Some(Render::new(self)),
+            metrics: self.clone(),
+        }
     }
 
     /// A snapshot of every family as the prometheus registry gives it (for the demo's
@@ -497,6 +499,101 @@ impl StreamMetrics {
     }
 }
 
+/// The target size of an [`Exposition`] chunk. A chunk ends after the pair whose lines
+/// reach it, so it may exceed it by one pair's lines (and a family header): a few KiB.
+pub const CHUNK_BYTES: usize = 48 << 10;
+
+/// What a chunk's buffer starts with: room for the overshoot, and under glibc's 128 KiB
+/// `M_MMAP_THRESHOLD`, so chunks come from (and go back to) the heap instead of each
+/// mapping fresh pages that the kernel must fault in and zero.
+const CHUNK_CAPACITY: usize = 64 << 10;
+
+/// The `/metrics` text rendered a chunk at a time, so that a scrape with thousands of label
+/// pairs never holds the whole text (150 MB with 10,000 pairs) and the worker that renders
+/// it can serve other tasks between chunks.
+///
+/// Concatenated, the chunks are exactly [`Metrics::render`]'s text (which is built from the
+/// same parts), from a snapshot of the label pairs taken when the exposition was created.
+pub struct Exposition {
+    metrics: Arc<Metrics>,
+    /// `None` once the text is complete.
+    render: Option<Render>,
+}
+
+impl Exposition {
+    /// The next chunk, or `None` at the end of the text (never an empty chunk).
+    pub fn next_chunk(&mut self) -> Option<Bytes> {
+        let render = self.render.as_mut()?;
+        let mut out = Vec::with_capacity(CHUNK_CAPACITY);
+        if render.fill(&self.metrics, &mut out, CHUNK_BYTES) {
+            self.render = None;
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    /// Whether every chunk has been returned.
+    pub fn is_complete(&self) -> bool {
+        self.render.is_none()
+    }
+}
+
+impl Iterator for Exposition {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        self.next_chunk()
+    }
+}
+
+/// One scrape's progress through the families: the small registry families (gathered
+/// whole) and the per-pair ones (written a part at a time), merged in name order.
+struct Render {
+    small: Peekable<std::vec::IntoIter<proto::MetricFamily>>,
+    snapshot: Snapshot,
+    /// The next per-pair family and where its text stopped.
+    family: usize,
+    cursor: Cursor,
+    counts: Vec<u64>,
+}
+
+impl Render {
+    fn new(metrics: &Metrics) -> Render {
+        Render {
+            small: metrics.registry.gather().into_iter().peekable(),
+            snapshot: metrics.snapshot(),
+            family: 0,
+            cursor: Cursor::default(),
+            counts: Vec::new(),
+        }
+    }
+
+    /// Append text to `out` until it holds `limit` bytes or more (see
+    /// [`Family::render_part`]) or the exposition is complete; true if it is.
+    fn fill(&mut self, metrics: &Metrics, out: &mut Vec<u8>, limit: usize) -> bool {
+        let encoder = TextEncoder::new();
+        while out.len() < limit {
+            let family = metrics.families.get(self.family);
+            let next = self
+                .small
+                .next_if(|mf| family.is_none_or(|f| mf.name() < f.name));
+            if let Some(mf) = next {
+                // Encoding into a Vec cannot fail for a gathered (non-empty) family.
+                let _ = encoder.encode(std::slice::from_ref(&mf), out);
+                continue;
+            }
+            let Some(family) = family else {
+                return true;
+            };
+            let counts = &mut self.counts;
+            if family.render_part(&self.snapshot, &mut self.cursor, out, limit, counts) {
+                self.family += 1;
+                self.cursor = Cursor::default();
+            }
+        }
+        self.small.peek().is_none() && self.family == metrics.families.len()
+    }
+}
+
 /// The `q`-quantile of a classic histogram, interpolated linearly within the bucket the
 /// way Prometheus' `histogram_quantile` does. `buckets` are `(upper bound, cumulative
 /// count)` in increasing order, without `+Inf`; `total` is the count including `+Inf`.
@@ -524,6 +621,125 @@ pub fn histogram_quantile(q: f64, buckets: &[(f64, u64)], total: u64) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Many label pairs over every kind of family (and one family with no series at all),
+    /// with the process collector's lines left out: they change from one read to the next.
+    fn populated() -> Arc<Metrics> {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        for m in 0..7u32 {
+            for t in 0..9u32 {
+                let (model, tenant) = (format!("model-{m}"), format!("tenant \"{t}\""));
+                let stream = metrics.stream(Some(&model), Some(&tenant));
+                stream.ttfb.observe(0.001 * f64::from(m * t));
+                stream.ttft.observe(0.3);
+                stream.observe_itl(Duration::from_millis(u64::from(t)), 3);
+                if (m + t) % 4 == 0 {
+                    continue;
+                }
+                let decode = (t % 2 == 0).then_some(crate::clock::Decode {
+                    tpot: Duration::from_millis(20),
+                    tokens_per_second: 50.0,
+                });
+                let timings = Timings {
+                    ttfb: None,
+                    ttft: None,
+                    ttft_content: None,
+                    duration: Duration::from_millis(u64::from(100 * m + t)),
+                    events: 4,
+                    output_tokens: 4,
+                    output_tokens_reported: false,
+                    exact_event_tokens: u64::from(m % 2),
+                    estimated_event_tokens: 4,
+                    input_tokens: None,
+                    mean_itl: None,
+                    decode,
+                };
+                let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
+                metrics.finish(&stream, outcome, &timings);
+            }
+        }
+        metrics
+    }
+
+    fn without_process(text: &[u8]) -> String {
+        String::from_utf8(text.to_vec())
+            .expect("the exposition is UTF-8")
+            .lines()
+            .filter(|l| !l.starts_with("process_") && !l.contains(" process_"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// The most a chunk may run past [`CHUNK_BYTES`]: the longest run of lines written
+    /// after the last check of the size, i.e. a family header with the lines of one pair
+    /// (per sub-label), or a whole small family.
+    fn longest_step(metrics: &Metrics, text: &str) -> usize {
+        let mut longest = 0;
+        let (mut family, mut step, mut key) = ("", 0, String::new());
+        for line in text.lines() {
+            if let Some(name) = line
+                .strip_prefix("# HELP ")
+                .and_then(|l| l.split(' ').next())
+            {
+                (family, step, key) = (name, 0, String::new());
+            } else if !line.starts_with('#') {
+                let per_pair = metrics.families.iter().any(|f| f.name == family);
+                // A pair's histogram lines differ only in the metric suffix and `le`.
+                let labels = line
+                    .split_once('{')
+                    .and_then(|(_, rest)| rest.rsplit_once('}'))
+                    .map_or("", |(labels, _)| labels);
+                let this = if per_pair {
+                    labels.split(",le=").next().unwrap_or_default().to_string()
+                } else {
+                    String::new()
+                };
+                if this != key && !key.is_empty() {
+                    step = 0;
+                }
+                key = this;
+            }
+            step += line.len() + 1;
+            longest = longest.max(step);
+        }
+        longest
+    }
+
+    #[test]
+    fn chunks_concatenate_to_the_rendered_text_and_stay_near_their_size() {
+        let metrics = populated();
+        let whole = metrics.render();
+        let chunks: Vec<Bytes> = metrics.exposition().collect();
+        assert!(chunks.len() >= 5, "{} chunks", chunks.len());
+
+        let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let text = without_process(&whole);
+        assert_eq!(without_process(&joined), text);
+        assert!(
+            !text.contains("tokentap_input_tokens_total"),
+            "empty family"
+        );
+        for family in ["tokentap_requests_total", "tokentap_event_tokens_total"] {
+            assert_eq!(text.matches(&format!("# TYPE {family} ")).count(), 1);
+        }
+
+        let step = longest_step(&metrics, &String::from_utf8_lossy(&whole));
+        assert!(step < 8 << 10, "one pair's lines: {step} bytes");
+        let (last, full) = chunks.split_last().expect("chunks");
+        assert!(!last.is_empty() && last.len() < CHUNK_BYTES + step);
+        for chunk in full {
+            assert!(
+                (CHUNK_BYTES..CHUNK_BYTES + step).contains(&chunk.len()),
+                "{} bytes",
+                chunk.len()
+            );
+        }
+    }
 
     #[test]
     fn quantile_interpolates_like_prometheus() {
