@@ -1007,12 +1007,20 @@ fn scrape(args: &ScrapeArgs) -> anyhow::Result<()> {
             let t0 = Instant::now();
             let response = sender.send_request(request).await?;
             let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
+            // Count the body as it streams: holding 130 MB here would time this client's
+            // page faults, not the scrape.
+            let mut body = response.into_body();
+            let mut received = 0usize;
+            while let Some(frame) = body.frame().await {
+                if let Some(data) = frame?.data_ref() {
+                    received += data.len();
+                }
+            }
             let took = t0.elapsed();
             if status != StatusCode::OK {
                 bail!("{} answered {status}", args.url);
             }
-            bytes = body.len();
+            bytes = received;
             if round > 0 {
                 times.push(took.as_secs_f64() * 1e3);
             }
