@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Interleaved A/B of tokentap builds (and nginx) behind one simulator: CPU per event and
+# per-event latency, round-robin, so slow drift of a shared machine hits every target
+# alike. For comparing two builds of tokentap; the full side-by-side table is bench.sh.
+#
+#   bash scripts/bench/ab.sh -c 1000 -r 3 before=/tmp/tokentap-old after=target/release/tokentap
+#
+# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx.
+# Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+C=1000 ROUNDS=3 NGINX=1 TARGETS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -c) C=$2; shift ;;
+        -r) ROUNDS=$2; shift ;;
+        --no-nginx) NGINX=0 ;;
+        *=*) TARGETS+=("$1") ;;
+        *) echo "ab.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ ${#TARGETS[@]} -gt 0 ] || { echo "ab.sh: name=BINARY targets needed" >&2; exit 2; }
+BENCH=target/release/tokentap-bench
+SIM_BIN=${TARGETS[0]#*=}
+RUN=$(mktemp -d /tmp/tokentap-ab.XXXXXX)
+PIDS_ALL=()
+cleanup() {
+    for p in "${PIDS_ALL[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "ab.sh: port $1 never opened" >&2; exit 1; }
+
+"$SIM_BIN" sim --listen 127.0.0.1:18000 --stamp --ttft 50ms --itl 50ms --tokens 40 \
+    --models sim-model > "$RUN/sim.log" 2>&1 &
+PIDS_ALL+=($!)
+declare -A PID PORT
+PID[direct]=$!; PORT[direct]=18000
+NAMES=(direct)
+port=18310
+for t in "${TARGETS[@]}"; do
+    name=${t%%=*}; bin=${t#*=}
+    printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:18000\nlog:\n  level: warn\n' \
+        "$port" $((port + 1)) > "$RUN/$name.yaml"
+    "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
+    PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
+    port=$((port + 2))
+done
+if [ "$NGINX" = 1 ]; then
+    sed -e "s#@RUN@#$RUN#g" -e "s#@NOFILE@#4096#g" -e "s#@WORKER_CONNECTIONS@#4096#g" \
+        -e "s#@SIM_PORT@#18000#g" -e "s#@PORT@#18082#g" -e "s#@H2_PORT@#18083#g" \
+        scripts/bench/nginx.conf.in > "$RUN/nginx.conf"
+    nginx -c "$RUN/nginx.conf" -e "$RUN/nginx-error.log" > "$RUN/nginx.log" 2>&1 &
+    NGINX_MASTER=$!
+    PIDS_ALL+=("$NGINX_MASTER"); PORT[nginx]=18082; NAMES+=(nginx)
+fi
+for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
+# nginx's CPU is its master's and its workers'.
+[ "$NGINX" = 1 ] && PID[nginx]="$NGINX_MASTER $(pgrep -P "$NGINX_MASTER" | tr '\n' ' ')"
+
+ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+for r in $(seq "$ROUNDS"); do
+    for name in "${NAMES[@]}"; do
+        t0=$(ticks "${PID[$name]}")
+        out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration 6s \
+            --warmup 2s --ramp 1s --max-tokens 40 --label "ab/$name/r$r" 2>/dev/null | tail -1)
+        t1=$(ticks "${PID[$name]}")
+        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" <<'PY'
+import json, os, sys
+name, t0, t1, out, c, r = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
+events = out["events_all"]
+cpu = (t1 - t0) / os.sysconf("SC_CLK_TCK") / events * 1e6 if events else float("nan")
+lat = out["latency_us"]
+print(f"c{c} r{r} {name:10s} cpu/event {cpu:6.2f} us  latency p50 {lat['p50']:7.0f} p99 {lat['p99']:8.0f} us  "
+      f"events/s {out['events_per_s']:.0f} errors {out['errors']}", flush=True)
+PY
+    done
+done
