@@ -34,15 +34,7 @@ fn ms(n: u64) -> Duration {
 }
 
 fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
+    vm_rss_bytes("self").unwrap_or(0)
 }
 
 /// Samples this process's RSS every 10 ms until dropped; `peak()` is the highest seen.
@@ -77,29 +69,6 @@ impl Drop for RssWatch {
 
 /// The SHA-256 and length of a body, published once it has all passed.
 type Digest256 = Arc<Mutex<Option<(Vec<u8>, u64)>>>;
-
-/// Read one request (head and Content-Length body) from a raw connection.
-async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if buf.len() >= i + 4 + length {
-                return Some(buf);
-            }
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
 
 fn sse_event(content: &str) -> String {
     format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}}}}]}}\n\n")
@@ -291,7 +260,7 @@ impl BigEventBackend {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     return;
                 };
-                if read_request(&mut stream).await.is_some() {
+                if read_request(&mut stream, &mut Vec::new()).await.is_some() {
                     break stream;
                 }
             };

@@ -33,15 +33,7 @@ fn config(yaml: &str) -> Config {
 }
 
 fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
+    vm_rss_bytes("self").unwrap_or(0)
 }
 
 /// Record one finished request the way the recorder does.

@@ -453,13 +453,7 @@ impl Process {
     }
 
     fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .expect("VmRSS")
-            * 1024
+        vm_rss_bytes(&self.child.id().to_string()).expect("VmRSS")
     }
 
     fn signal(&self, name: &str) {
@@ -536,24 +530,8 @@ impl Firehose {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     return;
                 };
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    if let Some(i) = find(&buf, b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                        let length: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= i + 4 + length {
-                            break 'accept stream;
-                        }
-                    }
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => continue 'accept,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+                if read_request(&mut stream, &mut Vec::new()).await.is_some() {
+                    break 'accept stream;
                 }
             };
             let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";

@@ -781,7 +781,7 @@ struct KeepAliveBackend {
 
 async fn keep_alive_backend(idle_close: Duration) -> KeepAliveBackend {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let used = std::sync::Arc::new(AtomicUsize::new(0));
@@ -793,40 +793,27 @@ async fn keep_alive_backend(idle_close: Duration) -> KeepAliveBackend {
             tokio::spawn(async move {
                 let mut first = true;
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
                 loop {
-                    let head_end = loop {
-                        if let Some(i) = find(&buf, b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match tokio::time::timeout(idle_close, stream.read(&mut chunk)).await {
-                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                            Ok(_) => {
-                                if !first {
+                    let length =
+                        match tokio::time::timeout(idle_close, read_request(&mut stream, &mut buf))
+                            .await
+                        {
+                            Ok(Some(length)) => length,
+                            Ok(None) => {
+                                // Closed by tokentap between requests (not before the first).
+                                if !first && buf.is_empty() {
                                     closed.fetch_add(1, Ordering::SeqCst);
                                 }
                                 return;
                             }
                             Err(_) => return, // idle for too long: close
-                        }
-                    };
+                        };
                     if std::mem::take(&mut first) {
                         counter.fetch_add(1, Ordering::SeqCst);
                     }
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + length {
-                        match stream.read(&mut chunk).await {
-                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
-                    }
-                    buf.drain(..head_end + length);
-                    let response: &[u8] = if head.starts_with("post") {
+                    let is_post = buf.starts_with(b"POST");
+                    buf.drain(..length);
+                    let response: &[u8] = if is_post {
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                           transfer-encoding: chunked\r\n\r\n\
                           67\r\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"model\":\"m\",\"object\":\"chat.completion.chunk\"}\n\n\r\n\

@@ -279,7 +279,7 @@ pub struct ScriptedBackend {
 
 impl ScriptedBackend {
     pub async fn start(script: Vec<Step>) -> ScriptedBackend {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -292,29 +292,9 @@ impl ScriptedBackend {
                 let script = script.clone();
                 let seen = seen.clone();
                 tokio::spawn(async move {
-                    // Read one request: head, then a Content-Length body if any.
                     let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    let head_end = loop {
-                        if let Some(i) = find(&buf, b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let length = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + length {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+                    if read_request(&mut stream, &mut buf).await.is_none() {
+                        return;
                     }
                     seen.lock().unwrap().push(buf);
                     for step in script {
@@ -348,6 +328,41 @@ impl ScriptedBackend {
 
 pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Read from a raw connection until `buf` holds one whole HTTP/1.1 request (its head and
+/// a `Content-Length` body, if any) and return that request's length. `buf` may already
+/// hold bytes, and keeps whatever came after the request. `None`: closed or failed first.
+pub async fn read_request(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(i) = find(buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= i + 4 + length {
+                return Some(i + 4 + length);
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// `VmRSS` of a process (`"self"` or a pid), in bytes.
+pub fn vm_rss_bytes(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
 }
 
 /// Send a raw HTTP/1.1 request and read the raw response until the server closes.
