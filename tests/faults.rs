@@ -13,11 +13,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -382,125 +380,6 @@ async fn requests_shed_at_the_in_flight_limit_are_counted() {
 // The real binary: backpressure with a slow client, SIGTERM during 500 streams.
 // ---------------------------------------------------------------------------------------
 
-/// A tokentap process with its JSON logs (stderr) collected line by line.
-struct Process {
-    child: Child,
-    logs: Arc<Mutex<Vec<String>>>,
-    proxy: SocketAddr,
-    admin: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-impl Process {
-    /// Start `tokentap --config` with `yaml` (ports 0; the bound ones are read from logs).
-    fn start(name: &str, yaml: &str) -> Process {
-        let dir =
-            std::env::temp_dir().join(format!("tokentap-faults-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tokentap.yaml");
-        std::fs::write(
-            &path,
-            format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n{yaml}"),
-        )
-        .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
-            .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
-            .args(["--log-level", "info"])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start tokentap");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut process = Process {
-            child,
-            logs,
-            proxy: "0.0.0.0:0".parse().unwrap(),
-            admin: "0.0.0.0:0".parse().unwrap(),
-            dir,
-        };
-        process.proxy = process.address("proxy listening", "listen");
-        process.admin = process.address("admin listening", "addr");
-        process
-    }
-
-    fn address(&self, message: &str, field: &str) -> SocketAddr {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = self.logs.lock().unwrap().iter().find_map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).ok()?;
-                v["message"]
-                    .as_str()?
-                    .starts_with(message)
-                    .then(|| v[field].as_str().map(str::to_string))?
-            });
-            if let Some(addr) = found {
-                return addr.parse().unwrap();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {message:?} log line:\n{}",
-                self.logs.lock().unwrap().join("\n")
-            );
-            std::thread::sleep(ms(10));
-        }
-    }
-
-    fn rss_bytes(&self) -> u64 {
-        vm_rss_bytes(&self.child.id().to_string()).expect("VmRSS")
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([format!("-{name}"), self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    async fn metrics(&self) -> Metrics {
-        let raw = raw_exchange(
-            self.admin,
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        let (_, body, _) = parse_raw_response(&raw);
-        Metrics::parse(&String::from_utf8_lossy(&body))
-    }
-
-    /// Wait for the process to exit; returns its status and when it was seen to exit.
-    async fn wait_exit(mut self, within: Duration) -> (std::process::ExitStatus, Instant) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let exited = Instant::now();
-                // Let the log reader drain the pipe.
-                tokio::time::sleep(ms(100)).await;
-                return (status, exited);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tokentap did not exit within {within:?}"
-            );
-            tokio::time::sleep(ms(20)).await;
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A backend that answers one streaming chat request with an endless SSE body, written as
 /// fast as its socket accepts, and counts the bytes the kernel took from it.
 struct Firehose {
@@ -608,7 +487,7 @@ const MIB: u64 = 1 << 20;
 async fn slow_client_backpressure_bounds_upstream_reads_and_memory() {
     let _heavy = HEAVY.lock().await;
     let firehose = Firehose::start(64 << 10).await;
-    let process = Process::start(
+    let process = TokentapProcess::start_with_yaml(
         "backpressure",
         &format!(
             "upstream:\n  url: http://{}\n  idle_timeout: 60s\n",
@@ -741,7 +620,7 @@ async fn sigterm_during_500_streams_drains_them_all_and_counts_each_once() {
         ..SimConfig::default()
     })
     .await;
-    let process = Process::start(
+    let process = TokentapProcess::start_with_yaml(
         "sigterm",
         &format!(
             "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 30s\nlabels:\n  tenant:\n    max_values: 2000\n",
@@ -825,7 +704,7 @@ async fn sigterm_during_500_streams_drains_them_all_and_counts_each_once() {
 /// Wait for the process to exit; returns its status, its access-log lines (one per
 /// finished LLM request) and when it was seen to exit.
 async fn process_exit(
-    process: Process,
+    process: TokentapProcess,
     within: Duration,
 ) -> ((std::process::ExitStatus, Vec<serde_json::Value>), Instant) {
     let logs = process.logs.clone();
@@ -853,7 +732,7 @@ async fn sigterm_past_the_drain_deadline_cuts_and_counts_every_stream() {
         ..SimConfig::default()
     })
     .await;
-    let process = Process::start(
+    let process = TokentapProcess::start_with_yaml(
         "deadline",
         &format!(
             "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 1s\nlabels:\n  tenant:\n    max_values: 2000\n",

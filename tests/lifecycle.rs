@@ -4,10 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,125 +11,6 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokentap::sim::{ModelProfile, SimConfig};
-
-/// A tokentap process with its stderr (JSON logs) collected line by line.
-struct Process {
-    child: Child,
-    logs: Arc<Mutex<Vec<String>>>,
-    proxy: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Process {
-    fn start(config_path: &std::path::Path, level: &str) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
-            .args([
-                "--config",
-                config_path.to_str().unwrap(),
-                "--log-format",
-                "json",
-            ])
-            .args(["--log-level", level])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start tokentap");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut process = Process {
-            child,
-            logs,
-            proxy: "0.0.0.0:0".parse().unwrap(),
-            admin: "0.0.0.0:0".parse().unwrap(),
-        };
-        // The ports are 0 in the config: read the bound addresses from the startup logs.
-        process.proxy = process.wait_field("proxy listening", "listen");
-        process.admin = process.wait_field("admin listening", "addr");
-        process
-    }
-
-    fn wait_log(&self, needle: &str) -> serde_json::Value {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(line) = self
-                .logs
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return serde_json::from_str(line).expect("JSON log line");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no log line with {needle:?}; logs:\n{}",
-                self.logs.lock().unwrap().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn wait_field(&self, message: &str, field: &str) -> SocketAddr {
-        let line = self.wait_log(message);
-        line[field]
-            .as_str()
-            .expect("address field")
-            .parse()
-            .unwrap()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([format!("-{name}"), self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    fn all_logs(&self) -> String {
-        self.logs.lock().unwrap().join("\n")
-    }
-
-    async fn metrics(&self) -> Metrics {
-        let response = client()
-            .request(
-                Request::get(format!("http://{}/metrics", self.admin))
-                    .body(Full::new(Bytes::new()))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        Metrics::parse(&body_text(response).await)
-    }
-
-    async fn wait_metrics(&self, what: &str, condition: impl Fn(&Metrics) -> bool) -> Metrics {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let m = self.metrics().await;
-            if condition(&m) {
-                return m;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                m.text
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
 
 fn write_config(path: &std::path::Path, upstream: &str, tenant_header: &str) {
     std::fs::write(
@@ -161,7 +38,7 @@ async fn sighup_reloads_atomically_and_sigterm_drains() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tokentap.yaml");
     write_config(&path, &sim.url(), "x-tenant-id");
-    let mut process = Process::start(&path, "info");
+    let mut process = TokentapProcess::start(&path, "info");
     let proxy_url = format!("http://{}/v1/chat/completions", process.proxy);
 
     // A stream that is still running across both reloads.
@@ -258,7 +135,7 @@ async fn secrets_never_reach_logs_or_metrics() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tokentap.yaml");
     write_config(&path, &sim.url(), "x-tenant-id");
-    let process = Process::start(&path, "trace");
+    let process = TokentapProcess::start(&path, "trace");
 
     let secrets = [
         "sk-PLANTED-bearer-0001",

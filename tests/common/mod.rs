@@ -6,6 +6,11 @@
 
 #![allow(dead_code)]
 
+mod process;
+// Not every test crate starts the binary.
+#[allow(unused_imports)]
+pub use process::TokentapProcess;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
