@@ -74,9 +74,10 @@ fn metrics() -> Arc<Metrics> {
     Metrics::new(&config.metrics.buckets, &config.labels)
 }
 
-fn observer(metrics: &Arc<Metrics>, tenant: Option<String>) -> StreamObserver {
+/// The observer of one streamed chat request for `model` and `tenant`.
+fn observer(metrics: &Arc<Metrics>, model: &str, tenant: Option<String>) -> StreamObserver {
     let facts = Arc::new(RequestFacts::default());
-    let _ = facts.model.set("sim-model".to_string());
+    let _ = facts.model.set(model.to_string());
     let _ = facts.stream.set(true);
     let mut recorder = Recorder::new(
         metrics.clone(),
@@ -135,7 +136,7 @@ fn bench_observe(c: &mut Criterion) {
     group.bench_function("observed", |b| {
         b.iter_batched(
             || {
-                let obs = observer(&metrics, Some("tenant-a".to_string()));
+                let obs = observer(&metrics, "sim-model", Some("tenant-a".to_string()));
                 ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
             },
             |body| black_box(drain(&rt, body)),
@@ -147,7 +148,7 @@ fn bench_observe(c: &mut Criterion) {
         b.iter_batched(
             || {
                 n += 1;
-                let obs = observer(&metrics, Some(format!("t{}", n % 900)));
+                let obs = observer(&metrics, "sim-model", Some(format!("t{}", n % 900)));
                 ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
             },
             |body| black_box(drain(&rt, body)),
@@ -170,24 +171,7 @@ fn bench_render(c: &mut Criterion) {
     let idle = Duration::from_secs(120);
     for m in 0..50 {
         for t in 0..200 {
-            let facts = Arc::new(RequestFacts::default());
-            let _ = facts.model.set(format!("model-{m}"));
-            let _ = facts.stream.set(true);
-            let mut recorder = Recorder::new(
-                metrics.clone(),
-                Instant::now(),
-                RequestLabels {
-                    method: http::Method::POST,
-                    path: "/v1/chat/completions".to_string(),
-                    dialect: Dialect::OpenAiChat,
-                    tenant: Some(format!("tenant-{t}")),
-                },
-                facts,
-                Duration::from_secs(5),
-            );
-            recorder.response_head(Instant::now(), http::StatusCode::OK);
-            let dec = decoder(Dialect::OpenAiChat, Framing::Sse, DecodeLimits::default());
-            let obs = StreamObserver::new(recorder, Some(dec), metrics.clone());
+            let obs = observer(&metrics, &format!("model-{m}"), Some(format!("tenant-{t}")));
             drain(
                 &rt,
                 ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None),
