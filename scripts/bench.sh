@@ -401,6 +401,30 @@ if has_target tokentap && ! skip scrape; then
     stop_targets
 fi
 
+# Run a held-streams client ("$2"...) in the background, wait until it reports every
+# stream open, then read target $1's RSS. Sets HELD_OUT (the client's JSON result) and
+# HELD_PEAK (KiB; 0 if the streams never all opened).
+hold_and_measure() {
+    local target=$1; shift
+    rm -f "$RUN/hold.ready"
+    echo "$*" >> "$COMMANDS"
+    "$@" > "$RUN/hold.json" 2> "$RUN/hold.err" &
+    local bpid=$!
+    STARTED+=("$bpid")
+    HELD_PEAK=0
+    for _ in $(seq 1 600); do
+        [ -f "$RUN/hold.ready" ] && break
+        kill -0 "$bpid" 2>/dev/null || break
+        sleep 0.1
+    done
+    sleep 1
+    [ -f "$RUN/hold.ready" ] && HELD_PEAK=$(rss_kib "$target")
+    wait "$bpid" || true
+    HELD_OUT=$(cat "$RUN/hold.json")
+    [ -z "$HELD_OUT" ] && HELD_OUT='{"errors": -1}'
+    return 0
+}
+
 # --- phase 4: held streams (the 10,000-stream case) and memory per stream --------------
 if ! skip hold; then
     # Both sides over HTTP/1.1 a proxy needs 2 descriptors per stream; where the hard
@@ -424,27 +448,12 @@ if ! skip hold; then
         idle=$(rss_kib "$t")
         url=$(url_of "$t")
         [ "$t" = nginx ] && [ "$HOLD_PROTO" = h2c ] && url=$(url_of nginx-h2)
-        rm -f "$RUN/hold.ready"
         cmd=("$BENCH" run --url "$url" -c "$HOLD" --hold --duration "$HOLD_FOR" --warmup 0s
-            --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold/$t" "${HOLD_ARGS[@]}")
-        [ "$t" = direct ] && cmd=("$BENCH" run --url "$url" -c "$HOLD" --hold --duration "$HOLD_FOR" --warmup 0s --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold/$t")
-        echo "${cmd[*]}" >> "$COMMANDS"
-        "${cmd[@]}" > "$RUN/hold.json" 2> "$RUN/hold.err" &
-        bpid=$!
-        STARTED+=("$bpid")
-        peak=0
-        for i in $(seq 1 600); do
-            [ -f "$RUN/hold.ready" ] && break
-            kill -0 "$bpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        sleep 1
-        [ -f "$RUN/hold.ready" ] && peak=$(rss_kib "$t")
-        wait "$bpid" || true
-        out=$(cat "$RUN/hold.json")
-        [ -z "$out" ] && out='{"errors": -1}'
-        record "{\"phase\":\"hold\",\"target\":\"$t\",\"concurrency\":$HOLD,\"client_proto\":\"$([ "$t" = direct ] && echo h1 || echo $HOLD_PROTO)\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$peak,\"bench\":$out}"
-        echo "$out" | brief '{run: .label, established, errors, error_kinds}' >&2
+            --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold/$t")
+        [ "$t" = direct ] || cmd+=("${HOLD_ARGS[@]}")
+        hold_and_measure "$t" "${cmd[@]}"
+        record "{\"phase\":\"hold\",\"target\":\"$t\",\"concurrency\":$HOLD,\"client_proto\":\"$([ "$t" = direct ] && echo h1 || echo $HOLD_PROTO)\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$HELD_PEAK,\"bench\":$HELD_OUT}"
+        echo "$HELD_OUT" | brief '{run: .label, established, errors, error_kinds}' >&2
         sleep 2   # let closed connections wind down before the next target
     done
     if [ "$HOLD_PROTO" = h2c ] && has_target tokentap; then
@@ -453,26 +462,11 @@ if ! skip hold; then
         log "phase: $H1N held streams through tokentap, HTTP/1.1 on both sides"
         sleep 3
         idle=$(rss_kib tokentap)
-        rm -f "$RUN/hold.ready"
-        cmd=("$BENCH" run --url "$(url_of tokentap)" -c "$H1N" --hold --duration "$HOLD_FOR" --warmup 0s
-            --ramp "$HOLD_RAMP" --ready-file "$RUN/hold.ready" --label "hold-h1/tokentap")
-        echo "${cmd[*]}" >> "$COMMANDS"
-        "${cmd[@]}" > "$RUN/hold.json" 2> "$RUN/hold.err" &
-        bpid=$!
-        STARTED+=("$bpid")
-        peak=0
-        for i in $(seq 1 600); do
-            [ -f "$RUN/hold.ready" ] && break
-            kill -0 "$bpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        sleep 1
-        [ -f "$RUN/hold.ready" ] && peak=$(rss_kib tokentap)
-        wait "$bpid" || true
-        out=$(cat "$RUN/hold.json")
-        [ -z "$out" ] && out='{"errors": -1}'
-        record "{\"phase\":\"hold-h1\",\"target\":\"tokentap\",\"concurrency\":$H1N,\"client_proto\":\"h1\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$peak,\"bench\":$out}"
-        echo "$out" | brief '{run: .label, established, errors, error_kinds}' >&2
+        hold_and_measure tokentap "$BENCH" run --url "$(url_of tokentap)" -c "$H1N" --hold \
+            --duration "$HOLD_FOR" --warmup 0s --ramp "$HOLD_RAMP" \
+            --ready-file "$RUN/hold.ready" --label "hold-h1/tokentap"
+        record "{\"phase\":\"hold-h1\",\"target\":\"tokentap\",\"concurrency\":$H1N,\"client_proto\":\"h1\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$HELD_PEAK,\"bench\":$HELD_OUT}"
+        echo "$HELD_OUT" | brief '{run: .label, established, errors, error_kinds}' >&2
     fi
     stop_targets
 fi
