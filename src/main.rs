@@ -143,6 +143,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// The proxy's own runtime: one thread for accepting, the admin port, the upstream probe
+/// and signals. Proxy connections are served on the server's worker threads.
+fn control_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -193,7 +202,7 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         }
     };
     init_logs(config.log.format, &config.log.level);
-    report(runtime().and_then(|rt| {
+    report(control_runtime().and_then(|rt| {
         rt.block_on(async move {
             let server = tokentap::Server::bind(config).await?;
             if let Some(path) = args.config {

@@ -837,7 +837,9 @@ async fn keep_alive_backend(idle_close: Duration) -> KeepAliveBackend {
 }
 
 /// Upstream connections are kept alive and reused, streamed (chunked) responses and
-/// `Content-Length` ones alike; concurrent requests each get their own.
+/// `Content-Length` ones alike; concurrent requests each get their own. Each of the
+/// proxy's two workers keeps its own idle connections, so up to two serve sequential
+/// requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused() {
     use std::sync::atomic::Ordering;
@@ -857,7 +859,11 @@ async fn upstream_connections_are_reused() {
         let body = collect(response).await;
         assert!(!body.is_empty());
     }
-    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&opened),
+        "6 sequential requests opened {opened} connections, not one per worker"
+    );
 
     for _round in 0..3 {
         let requests =
@@ -869,8 +875,10 @@ async fn upstream_connections_are_reused() {
         }
     }
     let opened = accepted.load(Ordering::SeqCst);
+    // Without reuse it would be 24 more; a worker never needs more than 8 plus the one
+    // it kept from the sequential requests.
     assert!(
-        (2..=9).contains(&opened),
+        (2..=18).contains(&opened),
         "3 rounds of 8 concurrent requests opened {opened} connections"
     );
     let m = proxy.metrics().await;

@@ -11,10 +11,16 @@
 //! waits; a sweep every few seconds (and a check at checkout) closes the ones the upstream
 //! has closed or that outlived `pool_idle_timeout`. A request that never left a reused
 //! connection (the upstream closed it just then) is retried once on a fresh one.
+//!
+//! The pool is sharded by thread: a connection is reused by the thread that used it
+//! last, whose reactor its socket is registered with, so that a server worker
+//! (`server::workers`) never wakes another thread for an event. Any thread can still poll
+//! any connection; the shards only keep that from happening.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -30,6 +36,17 @@ use super::upstream::{error_chain, UpstreamBody, UpstreamError};
 
 /// How often idle connections are checked for a close by the upstream or for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// Idle shards per pool. Threads beyond this many share shards, which stays correct.
+const SHARDS: usize = 8;
+
+thread_local! {
+    /// This thread's shard in every pool.
+    static SHARD: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
+    };
+}
 
 type Driver = http1::Connection<TokioIo<TcpStream>, UpstreamBody>;
 
@@ -78,9 +95,16 @@ struct PoolInner {
     idle_timeout: Duration,
     max_idle: usize,
     builder: http1::Builder,
+    shards: [Shard; SHARDS],
+    /// Idle connections in all shards, held to `max_idle`.
+    idle_count: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Shard {
     /// Oldest first; checkout takes the most recently used (its socket is warmest).
     idle: Mutex<Vec<Idle>>,
-    sweeper_started: std::sync::atomic::AtomicBool,
+    sweeper_started: AtomicBool,
 }
 
 struct Idle {
@@ -106,8 +130,8 @@ impl SameTaskPool {
                 idle_timeout,
                 max_idle,
                 builder,
-                idle: Mutex::new(Vec::new()),
-                sweeper_started: std::sync::atomic::AtomicBool::new(false),
+                shards: Default::default(),
+                idle_count: AtomicUsize::new(0),
             }),
         }
     }
@@ -191,8 +215,9 @@ impl PoolInner {
     }
 
     fn checkout(&self, now: Instant) -> Option<Conn> {
-        let mut idle = self.lock_idle();
+        let mut idle = self.shard().lock();
         while let Some(mut entry) = idle.pop() {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
             if now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable() {
                 return Some(entry.conn);
             }
@@ -204,27 +229,35 @@ impl PoolInner {
         if !conn.reusable() {
             return;
         }
-        let mut idle = self.lock_idle();
-        if idle.len() >= self.max_idle {
+        if self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.max_idle {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        idle.push(Idle {
+        let shard = SHARD.with(|shard| *shard);
+        self.shards[shard].lock().push(Idle {
             conn,
             since: Instant::now(),
         });
-        drop(idle);
-        self.start_sweeper();
+        self.start_sweeper(shard);
     }
 
-    /// Close idle connections that the upstream closed or that are too old. Runs while
-    /// the pool exists; started on the first checkin, from inside the runtime.
-    fn start_sweeper(self: &Arc<Self>) {
-        use std::sync::atomic::Ordering;
+    /// The shard of the calling thread.
+    fn shard(&self) -> &Shard {
+        &self.shards[SHARD.with(|shard| *shard)]
+    }
+
+    /// Close the shard's idle connections that the upstream closed or that are too old.
+    /// Runs while the pool exists; started on the shard's first checkin, on the runtime
+    /// of the thread that checked in (whose reactor the connections are registered with).
+    fn start_sweeper(self: &Arc<Self>, shard: usize) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A body dropped while the runtime shuts down: nothing left to sweep for.
             return;
         };
-        if self.sweeper_started.swap(true, Ordering::Relaxed) {
+        if self.shards[shard]
+            .sweeper_started
+            .swap(true, Ordering::Relaxed)
+        {
             return;
         }
         let pool: Weak<PoolInner> = Arc::downgrade(self);
@@ -235,27 +268,31 @@ impl PoolInner {
             loop {
                 ticks.tick().await;
                 let Some(pool) = pool.upgrade() else { return };
-                pool.sweep(Instant::now());
+                pool.sweep(shard, Instant::now());
             }
         });
     }
 
-    fn sweep(&self, now: Instant) {
+    fn sweep(&self, shard: usize, now: Instant) {
+        let shard = &self.shards[shard];
         // Checking a connection reads its socket: do it outside the lock, so requests
         // are not held up behind a sweep of a large pool.
-        let mut kept = std::mem::take(&mut *self.lock_idle());
+        let mut kept = std::mem::take(&mut *shard.lock());
+        let before = kept.len();
         kept.retain_mut(|entry| {
             now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable()
         });
-        let mut idle = self.lock_idle();
+        self.idle_count
+            .fetch_sub(before - kept.len(), Ordering::Relaxed);
+        let mut idle = shard.lock();
         // Connections checked in meanwhile are newer: they go after the survivors.
         let newer = std::mem::replace(&mut *idle, kept);
         idle.extend(newer);
-        let excess = idle.len().saturating_sub(self.max_idle);
-        idle.drain(..excess);
     }
+}
 
-    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -370,5 +407,59 @@ impl Body for ResponseBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A connection one thread checked in is not handed to another thread, whose task
+    /// would then be woken from the first thread's reactor; the first thread reuses it.
+    #[test]
+    fn idle_connections_stay_with_the_thread_that_used_them() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                held.push(stream);
+            }
+        });
+        let timeout = Duration::from_secs(60);
+        let pool = SameTaskPool::new("127.0.0.1", port, timeout, timeout, 4).inner;
+        // This thread takes its shard first, so the owner's is the next one.
+        SHARD.with(|_| ());
+        let (checked_in_tx, checked_in) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel::<()>();
+        let owner = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let conn = pool.connect().await.unwrap();
+                    pool.checkin(conn);
+                    checked_in_tx.send(()).unwrap();
+                    go.recv().unwrap();
+                    pool.checkout(Instant::now()).is_some()
+                })
+            })
+        };
+        checked_in.recv().unwrap();
+        assert_eq!(pool.idle_count.load(Ordering::Relaxed), 1);
+        assert!(
+            pool.checkout(Instant::now()).is_none(),
+            "another thread's idle connection was handed out"
+        );
+        go_tx.send(()).unwrap();
+        assert!(
+            owner.join().unwrap(),
+            "the thread that checked the connection in did not get it back"
+        );
+        assert_eq!(pool.idle_count.load(Ordering::Relaxed), 0);
     }
 }

@@ -88,7 +88,12 @@ impl Proxy {
         };
         let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
         let config = Config::from_yaml(yaml, "test", &overrides).expect("valid test config");
-        let server = Server::bind(config).await.expect("bind tokentap");
+        // Two workers whatever the machine, so every test crosses the hand-off from the
+        // accept loop to a worker and runs with more than one upstream pool shard.
+        let server = Server::bind(config)
+            .await
+            .expect("bind tokentap")
+            .with_workers(2);
         let addr = server.proxy_addr();
         let admin = server.admin_addr();
         let (stop, rx) = watch::channel(false);

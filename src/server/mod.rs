@@ -5,6 +5,11 @@
 //! addresses before traffic flows; [`Server::run`] serves until the shutdown future
 //! resolves, then stops accepting and lets in-flight streams finish up to the drain
 //! deadline.
+//!
+//! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
+//! connection is handed to one of the [`workers`].
+
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,7 +19,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -22,7 +27,8 @@ use crate::admin;
 use crate::config::{Config, ListenerTls};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, ProxyService};
+use workers::Workers;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +43,8 @@ pub enum ServeError {
     Client(#[from] ClientError),
     #[error("listener TLS: {0}")]
     Tls(String),
+    #[error("cannot start the worker threads: {0}")]
+    Workers(std::io::Error),
 }
 
 /// What `/readyz` reports.
@@ -71,6 +79,7 @@ pub struct Server {
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
     readiness: Arc<Readiness>,
+    workers: usize,
 }
 
 /// Applies a new configuration to a running server (SIGHUP).
@@ -115,7 +124,14 @@ impl Server {
             proxy,
             tls,
             readiness,
+            workers: Workers::default_count(),
         })
+    }
+
+    /// Serve proxy connections on `count` worker threads instead of one per CPU.
+    pub fn with_workers(mut self, count: usize) -> Server {
+        self.workers = count.max(1);
+        self
     }
 
     /// The bound proxy address (useful with port 0).
@@ -154,7 +170,9 @@ impl Server {
             proxy,
             tls,
             readiness,
+            workers,
         } = self;
+        let workers = Workers::start(workers).map_err(ServeError::Workers)?;
 
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
@@ -172,6 +190,7 @@ impl Server {
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.generation().config.upstream.url(),
             tls = tls.is_some(),
+            workers = workers.count(),
             "proxy listening"
         );
 
@@ -191,15 +210,23 @@ impl Server {
                 },
             };
             let _ = stream.set_nodelay(true);
-            serve_connection(
+            // The socket moves to the worker's reactor when the worker first polls it.
+            let stream = match stream.into_std() {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::debug!(%peer, error = %err, "cannot hand over a connection");
+                    continue;
+                }
+            };
+            workers.dispatch(serve_connection(
                 stream,
                 peer,
                 config.limits.header_read_timeout,
-                &builder,
-                &graceful,
-                &proxy,
-                tls.as_ref(),
-            );
+                builder.clone(),
+                graceful.watcher(),
+                proxy.service(),
+                tls.clone(),
+            ));
         }
 
         // Stop accepting, fail readiness, and let in-flight streams finish.
@@ -215,6 +242,8 @@ impl Server {
                 "drain deadline passed; remaining streams are cut and counted as cancelled"
             ),
         }
+        // Streams still open are cut here; each is counted before `run` returns.
+        workers.stop().await;
         probe_task.abort();
         admin_task.abort();
         Ok(())
@@ -264,72 +293,73 @@ async fn protocol_known(stream: &TcpStream) {
     }
 }
 
-fn serve_connection(
-    stream: TcpStream,
+/// Serve one accepted connection (on a worker) until it closes or the drain ends it.
+async fn serve_connection(
+    stream: std::net::TcpStream,
     peer: SocketAddr,
     header_read_timeout: Duration,
-    builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    proxy: &Arc<Proxy>,
-    tls: Option<&TlsAcceptor>,
+    builder: auto::Builder<TokioExecutor>,
+    watcher: Watcher,
+    service: ProxyService,
+    tls: Option<TlsAcceptor>,
 ) {
-    let service = proxy.service();
-    match tls {
-        None => {
-            let builder = builder.clone();
-            let watcher = graceful.watcher();
-            tokio::spawn(async move {
-                // hyper's header_read_timeout starts only once the protocol is known, and
-                // hyper-util waits for that without a deadline: bound it here, so a client
-                // that connects and says nothing cannot hold a descriptor forever.
-                if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
-                    .await
-                    .is_err()
-                {
-                    tracing::debug!(%peer, "closing a connection that sent no request");
-                    return;
-                }
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                if let Err(err) = watcher.watch(conn).await {
-                    tracing::debug!(%peer, error = %err, "connection ended with an error");
-                }
-            });
+    let stream = match TcpStream::from_std(stream) {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::debug!(%peer, error = %err, "cannot register a connection");
+            return;
         }
-        Some(acceptor) => {
-            let acceptor = acceptor.clone();
-            let builder = builder.clone();
-            let watcher = graceful.watcher();
-            tokio::spawn(async move {
-                let handshake =
-                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
-                let stream = match handshake.await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(err)) => {
-                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-                // ALPN already named the protocol, so nothing is sniffed and hyper's
-                // header_read_timeout bounds an HTTP/1 client from its first byte.
-                let builder = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    builder.http2_only()
-                } else {
-                    builder.http1_only()
-                };
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                if let Err(err) = watcher.watch(conn).await {
-                    tracing::debug!(%peer, error = %err, "connection ended with an error");
-                }
-            });
+    };
+    let Some(acceptor) = tls else {
+        // hyper's header_read_timeout starts only once the protocol is known, and
+        // hyper-util waits for that without a deadline: bound it here, so a client that
+        // connects and says nothing cannot hold a descriptor forever.
+        if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
+            .await
+            .is_err()
+        {
+            tracing::debug!(%peer, "closing a connection that sent no request");
+            return;
         }
+        return serve_http(&builder, stream, service, watcher, peer).await;
+    };
+    let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+    let stream = match handshake.await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            tracing::debug!(%peer, error = %err, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    // ALPN already named the protocol, so nothing is sniffed and hyper's
+    // header_read_timeout bounds an HTTP/1 client from its first byte.
+    let builder = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    };
+    serve_http(&builder, stream, service, watcher, peer).await;
+}
+
+/// Serve HTTP on `io` until the connection closes or the drain ends it.
+async fn serve_http<I>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: ProxyService,
+    watcher: Watcher,
+    peer: SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .into_owned();
+    if let Err(err) = watcher.watch(conn).await {
+        tracing::debug!(%peer, error = %err, "connection ended with an error");
     }
 }
 
