@@ -218,15 +218,22 @@ impl Server {
                     continue;
                 }
             };
-            workers.dispatch(serve_connection(
-                stream,
+            let connection = Connection {
                 peer,
-                config.limits.header_read_timeout,
-                builder.clone(),
-                graceful.watcher(),
-                proxy.service(),
-                tls.clone(),
-            ));
+                builder: builder.clone(),
+                watcher: graceful.watcher(),
+                service: proxy.service(),
+            };
+            match &tls {
+                None => {
+                    let header_read_timeout = config.limits.header_read_timeout;
+                    workers.dispatch(move || serve_plain(stream, connection, header_read_timeout))
+                }
+                Some(acceptor) => {
+                    let acceptor = acceptor.clone();
+                    workers.dispatch(move || serve_tls(stream, connection, acceptor))
+                }
+            }
         }
 
         // Stop accepting, fail readiness, and let in-flight streams finish.
@@ -293,36 +300,60 @@ async fn protocol_known(stream: &TcpStream) {
     }
 }
 
-/// Serve one accepted connection (on a worker) until it closes or the drain ends it.
-async fn serve_connection(
-    stream: std::net::TcpStream,
+/// What serving one accepted connection needs besides its socket.
+struct Connection {
     peer: SocketAddr,
-    header_read_timeout: Duration,
     builder: auto::Builder<TokioExecutor>,
     watcher: Watcher,
     service: ProxyService,
-    tls: Option<TlsAcceptor>,
+}
+
+impl Connection {
+    /// Register the socket with the reactor of the worker this runs on.
+    fn register(&self, stream: std::net::TcpStream) -> Option<TcpStream> {
+        TcpStream::from_std(stream)
+            .inspect_err(|err| {
+                tracing::debug!(peer = %self.peer, error = %err, "cannot register a connection");
+            })
+            .ok()
+    }
+}
+
+// Connections are the largest tasks, so their futures are kept small: plain and TLS
+// connections are separate futures (a TLS session takes no room in a plain one), and hyper's
+// connection borrows the builder where `into_owned` would copy it.
+
+/// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker.
+async fn serve_plain(
+    stream: std::net::TcpStream,
+    connection: Connection,
+    header_read_timeout: Duration,
 ) {
-    let stream = match TcpStream::from_std(stream) {
-        Ok(stream) => stream,
-        Err(err) => {
-            tracing::debug!(%peer, error = %err, "cannot register a connection");
-            return;
-        }
+    let Some(stream) = connection.register(stream) else {
+        return;
     };
-    let Some(acceptor) = tls else {
-        // hyper's header_read_timeout starts only once the protocol is known, and
-        // hyper-util waits for that without a deadline: bound it here, so a client that
-        // connects and says nothing cannot hold a descriptor forever.
-        if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
-            .await
-            .is_err()
-        {
-            tracing::debug!(%peer, "closing a connection that sent no request");
-            return;
-        }
-        return serve_http(&builder, stream, service, watcher, peer).await;
+    // hyper's header_read_timeout starts only once the protocol is known, and hyper-util
+    // waits for that without a deadline: bound it here, so a client that connects and
+    // says nothing cannot hold a descriptor forever.
+    if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
+        .await
+        .is_err()
+    {
+        tracing::debug!(peer = %connection.peer, "closing a connection that sent no request");
+        return;
+    }
+    let http = connection
+        .builder
+        .serve_connection(TokioIo::new(stream), connection.service);
+    connection_ended(connection.peer, connection.watcher.watch(http).await);
+}
+
+/// Serve one TLS connection on a worker.
+async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor: TlsAcceptor) {
+    let Some(stream) = connection.register(stream) else {
+        return;
     };
+    let peer = connection.peer;
     let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
     let stream = match handshake.await {
         Ok(Ok(stream)) => stream,
@@ -338,27 +369,16 @@ async fn serve_connection(
     // ALPN already named the protocol, so nothing is sniffed and hyper's
     // header_read_timeout bounds an HTTP/1 client from its first byte.
     let builder = if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-        builder.http2_only()
+        connection.builder.http2_only()
     } else {
-        builder.http1_only()
+        connection.builder.http1_only()
     };
-    serve_http(&builder, stream, service, watcher, peer).await;
+    let http = builder.serve_connection(TokioIo::new(stream), connection.service);
+    connection_ended(peer, connection.watcher.watch(http).await);
 }
 
-/// Serve HTTP on `io` until the connection closes or the drain ends it.
-async fn serve_http<I>(
-    builder: &auto::Builder<TokioExecutor>,
-    io: I,
-    service: ProxyService,
-    watcher: Watcher,
-    peer: SocketAddr,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let conn = builder
-        .serve_connection(TokioIo::new(io), service)
-        .into_owned();
-    if let Err(err) = watcher.watch(conn).await {
+fn connection_ended<E: std::fmt::Display>(peer: SocketAddr, result: Result<(), E>) {
+    if let Err(err) = result {
         tracing::debug!(%peer, error = %err, "connection ended with an error");
     }
 }

@@ -14,8 +14,10 @@
 //! a round-robin would leave one worker with the streams that happened to last.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -40,6 +42,24 @@ struct Worker {
 
 /// Counts one connection against its worker until dropped.
 struct Occupancy(Arc<AtomicUsize>);
+
+pin_project_lite::pin_project! {
+    /// A connection's future with its count. (Not an `async` block: one that awaits a
+    /// captured future keeps room for it twice, and connections are the largest tasks.)
+    struct Occupied<F> {
+        #[pin]
+        connection: F,
+        _occupancy: Occupancy,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Occupied<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.project().connection.poll(cx)
+    }
+}
 
 impl Drop for Occupancy {
     fn drop(&mut self) {
@@ -72,10 +92,16 @@ impl Workers {
         self.workers.len()
     }
 
-    /// Run `connection` on the least busy worker, where it counts as one of the worker's
-    /// connections until it ends. It is first polled on that worker's thread, inside its
-    /// runtime, so that is where it should register its sockets.
-    pub fn dispatch(&self, connection: impl Future<Output = ()> + Send + 'static) {
+    /// Serve a connection on the least busy worker, where it counts as one of the
+    /// worker's connections until it ends. `serve` is called on that worker's thread,
+    /// inside its runtime (so that is where sockets get registered), and the future it
+    /// returns is spawned there: only `serve`'s captures cross threads, not the future,
+    /// which is allocated once, where it runs.
+    pub fn dispatch<F, Fut>(&self, serve: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let worker = self
             .workers
             .iter()
@@ -83,10 +109,11 @@ impl Workers {
             .expect("at least one worker");
         worker.connections.fetch_add(1, Ordering::Relaxed);
         let job: Job = Box::new(move |occupancy| {
-            tokio::spawn(async move {
-                let _occupancy = occupancy;
-                connection.await;
-            });
+            let task = Occupied {
+                connection: serve(),
+                _occupancy: occupancy,
+            };
+            tokio::spawn(task);
         });
         if worker.jobs.send(job).is_err() {
             // The worker has stopped, which happens only while the server shuts down; the
@@ -160,7 +187,7 @@ mod tests {
         for _ in 0..4 {
             let mut hold = hold.clone();
             let started_tx = started_tx.clone();
-            workers.dispatch(async move {
+            workers.dispatch(move || async move {
                 let _ = started_tx.send(std::thread::current().name().map(String::from));
                 let _ = hold.wait_for(|released| *released).await;
             });
@@ -197,7 +224,7 @@ mod tests {
         for _ in 0..3 {
             let recorded = Recorded(dropped.clone());
             let started_tx = started_tx.clone();
-            workers.dispatch(async move {
+            workers.dispatch(move || async move {
                 let _recorded = recorded;
                 let _ = started_tx.send(());
                 std::future::pending::<()>().await;
