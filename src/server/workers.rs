@@ -43,6 +43,12 @@ struct Worker {
 /// Counts one connection against its worker until dropped.
 struct Occupancy(Arc<AtomicUsize>);
 
+impl Drop for Occupancy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A connection's future with its count. (Not an `async` block: one that awaits a
     /// captured future keeps room for it twice, and connections are the largest tasks.)
@@ -58,12 +64,6 @@ impl<F: Future<Output = ()>> Future for Occupied<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.project().connection.poll(cx)
-    }
-}
-
-impl Drop for Occupancy {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
