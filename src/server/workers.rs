@@ -79,12 +79,21 @@ impl Workers {
     /// The number of workers to start: `TOKIO_WORKER_THREADS` if set, else the CPUs this
     /// process may use (which follows a container's CPU limit).
     pub fn default_count() -> usize {
-        std::env::var("TOKIO_WORKER_THREADS")
-            .ok()
-            .and_then(|value| value.trim().parse::<usize>().ok())
-            .filter(|&count| count > 0)
-            .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
-            .unwrap_or(1)
+        let per_cpu = std::thread::available_parallelism().map_or(1, Into::into);
+        match std::env::var("TOKIO_WORKER_THREADS") {
+            Err(_) => per_cpu,
+            Ok(value) => match value.trim().parse::<usize>() {
+                Ok(count) if count > 0 => count,
+                _ => {
+                    tracing::warn!(
+                        TOKIO_WORKER_THREADS = %value,
+                        workers = per_cpu,
+                        "TOKIO_WORKER_THREADS is not a positive whole number; using one worker per CPU"
+                    );
+                    per_cpu
+                }
+            },
+        }
     }
 
     /// How many workers there are.
