@@ -116,34 +116,12 @@ impl Proxy {
     }
 
     pub async fn metrics(&self) -> Metrics {
-        let response = client()
-            .request(
-                Request::get(format!("http://{}/metrics", self.admin))
-                    .body(Full::new(Bytes::new()))
-                    .unwrap(),
-            )
-            .await
-            .expect("scrape");
-        let text = body_text(response).await;
-        Metrics::parse(&text)
+        scrape_metrics(self.admin).await
     }
 
     /// Poll `/metrics` until `condition` holds (panics after 10 s with the last scrape).
     pub async fn wait_metrics(&self, what: &str, condition: impl Fn(&Metrics) -> bool) -> Metrics {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let metrics = self.metrics().await;
-            if condition(&metrics) {
-                return metrics;
-            }
-            if tokio::time::Instant::now() > deadline {
-                panic!(
-                    "timed out waiting for {what}; last scrape:\n{}",
-                    metrics.text
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_metrics(self.admin, what, condition).await
     }
 
     pub async fn get(&self, path: &str) -> Response<Incoming> {
@@ -166,6 +144,43 @@ impl Drop for Proxy {
 
 pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// One scrape of the `/metrics` of the admin port at `admin`.
+pub async fn scrape_metrics(admin: SocketAddr) -> Metrics {
+    let response = client()
+        .request(
+            Request::get(format!("http://{admin}/metrics"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("scrape");
+    let text = body_text(response).await;
+    Metrics::parse(&text)
+}
+
+/// Poll the `/metrics` at `admin` until `condition` holds (panics after 10 s with the
+/// last scrape).
+pub async fn wait_for_metrics(
+    admin: SocketAddr,
+    what: &str,
+    condition: impl Fn(&Metrics) -> bool,
+) -> Metrics {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = scrape_metrics(admin).await;
+        if condition(&metrics) {
+            return metrics;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {what}; last scrape:\n{}",
+                metrics.text
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub async fn body_text(response: Response<Incoming>) -> String {

@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{parse_raw_response, raw_exchange, vm_rss_bytes, Metrics};
+use super::{scrape_metrics, vm_rss_bytes, wait_for_metrics, Metrics};
 
 pub struct TokentapProcess {
     pub child: Child,
@@ -124,30 +124,12 @@ impl TokentapProcess {
 
     /// One scrape of the admin `/metrics`.
     pub async fn metrics(&self) -> Metrics {
-        let raw = raw_exchange(
-            self.admin,
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        let (_, body, _) = parse_raw_response(&raw);
-        Metrics::parse(&String::from_utf8_lossy(&body))
+        scrape_metrics(self.admin).await
     }
 
     /// Scrape until `condition` holds (10 s at most).
     pub async fn wait_metrics(&self, what: &str, condition: impl Fn(&Metrics) -> bool) -> Metrics {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let m = self.metrics().await;
-            if condition(&m) {
-                return m;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                m.text
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_metrics(self.admin, what, condition).await
     }
 
     /// Wait for the process to exit; returns its status and when it was seen to exit.
