@@ -250,14 +250,16 @@ impl PoolInner {
     /// Runs while the pool exists; started on the shard's first checkin, on the runtime
     /// of the thread that checked in (whose reactor the connections are registered with).
     fn start_sweeper(self: &Arc<Self>, shard: usize) {
+        let started = &self.shards[shard].sweeper_started;
+        // Every checkin comes here: once the sweeper runs, that is all it costs.
+        if started.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A body dropped while the runtime shuts down: nothing left to sweep for.
             return;
         };
-        if self.shards[shard]
-            .sweeper_started
-            .swap(true, Ordering::Relaxed)
-        {
+        if started.swap(true, Ordering::Relaxed) {
             return;
         }
         let pool: Weak<PoolInner> = Arc::downgrade(self);
@@ -303,6 +305,13 @@ struct Lease {
     pool: Arc<PoolInner>,
 }
 
+/// Give a leased connection back to its pool (which keeps it only if it can be reused).
+fn give_back(lease: &mut Option<Lease>) {
+    if let Some(lease) = lease.take() {
+        lease.pool.checkin(lease.conn);
+    }
+}
+
 pin_project_lite::pin_project! {
     /// An upstream response body. Where it came over a same-task connection, polling it
     /// drives that connection; at its end the connection goes back to the pool, and
@@ -321,10 +330,8 @@ pin_project_lite::pin_project! {
     impl PinnedDrop for ResponseBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(lease) = this.lease.take() {
-                if this.body.is_end_stream() {
-                    lease.pool.checkin(lease.conn);
-                }
+            if this.body.is_end_stream() {
+                give_back(this.lease);
             }
         }
     }
@@ -383,17 +390,13 @@ impl Body for ResponseBody {
                 Poll::Pending
             }
             Poll::Ready(None) => {
-                if let Some(lease) = this.lease.take() {
-                    lease.pool.checkin(lease.conn);
-                }
+                give_back(this.lease);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
                 *this.frame_in_flight = true;
                 if this.body.is_end_stream() {
-                    if let Some(lease) = this.lease.take() {
-                        lease.pool.checkin(lease.conn);
-                    }
+                    give_back(this.lease);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
