@@ -115,6 +115,7 @@ impl UpstreamClient {
             self.config.host_header,
             client_authority,
         );
+        let body = ScannedBody::new(body, scan_body, facts);
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
@@ -127,7 +128,6 @@ impl UpstreamClient {
                     if !parts.headers.contains_key(header::HOST) {
                         parts.headers.insert(header::HOST, self.host.clone());
                     }
-                    let body = ScannedBody::new(body, scan_body, facts);
                     pool.send(Request::from_parts(parts, body)).await
                 }
                 Transport::Pooled(client) => {
@@ -138,7 +138,6 @@ impl UpstreamClient {
                     } else {
                         Version::HTTP_11
                     };
-                    let body = ScannedBody::new(body, scan_body, facts);
                     match client.request(Request::from_parts(parts, body)).await {
                         Ok(response) => Ok(response.map(ResponseBody::detached)),
                         Err(err) if err.is_connect() => {
