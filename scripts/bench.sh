@@ -364,6 +364,13 @@ if has_target tokentap && ! skip fidelity; then
     for FID_C in $FIDELITY; do
         log "phase: fidelity at $FID_C streams"
         start_sim "${SIM_ARGS[@]}"
+        # The floor: the simulator's own TTFT against the client's with nothing between
+        # them, i.e. what two hops and two schedulers cost on this machine at this load.
+        bench_run fidelity direct "$FID_C" 1 --unique-tenants --requests-log "$OUT/fidelity-direct-c$FID_C.jsonl"
+        floor=$("$BENCH" fidelity --client "$OUT/fidelity-direct-c$FID_C.jsonl")
+        echo "$BENCH fidelity --client $OUT/fidelity-direct-c$FID_C.jsonl" >> "$COMMANDS"
+        record "{\"phase\":\"fidelity-floor\",\"target\":\"direct\",\"concurrency\":$FID_C,\"fidelity\":$floor}"
+        log "fidelity floor (no proxy): $floor"
         write_tokentap_config "$RUN/tokentap-fidelity.yaml" "labels:
   tenant:
     max_values: 100000" info

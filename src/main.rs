@@ -86,7 +86,8 @@ struct SimArgs {
     /// Do not send a role-only chunk before the first token.
     #[arg(long)]
     no_role_chunk: bool,
-    /// Embed the wall-clock send time in each chunk (for the benchmark).
+    /// Embed the wall-clock send time and the request's arrival time in each chunk (for
+    /// the benchmark).
     #[arg(long)]
     stamp: bool,
     /// Compress responses (zstd or gzip) for clients that accept it, flushed per event.

@@ -113,8 +113,9 @@ pub struct SimConfig {
     pub usage: UsageMode,
     /// Send a role-only chunk right after the head, before the first token (as vLLM does).
     pub role_chunk: bool,
-    /// Embed the wall-clock send time (`"sim_sent_unix_ns"`) in every chunk, for the
-    /// benchmark's per-event latency.
+    /// Embed the wall-clock send time (`"sim_sent_unix_ns"`) and the request's arrival
+    /// time (`"sim_received_unix_ns"`) in every chunk: the benchmark's per-event latency,
+    /// and the backend's own TTFT for fidelity comparisons.
     pub stamp: bool,
     pub seed: u64,
     /// Report this Unix time (seconds) as every response's creation time, and derive
@@ -358,6 +359,13 @@ fn accepted_coding(config: &SimConfig, headers: &http::HeaderMap) -> Option<Codi
         })
 }
 
+/// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them.
+pub(crate) fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// FNV-1a, for ids that depend only on the request.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -367,6 +375,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
+    let received_unix_ns = unix_ns();
     let path = request.uri().path().to_string();
     let (api, path_model) = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => return json(StatusCode::OK, "{}".into()),
@@ -477,7 +486,7 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         include_usage,
         continuous: state.config.usage == UsageMode::Continuous,
         role_chunk: state.config.role_chunk && api == Api::Chat,
-        stamp: state.config.stamp,
+        stamp: state.config.stamp.then_some(received_unix_ns),
         fault,
         ttft_ns: nanos(profile.ttft),
         itl_ns: nanos(profile.itl),

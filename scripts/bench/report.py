@@ -197,6 +197,7 @@ def main():
         row(f"{n:,} streams held, HTTP/1.1 on both sides (2 fds per stream; hard fd limit)", "no errors", vals,
             "yes" if b.get("errors") == 0 and b.get("established") == n else "no")
 
+    floors = {r["concurrency"]: r["fidelity"]["sim_ttft_abs_diff_ms"] for r in rows if r["phase"] == "fidelity-floor"}
     for fr in sorted((r for r in rows if r["phase"] == "fidelity-pairs"), key=lambda r: r["concurrency"]):
         f = fr["fidelity"]
         c = fr["concurrency"]
@@ -209,6 +210,12 @@ def main():
             vals = list(blank)
             vals[ti] = text
             return vals
+        if c in floors and "direct" in cols:
+            fl = floors[c]
+            vals = list(blank)
+            vals[cols.index("direct")] = f"{fl['p50']} / {fl['p99']} (max {fl['max']})"
+            row(f"fidelity floor at {c} streams, no proxy: |simulator's own TTFT - client| p50 / p99 (ms)",
+                "(reference)", vals)
         row(f"fidelity at {c} streams: |TTFT tokentap - client| p50 / p99 (ms)", "p99 < 1 ms",
             put(f"{t['p50']} / {t['p99']} (max {t['max']})"), "yes" if t["p99"] < 1 else "no")
         row(f"fidelity at {c} streams: |mean ITL tokentap - client| p50 / p99 (ms)", "p99 < 1 ms",

@@ -15,6 +15,9 @@
 //! - `fidelity`: pair the per-request client log of a `run --requests-log` with tokentap's
 //!   JSON access log (by the unique `x-tenant-id` each request carried) and report how far
 //!   tokentap's TTFT / mean ITL are from what the client saw, and token-count mismatches.
+//!   It also reports how far the simulator's own TTFT (its stamps: first token sent minus
+//!   request received) is from the client's; from a run straight at the simulator (no
+//!   `--access`), that is the floor any observer between them can reach on the machine.
 //! - `scrape`: time full `GET`s of a URL (the admin `/metrics`), median of repeats.
 
 use std::collections::HashMap;
@@ -125,9 +128,10 @@ struct FidelityArgs {
     /// The client's `--requests-log`.
     #[arg(long)]
     client: PathBuf,
-    /// tokentap's stderr with `log.format: json`.
+    /// tokentap's stderr with `log.format: json`. Without it, only the simulator's TTFT
+    /// is compared with the client's.
     #[arg(long)]
-    access: PathBuf,
+    access: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -359,6 +363,7 @@ struct Shared {
     all_ready: AtomicBool,
     log: Mutex<Vec<String>>,
     stamp: memmem::Finder<'static>,
+    received: memmem::Finder<'static>,
     content: memmem::Finder<'static>,
     completion: memmem::Finder<'static>,
 }
@@ -428,6 +433,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         all_ready: AtomicBool::new(false),
         log: Mutex::new(Vec::new()),
         stamp: memmem::Finder::new(b"\"sim_sent_unix_ns\":"),
+        received: memmem::Finder::new(b"\"sim_received_unix_ns\":"),
         content: memmem::Finder::new(b"\"content\":\""),
         completion: memmem::Finder::new(b"\"completion_tokens\":"),
         args,
@@ -649,6 +655,8 @@ fn build_request(shared: &Shared, i: u64, http2: bool) -> (Request<Full<Bytes>>,
 #[derive(Default)]
 struct StreamStats {
     first_token: Option<Instant>,
+    /// The simulator's TTFT by its own stamps (first token sent - request received).
+    sim_ttft_ns: Option<u64>,
     last_token: Option<Instant>,
     tokens: u64,
     usage_tokens: Option<u64>,
@@ -702,8 +710,11 @@ async fn one_request(
                 st.stream_error = true;
                 return;
             }
-            if let Some(pos) = shared.stamp.find(d) {
-                let sent = parse_u64(&d[pos + shared.stamp.needle().len()..]);
+            let sent = shared
+                .stamp
+                .find(d)
+                .map(|pos| parse_u64(&d[pos + shared.stamp.needle().len()..]));
+            if let Some(sent) = sent {
                 shared.events_all.fetch_add(1, Ordering::Relaxed);
                 if recording {
                     shared.events.fetch_add(1, Ordering::Relaxed);
@@ -713,7 +724,16 @@ async fn one_request(
             if let Some(pos) = shared.content.find(d) {
                 if d.get(pos + shared.content.needle().len()) != Some(&b'"') {
                     st.tokens += 1;
-                    st.first_token.get_or_insert(arrived);
+                    if st.first_token.is_none() {
+                        st.first_token = Some(arrived);
+                        let received = shared
+                            .received
+                            .find(d)
+                            .map(|pos| parse_u64(&d[pos + shared.received.needle().len()..]));
+                        if let (Some(sent), Some(received)) = (sent, received) {
+                            st.sim_ttft_ns = Some(sent.saturating_sub(received));
+                        }
+                    }
                     st.last_token = Some(arrived);
                     if recording {
                         shared.token_events.fetch_add(1, Ordering::Relaxed);
@@ -755,6 +775,7 @@ async fn one_request(
             "tenant": tenant,
             "ttft_ms": ms(ttft),
             "mean_itl_ms": ms(mean_itl),
+            "sim_ttft_ms": st.sim_ttft_ns.map(|ns| ns as f64 / 1e6),
             "tokens": st.tokens,
             "usage_tokens": st.usage_tokens,
         })
@@ -899,6 +920,7 @@ fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
         tokens: u64,
     }
     let mut client: HashMap<String, Seen> = HashMap::new();
+    let mut sim_ttft_diff = Vec::new();
     let file = std::fs::File::open(&args.client)
         .with_context(|| format!("cannot open {}", args.client.display()))?;
     for line in std::io::BufReader::new(file).lines() {
@@ -909,6 +931,9 @@ fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
         let Some(tenant) = v["tenant"].as_str() else {
             continue;
         };
+        if let (Some(seen), Some(sim)) = (v["ttft_ms"].as_f64(), v["sim_ttft_ms"].as_f64()) {
+            sim_ttft_diff.push((seen - sim).abs());
+        }
         client.insert(
             tenant.to_string(),
             Seen {
@@ -921,14 +946,35 @@ fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
         );
     }
     let client_total = client.len();
+    let q = |v: &mut Vec<f64>, q: f64| -> f64 {
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+        (v[idx] * 1e4).round() / 1e4
+    };
+    let sim_vs_client = serde_json::json!({
+        "p50": q(&mut sim_ttft_diff, 0.5),
+        "p99": q(&mut sim_ttft_diff, 0.99),
+        "max": q(&mut sim_ttft_diff, 1.0),
+    });
+    let Some(access) = &args.access else {
+        let out = serde_json::json!({
+            "client_requests": client_total,
+            "sim_ttft_abs_diff_ms": sim_vs_client,
+        });
+        println!("{out}");
+        return Ok(());
+    };
     let mut ttft_diff = Vec::new();
     let mut itl_diff = Vec::new();
     let mut ttft_signed = Vec::new();
     let mut mismatches = 0u64;
     let mut counted_mismatches = 0u64;
     let mut paired = 0u64;
-    let file = std::fs::File::open(&args.access)
-        .with_context(|| format!("cannot open {}", args.access.display()))?;
+    let file =
+        std::fs::File::open(access).with_context(|| format!("cannot open {}", access.display()))?;
     for line in std::io::BufReader::new(file).lines() {
         let line = line?;
         if !line.contains("\"ttft_ms\"") && !line.contains("\"output_tokens\"") {
@@ -959,14 +1005,6 @@ fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
             counted_mismatches += 1;
         }
     }
-    let q = |v: &mut Vec<f64>, q: f64| -> f64 {
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        (v[idx] * 1e4).round() / 1e4
-    };
     let out = serde_json::json!({
         "client_requests": client_total,
         "paired": paired,
@@ -976,6 +1014,7 @@ fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
         "mean_itl_abs_diff_ms": {"p50": q(&mut itl_diff, 0.5), "p99": q(&mut itl_diff, 0.99), "max": q(&mut itl_diff, 1.0)},
         "token_mismatches": mismatches,
         "event_count_mismatches": counted_mismatches,
+        "sim_ttft_abs_diff_ms": sim_vs_client,
     });
     println!("{out}");
     Ok(())

@@ -42,7 +42,8 @@ pub(super) struct Script {
     pub(super) include_usage: bool,
     pub(super) continuous: bool,
     pub(super) role_chunk: bool,
-    pub(super) stamp: bool,
+    /// With `--stamp`: when the request arrived (Unix nanoseconds).
+    pub(super) stamp: Option<u64>,
     pub(super) fault: Option<Fault>,
     /// Configured timing, for the durations Ollama reports (nanoseconds).
     pub(super) ttft_ns: u64,
@@ -137,11 +138,9 @@ impl Script {
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
-        if self.stamp {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            chunk["sim_sent_unix_ns"] = now.into();
+        if let Some(received) = self.stamp {
+            chunk["sim_received_unix_ns"] = received.into();
+            chunk["sim_sent_unix_ns"] = super::unix_ns().into();
         }
         data(&chunk)
     }
@@ -536,6 +535,46 @@ fn civil_from_days(days: u64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--stamp` chunks carry the request's arrival and their own send time, from which the
+    /// benchmark reads the simulator's own TTFT.
+    #[test]
+    fn stamped_chunks_carry_arrival_and_send_times() {
+        let received = crate::sim::unix_ns();
+        let script = Script {
+            api: Api::Chat,
+            model: "m".into(),
+            id: "sim-1".into(),
+            created: 0,
+            tokens: 2,
+            prompt_tokens: 1,
+            include_usage: false,
+            continuous: false,
+            role_chunk: false,
+            stamp: Some(received),
+            fault: None,
+            ttft_ns: 0,
+            itl_ns: 0,
+        };
+        let chunk = script.token(0, true);
+        let text = std::str::from_utf8(&chunk).unwrap();
+        let json: Value =
+            serde_json::from_str(text.trim().strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(
+            json["sim_received_unix_ns"].as_u64(),
+            Some(received),
+            "{text}"
+        );
+        let sent = json["sim_sent_unix_ns"].as_u64().unwrap();
+        assert!(sent >= received, "{text}");
+
+        let unstamped = Script {
+            stamp: None,
+            ..script
+        };
+        let text = String::from_utf8(unstamped.token(0, true).to_vec()).unwrap();
+        assert!(!text.contains("sim_"), "{text}");
+    }
 
     #[test]
     fn civil_dates() {
