@@ -5,6 +5,11 @@
 #
 #   bash scripts/bench/ab.sh -c 1000 -r 3 before=/tmp/tokentap-old after=target/release/tokentap
 #
+# With the per-event floor of a purpose-built relay (`cargo build --release --example
+# relay_floor` first; tokentap goes first, as the first target also runs the simulator):
+#
+#   bash scripts/bench/ab.sh tokentap=target/release/tokentap floor=target/release/examples/relay_floor
+#
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx.
 # Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
 set -euo pipefail
