@@ -41,7 +41,7 @@ def main():
     targets = []
     for r in rows:
         t = r.get("target")
-        if t and t not in targets and r["phase"] in ("latency", "hold"):
+        if t and t not in targets and r["phase"] in ("latency", "hold", "fidelity"):
             targets.append(t)
     peers = [t for t in targets if t != "direct"]
     cols = targets
