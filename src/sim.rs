@@ -359,8 +359,9 @@ fn accepted_coding(config: &SimConfig, headers: &http::HeaderMap) -> Option<Codi
         })
 }
 
-/// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them.
-pub(crate) fn unix_ns() -> u64 {
+/// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them (the benchmark
+/// reads its arrival times with the same clock).
+pub fn unix_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -375,7 +376,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
-    let received_unix_ns = unix_ns();
+    // Read only when stamping: it is the request's arrival, so it is taken first.
+    let received_unix_ns = state.config.stamp.then(unix_ns);
     let path = request.uri().path().to_string();
     let (api, path_model) = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => return json(StatusCode::OK, "{}".into()),
@@ -486,7 +488,7 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         include_usage,
         continuous: state.config.usage == UsageMode::Continuous,
         role_chunk: state.config.role_chunk && api == Api::Chat,
-        stamp: state.config.stamp.then_some(received_unix_ns),
+        stamp: received_unix_ns,
         fault,
         ttft_ns: nanos(profile.ttft),
         itl_ns: nanos(profile.itl),

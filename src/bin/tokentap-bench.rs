@@ -25,7 +25,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -36,6 +36,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use memchr::memmem;
 use tokentap::config::units::parse_duration;
+use tokentap::sim::unix_ns;
 use tokentap::wire::sse::{SseDecoder, SseEvent};
 
 #[derive(Parser, Debug)]
@@ -209,12 +210,6 @@ fn raise_nofile() -> Option<u64> {
 #[cfg(not(target_os = "linux"))]
 fn raise_nofile() -> Option<u64> {
     None
-}
-
-fn wall_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -411,7 +406,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         (ws, ws + args.duration, ws + args.duration)
     };
     let shared = Arc::new(Shared {
-        run_id: wall_ns() % 1_000_000_007,
+        run_id: unix_ns() % 1_000_000_007,
         uri,
         authority,
         window_start,
@@ -691,7 +686,7 @@ async fn one_request(
     let mut st = StreamStats::default();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Failure::Body)?;
-        let arrived_wall = wall_ns();
+        let arrived_wall = unix_ns();
         let arrived = Instant::now();
         let Ok(data) = frame.into_data() else {
             continue;
