@@ -138,16 +138,17 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    start_runtime(tokio::runtime::Builder::new_multi_thread())
 }
 
 /// The proxy's own runtime: one thread for accepting, the admin port, the upstream probe
 /// and signals. Proxy connections are served on the server's worker threads.
 fn control_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+    start_runtime(tokio::runtime::Builder::new_current_thread())
+}
+
+fn start_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::runtime::Runtime> {
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")
