@@ -3,7 +3,7 @@
 //! in front of the simulator. Covers listener TLS, HTTPS upstreams with a custom CA and
 //! ALPN, and that measurement is the same through two hops.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! tokenizer (`cargo test --test tokenizer -- --nocapture`), but asserts nothing about
 //! time.
 
-mod common;
+use crate::common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

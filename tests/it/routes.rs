@@ -3,7 +3,7 @@
 //! answers every path with one recorded stream; tokentap sits in front with the config
 //! under test, and the figures are read from its scraped `/metrics`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! backend with known timing (the simulator) or a byte-exact script, checked through the
 //! client's view and the scraped `/metrics` text.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

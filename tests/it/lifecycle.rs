@@ -2,7 +2,7 @@
 //! streams unaffected), SIGTERM drain with exit 0, and that no secret a client sends ever
 //! reaches the logs (at trace level) or `/metrics`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

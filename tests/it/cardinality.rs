@@ -8,7 +8,7 @@
 //! calls a request makes (a full request through the proxy costs ~1 ms in a debug build);
 //! a few thousand full requests through the proxy check that the proxy path is the same.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 
 // `check_dialect` serves the per-dialect cargo-fuzz targets only.
 #[allow(dead_code)]
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod checks;
 
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! The two 100 MiB cases stream their data through generators and hashes: neither the
 //! test nor (as the RSS check shows) tokentap ever holds the 100 MiB.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

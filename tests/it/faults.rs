@@ -11,7 +11,7 @@
 //! The tests that start many connections size themselves to the open-file limit
 //! (`ulimit -n`) and say so when they had to shrink.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

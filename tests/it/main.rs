@@ -1,0 +1,20 @@
+//! tokentap's integration tests, as one test binary: each former `tests/*.rs` file is a
+//! module here, so the crate is linked into one executable instead of one per file (the
+//! link step dominates an incremental `cargo test` build). Run one area with
+//! `cargo test --test it <module>::`, e.g. `cargo test --test it proxy::`.
+
+mod common;
+
+mod bad_input;
+mod cardinality;
+mod configs;
+mod demo;
+mod dialects;
+mod faults;
+mod fuzz_decoders;
+mod lifecycle;
+mod proxy;
+mod routes;
+mod tls;
+mod tokenizer;
+mod wire_fixtures;
