@@ -3,7 +3,7 @@
 # libFuzzer), each target for a fixed time budget. The checks are in fuzz/src/lib.rs:
 # whole vs split decoding must agree, nothing may panic, and the request scanner must
 # agree with serde_json. A fixed-budget proptest run of the same checks is part of
-# `cargo test` (tests/fuzz_decoders.rs); this is the deeper, coverage-guided run.
+# `cargo test` (tests/it/fuzz_decoders.rs); this is the deeper, coverage-guided run.
 #
 #   scripts/fuzz.sh [--seconds N] [--target NAME]... [--jobs N] [--list]
 #

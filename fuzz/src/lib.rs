@@ -1,5 +1,5 @@
 //! The checks behind tokentap's fuzz targets, shared by the cargo-fuzz targets in
-//! `fuzz_targets/` (coverage-guided, `scripts/fuzz.sh`) and by `tests/fuzz_decoders.rs`
+//! `fuzz_targets/` (coverage-guided, `scripts/fuzz.sh`) and by `tests/it/fuzz_decoders.rs`
 //! (a fixed budget of proptest-generated inputs that runs in `cargo test`).
 //!
 //! Every check feeds untrusted bytes to a sans-IO part of tokentap that sees network

@@ -25,10 +25,6 @@ use tokio::net::{TcpListener, TcpStream};
 const CHAT: &str = "/v1/chat/completions";
 const MIB: usize = 1 << 20;
 
-/// Two tests here assert on this process's RSS, which every test in the binary shares:
-/// they run alone (write lock), the others together (read lock).
-static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

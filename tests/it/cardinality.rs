@@ -20,10 +20,6 @@ use tokentap::metrics::{Metrics as Families, Outcome};
 
 const VALUES: usize = 100_000;
 
-/// One test asserts on this process's RSS, which every test in the binary shares: it runs
-/// alone (write lock), the others together (read lock).
-static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
 fn config(yaml: &str) -> Config {
     let overrides = Overrides {
         upstream: Some("http://127.0.0.1:1".into()),

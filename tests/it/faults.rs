@@ -5,8 +5,8 @@
 //!
 //! Already covered elsewhere (and listed in docs/RELIABILITY.md): connection refused
 //! (502), reset mid-stream, stall past the idle timeout, 200 then an error event,
-//! 429/503 with `Retry-After`, one client disconnecting (tests/proxy.rs), SIGHUP reload
-//! and one stream drained on SIGTERM (tests/lifecycle.rs).
+//! 429/503 with `Retry-After`, one client disconnecting (tests/it/proxy.rs), SIGHUP
+//! reload and one stream drained on SIGTERM (tests/it/lifecycle.rs).
 //!
 //! The tests that start many connections size themselves to the open-file limit
 //! (`ulimit -n`) and say so when they had to shrink.
