@@ -8,7 +8,7 @@
 //!
 //! Every dialect is served at once, on its native path, with the same timing: one event
 //! per token at the profile's deadlines, and each dialect's own framing, preamble, usage
-//! and end (see `sim/render.rs`):
+//! and end (see `render.rs`):
 //!
 //! | path | dialect | streamed when |
 //! |---|---|---|
@@ -26,31 +26,32 @@
 //! request that accepts `gzip` or `zstd` gets a compressed response when
 //! [`SimConfig::compress`] is set (flushed after every event, as streaming servers do).
 
+mod compress;
 mod render;
+mod request;
+mod stream;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use tokio::net::TcpListener;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
+use compress::{Coding, Encoder};
 use render::{Api, Script};
+use stream::{Schedule, SimStream};
 
 /// Timing and length of one simulated model.
 #[derive(Clone, Debug, PartialEq)]
@@ -279,86 +280,6 @@ fn error_json(status: StatusCode, message: &str, kind: &str) -> Response<SimBody
     )
 }
 
-/// The API, model named in the path, and whether the response streams, from the route
-/// (the body may still decide streaming, see [`streams`]).
-fn route(method: &Method, path: &str, query: Option<&str>) -> Option<(Api, Option<String>)> {
-    if method != Method::POST {
-        return None;
-    }
-    let model_in = |rest: &str, suffix: &str| rest.strip_suffix(suffix).map(str::to_string);
-    Some(match path {
-        "/v1/chat/completions" => (Api::Chat, None),
-        "/v1/completions" => (Api::Completions, None),
-        "/v1/responses" => (Api::Responses, None),
-        "/v1/messages" => (Api::Anthropic, None),
-        "/api/chat" => (Api::Ollama { chat: true }, None),
-        "/api/generate" => (Api::Ollama { chat: false }, None),
-        "/generate_stream" | "/generate" => (Api::Tgi, None),
-        _ => {
-            if let Some(rest) = path
-                .strip_prefix("/v1beta/models/")
-                .or_else(|| path.strip_prefix("/v1/models/"))
-            {
-                let sse = query.is_some_and(|q| q.split('&').any(|p| p == "alt=sse"));
-                let model = model_in(rest, ":streamGenerateContent")
-                    .or_else(|| model_in(rest, ":generateContent"))?;
-                (Api::Gemini { sse }, Some(model))
-            } else if let Some(rest) = path.strip_prefix("/v2/models/") {
-                let model =
-                    model_in(rest, "/generate_stream").or_else(|| model_in(rest, "/generate"))?;
-                // `/v2/models/{m}/versions/{v}/generate...`
-                let model = model.split('/').next().unwrap_or_default().to_string();
-                (Api::Triton, Some(model))
-            } else {
-                return None;
-            }
-        }
-    })
-}
-
-/// Whether a request asks for a streamed response.
-fn streams(api: Api, path: &str, body: &serde_json::Value) -> bool {
-    let flag = body.get("stream").and_then(|v| v.as_bool());
-    match api {
-        Api::Gemini { .. } => path.ends_with(":streamGenerateContent"),
-        Api::Tgi | Api::Triton => path.ends_with("/generate_stream"),
-        Api::Ollama { .. } => flag != Some(false),
-        _ => flag == Some(true),
-    }
-}
-
-/// The output-token cap a request sets, in its dialect's field.
-fn max_tokens(api: Api, body: &serde_json::Value) -> Option<u64> {
-    let pointers: &[&str] = match api {
-        Api::Chat | Api::Completions => &["/max_tokens", "/max_completion_tokens"],
-        Api::Responses => &["/max_output_tokens"],
-        Api::Anthropic | Api::Triton => &["/max_tokens"],
-        Api::Gemini { .. } => &["/generationConfig/maxOutputTokens"],
-        Api::Ollama { .. } => &["/options/num_predict"],
-        Api::Tgi => &["/parameters/max_new_tokens"],
-    };
-    pointers
-        .iter()
-        .find_map(|p| body.pointer(p).and_then(|v| v.as_u64()))
-}
-
-/// The compression a request accepts, if the simulator is configured to compress.
-fn accepted_coding(config: &SimConfig, headers: &http::HeaderMap) -> Option<Coding> {
-    if !config.compress {
-        return None;
-    }
-    let accept = headers
-        .get(header::ACCEPT_ENCODING)
-        .and_then(|v| v.to_str().ok())?;
-    accept
-        .split(',')
-        .find_map(|token| match token.split(';').next().unwrap_or("").trim() {
-            "zstd" => Some(Coding::Zstd),
-            "gzip" => Some(Coding::Gzip),
-            _ => None,
-        })
-}
-
 /// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them (the benchmark
 /// reads its arrival times with the same clock).
 pub fn unix_ns() -> u64 {
@@ -374,6 +295,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Answers one request: the fixed routes directly, an LLM request with the [`Script`]
+/// its dialect, model and fault call for, streamed or whole.
 async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
     // Read only when stamping: it is the request's arrival, so it is taken first.
@@ -381,95 +304,135 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     let path = request.uri().path().to_string();
     let (api, path_model) = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => return json(StatusCode::OK, "{}".into()),
-        (&Method::GET, "/v1/models") => {
-            let data: Vec<_> = state
-                .config
-                .models
-                .iter()
-                .map(|m| serde_json::json!({"id": m.name, "object": "model", "owned_by": "tokentap-sim"}))
-                .collect();
-            return json(
-                StatusCode::OK,
-                serde_json::json!({"object": "list", "data": data}).to_string(),
-            );
-        }
-        (method, path) => match route(method, path, request.uri().query()) {
+        (&Method::GET, "/v1/models") => return model_list(&state.config),
+        (method, path) => match request::route(method, path, request.uri().query()) {
             Some(route) => route,
             None => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
         },
     };
-    let fault = request
-        .headers()
-        .get("x-sim-fault")
-        .and_then(|v| v.to_str().ok())
-        .and_then(Fault::parse);
-    let coding = accepted_coding(&state.config, request.headers());
-    let body = match Limited::new(request.into_body(), 64 << 20).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => {
-            return error_json(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request body too large",
-                "invalid_request_error",
-            )
-        }
-    };
-    let Ok(parsed) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return error_json(
-            StatusCode::BAD_REQUEST,
-            "request body is not JSON",
-            "invalid_request_error",
-        );
+    let fault = request::requested_fault(request.headers());
+    let coding = request::accepted_coding(&state.config, request.headers());
+    let (body, json) = match read_json(request.into_body()).await {
+        Ok(read) => read,
+        Err(refusal) => return refusal,
     };
     if let Some(Fault::Status(code)) = fault {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = error_json(status, "simulated failure", "server_error");
-        if code == 429 || code == 503 {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("7"));
-        }
-        return response;
+        return simulated_failure(code);
     }
-    let requested = path_model
-        .as_deref()
-        .or_else(|| parsed.get("model").and_then(|m| m.as_str()))
-        .unwrap_or("");
-    // TGI serves one model and names none.
-    let requested = if api == Api::Tgi { "" } else { requested };
-    let Some(profile) = state
-        .config
-        .models
-        .iter()
-        .find(|m| m.name == requested)
-        .or_else(|| requested.is_empty().then(|| &state.config.models[0]))
-    else {
-        return error_json(
-            StatusCode::NOT_FOUND,
-            &format!("The model `{requested}` does not exist."),
-            "invalid_request_error",
-        );
+    let llm = LlmRequest {
+        api,
+        path_model,
+        fault,
+        body,
+        json,
     };
-    let max_tokens =
-        max_tokens(api, &parsed).map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
-    let tokens = profile.tokens.min(max_tokens).max(1);
-    let stream = streams(api, &path, &parsed);
-    let include_usage = match state.config.usage {
-        UsageMode::Always | UsageMode::Continuous => true,
-        UsageMode::Never => false,
-        UsageMode::Requested => {
-            parsed
-                .pointer("/stream_options/include_usage")
-                .and_then(|v| v.as_bool())
-                == Some(true)
+    let profile = match profile_for(&state.config, &llm) {
+        Ok(profile) => profile,
+        Err(message) => {
+            return error_json(StatusCode::NOT_FOUND, &message, "invalid_request_error")
         }
     };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
+    let script = script(&state.config, &llm, profile, n, received_unix_ns);
     let mut rng =
         SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let prompt_tokens = (body.len() as u64 / 4).max(1);
-    let (id, created) = match state.config.fixed_clock {
-        Some(at) => (format!("sim-{:016x}", fnv1a(&body)), at),
+    let schedule = Schedule::new(start, profile, script.tokens, &mut rng);
+    if request::streams(api, &path, &llm.json) {
+        streamed_response(script, schedule, coding, state.open_streams.clone())
+    } else {
+        whole_response(&script, &schedule, coding).await
+    }
+}
+
+/// `GET /v1/models`: every configured model.
+fn model_list(config: &SimConfig) -> Response<SimBody> {
+    let data: Vec<_> = config
+        .models
+        .iter()
+        .map(|m| serde_json::json!({"id": m.name, "object": "model", "owned_by": "tokentap-sim"}))
+        .collect();
+    json(
+        StatusCode::OK,
+        serde_json::json!({"object": "list", "data": data}).to_string(),
+    )
+}
+
+/// The request body and its JSON, or the error the simulator answers a body with that is
+/// too large or not JSON.
+async fn read_json(body: Incoming) -> Result<(Bytes, serde_json::Value), Response<SimBody>> {
+    let body = match Limited::new(body, 64 << 20).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            return Err(error_json(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+                "invalid_request_error",
+            ))
+        }
+    };
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(json) => Ok((body, json)),
+        Err(_) => Err(error_json(
+            StatusCode::BAD_REQUEST,
+            "request body is not JSON",
+            "invalid_request_error",
+        )),
+    }
+}
+
+/// The answer to `x-sim-fault: status=N`; 429 and 503 say when to retry, as servers do.
+fn simulated_failure(code: u16) -> Response<SimBody> {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = error_json(status, "simulated failure", "server_error");
+    if code == 429 || code == 503 {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("7"));
+    }
+    response
+}
+
+/// An LLM request as read: what its model profile and [`Script`] are chosen from.
+struct LlmRequest {
+    api: Api,
+    /// The model the path names (Gemini, Triton), which wins over the body's `model`.
+    path_model: Option<String>,
+    fault: Option<Fault>,
+    body: Bytes,
+    json: serde_json::Value,
+}
+
+/// The profile of the model a request names, the first one for a request that names none
+/// (TGI serves one model and names none), or for a model not configured the message of
+/// the 404 that answers it.
+fn profile_for<'a>(config: &'a SimConfig, llm: &LlmRequest) -> Result<&'a ModelProfile, String> {
+    let requested = llm
+        .path_model
+        .as_deref()
+        .or_else(|| llm.json.get("model").and_then(|m| m.as_str()))
+        .unwrap_or("");
+    let requested = if llm.api == Api::Tgi { "" } else { requested };
+    config
+        .models
+        .iter()
+        .find(|m| m.name == requested)
+        .or_else(|| requested.is_empty().then(|| &config.models[0]))
+        .ok_or_else(|| format!("The model `{requested}` does not exist."))
+}
+
+/// What the response to request number `n` says, event by event: its length (the
+/// profile's, capped by the request), usage, id and creation time.
+fn script(
+    config: &SimConfig,
+    llm: &LlmRequest,
+    profile: &ModelProfile,
+    n: u64,
+    received_unix_ns: Option<u64>,
+) -> Script {
+    let max_tokens = request::max_tokens(llm.api, &llm.json)
+        .map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
+    let (id, created) = match config.fixed_clock {
+        Some(at) => (format!("sim-{:016x}", fnv1a(&llm.body)), at),
         None => (
             format!("sim-{n}"),
             SystemTime::now()
@@ -478,302 +441,67 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         ),
     };
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    let script = Script {
-        api,
+    Script {
+        api: llm.api,
         model: profile.name.clone(),
         id,
         created,
-        tokens,
-        prompt_tokens,
-        include_usage,
-        continuous: state.config.usage == UsageMode::Continuous,
-        role_chunk: state.config.role_chunk && api == Api::Chat,
+        tokens: profile.tokens.min(max_tokens).max(1),
+        prompt_tokens: (llm.body.len() as u64 / 4).max(1),
+        include_usage: request::includes_usage(config.usage, &llm.json),
+        continuous: config.usage == UsageMode::Continuous,
+        role_chunk: config.role_chunk && llm.api == Api::Chat,
         stamp: received_unix_ns,
-        fault,
+        fault: llm.fault,
         ttft_ns: nanos(profile.ttft),
         itl_ns: nanos(profile.itl),
-    };
-    let schedule = Schedule::new(start, profile, tokens, &mut rng);
-    if stream {
-        let content_type = script.stream_content_type();
-        let stream = SimStream::new(script, schedule, coding, state.open_streams.clone());
-        let mut response = Response::new(stream.boxed_unsync());
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        response
-            .headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        if let Some(coding) = coding {
-            response
-                .headers_mut()
-                .insert(header::CONTENT_ENCODING, coding.header());
-        }
-        response
-    } else {
-        tokio::time::sleep_until(schedule.at(tokens - 1)).await;
-        let body = script.whole_response();
-        match coding {
-            None => json(StatusCode::OK, body),
-            Some(coding) => {
-                let mut encoder = Encoder::new(coding);
-                let mut bytes = encoder.frame(body.as_bytes()).to_vec();
-                bytes.extend_from_slice(&encoder.finish());
-                let mut response = json(StatusCode::OK, String::new());
-                *response.body_mut() = Full::new(Bytes::from(bytes))
-                    .map_err(|never| match never {})
-                    .boxed_unsync();
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_ENCODING, coding.header());
-                response
-            }
-        }
     }
 }
 
-/// Absolute send deadlines of every token of one response.
-struct Schedule {
-    deadlines: Vec<Instant>,
-}
-
-impl Schedule {
-    fn new(start: Instant, profile: &ModelProfile, tokens: u32, rng: &mut SmallRng) -> Schedule {
-        let mut jittered = |d: Duration| {
-            if profile.jitter > 0.0 {
-                d.mul_f64((1.0 + rng.gen_range(-profile.jitter..=profile.jitter)).max(0.0))
-            } else {
-                d
-            }
-        };
-        let mut at = start + jittered(profile.ttft);
-        let mut deadlines = Vec::with_capacity(tokens as usize);
-        for i in 0..tokens {
-            if i > 0 {
-                at += jittered(profile.itl);
-            }
-            deadlines.push(at);
-        }
-        Schedule { deadlines }
-    }
-
-    fn at(&self, i: u32) -> Instant {
-        self.deadlines[i as usize]
-    }
-}
-
-/// A content coding the simulator can send.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Coding {
-    Gzip,
-    Zstd,
-}
-
-impl Coding {
-    fn header(self) -> HeaderValue {
-        HeaderValue::from_static(match self {
-            Coding::Gzip => "gzip",
-            Coding::Zstd => "zstd",
-        })
-    }
-}
-
-/// A streaming compressor: each frame is flushed, so it can be decoded on arrival.
-enum Encoder {
-    Gzip(flate2::write::GzEncoder<Vec<u8>>),
-    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
-}
-
-impl Encoder {
-    fn new(coding: Coding) -> Encoder {
-        match coding {
-            Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
-                Vec::new(),
-                flate2::Compression::fast(),
-            )),
-            Coding::Zstd => match zstd::stream::write::Encoder::new(Vec::new(), 1) {
-                Ok(encoder) => Encoder::Zstd(encoder),
-                // Cannot happen short of allocation failure; gzip needs no context.
-                Err(_) => Encoder::new(Coding::Gzip),
-            },
-        }
-    }
-
-    /// Compress and flush one frame. Writing into a `Vec` cannot fail.
-    fn frame(&mut self, bytes: &[u8]) -> Bytes {
-        let out = match self {
-            Encoder::Gzip(e) => {
-                let _ = e.write_all(bytes).and_then(|()| e.flush());
-                std::mem::take(e.get_mut())
-            }
-            Encoder::Zstd(e) => {
-                let _ = e.write_all(bytes).and_then(|()| e.flush());
-                std::mem::take(e.get_mut())
-            }
-        };
-        Bytes::from(out)
-    }
-
-    /// The end of the compressed stream.
-    fn finish(&mut self) -> Bytes {
-        let out = match self {
-            Encoder::Gzip(e) => {
-                let _ = e.try_finish();
-                std::mem::take(e.get_mut())
-            }
-            Encoder::Zstd(e) => {
-                let _ = e.do_finish();
-                std::mem::take(e.get_mut())
-            }
-        };
-        Bytes::from(out)
-    }
-}
-
-/// Where a stream is in its script.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Step {
-    Preamble,
-    Token(u32),
-    Finish,
-    Usage,
-    Done,
-    /// The compressed stream's trailer, if compressing.
-    Trailer,
-    End,
-}
-
-/// A timer-driven streamed body following a [`Script`].
-struct SimStream {
+/// A streamed response: the head now, each event at its deadline.
+fn streamed_response(
     script: Script,
     schedule: Schedule,
-    step: Step,
-    /// Events sent so far (the first Gemini array element opens the array).
-    sent: u32,
-    sleep: Pin<Box<Sleep>>,
-    encoder: Option<Encoder>,
-    open: Arc<AtomicU64>,
+    coding: Option<Coding>,
+    open_streams: Arc<AtomicU64>,
+) -> Response<SimBody> {
+    let content_type = script.stream_content_type();
+    let stream = SimStream::new(script, schedule, coding, open_streams);
+    let mut response = Response::new(stream.boxed_unsync());
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(coding) = coding {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_ENCODING, coding.header());
+    }
+    response
 }
 
-impl Drop for SimStream {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl SimStream {
-    fn new(
-        script: Script,
-        schedule: Schedule,
-        coding: Option<Coding>,
-        open: Arc<AtomicU64>,
-    ) -> SimStream {
-        open.fetch_add(1, Ordering::Relaxed);
-        let first = schedule.at(0);
-        SimStream {
-            open,
-            script,
-            schedule,
-            step: Step::Preamble,
-            sent: 0,
-            sleep: Box::pin(tokio::time::sleep_until(first)),
-            encoder: coding.map(Encoder::new),
-        }
-    }
-
-    /// A data frame, compressed if the stream is.
-    fn emit(&mut self, bytes: Bytes) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.sent += 1;
-        let bytes = match self.encoder.as_mut() {
-            Some(encoder) => encoder.frame(&bytes),
-            None => bytes,
-        };
-        Poll::Ready(Some(Ok(Frame::data(bytes))))
-    }
-}
-
-impl Body for SimStream {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        let this = &mut *self;
-        loop {
-            match this.step {
-                Step::Preamble => {
-                    this.step = Step::Token(0);
-                    if let Some(bytes) = this.script.preamble() {
-                        return this.emit(bytes);
-                    }
-                }
-                Step::Token(i) => {
-                    match this.script.fault {
-                        Some(Fault::ResetAfter(n)) if i == n => {
-                            this.step = Step::End;
-                            return Poll::Ready(Some(Err(std::io::Error::new(
-                                std::io::ErrorKind::ConnectionReset,
-                                "simulated reset",
-                            ))));
-                        }
-                        Some(Fault::StallAfter(n)) if i == n => return Poll::Pending,
-                        Some(Fault::ErrorAfter(n)) if i == n => {
-                            this.step = Step::Trailer;
-                            let error = this.script.error(this.sent == 0);
-                            return this.emit(error);
-                        }
-                        Some(Fault::EndAfter(n)) if i == n => {
-                            this.step = Step::Trailer;
-                            continue;
-                        }
-                        _ => {}
-                    }
-                    if i >= this.script.tokens {
-                        this.step = Step::Finish;
-                        continue;
-                    }
-                    let deadline = this.schedule.at(i);
-                    if this.sleep.deadline() != deadline {
-                        this.sleep.as_mut().reset(deadline);
-                    }
-                    if this.sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.step = Step::Token(i + 1);
-                    let bytes = this.script.token(i, this.sent == 0);
-                    return this.emit(bytes);
-                }
-                Step::Finish => {
-                    this.step = Step::Usage;
-                    if let Some(bytes) = this.script.finish(this.sent == 0) {
-                        return this.emit(bytes);
-                    }
-                }
-                Step::Usage => {
-                    this.step = Step::Done;
-                    if let Some(bytes) = this.script.usage() {
-                        return this.emit(bytes);
-                    }
-                }
-                Step::Done => {
-                    this.step = Step::Trailer;
-                    if let Some(bytes) = this.script.done() {
-                        return this.emit(bytes);
-                    }
-                }
-                Step::Trailer => {
-                    this.step = Step::End;
-                    if let Some(encoder) = this.encoder.as_mut() {
-                        let tail = encoder.finish();
-                        if !tail.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(tail))));
-                        }
-                    }
-                }
-                Step::End => return Poll::Ready(None),
-            }
-        }
-    }
+/// A whole response, sent when its last token is due.
+async fn whole_response(
+    script: &Script,
+    schedule: &Schedule,
+    coding: Option<Coding>,
+) -> Response<SimBody> {
+    tokio::time::sleep_until(schedule.at(script.tokens - 1)).await;
+    let body = script.whole_response();
+    let Some(coding) = coding else {
+        return json(StatusCode::OK, body);
+    };
+    let mut encoder = Encoder::new(coding);
+    let mut bytes = encoder.frame(body.as_bytes()).to_vec();
+    bytes.extend_from_slice(&encoder.finish());
+    let mut response = json(StatusCode::OK, String::new());
+    *response.body_mut() = Full::new(Bytes::from(bytes))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_ENCODING, coding.header());
+    response
 }
