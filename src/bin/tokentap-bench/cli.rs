@@ -1,0 +1,114 @@
+//! The command line: one subcommand per job (`run`, `fidelity`, `scrape`) and their
+//! flags, which `scripts/bench.sh` and `scripts/bench/` pass.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokentap::config::units::parse_duration;
+
+#[derive(Parser, Debug)]
+#[command(about = "Load generator for tokentap's benchmark (see scripts/bench.sh)")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Stream load against a target; prints a JSON summary line.
+    Run(RunArgs),
+    /// Compare a client request log with tokentap's JSON access log.
+    Fidelity(FidelityArgs),
+    /// Time full GETs of a URL (e.g. the admin /metrics).
+    Scrape(ScrapeArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct RunArgs {
+    /// Base URL of the target, e.g. http://127.0.0.1:8080 (loopback only).
+    #[arg(long)]
+    pub(crate) url: String,
+    /// Request path.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    pub(crate) path: String,
+    /// Concurrent streams (one connection each over HTTP/1.1).
+    #[arg(short, long, default_value_t = 100)]
+    pub(crate) concurrency: usize,
+    /// Measurement window (after the warm-up).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Warm-up before the window: connections and streams run, nothing is recorded.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) warmup: Duration,
+    /// Spread the first request of each stream slot uniformly over this.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub(crate) ramp: Duration,
+    /// Stop after this many requests in all (0: run for the duration). With a count,
+    /// there is no warm-up and everything is recorded.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) requests: u64,
+    /// Models to ask for, comma-separated; request i asks for models[i % len].
+    #[arg(long, value_delimiter = ',', default_value = "sim-model")]
+    pub(crate) models: Vec<String>,
+    /// Distinct tenants: request i sends `x-tenant-id: t<(i / models) % tenants>` (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) tenants: u64,
+    /// Send a unique `x-tenant-id` per request (pairs requests with tokentap's access log).
+    #[arg(long)]
+    pub(crate) unique_tenants: bool,
+    /// `max_tokens` to send (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_tokens: u32,
+    /// Do not ask for `stream_options.include_usage`.
+    #[arg(long)]
+    pub(crate) no_usage: bool,
+    /// Speak h2c (prior knowledge), streams multiplexed over `--h2-connections`.
+    #[arg(long)]
+    pub(crate) http2: bool,
+    /// h2c connections to spread the streams over.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) h2_connections: usize,
+    /// Hold mode: open `concurrency` streams once and keep them open for the whole
+    /// warm-up + duration; a stream that ends or fails before that is an error.
+    #[arg(long)]
+    pub(crate) hold: bool,
+    /// In hold mode, create this file once every stream has received its first event.
+    #[arg(long)]
+    pub(crate) ready_file: Option<PathBuf>,
+    /// Per-request timeout (streams longer than this count as errors).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub(crate) timeout: Duration,
+    /// Write one JSON line per completed request (tenant, ttft_ms, mean_itl_ms, tokens).
+    #[arg(long)]
+    pub(crate) requests_log: Option<PathBuf>,
+    /// Runtime worker threads (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// A label copied into the JSON summary.
+    #[arg(long, default_value = "")]
+    pub(crate) label: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct FidelityArgs {
+    /// The client's `--requests-log`.
+    #[arg(long)]
+    pub(crate) client: PathBuf,
+    /// tokentap's stderr with `log.format: json`. Without it, only the simulator's TTFT
+    /// is compared with the client's.
+    #[arg(long)]
+    pub(crate) access: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScrapeArgs {
+    /// Full URL, e.g. http://127.0.0.1:9464/metrics.
+    #[arg(long)]
+    pub(crate) url: String,
+    /// Timed repeats (after one untimed warm-up GET).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) repeat: usize,
+}
