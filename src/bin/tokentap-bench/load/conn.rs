@@ -9,9 +9,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use super::Shared;
 
+pub(super) type H2Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
 pub(super) enum Sender {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
-    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+    H2(H2Sender),
 }
 
 impl Sender {
@@ -49,7 +51,8 @@ pub(super) async fn connect_h1(shared: &Shared) -> anyhow::Result<Sender> {
     Ok(Sender::H1(sender))
 }
 
-pub(super) async fn connect_h2(shared: &Shared) -> anyhow::Result<Sender> {
+/// An h2c connection, which every stream slot sharing it clones.
+pub(super) async fn connect_h2(shared: &Shared) -> anyhow::Result<H2Sender> {
     let stream = tokio::net::TcpStream::connect(&shared.authority).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
@@ -61,5 +64,5 @@ pub(super) async fn connect_h2(shared: &Shared) -> anyhow::Result<Sender> {
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok(Sender::H2(sender))
+    Ok(sender)
 }

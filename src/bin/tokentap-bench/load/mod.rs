@@ -157,8 +157,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         let conns = shared.args.h2_connections.clamp(1, n);
         for _ in 0..conns {
             match connect_h2(&shared).await {
-                Ok(Sender::H2(sender)) => h2_senders.push(sender),
-                Ok(Sender::H1(_)) => unreachable!("connect_h2 returns h2 senders"),
+                Ok(sender) => h2_senders.push(sender),
                 Err(err) => {
                     shared.errors.connect.fetch_add(1, Ordering::Relaxed);
                     eprintln!("tokentap-bench: h2 connect failed: {err:#}");

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use tokentap::sim::unix_ns;
 use tokentap::wire::sse::{SseDecoder, SseEvent};
 
-use super::conn::{connect_h1, Sender};
+use super::conn::{connect_h1, H2Sender, Sender};
 use super::Shared;
 
 fn build_request(shared: &Shared, i: u64, http2: bool) -> (Request<Full<Bytes>>, Option<String>) {
@@ -215,10 +215,7 @@ fn count_failure(shared: &Shared, failure: &Failure) {
 }
 
 /// One stream slot: request after request on its own connection until the end.
-pub(super) async fn stream_slot(
-    shared: &Shared,
-    h2: Option<hyper::client::conn::http2::SendRequest<Full<Bytes>>>,
-) {
+pub(super) async fn stream_slot(shared: &Shared, h2: Option<H2Sender>) {
     let mut sender: Option<Sender> = h2.clone().map(Sender::H2);
     let mut backoff = Duration::from_millis(5);
     loop {
