@@ -10,6 +10,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -24,7 +25,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::metrics::{Exposition, Metrics};
-use crate::server::Readiness;
 
 /// Prometheus text exposition format 0.0.4.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,6 +35,30 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const CHUNKS_PER_POLL: u32 = 4;
 
 type AdminBody = Either<Full<Bytes>, MetricsBody>;
+
+/// What `/readyz` reports. The server sets it (bound, probe result, draining); it lives
+/// here, beside the endpoint that reads it.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    pub listening: AtomicBool,
+    pub upstream_reachable: AtomicBool,
+    pub draining: AtomicBool,
+}
+
+impl Readiness {
+    /// `Ok` when ready, else the reason.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::Relaxed) {
+            Err("draining")
+        } else if !self.listening.load(Ordering::Relaxed) {
+            Err("listener not bound")
+        } else if !self.upstream_reachable.load(Ordering::Relaxed) {
+            Err("upstream not reachable")
+        } else {
+            Ok(())
+        }
+    }
+}
 
 /// Serve the admin endpoints until the task is aborted.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<Readiness>) {

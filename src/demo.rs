@@ -100,11 +100,15 @@ pub async fn run(
     .await
     .map_err(DemoError::Sim)?;
     let sim_addr = sim.local_addr();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Stopped in order: the traffic, then tokentap, then the simulator, so that tokentap's
+    // upstream probe never sees its upstream gone (and warns) during a clean exit.
+    let (stop_traffic, traffic_stopped) = tokio::sync::watch::channel(false);
+    let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
+    let (stop_sim, sim_stopped) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let sim_task = tokio::spawn(sim.run(stopped(stop_rx.clone())));
+    let sim_task = tokio::spawn(sim.run(stopped(sim_stopped)));
 
     let config = Config::from_overrides(&Overrides {
         upstream: Some(format!("http://{sim_addr}")),
@@ -116,7 +120,7 @@ pub async fn run(
     let proxy_addr = server.proxy_addr();
     let admin_addr = server.admin_addr();
     let metrics = server.metrics();
-    let server_task = tokio::spawn(server.run(stopped(stop_rx.clone())));
+    let server_task = tokio::spawn(server.run(stopped(proxy_stopped)));
 
     println!("tokentap demo");
     println!(
@@ -136,7 +140,7 @@ pub async fn run(
             proxy_addr,
             worker as u64,
             sent.clone(),
-            stop_rx.clone(),
+            traffic_stopped.clone(),
         )));
     }
 
@@ -157,12 +161,14 @@ pub async fn run(
             _ = ticker.tick() => print_summary(&metrics, sent.load(Ordering::Relaxed)),
         }
     }
-    let _ = stop_tx.send(true);
+    let _ = stop_traffic.send(true);
     for worker in workers {
         let _ = worker.await;
     }
     print_summary(&metrics, sent.load(Ordering::Relaxed));
+    let _ = stop_proxy.send(true);
     let _ = server_task.await;
+    let _ = stop_sim.send(true);
     let _ = sim_task.await;
     Ok(())
 }

@@ -1,12 +1,18 @@
-//! Configuration: the YAML file's raw shape (`raw.rs`), validated into [`Config`].
+//! Configuration: the YAML file's raw shape (`raw.rs`, read by `parse.rs`), validated into
+//! [`Config`] (`validate.rs`, with the defaults of `defaults.rs` and the key locations of
+//! `locate.rs`).
 //!
 //! Every error names the key path and the line:column it comes from, unknown keys are
 //! errors, and defaults live beside the fields they belong to. Command-line flags are
 //! applied on top of the file by [`Overrides`]. Secret values (API-key hashes' tenants are
 //! not secret, but nothing from a request ever is stored here) are never echoed.
 
+mod defaults;
+mod locate;
+mod parse;
 mod raw;
 pub mod units;
+mod validate;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -262,7 +268,7 @@ impl Config {
         origin: &str,
         overrides: &Overrides,
     ) -> Result<Config, ConfigError> {
-        let raw = raw::parse(text).map_err(|issue| ConfigError::Invalid {
+        let raw = parse::parse(text).map_err(|issue| ConfigError::Invalid {
             origin: origin.to_string(),
             issues: vec![issue],
         })?;

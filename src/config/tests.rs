@@ -140,9 +140,9 @@ fn type_errors_are_located() {
 #[test]
 fn locate_walks_nested_keys_and_sequences() {
     let text = "a:\n  b: 1\n  c:\n    - x: 1\n    - y: 2\n      z: 3\n";
-    assert_eq!(raw::locate(text, "a.b"), Some((2, 3)));
-    assert_eq!(raw::locate(text, "a.c.1.z"), Some((6, 7)));
-    assert_eq!(raw::locate(text, "a.missing"), None);
+    assert_eq!(locate::locate(text, "a.b"), Some((2, 3)));
+    assert_eq!(locate::locate(text, "a.c.1.z"), Some((6, 7)));
+    assert_eq!(locate::locate(text, "a.missing"), None);
 }
 
 #[test]
@@ -171,16 +171,19 @@ observe:
   tokenizer:
     file: /t.json
 ";
-    assert_eq!(raw::locate(text, "routes.0.path_prefix"), Some((2, 5)));
-    assert_eq!(raw::locate(text, "routes.1.path_prefix"), Some((4, 5)));
-    assert_eq!(raw::locate(text, "routes.1.dialect"), Some((5, 5)));
-    assert_eq!(raw::locate(text, "routes.2"), None);
-    assert_eq!(raw::locate(text, "seq_at_key_indent.1.x"), Some((8, 3)));
-    assert_eq!(raw::locate(text, "observe.tokenizer.file"), Some((11, 5)));
-    // Only direct children match: `dialect` is not a key of `routes` itself.
-    assert_eq!(raw::locate(text, "routes.dialect"), None);
+    assert_eq!(locate::locate(text, "routes.0.path_prefix"), Some((2, 5)));
+    assert_eq!(locate::locate(text, "routes.1.path_prefix"), Some((4, 5)));
+    assert_eq!(locate::locate(text, "routes.1.dialect"), Some((5, 5)));
+    assert_eq!(locate::locate(text, "routes.2"), None);
+    assert_eq!(locate::locate(text, "seq_at_key_indent.1.x"), Some((8, 3)));
     assert_eq!(
-        raw::locate("upstream:\n  url: http://a:1\n", "upstream.url"),
+        locate::locate(text, "observe.tokenizer.file"),
+        Some((11, 5))
+    );
+    // Only direct children match: `dialect` is not a key of `routes` itself.
+    assert_eq!(locate::locate(text, "routes.dialect"), None);
+    assert_eq!(
+        locate::locate("upstream:\n  url: http://a:1\n", "upstream.url"),
         Some((2, 3))
     );
 }

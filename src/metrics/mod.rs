@@ -9,6 +9,7 @@
 //! crate's snapshot-then-encode made each scrape take most of a second. The text is the
 //! same byte for byte (`equivalence` proves it against the crate).
 
+pub mod buckets;
 #[cfg(test)]
 mod equivalence;
 mod exposition;

@@ -13,7 +13,7 @@ mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin;
+use crate::admin::{self, Readiness};
 use crate::config::{Config, ListenerTls};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
@@ -45,29 +45,6 @@ pub enum ServeError {
     Tls(String),
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
-}
-
-/// What `/readyz` reports.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    pub listening: AtomicBool,
-    pub upstream_reachable: AtomicBool,
-    pub draining: AtomicBool,
-}
-
-impl Readiness {
-    /// `Ok` when ready, else the reason.
-    pub fn check(&self) -> Result<(), &'static str> {
-        if self.draining.load(Ordering::Relaxed) {
-            Err("draining")
-        } else if !self.listening.load(Ordering::Relaxed) {
-            Err("listener not bound")
-        } else if !self.upstream_reachable.load(Ordering::Relaxed) {
-            Err("upstream not reachable")
-        } else {
-            Ok(())
-        }
-    }
 }
 
 /// A bound, not yet serving, tokentap.
@@ -100,14 +77,6 @@ impl Server {
     /// Bind the proxy and admin ports and build the upstream client.
     pub async fn bind(config: Config) -> Result<Server, ServeError> {
         let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
-        Server::bind_with_metrics(config, metrics).await
-    }
-
-    /// As [`Server::bind`], exporting into existing metric families (used by the demo).
-    pub async fn bind_with_metrics(
-        config: Config,
-        metrics: Arc<Metrics>,
-    ) -> Result<Server, ServeError> {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
         let proxy_listener = bind("proxy", config.listen).await?;

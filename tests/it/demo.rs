@@ -22,6 +22,9 @@ fn demo_runs_and_shows_per_model_figures() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("/metrics"), "{stdout}");
+    // A clean exit logs no warning (the demo logs at `warn`, so any would show here).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("WARN"), "{stderr}");
     // The final summary has rows per model and tenant; each model has measured TTFTs
     // (a pair whose only stream was cut by the demo's end may show "-").
     let summary = stdout.rsplit("tokentap's own figures").next().unwrap();

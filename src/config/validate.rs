@@ -1,0 +1,455 @@
+//! Raw values to the validated [`Config`]: every check, every default applied, and every
+//! issue collected (with its key path and line) rather than stopping at the first.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::defaults::*;
+use super::locate::locate;
+use super::raw::*;
+use super::units::HumanDuration;
+use super::*;
+use crate::metrics::buckets::{
+    DURATION_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_SECOND_BUCKETS,
+};
+use crate::wire::{Dialect, Tokenizer};
+
+/// Collects validation issues, locating each key path in the source text.
+struct Issues<'t> {
+    text: &'t str,
+    found: Vec<ConfigIssue>,
+}
+
+impl Issues<'_> {
+    fn push(&mut self, path: &str, message: impl Into<String>) {
+        self.found.push(ConfigIssue {
+            path: path.to_string(),
+            location: locate(self.text, path),
+            message: message.into(),
+        });
+    }
+}
+
+impl RawConfig {
+    /// Check every field and build the [`Config`]; returns all issues at once.
+    pub fn validate(self, text: &str, overrides: &Overrides) -> Result<Config, Vec<ConfigIssue>> {
+        let mut issues = Issues {
+            text,
+            found: Vec::new(),
+        };
+
+        let listen = socket_addr(
+            &mut issues,
+            "listen",
+            overrides.listen.as_deref().or(self.listen.as_deref()),
+            DEFAULT_LISTEN,
+        );
+        let admin = socket_addr(
+            &mut issues,
+            "admin",
+            overrides.admin.as_deref().or(self.admin.as_deref()),
+            DEFAULT_ADMIN,
+        );
+        let upstream = self
+            .upstream
+            .validate(&mut issues, overrides.upstream.as_deref());
+        let tls = self.tls.map(|t| ListenerTls {
+            cert_file: t.cert_file,
+            key_file: t.key_file,
+        });
+        let shutdown = Shutdown {
+            drain_timeout: dur(self.shutdown.drain_timeout, default_drain_timeout()),
+        };
+        let limits = Limits {
+            max_in_flight: self.limits.max_in_flight.unwrap_or(default_max_in_flight()),
+            header_read_timeout: dur(
+                self.limits.header_read_timeout,
+                default_header_read_timeout(),
+            ),
+            max_headers: self.limits.max_headers.unwrap_or(default_max_headers()),
+            max_header_bytes: self
+                .limits
+                .max_header_bytes
+                .map_or(default_max_header_bytes(), |b| b.0),
+        };
+        if limits.max_in_flight == 0 {
+            issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.max_header_bytes < 8192 {
+            // hyper's floor for its read buffer.
+            issues.push("limits.max_header_bytes", "must be at least 8KiB");
+        }
+        let tenants = self.tenants.validate(&mut issues);
+        let labels = Labels {
+            model: self.labels.model.validate(&mut issues, "labels.model"),
+            tenant: self.labels.tenant.validate(&mut issues, "labels.tenant"),
+        };
+        let b = self.metrics.buckets;
+        let buckets = Buckets {
+            time_to_first_byte_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_to_first_byte_seconds",
+                b.time_to_first_byte_seconds,
+                LATENCY_BUCKETS,
+            ),
+            time_to_first_token_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_to_first_token_seconds",
+                b.time_to_first_token_seconds,
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.inter_token_latency_seconds",
+                b.inter_token_latency_seconds,
+                ITL_BUCKETS,
+            ),
+            time_per_output_token_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.time_per_output_token_seconds",
+                b.time_per_output_token_seconds,
+                ITL_BUCKETS,
+            ),
+            output_tokens_per_second: buckets(
+                &mut issues,
+                "metrics.buckets.output_tokens_per_second",
+                b.output_tokens_per_second,
+                TOKENS_PER_SECOND_BUCKETS,
+            ),
+            request_duration_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.request_duration_seconds",
+                b.request_duration_seconds,
+                DURATION_BUCKETS,
+            ),
+        };
+        let metrics = MetricsConfig {
+            buckets,
+            stall_threshold: dur(self.metrics.stall_threshold, default_stall_threshold()),
+        };
+        let observe = Observe {
+            max_event_bytes: self
+                .observe
+                .max_event_bytes
+                .map_or(default_max_event_bytes(), |b| b.0),
+            max_body_bytes: self
+                .observe
+                .max_body_bytes
+                .map_or(default_max_body_bytes(), |b| b.0),
+            skip_special_tokens: self.observe.skip_special_tokens,
+            tokenizer: self.observe.tokenizer.and_then(|t| t.validate(&mut issues)),
+        };
+        if observe.max_event_bytes < 1024 {
+            issues.push("observe.max_event_bytes", "must be at least 1KiB");
+        }
+        let routes = routes(&mut issues, self.routes);
+        let log = self.log.validate(&mut issues, overrides);
+
+        match (listen, admin, upstream) {
+            (Some(listen), Some(admin), Some(upstream)) if issues.found.is_empty() => Ok(Config {
+                listen,
+                admin,
+                upstream,
+                tls,
+                shutdown,
+                limits,
+                tenants,
+                labels,
+                metrics,
+                observe,
+                routes,
+                log,
+            }),
+            _ => Err(issues.found),
+        }
+    }
+}
+
+fn dur(value: Option<HumanDuration>, default: Duration) -> Duration {
+    value.map_or(default, |d| d.0)
+}
+
+fn socket_addr(
+    issues: &mut Issues<'_>,
+    path: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<SocketAddr> {
+    let text = value.unwrap_or(default);
+    match text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            issues.push(
+                path,
+                format!("`{text}` is not a socket address (use host:port, e.g. 0.0.0.0:8080)"),
+            );
+            None
+        }
+    }
+}
+
+fn buckets(
+    issues: &mut Issues<'_>,
+    path: &str,
+    value: Option<Vec<f64>>,
+    default: &[f64],
+) -> Vec<f64> {
+    let Some(bounds) = value else {
+        return default.to_vec();
+    };
+    if bounds.is_empty() {
+        issues.push(path, "needs at least one bucket bound");
+    } else if bounds.iter().any(|b| !b.is_finite() || *b <= 0.0) {
+        issues.push(path, "bucket bounds must be positive finite numbers");
+    } else if bounds.windows(2).any(|w| w[0] >= w[1]) {
+        issues.push(path, "bucket bounds must be strictly increasing");
+    }
+    bounds
+}
+
+impl RawUpstream {
+    fn validate(self, issues: &mut Issues<'_>, flag: Option<&str>) -> Option<Upstream> {
+        let Some(url) = flag.or(self.url.as_deref()) else {
+            issues.push(
+                "upstream.url",
+                "missing: set `upstream.url` or pass --upstream (TOKENTAP_UPSTREAM)",
+            );
+            return None;
+        };
+        let (scheme, authority, base_path) = match parse_upstream_url(url) {
+            Ok(parts) => parts,
+            Err(message) => {
+                issues.push("upstream.url", message);
+                return None;
+            }
+        };
+        if self.http2 && scheme == http::uri::Scheme::HTTPS {
+            issues.push(
+                "upstream.http2",
+                "only for http:// upstreams (https:// negotiates HTTP/2 by ALPN)",
+            );
+        }
+        let host_header = match self.host_header.as_deref() {
+            None | Some("upstream") => HostHeader::Upstream,
+            Some("preserve") => HostHeader::Preserve,
+            Some(other) => {
+                issues.push(
+                    "upstream.host_header",
+                    format!("`{other}` is not one of `upstream`, `preserve`"),
+                );
+                HostHeader::Upstream
+            }
+        };
+        let upstream = Upstream {
+            scheme,
+            authority,
+            base_path,
+            connect_timeout: dur(self.connect_timeout, default_connect_timeout()),
+            response_head_timeout: dur(self.response_head_timeout, default_response_head_timeout()),
+            idle_timeout: dur(self.idle_timeout, default_idle_timeout()),
+            http2: self.http2,
+            ca_file: self.ca_file,
+            host_header,
+            pool_idle_timeout: dur(self.pool_idle_timeout, default_pool_idle_timeout()),
+            pool_max_idle_per_host: self
+                .pool_max_idle_per_host
+                .unwrap_or(default_pool_max_idle_per_host()),
+            probe_interval: dur(self.probe_interval, default_probe_interval()),
+        };
+        for (key, value) in [
+            ("upstream.connect_timeout", upstream.connect_timeout),
+            (
+                "upstream.response_head_timeout",
+                upstream.response_head_timeout,
+            ),
+            ("upstream.idle_timeout", upstream.idle_timeout),
+            ("upstream.probe_interval", upstream.probe_interval),
+        ] {
+            if value.is_zero() {
+                issues.push(key, "must be longer than 0");
+            }
+        }
+        Some(upstream)
+    }
+}
+
+/// Validate `routes`, in order: a prefix is a path (no query), a dialect is a known name
+/// or `none`, and no route is hidden behind an earlier one that matches all its paths.
+fn routes(issues: &mut Issues<'_>, raw: Vec<RawRoute>) -> Vec<Route> {
+    let mut out: Vec<Route> = Vec::with_capacity(raw.len());
+    // Each kept route's index in the file, for messages.
+    let mut written_at = Vec::with_capacity(raw.len());
+    for (i, route) in raw.into_iter().enumerate() {
+        let path = format!("routes.{i}");
+        let prefix = route.path_prefix.trim();
+        let mut valid = true;
+        if !prefix.starts_with('/') || prefix.contains(['?', '#']) || prefix.contains("//") {
+            issues.push(
+                &format!("{path}.path_prefix"),
+                format!("`{prefix}` is not a path prefix (starts with `/`, no query)"),
+            );
+            valid = false;
+        }
+        let dialect = match route.dialect.as_str() {
+            "none" => None,
+            name => match Dialect::from_name(name) {
+                Some(dialect) => Some(dialect),
+                None => {
+                    let names: Vec<String> =
+                        Dialect::ALL.iter().map(|d| format!("`{d}`")).collect();
+                    issues.push(
+                        &format!("{path}.dialect"),
+                        format!("`{name}` is not one of {}, `none`", names.join(", ")),
+                    );
+                    valid = false;
+                    None
+                }
+            },
+        };
+        if !valid {
+            continue;
+        }
+        let prefix = match prefix.trim_end_matches('/') {
+            "" => "/",
+            trimmed => trimmed,
+        };
+        let route = Route {
+            path_prefix: prefix.to_string(),
+            dialect,
+        };
+        if let Some(j) = out.iter().position(|earlier| earlier.matches(prefix)) {
+            issues.push(
+                &format!("{path}.path_prefix"),
+                format!(
+                    "never used: `routes.{}` (`{}`) comes first and matches every path \
+                     this one does",
+                    written_at[j], out[j].path_prefix
+                ),
+            );
+            continue;
+        }
+        out.push(route);
+        written_at.push(i);
+    }
+    out
+}
+
+impl RawTokenizer {
+    fn validate(self, issues: &mut Issues<'_>) -> Option<Tokenizer> {
+        let loaded = match (self.encoding, self.file) {
+            (Some(name), None) => Tokenizer::encoding(&name).map_err(|e| ("encoding", e)),
+            (None, Some(file)) => Tokenizer::from_file(&file).map_err(|e| ("file", e)),
+            _ => {
+                issues.push(
+                    "observe.tokenizer",
+                    "needs exactly one of `encoding`, `file`",
+                );
+                return None;
+            }
+        };
+        match loaded {
+            Ok(tokenizer) => Some(tokenizer),
+            Err((key, err)) => {
+                issues.push(&format!("observe.tokenizer.{key}"), err.to_string());
+                None
+            }
+        }
+    }
+}
+
+impl RawTenants {
+    fn validate(self, issues: &mut Issues<'_>) -> Vec<TenantSource> {
+        let Some(sources) = self.sources else {
+            return vec![TenantSource::Header(http::HeaderName::from_static(
+                "x-tenant-id",
+            ))];
+        };
+        let mut out = Vec::with_capacity(sources.len());
+        for (i, source) in sources.into_iter().enumerate() {
+            let path = format!("tenants.sources.{i}");
+            match (source.header, source.api_keys) {
+                (Some(name), None) => match http::HeaderName::try_from(name.as_str()) {
+                    Ok(name) => out.push(TenantSource::Header(name)),
+                    Err(_) => issues.push(
+                        &format!("{path}.header"),
+                        format!("`{name}` is not a valid header name"),
+                    ),
+                },
+                (None, Some(keys)) => {
+                    let mut map = HashMap::with_capacity(keys.len());
+                    for (hash, tenant) in keys {
+                        let mut digest = [0u8; 32];
+                        // Report the position only: a hash is not a secret, but a
+                        // mistakenly pasted raw key would be.
+                        if hash.len() != 64 || hex::decode_to_slice(&hash, &mut digest).is_err() {
+                            issues.push(
+                                &format!("{path}.api_keys"),
+                                "keys must be 64 hex digits: the SHA-256 of the API key, \
+                                 never the key itself (`printf %s \"$KEY\" | sha256sum`)",
+                            );
+                            continue;
+                        }
+                        map.insert(digest, tenant);
+                    }
+                    out.push(TenantSource::ApiKeys(map));
+                }
+                _ => issues.push(&path, "needs exactly one of `header`, `api_keys`"),
+            }
+        }
+        out
+    }
+}
+
+impl RawLabelPolicy {
+    fn validate(self, issues: &mut Issues<'_>, path: &str) -> LabelPolicy {
+        let max_values = if self.unbounded {
+            None
+        } else {
+            let max = self.max_values.unwrap_or(default_label_max_values());
+            if max == 0 {
+                issues.push(&format!("{path}.max_values"), "must be at least 1");
+            } else if max > label_max_values_ceiling() {
+                issues.push(
+                    &format!("{path}.max_values"),
+                    format!(
+                        "{max} exceeds {}; set `unbounded: true` to opt in to unbounded series",
+                        label_max_values_ceiling()
+                    ),
+                );
+            }
+            Some(max)
+        };
+        LabelPolicy {
+            max_values,
+            allow: self.allow.map(|v| v.into_iter().collect::<HashSet<_>>()),
+            aliases: self.aliases.into_iter().collect(),
+            max_value_len: self.max_value_len.unwrap_or(default_label_max_value_len()),
+        }
+    }
+}
+
+impl RawLog {
+    fn validate(self, issues: &mut Issues<'_>, overrides: &Overrides) -> Log {
+        let format = match overrides.log_format.as_deref().or(self.format.as_deref()) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                issues.push(
+                    "log.format",
+                    format!("`{other}` is not one of `text`, `json`"),
+                );
+                LogFormat::Text
+            }
+        };
+        let level = overrides
+            .log_level
+            .clone()
+            .or(self.level)
+            .unwrap_or_else(|| "info".to_string());
+        if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+            issues.push("log.level", format!("`{level}` is not a log filter"));
+        }
+        Log { format, level }
+    }
+}
