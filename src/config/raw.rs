@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::units::{ByteSize, HumanDuration};
 use super::*;
-use crate::wire::{Dialect, Tokenizer};
+use crate::wire::{DecodeLimits, Dialect, Tokenizer};
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
@@ -276,10 +276,10 @@ const fn default_stall_threshold() -> Duration {
     Duration::from_secs(5)
 }
 const fn default_max_event_bytes() -> usize {
-    1 << 20
+    DecodeLimits::DEFAULT.max_event_bytes
 }
 const fn default_max_body_bytes() -> usize {
-    8 << 20
+    DecodeLimits::DEFAULT.max_body_bytes
 }
 
 /// Time-to-first-byte/token buckets: 10 ms to 60 s, dense below 1 s where interactive
