@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokentap::wire::sse::SseDecoder;
-use tokentap::wire::{decoder, DecodeLimits, Dialect, Framing, Signal};
+use tokentap::wire::{decoder, DecodeLimits, DecodeOptions, Dialect, Framing, Signal};
 
 /// A response exactly like `tokentap sim` sends: role chunk, `tokens` content chunks, the
 /// finish chunk, a usage chunk and `[DONE]`, one `data:` event each.
@@ -204,7 +204,8 @@ fn bench_dialects(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(&name, how), &frames, |b, frames| {
                 let mut signals: Vec<Signal> = Vec::with_capacity(16);
                 b.iter(|| {
-                    let mut dec = decoder(dialect, framing, DecodeLimits::default());
+                    let options = DecodeOptions::new(DecodeLimits::DEFAULT);
+                    let mut dec = decoder(dialect, framing, options);
                     let mut n = 0usize;
                     for frame in frames {
                         signals.clear();

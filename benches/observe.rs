@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, Overrides};
 use tokentap::metrics::Metrics;
 use tokentap::observe::{ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver};
-use tokentap::wire::{decoder, DecodeLimits, Dialect, Framing};
+use tokentap::wire::{decoder, DecodeLimits, DecodeOptions, Dialect, Framing};
 
 const TOKENS: usize = 40;
 
@@ -92,7 +92,8 @@ fn observer(metrics: &Arc<Metrics>, model: &str, tenant: Option<String>) -> Stre
         Duration::from_secs(5),
     );
     recorder.response_head(Instant::now(), http::StatusCode::OK);
-    let dec = decoder(Dialect::OpenAiChat, Framing::Sse, DecodeLimits::default());
+    let options = DecodeOptions::new(DecodeLimits::DEFAULT);
+    let dec = decoder(Dialect::OpenAiChat, Framing::Sse, options);
     StreamObserver::new(recorder, Some(dec), metrics.clone())
 }
 

@@ -101,11 +101,6 @@ impl TokenClock {
         }
     }
 
-    /// The instant the request head was received.
-    pub fn started(&self) -> Instant {
-        self.t_req
-    }
-
     /// The upstream response head arrived; returns the TTFB. Only the first call counts.
     pub fn response_head(&mut self, at: Instant) -> Duration {
         let t_head = *self.t_head.get_or_insert(at);

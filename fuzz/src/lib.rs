@@ -55,11 +55,11 @@ pub fn frames(body: &[u8], seed: u8) -> Vec<&[u8]> {
     out
 }
 
-/// Limits from a selector: 0 is the default; others go down to 8-byte events and
+/// Limits from a selector: 0 is [`DecodeLimits::DEFAULT`]; others go down to 8-byte events and
 /// 16-byte bodies.
 pub fn limits(selector: u8) -> DecodeLimits {
     if selector == 0 {
-        return DecodeLimits::default();
+        return DecodeLimits::DEFAULT;
     }
     DecodeLimits {
         max_event_bytes: 8usize << (selector % 16),
@@ -97,13 +97,11 @@ pub fn check_decoder(dialect: Dialect, data: &[u8]) {
     };
     let framing = framing(select & 3);
     let limits = limits(select >> 2);
-    // Written to stay valid when options are added.
-    #[allow(clippy::needless_update)]
     let options = DecodeOptions {
         skip_special_tokens: seed & 0x80 != 0,
-        ..DecodeOptions::default()
+        ..DecodeOptions::new(limits)
     };
-    let make = || wire::decoder_with(dialect, framing, limits, options);
+    let make = || wire::decoder(dialect, framing, options);
     let whole = decode(make(), [body]);
     let split = decode(make(), frames(body, *seed));
     assert_eq!(
@@ -182,8 +180,7 @@ pub fn check_compressed(data: &[u8]) {
             dialect,
             content_type,
             Some(coding.as_bytes()),
-            DecodeLimits::default(),
-            DecodeOptions::default(),
+            DecodeOptions::new(DecodeLimits::DEFAULT),
         )
         .expect("every coding and content type here is supported")
     };

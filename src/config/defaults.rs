@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::wire::DecodeLimits;
+
 pub(super) const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 pub(super) const DEFAULT_ADMIN: &str = "0.0.0.0:9464";
 pub(super) const fn default_connect_timeout() -> Duration {
@@ -52,8 +54,8 @@ pub(super) const fn default_stall_threshold() -> Duration {
     Duration::from_secs(5)
 }
 pub(super) const fn default_max_event_bytes() -> usize {
-    1 << 20
+    DecodeLimits::DEFAULT.max_event_bytes
 }
 pub(super) const fn default_max_body_bytes() -> usize {
-    8 << 20
+    DecodeLimits::DEFAULT.max_body_bytes
 }

@@ -198,16 +198,11 @@ impl Proxy {
             max_body_bytes: config.observe.max_body_bytes,
         };
         let options = DecodeOptions {
-            skip_special_tokens: config.observe.skip_special_tokens,
-        };
-        match wire::response_decoder_tokenized(
-            dialect,
-            content_type,
-            content_encoding,
             limits,
-            options,
-            config.observe.tokenizer.as_ref(),
-        ) {
+            skip_special_tokens: config.observe.skip_special_tokens,
+            tokenizer: config.observe.tokenizer.as_ref(),
+        };
+        match wire::response_decoder(dialect, content_type, content_encoding, options) {
             Ok(decoder) => Some(decoder),
             Err(Unobservable::ContentType) => {
                 self.metrics.unobserved(Unobserved::ContentType);

@@ -34,7 +34,7 @@ use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Num, Present, Str, Text};
 use super::tokenize::{count_event, text, Tokenizer};
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// Anthropic Messages state for one response.
 #[derive(Clone, Debug, Default)]

@@ -22,7 +22,7 @@ use zstd::stream::raw::{DParameter, Decoder as ZstdDecoder, Operation};
 
 use brotli_decompressor::{BrotliDecompressStream, BrotliResult, BrotliState, StandardAlloc};
 
-use super::{DecodeError, Decoder, Signal};
+use super::types::{DecodeError, Decoder, Signal};
 
 /// A body may inflate to at most this many times its compressed size (plus
 /// 1 MiB). Deflate's own maximum is about 1032; real event streams inflate
@@ -476,7 +476,9 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::wire::{decoder, DecodeLimits, Dialect, Framing, OutputKind};
+    use crate::wire::frame::SseStream;
+    use crate::wire::openai::OpenAi;
+    use crate::wire::types::{DecodeLimits, Dialect, OutputKind};
 
     const EVENT: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
     const HI: Signal = Signal::Output {
@@ -486,7 +488,10 @@ mod tests {
     };
 
     fn chat() -> Box<dyn Decoder> {
-        decoder(Dialect::OpenAiChat, Framing::Sse, DecodeLimits::default())
+        Box::new(SseStream::new(
+            OpenAi::new(Dialect::OpenAiChat, None),
+            DecodeLimits::DEFAULT,
+        ))
     }
 
     /// Gzip with a sync flush after each event, as a streaming server compresses.

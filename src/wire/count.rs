@@ -8,7 +8,7 @@
 //! rules the same way for every dialect. Without either, the estimate is one token, or
 //! the configured tokenizer's count of the event's text ([`super::tokenize`]).
 
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// Per-stream state for turning cumulative output reports into per-event counts.
 #[derive(Clone, Debug, Default)]

@@ -10,10 +10,11 @@
 //! [`NdjsonDecoder`], [`ArraySplitter`], [`BodyBuffer`]), which are the only parts that
 //! see frame edges.
 
+use super::buffer::BodyBuffer;
 use super::jsonarray::{ArraySplitter, Piece};
 use super::ndjson::NdjsonDecoder;
 use super::sse::{SseDecoder, SseEvent};
-use super::{DecodeError, DecodeLimits, Decoder, Signal};
+use super::types::{DecodeError, DecodeLimits, Decoder, Signal};
 
 /// What a dialect makes of complete events and whole bodies.
 pub(crate) trait Handler: Send {
@@ -137,7 +138,8 @@ impl<H: Handler> Decoder for ArrayStream<H> {
 
 /// `application/json`: the body is buffered (bounded) and read once at the end.
 pub(crate) struct JsonBody<H> {
-    body: BodyBuffer,
+    /// Visible to the dialects' tests, which check it stays within its bound.
+    pub(super) body: BodyBuffer,
     handler: H,
 }
 
@@ -159,68 +161,5 @@ impl<H: Handler> Decoder for JsonBody<H> {
         let body = self.body.take();
         self.handler.body(&body, out);
         Ok(())
-    }
-}
-
-/// A body buffer that never grows past its limit, whatever the frames.
-#[derive(Debug)]
-pub(crate) struct BodyBuffer {
-    limit: usize,
-    body: Vec<u8>,
-}
-
-impl BodyBuffer {
-    pub(crate) fn new(limit: usize) -> Self {
-        BodyBuffer {
-            limit,
-            body: Vec::new(),
-        }
-    }
-
-    /// Append `bytes`, or fail if the body would pass the limit.
-    pub(crate) fn extend(&mut self, bytes: &[u8]) -> Result<(), DecodeError> {
-        let needed = self.body.len().saturating_add(bytes.len());
-        if needed > self.limit {
-            return Err(DecodeError::BodyTooLarge { limit: self.limit });
-        }
-        if needed > self.body.capacity() {
-            // Grow geometrically, but never past the limit.
-            let target = needed
-                .max(self.body.capacity().saturating_mul(2))
-                .min(self.limit);
-            self.body.reserve_exact(target - self.body.len());
-        }
-        self.body.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    /// The body so far, leaving the buffer empty.
-    pub(crate) fn take(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.body)
-    }
-
-    #[cfg(test)]
-    pub(crate) fn capacity(&self) -> usize {
-        self.body.capacity()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn body_buffer_is_bounded_whatever_the_frames() {
-        let body = b"0123456789abcdef";
-        let mut buf = BodyBuffer::new(body.len());
-        for byte in body.chunks(1) {
-            buf.extend(byte).expect("within limit");
-            assert!(buf.capacity() <= body.len());
-        }
-        assert_eq!(
-            buf.extend(b"x"),
-            Err(DecodeError::BodyTooLarge { limit: body.len() })
-        );
-        assert_eq!(buf.take(), body);
     }
 }

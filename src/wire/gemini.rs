@@ -29,7 +29,7 @@ use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Count, Flag, Fold, Folded, Num, Present, Str, Text};
 use super::tokenize::{count_event, text, Tokenizer};
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// Gemini state for one response.
 #[derive(Clone, Debug, Default)]

@@ -284,16 +284,16 @@ pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json
 pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
     name: &str,
     data: &'a [u8],
-) -> Option<Result<T, super::Signal>> {
+) -> Option<Result<T, super::types::Signal>> {
     let data = data.trim_ascii();
     if data.is_empty() {
         return None;
     }
     Some(parse(data).map_err(|_| {
         if name == "error" {
-            super::Signal::Error
+            super::types::Signal::Error
         } else {
-            super::Signal::Malformed
+            super::types::Signal::Malformed
         }
     }))
 }

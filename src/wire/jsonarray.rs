@@ -17,8 +17,8 @@
 
 use memchr::memchr2;
 
-use super::frame::BodyBuffer;
-use super::DecodeError;
+use super::buffer::BodyBuffer;
+use super::types::DecodeError;
 
 /// What the splitter found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

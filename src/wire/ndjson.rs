@@ -8,7 +8,7 @@
 
 use memchr::memchr;
 
-use super::DecodeError;
+use super::types::DecodeError;
 
 /// Incremental NDJSON line splitter: feed it frames, it calls back once per complete,
 /// non-blank line (trimmed of ASCII whitespace).

@@ -28,6 +28,10 @@
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
 //!   chunk's `Output`. A `usage: null` or one without counts is no signal.
 //!
+//! How a body is cut into chunks is `frame`'s, as for every dialect: the `OpenAi` handler
+//! only says what one chunk, or one whole body, means. A non-streaming body yields the
+//! `model`, `usage` (or llama.cpp `timings`) and `error`, and no [`Signal::Output`].
+//!
 //! Parsing uses borrowed serde structs that read only what the rules need and fold
 //! arrays as they go (no `serde_json::Value`, no `Vec` per chunk); leaf fields accept any
 //! JSON type so one odd field does not cost a whole event.
@@ -35,100 +39,32 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::count::visibility;
+use super::count::{visibility, Tally};
 use super::frame::Handler;
 use super::json::{Count, Fold, Folded, Num, Str, Text};
-use super::sse::{SseDecoder, SseEvent};
-use super::tokenize::{count_event, text, Tokenizer};
-use super::{DecodeError, DecodeLimits, Decoder, Dialect, OutputKind, Signal};
+use super::tokenize::{count_event, text, SelectTexts, Tokenizer};
+use super::types::{Dialect, OutputKind, Signal};
 
-/// Decoder for a streamed (`text/event-stream`) OpenAI-style response.
-#[derive(Debug)]
-pub struct StreamDecoder {
-    sse: SseDecoder,
-    state: StreamState,
-}
-
-/// What the stream has told so far, beyond the SSE framing.
-#[derive(Debug)]
-struct StreamState {
+/// OpenAI-style state for one response, in any framing: [`Handler::event`] reads one
+/// chunk (an SSE event, an NDJSON line or a JSON-array element), [`Handler::body`] a
+/// whole non-streaming body.
+#[derive(Clone, Debug)]
+pub(crate) struct OpenAi {
     /// `/v1/completions` (reads `choices[].text`); chat (`choices[].delta`) otherwise.
     completions: bool,
     model_sent: bool,
-    /// Output tokens in the last usage report (cumulative), if any was seen.
-    reported_output: Option<u64>,
-    /// Whether a token-bearing event was seen.
-    started: bool,
+    tally: Tally,
     /// Counts a chunk's text when nothing exact does (`observe.tokenizer`).
     tokenizer: Option<Tokenizer>,
 }
 
-impl StreamState {
-    fn new(dialect: Dialect, tokenizer: Option<Tokenizer>) -> Self {
-        StreamState {
+impl OpenAi {
+    pub(crate) fn new(dialect: Dialect, tokenizer: Option<Tokenizer>) -> Self {
+        OpenAi {
             completions: dialect == Dialect::OpenAiCompletions,
             model_sent: false,
-            reported_output: None,
-            started: false,
+            tally: Tally::default(),
             tokenizer,
-        }
-    }
-}
-
-impl StreamDecoder {
-    /// A decoder for one streamed response of `dialect`.
-    pub fn new(dialect: Dialect, limits: DecodeLimits) -> Self {
-        StreamDecoder::with_tokenizer(dialect, limits, None)
-    }
-
-    /// A decoder that counts a chunk's text with `tokenizer` when the chunk gives no
-    /// exact count.
-    pub fn with_tokenizer(
-        dialect: Dialect,
-        limits: DecodeLimits,
-        tokenizer: Option<Tokenizer>,
-    ) -> Self {
-        StreamDecoder {
-            sse: SseDecoder::new(limits.max_event_bytes),
-            state: StreamState::new(dialect, tokenizer),
-        }
-    }
-}
-
-impl Decoder for StreamDecoder {
-    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
-        let state = &mut self.state;
-        self.sse
-            .feed(bytes, &mut |event: SseEvent<'_>| state.on_event(event, out))
-    }
-
-    /// A final event without its terminating blank line is discarded, as the SSE spec
-    /// says; if it carried data that loss is reported as [`Signal::Malformed`].
-    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
-        if self.sse.finish() {
-            out.push(Signal::Malformed);
-        }
-        Ok(())
-    }
-}
-
-impl StreamState {
-    fn on_event(&mut self, event: SseEvent<'_>, out: &mut Vec<Signal>) {
-        if event.event == "error" {
-            out.push(Signal::Error);
-            return;
-        }
-        let data = event.data.trim_ascii();
-        if data.is_empty() {
-            return;
-        }
-        if data == b"[DONE]" {
-            out.push(Signal::Done);
-            return;
-        }
-        match super::json::parse::<Chunk<'_>>(data) {
-            Ok(chunk) => self.on_chunk(chunk, data, out),
-            Err(_) => out.push(Signal::Malformed),
         }
     }
 
@@ -146,25 +82,21 @@ impl StreamState {
         let usage = reported_usage(chunk.usage, chunk.timings);
         let reported_output = usage.and_then(|(_, output)| output);
         let choices = chunk.choices.map(|c| c.0).unwrap_or_default();
-        let (kind, logprobs) = if self.completions {
+        let (kind, logprobs, select): (_, _, SelectTexts) = if self.completions {
             (
                 choices.text.then_some(OutputKind::Content),
                 choices.token_logprobs,
+                completion_texts,
             )
         } else {
-            (choices.delta_kind, choices.content_logprobs)
+            (choices.delta_kind, choices.content_logprobs, chat_texts)
         };
-        if let Some(kind) = kind {
-            let (tokens, exact) = self.tokens(logprobs, reported_output, data);
-            out.push(Signal::Output {
-                tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
-                exact,
-                kind,
-            });
-            self.started = true;
-        }
-        if reported_output.is_some() {
-            self.reported_output = reported_output;
+        match kind {
+            Some(kind) => {
+                let estimate = || count_event(self.tokenizer.as_ref(), data, select);
+                out.push(self.tally.output(kind, logprobs, reported_output, estimate));
+            }
+            None => self.tally.report(reported_output),
         }
         if let Some((input_tokens, output_tokens)) = usage {
             out.push(Signal::Usage {
@@ -173,27 +105,30 @@ impl StreamState {
             });
         }
     }
+}
 
-    /// `k` for a token-bearing event (whose JSON is `data`) and whether it is exact.
-    fn tokens(&self, logprobs: u64, reported_output: Option<u64>, data: &[u8]) -> (u64, bool) {
-        if logprobs > 0 {
-            return (logprobs, true);
+impl Handler for OpenAi {
+    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        if name == "error" {
+            out.push(Signal::Error);
+            return;
         }
-        // Before the first token-bearing event nothing was generated, so zero is a known
-        // baseline; after it only an earlier usage report is.
-        let baseline = self.reported_output.or((!self.started).then_some(0));
-        match (reported_output, baseline) {
-            (Some(now), Some(before)) if now > before => (now - before, true),
-            _ => {
-                let select = if self.completions {
-                    completion_texts
-                } else {
-                    chat_texts
-                };
-                let counted = count_event(self.tokenizer.as_ref(), data, select);
-                (counted.unwrap_or(1), false)
-            }
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
         }
+        if data == b"[DONE]" {
+            out.push(Signal::Done);
+            return;
+        }
+        match super::json::parse::<Chunk<'_>>(data) {
+            Ok(chunk) => self.on_chunk(chunk, data, out),
+            Err(_) => out.push(Signal::Malformed),
+        }
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        read_body(body, out);
     }
 }
 
@@ -221,50 +156,6 @@ fn completion_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
     }
 }
 
-/// Decoder for a non-streaming (`application/json`) OpenAI-style response: buffers the
-/// body up to [`DecodeLimits::max_body_bytes`] and reads `model`, `usage` (or llama.cpp
-/// `timings`) and `error` from it at the end. Emits no [`Signal::Output`].
-#[derive(Debug)]
-pub struct JsonDecoder {
-    limit: usize,
-    body: Vec<u8>,
-}
-
-impl JsonDecoder {
-    /// A decoder for one non-streaming response. Chat and completions bodies carry the
-    /// same top-level fields, so the dialect does not change what is read.
-    pub fn new(_dialect: Dialect, limits: DecodeLimits) -> Self {
-        JsonDecoder {
-            limit: limits.max_body_bytes,
-            body: Vec::new(),
-        }
-    }
-}
-
-impl Decoder for JsonDecoder {
-    fn feed(&mut self, bytes: &[u8], _out: &mut Vec<Signal>) -> Result<(), DecodeError> {
-        let needed = self.body.len().saturating_add(bytes.len());
-        if needed > self.limit {
-            return Err(DecodeError::BodyTooLarge { limit: self.limit });
-        }
-        if needed > self.body.capacity() {
-            // Grow geometrically, but never past the limit.
-            let target = needed
-                .max(self.body.capacity().saturating_mul(2))
-                .min(self.limit);
-            self.body.reserve_exact(target - self.body.len());
-        }
-        self.body.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
-        let body = std::mem::take(&mut self.body);
-        read_body(&body, out);
-        Ok(())
-    }
-}
-
 /// Model, usage and error of a whole non-streaming body.
 fn read_body(body: &[u8], out: &mut Vec<Signal>) {
     let parsed = match super::json::parse::<Body<'_>>(body) {
@@ -286,38 +177,6 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
             input_tokens,
             output_tokens,
         });
-    }
-}
-
-/// The same rules as a framing-independent [`Handler`], for OpenAI-style chunks framed
-/// some other way (NDJSON lines, JSON-array elements): each unit is read as one chunk.
-#[derive(Debug)]
-pub(crate) struct OpenAi {
-    state: StreamState,
-}
-
-impl OpenAi {
-    pub(crate) fn new(dialect: Dialect, tokenizer: Option<Tokenizer>) -> Self {
-        OpenAi {
-            state: StreamState::new(dialect, tokenizer),
-        }
-    }
-}
-
-impl Handler for OpenAi {
-    fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
-        self.state.on_event(
-            SseEvent {
-                event: name,
-                data,
-                id: None,
-            },
-            out,
-        );
-    }
-
-    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        read_body(body, out);
     }
 }
 
@@ -517,6 +376,8 @@ impl Fold for AnyToolCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::frame::{JsonBody, SseStream};
+    use crate::wire::types::{DecodeError, DecodeLimits, Decoder};
     use Signal::{Done, Error, Malformed, Model, Output};
 
     const CHAT: Dialect = Dialect::OpenAiChat;
@@ -553,7 +414,7 @@ mod tests {
     }
 
     fn raw_stream(dialect: Dialect, body: &[u8]) -> Vec<Signal> {
-        let mut dec = StreamDecoder::new(dialect, DecodeLimits::default());
+        let mut dec = SseStream::new(OpenAi::new(dialect, None), DecodeLimits::DEFAULT);
         let mut signals = Vec::new();
         dec.feed(body, &mut signals).expect("within limits");
         dec.finish(&mut signals).expect("finish");
@@ -571,7 +432,7 @@ mod tests {
     }
 
     fn json(body: &str, limits: DecodeLimits) -> Result<Vec<Signal>, DecodeError> {
-        let mut dec = JsonDecoder::new(CHAT, limits);
+        let mut dec = JsonBody::new(OpenAi::new(CHAT, None), limits);
         let mut signals = Vec::new();
         dec.feed(body.as_bytes(), &mut signals)?;
         dec.finish(&mut signals)?;
@@ -882,12 +743,12 @@ mod tests {
     fn json_body_model_and_usage() {
         let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29}}"#;
         assert_eq!(
-            json(body, DecodeLimits::default()),
+            json(body, DecodeLimits::DEFAULT),
             Ok(vec![Model("gpt-4o-mini".into()), usage(Some(19), Some(10))])
         );
         let llama = r#"{"model":"m.gguf","choices":[],"timings":{"prompt_n":5,"predicted_n":8}}"#;
         assert_eq!(
-            json(llama, DecodeLimits::default()),
+            json(llama, DecodeLimits::DEFAULT),
             Ok(vec![Model("m.gguf".into()), usage(Some(5), Some(8))])
         );
     }
@@ -895,12 +756,12 @@ mod tests {
     #[test]
     fn json_body_error_and_malformed() {
         let err = r#"{"error":{"message":"Invalid model","type":"invalid_request_error","param":"model","code":"model_not_found"}}"#;
-        assert_eq!(json(err, DecodeLimits::default()), Ok(vec![Error]));
+        assert_eq!(json(err, DecodeLimits::DEFAULT), Ok(vec![Error]));
         assert_eq!(
-            json("{\"model\":", DecodeLimits::default()),
+            json("{\"model\":", DecodeLimits::DEFAULT),
             Ok(vec![Malformed])
         );
-        assert_eq!(json("", DecodeLimits::default()), Ok(vec![Malformed]));
+        assert_eq!(json("", DecodeLimits::DEFAULT), Ok(vec![Malformed]));
     }
 
     #[test]
@@ -908,7 +769,7 @@ mod tests {
         let body = r#"{"model":"m","usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
         let exact = DecodeLimits {
             max_body_bytes: body.len(),
-            ..DecodeLimits::default()
+            ..DecodeLimits::DEFAULT
         };
         assert_eq!(
             json(body, exact),
@@ -916,7 +777,7 @@ mod tests {
         );
         let short = DecodeLimits {
             max_body_bytes: body.len() - 1,
-            ..DecodeLimits::default()
+            ..DecodeLimits::DEFAULT
         };
         assert_eq!(
             json(body, short),
@@ -925,7 +786,7 @@ mod tests {
             })
         );
         // The buffer never grows past the limit, whatever the frames.
-        let mut dec = JsonDecoder::new(CHAT, exact);
+        let mut dec = JsonBody::new(OpenAi::new(CHAT, None), exact);
         for byte in body.as_bytes().chunks(1) {
             dec.feed(byte, &mut Vec::new()).expect("within limit");
             assert!(dec.body.capacity() <= body.len());
@@ -936,9 +797,9 @@ mod tests {
     fn stream_event_bound() {
         let limits = DecodeLimits {
             max_event_bytes: 32,
-            ..DecodeLimits::default()
+            ..DecodeLimits::DEFAULT
         };
-        let mut dec = StreamDecoder::new(CHAT, limits);
+        let mut dec = SseStream::new(OpenAi::new(CHAT, None), limits);
         let big = format!("data: {}\n\n", "x".repeat(64));
         assert_eq!(
             dec.feed(big.as_bytes(), &mut Vec::new()),

@@ -29,7 +29,7 @@ use super::count::Tally;
 use super::frame::Handler;
 use super::json::{Count, Folded, Num, Present, Str, Text};
 use super::tokenize::{count_event, text, Tokenizer};
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// Responses API state for one response.
 #[derive(Clone, Debug, Default)]

@@ -21,7 +21,7 @@
 
 use memchr::{memchr, memchr2};
 
-use super::DecodeError;
+use super::types::DecodeError;
 
 /// The UTF-8 byte order mark the spec strips from the start of a stream.
 const BOM: &[u8; 3] = b"\xEF\xBB\xBF";

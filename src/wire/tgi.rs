@@ -12,7 +12,7 @@
 //!   event.
 //! - Special tokens (`token.special: true`, e.g. the final EOS) are counted by default,
 //!   so that the per-event counts add up to `details.generated_tokens`, which counts them
-//!   too. With [`DecodeOptions::skip_special_tokens`](super::DecodeOptions) they are not
+//!   too. With [`DecodeOptions::skip_special_tokens`](super::factory::DecodeOptions) they are not
 //!   token-bearing events (TTFT and ITL then ignore them; N still comes from
 //!   `generated_tokens`).
 //! - `details` (on the last event) is [`Signal::Usage`]: output `generated_tokens`, input
@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present};
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// TGI state for one response.
 #[derive(Clone, Debug, Default)]

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
 use super::tokenize::{count_event, text, Tokenizer};
-use super::{OutputKind, Signal};
+use super::types::{OutputKind, Signal};
 
 /// Triton state for one response.
 #[derive(Clone, Debug, Default)]

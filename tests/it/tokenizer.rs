@@ -25,8 +25,7 @@ use http_body_util::Full;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
 use tokentap::wire::{
-    decoder_tokenized, decoder_with, DecodeLimits, DecodeOptions, Dialect, Framing, OutputKind,
-    Signal, Tokenizer,
+    decoder, DecodeLimits, DecodeOptions, Dialect, Framing, OutputKind, Signal, Tokenizer,
 };
 
 // ---- counting allocator: allocations made by the current thread ----
@@ -193,12 +192,13 @@ fn decode(
     body: &[u8],
     tokenizer: Option<&Tokenizer>,
 ) -> Vec<Signal> {
-    let mut dec = decoder_tokenized(
+    let mut dec = decoder(
         dialect,
         framing,
-        DecodeLimits::default(),
-        DecodeOptions::default(),
-        tokenizer,
+        DecodeOptions {
+            tokenizer,
+            ..DecodeOptions::new(DecodeLimits::DEFAULT)
+        },
     );
     let mut out = Vec::new();
     // Awkward frames: the counts must not depend on them.
@@ -469,19 +469,22 @@ fn run(make: impl Fn() -> Box<dyn tokentap::wire::Decoder>, body: &[u8]) -> (u64
 fn default_off_costs_nothing_per_event() {
     const EVENTS: usize = 20_000;
     let body = long_stream(EVENTS);
-    let limits = DecodeLimits::default();
-    let options = DecodeOptions::default();
-    let plain = || decoder_with(Dialect::Anthropic, Framing::Sse, limits, options);
-    let off = || decoder_tokenized(Dialect::Anthropic, Framing::Sse, limits, options, None);
+    let options = DecodeOptions::new(DecodeLimits::DEFAULT);
+    let plain = || decoder(Dialect::Anthropic, Framing::Sse, options);
+    let off = || {
+        let options = DecodeOptions {
+            tokenizer: None,
+            ..options
+        };
+        decoder(Dialect::Anthropic, Framing::Sse, options)
+    };
     let tokenizer = Tokenizer::encoding("o200k_base").expect("o200k");
     let on = || {
-        decoder_tokenized(
-            Dialect::Anthropic,
-            Framing::Sse,
-            limits,
-            options,
-            Some(&tokenizer),
-        )
+        let options = DecodeOptions {
+            tokenizer: Some(&tokenizer),
+            ..options
+        };
+        decoder(Dialect::Anthropic, Framing::Sse, options)
     };
     // Warm up (lazy statics, page faults), then measure.
     run(plain, &body);

@@ -222,7 +222,10 @@ fn decode<'a>(
     limits: DecodeLimits,
     frames: impl IntoIterator<Item = &'a [u8]>,
 ) -> Vec<String> {
-    run(decoder(dialect, framing, limits), frames)
+    run(
+        decoder(dialect, framing, DecodeOptions::new(limits)),
+        frames,
+    )
 }
 
 /// Decode as the proxy does: framing from the content-type, decompression from the
@@ -238,8 +241,7 @@ fn decode_response<'a>(
         dialect,
         content_type,
         encoding.map(str::as_bytes),
-        limits,
-        DecodeOptions::default(),
+        DecodeOptions::new(limits),
     )
     .expect("every fixture is observable");
     run(dec, frames)
@@ -269,7 +271,7 @@ fn frame_sizes() -> impl Strategy<Value = Vec<(usize, bool)>> {
 
 fn limits() -> impl Strategy<Value = DecodeLimits> {
     prop_oneof![
-        Just(DecodeLimits::default()),
+        Just(DecodeLimits::DEFAULT),
         (1usize..512, 1usize..2048).prop_map(|(e, b)| DecodeLimits {
             max_event_bytes: e,
             max_body_bytes: b,
@@ -281,7 +283,7 @@ fn limits() -> impl Strategy<Value = DecodeLimits> {
 fn every_fixture_matches_its_golden() {
     let mut failures = Vec::new();
     for fx in fixtures() {
-        let got = fx.decode(DecodeLimits::default(), [&fx.body[..]]);
+        let got = fx.decode(DecodeLimits::DEFAULT, [&fx.body[..]]);
         if got != fx.golden {
             failures.push(format!(
                 "{}:\n  want: {:#?}\n  got:  {:#?}",
@@ -318,7 +320,7 @@ fn every_dialect_and_framing_has_fixtures() {
 #[test]
 fn every_fixture_byte_by_byte_and_at_every_single_cut() {
     for fx in fixtures() {
-        let limits = DecodeLimits::default();
+        let limits = DecodeLimits::DEFAULT;
         let bytes = fx.decode(limits, fx.body.chunks(1));
         assert_eq!(bytes, fx.golden, "{}: one byte per frame", fx.name);
         for cut in 0..=fx.body.len() {
@@ -379,7 +381,7 @@ proptest! {
     fn any_split_of_a_fixture_gives_its_golden(index in any::<prop::sample::Index>(), sizes in frame_sizes()) {
         let all = fixtures();
         let fx = &all[index.index(all.len())];
-        let got = fx.decode(DecodeLimits::default(), split(&fx.body, &sizes));
+        let got = fx.decode(DecodeLimits::DEFAULT, split(&fx.body, &sizes));
         prop_assert_eq!(&got, &fx.golden, "{}", fx.name);
     }
 
@@ -397,7 +399,7 @@ proptest! {
             fx.dialect,
             fx.content_type,
             Some(encoding),
-            DecodeLimits::default(),
+            DecodeLimits::DEFAULT,
             split(&compressed, &sizes),
         );
         prop_assert_eq!(&got, &fx.golden, "{} ({})", fx.name, encoding);
@@ -455,7 +457,7 @@ proptest! {
         let body = [prefix, &body[..]].concat();
         for framing in ["text/event-stream", "application/json", "application/x-ndjson"] {
             for dialect in Dialect::ALL {
-                decode_response(dialect, framing, Some(encoding), DecodeLimits::default(), split(&body, &sizes));
+                decode_response(dialect, framing, Some(encoding), DecodeLimits::DEFAULT, split(&body, &sizes));
             }
         }
     }

@@ -1,0 +1,216 @@
+//! The vocabulary every wire module shares: what a decoder is ([`Decoder`]), what it
+//! emits ([`Signal`], [`OutputKind`]), why it stops ([`DecodeError`]), its bounds
+//! ([`DecodeLimits`]) and the names of what it reads ([`Dialect`], [`Framing`]).
+//!
+//! This module is a leaf: it imports nothing else from `wire`, so the framers and every
+//! dialect depend on it alone, and only the factory ([`super::factory`]) depends on them.
+
+use std::fmt;
+
+/// The response format a decoder understands. Chosen from the request path, the
+/// response content-type and (optionally) route configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// OpenAI `/v1/chat/completions` (also vLLM, SGLang, llama.cpp, TGI's OpenAI API).
+    OpenAiChat,
+    /// OpenAI legacy `/v1/completions`.
+    OpenAiCompletions,
+    /// OpenAI Responses API, `/v1/responses`.
+    OpenAiResponses,
+    /// Anthropic Messages, `/v1/messages`.
+    Anthropic,
+    /// Google Gemini `generateContent` / `streamGenerateContent` (Gemini API, Vertex AI).
+    Gemini,
+    /// Ollama's native `/api/chat` and `/api/generate`.
+    Ollama,
+    /// Hugging Face TGI's native `/generate_stream` and `/generate`.
+    Tgi,
+    /// Triton's generate extension, `/v2/models/{m}/generate_stream` (TensorRT-LLM).
+    Triton,
+}
+
+impl Dialect {
+    /// Every dialect, in a stable order.
+    pub const ALL: [Dialect; 8] = [
+        Dialect::OpenAiChat,
+        Dialect::OpenAiCompletions,
+        Dialect::OpenAiResponses,
+        Dialect::Anthropic,
+        Dialect::Gemini,
+        Dialect::Ollama,
+        Dialect::Tgi,
+        Dialect::Triton,
+    ];
+
+    /// Stable lower-case name, used in logs and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Dialect::OpenAiChat => "openai_chat",
+            Dialect::OpenAiCompletions => "openai_completions",
+            Dialect::OpenAiResponses => "openai_responses",
+            Dialect::Anthropic => "anthropic",
+            Dialect::Gemini => "gemini",
+            Dialect::Ollama => "ollama",
+            Dialect::Tgi => "tgi",
+            Dialect::Triton => "triton",
+        }
+    }
+
+    /// The dialect named by [`Dialect::as_str`] (for configuration that forces one).
+    pub fn from_name(name: &str) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.as_str() == name)
+    }
+}
+
+impl fmt::Display for Dialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What kind of output a token-bearing event carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// Visible text (`delta.content`, completions `text`).
+    Content,
+    /// Reasoning text (`reasoning_content`, `reasoning`, thinking deltas).
+    Reasoning,
+    /// Tool-call / function-call arguments (or a tool call's name).
+    ToolCall,
+    /// Refusal text.
+    Refusal,
+}
+
+impl OutputKind {
+    /// Whether the user sees this output as the answer (everything except reasoning).
+    pub const fn is_visible(self) -> bool {
+        !matches!(self, OutputKind::Reasoning)
+    }
+}
+
+/// One thing a decoder learnt from the response body, in stream order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// A token-bearing event is complete (its last byte was in the frame just fed).
+    /// `tokens` is `k_i >= 1`; `exact` says whether the wire format gave the count
+    /// (logprobs entries, a usage delta, one-token-per-event formats) or it is the
+    /// documented estimate of one token per event.
+    Output {
+        tokens: u32,
+        exact: bool,
+        kind: OutputKind,
+    },
+    /// Token usage reported by the stream. Values are cumulative: a later `Usage`
+    /// replaces an earlier one field by field (`None` leaves the field as it was).
+    Usage {
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+    },
+    /// The model the response names. Emitted at most once per stream.
+    Model(String),
+    /// The stream itself reported an error (an error event or error object), even
+    /// though the HTTP status may have been 200.
+    Error,
+    /// An event (or line) that could not be understood was skipped; observation goes on.
+    Malformed,
+    /// The stream's explicit end marker (`data: [DONE]` and the like).
+    Done,
+}
+
+/// Why a decoder stopped observing. The stream itself is unaffected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// One event grew past the configured bound without being terminated.
+    #[error("event larger than {limit} bytes")]
+    EventTooLarge { limit: usize },
+    /// A non-streaming body grew past the configured bound.
+    #[error("body larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// A compressed body could not be decompressed.
+    #[error("corrupt compressed body")]
+    Compression,
+    /// A compressed body inflated past `ratio` times its compressed size.
+    #[error("compressed body inflates more than {ratio} times")]
+    InflateRatio { ratio: u64 },
+}
+
+impl DecodeError {
+    /// Stable short name, used as a metric label value.
+    pub const fn reason(&self) -> &'static str {
+        match self {
+            DecodeError::EventTooLarge { .. } => "event_too_large",
+            DecodeError::BodyTooLarge { .. } => "body_too_large",
+            DecodeError::Compression => "compression",
+            DecodeError::InflateRatio { .. } => "inflate_ratio",
+        }
+    }
+}
+
+/// An incremental, sans-IO decoder for one response body.
+///
+/// `feed` may be called with any split of the body (a frame can hold many events, an
+/// event can span many frames); the signals produced for a given body must not depend
+/// on how it was split. After an `Err` the decoder is not fed again.
+pub trait Decoder: Send {
+    /// Consume the next bytes of the body.
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError>;
+    /// The body ended cleanly: flush whatever a complete body implies (a buffered JSON
+    /// document; for SSE, a final event left unterminated is discarded as the HTML spec
+    /// says, and reported as `Malformed`).
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError>;
+}
+
+/// Bounds shared by all decoders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Largest single SSE event, NDJSON line or JSON-array element the observer buffers.
+    pub max_event_bytes: usize,
+    /// Largest non-streaming JSON body the observer buffers to read usage from.
+    pub max_body_bytes: usize,
+}
+
+impl DecodeLimits {
+    /// The bounds `observe.max_event_bytes` and `observe.max_body_bytes` default to (the
+    /// configuration reads its defaults from here): 1 MiB events, 8 MiB bodies.
+    pub const DEFAULT: DecodeLimits = DecodeLimits {
+        max_event_bytes: 1 << 20,
+        max_body_bytes: 8 << 20,
+    };
+}
+
+/// How the response body is cut into events, from its content-type (and the dialect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// `text/event-stream`
+    Sse,
+    /// `application/json` (a non-streaming response)
+    Json,
+    /// `application/x-ndjson`: one JSON value per line (Ollama).
+    Ndjson,
+    /// `application/json` holding a streamed array of chunks (Gemini without `alt=sse`);
+    /// a top-level object is read as one whole body.
+    JsonArray,
+}
+
+impl Framing {
+    /// Every framing, in a stable order.
+    pub const ALL: [Framing; 4] = [
+        Framing::Sse,
+        Framing::Json,
+        Framing::Ndjson,
+        Framing::JsonArray,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for dialect in Dialect::ALL {
+            assert_eq!(Dialect::from_name(dialect.as_str()), Some(dialect));
+        }
+        assert_eq!(Dialect::from_name("nope"), None);
+    }
+}
