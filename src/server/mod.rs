@@ -188,7 +188,7 @@ impl Server {
         let graceful = GracefulShutdown::new();
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
-            upstream = %proxy.generation().config.upstream.url(),
+            upstream = %proxy.active().config.upstream.url(),
             tls = tls.is_some(),
             workers = workers.count(),
             "proxy listening"
@@ -240,7 +240,7 @@ impl Server {
         drop(proxy_listener);
         readiness.draining.store(true, Ordering::Relaxed);
         let in_flight = graceful.count();
-        let drain = proxy.generation().config.shutdown.drain_timeout;
+        let drain = proxy.active().config.shutdown.drain_timeout;
         tracing::info!(connections = in_flight, deadline = ?drain, "draining");
         match tokio::time::timeout(drain, graceful.shutdown()).await {
             Ok(()) => tracing::info!("drained; exiting"),
@@ -422,9 +422,9 @@ async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: A
     let mut was = None;
     loop {
         // The upstream may change on reload: probe the one in force.
-        let generation = proxy.generation();
-        let interval = generation.config.upstream.probe_interval;
-        let reachable = generation.upstream.probe().await;
+        let active = proxy.active();
+        let interval = active.config.upstream.probe_interval;
+        let reachable = active.upstream.probe().await;
         readiness
             .upstream_reachable
             .store(reachable, Ordering::Relaxed);

@@ -350,7 +350,9 @@ fn ends_with_ignore_case(text: &str, suffix: &str) -> bool {
         && text.as_bytes()[text.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
 }
 
-/// Why a response cannot be observed (it is forwarded all the same).
+/// Why a response on an LLM route is not (or no longer) observed; it is forwarded all the
+/// same. [`response_decoder`] refuses with the first two; the observer stops with the
+/// others. The metrics count each under its [`as_str`](Unobservable::as_str) reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unobservable {
     /// The content-type is none of the framings ([`framing_for`]).
@@ -359,6 +361,24 @@ pub enum Unobservable {
     /// The content-encoding is not one [`compress`] decodes.
     #[error("unsupported content-encoding")]
     ContentEncoding,
+    /// The decoder gave up (event or body over its bound).
+    #[error("decode limit reached")]
+    DecodeLimit,
+    /// The decoder failed unexpectedly; the stream went on unobserved.
+    #[error("observer panicked")]
+    ObserverPanic,
+}
+
+impl Unobservable {
+    /// The `reason` label of `tokentap_unobserved_responses_total`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unobservable::ContentType => "content_type",
+            Unobservable::ContentEncoding => "content_encoding",
+            Unobservable::DecodeLimit => "decode_limit",
+            Unobservable::ObserverPanic => "observer_panic",
+        }
+    }
 }
 
 /// The decoder for a response: framing from `content_type`, decompression from
