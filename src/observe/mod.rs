@@ -8,7 +8,8 @@
 //!   and a [`Pending`] for the response head.
 //! - [`Pending::response`] takes the response head, picks the decoder and returns the
 //!   [`ResponseObserver`] that is fed the response body's bytes; [`Pending::fail`]
-//!   records a request that got no response head.
+//!   records a request that got no response head, and a `Pending` dropped before either
+//!   (the client gave up while the upstream thought) records it as cancelled.
 //! - [`ResponseObserver`] records the outcome once: at [`end`](ResponseObserver::end), at
 //!   [`fail`](ResponseObserver::fail), or when dropped before either (the client went
 //!   away).
@@ -66,11 +67,11 @@ pub fn start(
         inspect::routed_dialect(&config.routes, head.method, path, head.uri.query())
     else {
         metrics.passthrough();
-        let pending = Pending(Waiting::Passthrough {
+        let pending = Pending(Some(Waiting::Passthrough {
             method: head.method.clone(),
             uri: head.uri.clone(),
             t_req,
-        });
+        }));
         return (RequestScan::inactive(), pending);
     };
     let facts = Arc::new(RequestFacts::new(
@@ -85,10 +86,10 @@ pub fn start(
         facts.clone(),
         config.metrics.stall_threshold,
     );
-    let pending = Pending(Waiting::Measured {
+    let pending = Pending(Some(Waiting::Measured {
         recorder,
         config: config.clone(),
-    });
+    }));
     (RequestScan::new(facts), pending)
 }
 
@@ -132,8 +133,10 @@ impl RequestScan {
     }
 }
 
-/// A request sent upstream, waiting for its response head.
-pub struct Pending(Waiting);
+/// A request sent upstream, waiting for its response head. Dropped while waiting (the
+/// client gave up, or shutdown went past its drain deadline), a measured request is
+/// recorded as cancelled.
+pub struct Pending(Option<Waiting>);
 
 enum Waiting {
     Measured {
@@ -152,12 +155,12 @@ impl Pending {
     /// The response head arrived at `at`: the observer of its body, or `None` for a
     /// passthrough route (whose body needs no observer).
     pub fn response(
-        self,
+        mut self,
         at: Instant,
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<ResponseObserver> {
-        match self.0 {
+        match self.0.take()? {
             Waiting::Measured {
                 mut recorder,
                 config,
@@ -183,9 +186,20 @@ impl Pending {
     }
 
     /// No response head came (the upstream failed or timed out): record `outcome` at `at`.
-    pub fn fail(self, at: Instant, outcome: Outcome) {
-        if let Waiting::Measured { recorder, .. } = self.0 {
+    pub fn fail(mut self, at: Instant, outcome: Outcome) {
+        if let Some(Waiting::Measured { recorder, .. }) = self.0.take() {
             recorder.record(at, outcome);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(Waiting::Measured { recorder, .. }) = self.0.take() {
+            let metrics = recorder.metrics().clone();
+            guarded(&metrics, || {
+                recorder.record(Instant::now(), Outcome::Cancelled)
+            });
         }
     }
 }

@@ -1,0 +1,201 @@
+//! Every request that reaches tokentap's handler is recorded exactly once, with the
+//! outcome that names the side at fault: a client that gives up at any stage is
+//! `cancelled`, a response without a body is recorded by its status. Over HTTP/1.1 and
+//! h2c, each case under its own model label so the deltas cannot mix.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{chat, Proxy, ScriptedBackend, Step};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+const CHAT: &str = "/v1/chat/completions";
+
+#[derive(Clone, Copy, Debug)]
+enum Protocol {
+    H1,
+    H2,
+}
+
+fn client(protocol: Protocol) -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(matches!(protocol, Protocol::H2))
+        .build_http()
+}
+
+/// Poll `condition` until it holds (panics after 10 s).
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Wait until `model` has one recorded request, then check it is the only one and has
+/// `outcome`.
+async fn recorded_once(proxy: &Proxy, model: &str, outcome: &str) {
+    recorded_once_as(proxy, ("model", model), outcome).await;
+}
+
+/// [`recorded_once`] for the requests with one label pair.
+async fn recorded_once_as(proxy: &Proxy, (label, value): (&str, &str), outcome: &str) {
+    let m = proxy
+        .wait_metrics(&format!("{value} recorded"), |m| {
+            m.sum("tokentap_requests_total", &[(label, value)]) >= 1.0
+        })
+        .await;
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[(label, value)]),
+        1.0,
+        "{value}: recorded more than once\n{}",
+        m.text
+    );
+    assert_eq!(
+        m.sum(
+            "tokentap_requests_total",
+            &[(label, value), ("outcome", outcome)]
+        ),
+        1.0,
+        "{value}: not recorded as {outcome}\n{}",
+        m.text
+    );
+}
+
+/// A head and one event, then an event every 20 ms for much longer than any test waits.
+fn slow_stream() -> Vec<Step> {
+    let event = |text: &str| {
+        let data = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        );
+        format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
+    };
+    let mut script = vec![Step::Write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+    )];
+    script.push(Step::Write(event("first")));
+    for _ in 0..1500 {
+        script.push(Step::Sleep(Duration::from_millis(20)));
+        script.push(Step::Write(event(" more")));
+    }
+    script
+}
+
+/// A whole short stream.
+fn short_stream() -> Vec<Step> {
+    let data =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    vec![Step::Write(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{data}",
+            data.len()
+        )
+        .into_bytes(),
+    )]
+}
+
+/// A TLS upstream that accepts TCP connections and never answers the handshake: a
+/// request to it is stuck before the upstream connection exists. Counts the handshakes
+/// begun (the readiness probe's bare connections send nothing and are not counted).
+async fn never_connecting_upstream() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let hellos = Arc::new(AtomicUsize::new(0));
+    let count = hellos.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut hello = [0u8; 1];
+                if matches!(stream.read(&mut hello).await, Ok(1)) {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    // Held open, unanswered, until the test ends.
+                    std::future::pending::<()>().await;
+                }
+            });
+        }
+    });
+    (url, hellos)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_before_the_head_is_cancelled() {
+    let backend = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(60))]).await;
+    let proxy = Proxy::start(&backend.url(), "").await;
+    for (n, protocol) in [Protocol::H1, Protocol::H2].into_iter().enumerate() {
+        let model = format!("before-head-{protocol:?}");
+        let request = client(protocol).request(chat(&proxy.url(CHAT), &model, "t", true, false));
+        let waiting = tokio::spawn(request);
+        wait_until("the upstream to get the request", || {
+            backend.requests.lock().unwrap().len() == n + 1
+        })
+        .await;
+        // Dropping the request closes the h1 connection, or resets the h2 stream.
+        waiting.abort();
+        recorded_once(&proxy, &model, "cancelled").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_before_the_upstream_connects_is_cancelled() {
+    let (upstream, hellos) = never_connecting_upstream().await;
+    let proxy = Proxy::start(&upstream, "").await;
+    for (n, protocol) in [Protocol::H1, Protocol::H2].into_iter().enumerate() {
+        // A measured request without a body (a stored response replayed as a stream):
+        // over HTTP/1.1 a close is seen only while tokentap reads the client's socket,
+        // which it does not while a request body waits, unread, for the upstream.
+        let tenant = format!("before-connect-{protocol:?}");
+        let request = http::Request::get(proxy.url("/v1/responses/resp_1?stream=true"))
+            .header("x-tenant-id", &tenant)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let waiting = tokio::spawn(client(protocol).request(request));
+        wait_until("tokentap to connect upstream", || {
+            hellos.load(Ordering::SeqCst) == n + 1
+        })
+        .await;
+        waiting.abort();
+        recorded_once_as(&proxy, ("tenant", &tenant), "cancelled").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_body_is_cancelled_and_after_the_end_completed() {
+    let slow = ScriptedBackend::start(slow_stream()).await;
+    let short = ScriptedBackend::start(short_stream()).await;
+    let slow_proxy = Proxy::start(&slow.url(), "").await;
+    let short_proxy = Proxy::start(&short.url(), "").await;
+    for protocol in [Protocol::H1, Protocol::H2] {
+        let model = format!("mid-body-{protocol:?}");
+        let response = client(protocol)
+            .request(chat(&slow_proxy.url(CHAT), &model, "t", true, false))
+            .await
+            .expect("response head");
+        let mut body = response.into_body();
+        let first = body.frame().await.expect("a first frame").expect("data");
+        assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+        drop(body);
+        recorded_once(&slow_proxy, &model, "cancelled").await;
+
+        let model = format!("after-end-{protocol:?}");
+        let response = client(protocol)
+            .request(chat(&short_proxy.url(CHAT), &model, "t", true, false))
+            .await
+            .expect("response head");
+        let body = response.into_body().collect().await.expect("whole body");
+        assert!(body.to_bytes().ends_with(b"data: [DONE]\n\n"));
+        recorded_once(&short_proxy, &model, "completed").await;
+    }
+}
