@@ -199,3 +199,44 @@ async fn a_client_that_leaves_mid_body_is_cancelled_and_after_the_end_completed(
         recorded_once(&short_proxy, &model, "completed").await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_without_a_body_are_recorded_by_their_status() {
+    let cases = [
+        (
+            "503 Service Unavailable",
+            "retry-after: 1\r\ncontent-length: 0\r\n",
+            "upstream_error",
+        ),
+        (
+            "429 Too Many Requests",
+            "content-length: 0\r\n",
+            "completed",
+        ),
+        ("401 Unauthorized", "content-length: 0\r\n", "completed"),
+        (
+            "200 OK",
+            "content-type: application/json\r\ncontent-length: 0\r\n",
+            "completed",
+        ),
+        ("204 No Content", "", "completed"),
+        ("304 Not Modified", "", "completed"),
+    ];
+    for (status, headers, outcome) in cases {
+        let head = format!("HTTP/1.1 {status}\r\n{headers}\r\n").into_bytes();
+        let backend = ScriptedBackend::start(vec![Step::Write(head)]).await;
+        let proxy = Proxy::start(&backend.url(), "").await;
+        let code = &status[..3];
+        for protocol in [Protocol::H1, Protocol::H2] {
+            let model = format!("bodyless-{code}-{protocol:?}");
+            let response = client(protocol)
+                .request(chat(&proxy.url(CHAT), &model, "t", false, false))
+                .await
+                .expect("response head");
+            assert_eq!(response.status().as_str(), code);
+            let body = response.into_body().collect().await.expect("empty body");
+            assert!(body.to_bytes().is_empty());
+            recorded_once(&proxy, &model, outcome).await;
+        }
+    }
+}

@@ -28,14 +28,26 @@ pub struct IdleTimeout(pub Duration);
 
 pin_project! {
     /// A response body forwarded frame by frame, observed on the way.
-    pub struct ObservedBody<B> {
+    pub struct ObservedBody<B: Body> {
         #[pin]
         inner: B,
         observer: ResponseObserver,
     }
+
+    impl<B: Body> PinnedDrop for ObservedBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // hyper drops a body that is already at its end without polling it (a
+            // `Content-Length: 0` error, a 204, a 304): that is a whole response, recorded
+            // by its status. Any other drop is left to the observer (cancelled).
+            if this.inner.is_end_stream() {
+                this.observer.end(Instant::now());
+            }
+        }
+    }
 }
 
-impl<B> ObservedBody<B> {
+impl<B: Body> ObservedBody<B> {
     pub fn new(inner: B, observer: ResponseObserver) -> Self {
         ObservedBody { inner, observer }
     }
