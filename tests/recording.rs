@@ -132,7 +132,11 @@ async fn never_connecting_upstream() -> (String, Arc<AtomicUsize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_before_the_head_is_cancelled() {
-    let backend = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(60))]).await;
+    // An HTTP/1.1 client that closed cannot be told from one that only half-closed until
+    // tokentap writes to it, so the upstream does answer, a little later, with a stream.
+    let mut script = vec![Step::Sleep(Duration::from_millis(300))];
+    script.extend(slow_stream());
+    let backend = ScriptedBackend::start(script).await;
     let proxy = Proxy::start(&backend.url(), "").await;
     for (n, protocol) in [Protocol::H1, Protocol::H2].into_iter().enumerate() {
         let model = format!("before-head-{protocol:?}");
@@ -149,13 +153,14 @@ async fn a_client_that_gives_up_before_the_head_is_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_gives_up_before_the_upstream_connects_is_cancelled() {
+async fn a_client_that_gives_up_before_the_upstream_connects_is_recorded_once() {
     let (upstream, hellos) = never_connecting_upstream().await;
-    let proxy = Proxy::start(&upstream, "").await;
-    for (n, protocol) in [Protocol::H1, Protocol::H2].into_iter().enumerate() {
-        // A measured request without a body (a stored response replayed as a stream):
-        // over HTTP/1.1 a close is seen only while tokentap reads the client's socket,
-        // which it does not while a request body waits, unread, for the upstream.
+    let proxy = Proxy::start(&upstream, "upstream:\n  response_head_timeout: 500ms\n").await;
+    // An h2 stream reset is seen at once: cancelled. An HTTP/1.1 client that closed looks
+    // half-closed until tokentap writes to it, and with no upstream there is nothing to
+    // write: the request ends with the upstream's head timeout, recorded as that.
+    for (n, protocol, outcome) in [(0, Protocol::H2, "cancelled"), (1, Protocol::H1, "timeout")] {
+        // A measured request (a stored response replayed as a stream), told by tenant.
         let tenant = format!("before-connect-{protocol:?}");
         let request = http::Request::get(proxy.url("/v1/responses/resp_1?stream=true"))
             .header("x-tenant-id", &tenant)
@@ -167,7 +172,7 @@ async fn a_client_that_gives_up_before_the_upstream_connects_is_cancelled() {
         })
         .await;
         waiting.abort();
-        recorded_once_as(&proxy, ("tenant", &tenant), "cancelled").await;
+        recorded_once_as(&proxy, ("tenant", &tenant), outcome).await;
     }
 }
 
@@ -239,4 +244,29 @@ async fn responses_without_a_body_are_recorded_by_their_status() {
             recorded_once(&proxy, &model, outcome).await;
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_client_gets_its_answer_and_is_recorded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = ScriptedBackend::start(short_stream()).await;
+    let proxy = Proxy::start(&backend.url(), "").await;
+    let body = r#"{"model":"half-closed","stream":true}"#;
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-tenant-id: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.expect("shut the write side");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .expect("read the answer");
+    let (head, body, _) = common::parse_raw_response(&answer);
+    assert!(head[0].starts_with("HTTP/1.1 200"), "{head:?}");
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    recorded_once(&proxy, "half-closed", "completed").await;
 }

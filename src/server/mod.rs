@@ -264,7 +264,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
-/// bounded request heads.
+/// half-closed clients answered, bounded request heads.
 fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -272,6 +272,11 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .auto_date_header(false)
         .preserve_header_case(true)
+        // A client may send its whole request and shut its write side while it waits
+        // (`shutdown(SHUT_WR)`); it still gets the answer. A client that closed entirely
+        // looks the same until tokentap writes to it: it is then recorded as cancelled
+        // when the upstream answers, not when it left.
+        .half_close(true)
         .header_read_timeout(config.limits.header_read_timeout)
         .max_headers(config.limits.max_headers)
         .max_buf_size(config.limits.max_header_bytes)
