@@ -1,10 +1,12 @@
 //! The per-event observe path, in ns per event: a whole simulated response (role chunk,
 //! 40 token events, finish, usage, `[DONE]`, one frame each) polled through
-//! `tokentap::observe::ObservedBody` wrapping an in-memory body, exactly as the proxy
-//! polls it: clock read per frame, decoder, `TokenClock`, histogram observations, and the
-//! once-per-request finish (handles, counters, access-log event).
+//! `tokentap::observe::ObservedBody` over the proxy's `LimitedBody` wrapping an in-memory
+//! body, started through `observe::start` exactly as the proxy does: clock read per
+//! frame, decoder, `TokenClock`, histogram observations, and the once-per-request record
+//! (handles, counters, access-log event).
 //!
-//! - `passthrough`: the wrapper with no observer (idle-timeout guard only): the floor;
+//! - `passthrough`: the proxy's limits with no observer (idle-timeout guard only): the
+//!   floor;
 //! - `observed`: the full path with the label pair already admitted (steady state);
 //! - `observed_900_tenants`: requests rotate over 900 tenants (a bigger label map;
 //!   the first round also admits the values).
@@ -25,8 +27,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, Overrides};
 use tokentap::metrics::Metrics;
-use tokentap::observe::{ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver};
-use tokentap::wire::{decoder, DecodeLimits, DecodeOptions, Dialect, Framing};
+use tokentap::observe::{self, ObservedBody, RequestHead, ResponseObserver};
+use tokentap::proxy::limits::LimitedBody;
 
 const TOKENS: usize = 40;
 
@@ -65,36 +67,52 @@ fn in_memory(frames: &[Bytes]) -> InMemory {
     StreamBody::new(futures_util::stream::iter(frames))
 }
 
-fn metrics() -> Arc<Metrics> {
+fn config() -> Arc<Config> {
     let config = Config::from_overrides(&Overrides {
         upstream: Some("http://127.0.0.1:9".to_string()),
         ..Overrides::default()
     })
     .expect("flag-only config is valid");
+    Arc::new(config)
+}
+
+fn metrics(config: &Config) -> Arc<Metrics> {
     Metrics::new(&config.metrics.buckets, &config.labels)
 }
 
 /// The observer of one streamed chat request for `model` and `tenant`.
-fn observer(metrics: &Arc<Metrics>, model: &str, tenant: Option<String>) -> StreamObserver {
-    let facts = Arc::new(RequestFacts::default());
-    let _ = facts.model.set(model.to_string());
-    let _ = facts.stream.set(true);
-    let mut recorder = Recorder::new(
-        metrics.clone(),
-        Instant::now(),
-        RequestLabels {
-            method: http::Method::POST,
-            path: "/v1/chat/completions".to_string(),
-            dialect: Dialect::OpenAiChat,
-            tenant,
-        },
-        facts,
-        Duration::from_secs(5),
+fn observer(
+    config: &Arc<Config>,
+    metrics: &Arc<Metrics>,
+    model: &str,
+    tenant: Option<String>,
+) -> ResponseObserver {
+    let (parts, ()) = http::Request::post("/v1/chat/completions")
+        .body(())
+        .expect("static request")
+        .into_parts();
+    let mut parts = parts;
+    if let Some(tenant) = tenant {
+        parts.headers.insert(
+            "x-tenant-id",
+            tenant.parse().expect("tenant is a header value"),
+        );
+    }
+    let (mut scan, pending) =
+        observe::start(RequestHead::of(&parts), Instant::now(), config, metrics);
+    scan.feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
     );
-    recorder.response_head(Instant::now(), http::StatusCode::OK);
-    let options = DecodeOptions::new(DecodeLimits::DEFAULT);
-    let dec = decoder(Dialect::OpenAiChat, Framing::Sse, options);
-    StreamObserver::new(recorder, Some(dec), metrics.clone())
+    pending
+        .response(Instant::now(), http::StatusCode::OK, &headers)
+        .expect("a chat completion is measured")
+}
+
+fn limited(frames: &[Bytes], idle: Duration) -> LimitedBody<InMemory> {
+    LimitedBody::new(in_memory(frames), idle, None)
 }
 
 fn drain<B>(rt: &tokio::runtime::Runtime, body: B) -> usize
@@ -122,14 +140,15 @@ fn bench_observe(c: &mut Criterion) {
         .expect("runtime");
     let frames = sim_frames();
     let events = frames.len() as u64;
-    let metrics = metrics();
+    let config = config();
+    let metrics = metrics(&config);
     let idle = Duration::from_secs(120);
 
     let mut group = c.benchmark_group("observe");
     group.throughput(Throughput::Elements(events));
     group.bench_function("passthrough", |b| {
         b.iter_batched(
-            || ObservedBody::new(in_memory(&frames), None, idle, metrics.clone(), None),
+            || limited(&frames, idle),
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
         )
@@ -137,8 +156,8 @@ fn bench_observe(c: &mut Criterion) {
     group.bench_function("observed", |b| {
         b.iter_batched(
             || {
-                let obs = observer(&metrics, "sim-model", Some("tenant-a".to_string()));
-                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
+                let obs = observer(&config, &metrics, "sim-model", Some("tenant-a".to_string()));
+                ObservedBody::new(limited(&frames, idle), obs)
             },
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
@@ -149,8 +168,13 @@ fn bench_observe(c: &mut Criterion) {
         b.iter_batched(
             || {
                 n += 1;
-                let obs = observer(&metrics, "sim-model", Some(format!("t{}", n % 900)));
-                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None)
+                let obs = observer(
+                    &config,
+                    &metrics,
+                    "sim-model",
+                    Some(format!("t{}", n % 900)),
+                );
+                ObservedBody::new(limited(&frames, idle), obs)
             },
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
@@ -168,15 +192,18 @@ fn bench_render(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let frames = sim_frames();
-    let metrics = metrics();
+    let config = config();
+    let metrics = metrics(&config);
     let idle = Duration::from_secs(120);
     for m in 0..50 {
         for t in 0..200 {
-            let obs = observer(&metrics, &format!("model-{m}"), Some(format!("tenant-{t}")));
-            drain(
-                &rt,
-                ObservedBody::new(in_memory(&frames), Some(obs), idle, metrics.clone(), None),
+            let obs = observer(
+                &config,
+                &metrics,
+                &format!("model-{m}"),
+                Some(format!("tenant-{t}")),
             );
+            drain(&rt, ObservedBody::new(limited(&frames, idle), obs));
         }
     }
     let bytes = metrics.render().len();

@@ -7,8 +7,9 @@
 //!
 //! Module map, in the order a request meets them:
 //! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
-//! - [`proxy`]: the service: inspection, the upstream client, response wrapping;
-//! - [`observe`]: body wrappers that watch without touching, record-once outcome;
+//! - [`proxy`]: the service: routing, the upstream client, limits, error answers;
+//! - [`observe`]: the one entry point any transport calls: what is measured, the
+//!   request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;
@@ -27,12 +28,5 @@ pub mod server;
 pub mod sim;
 pub mod wire;
 
-use std::future::Future;
-
 pub use config::Config;
 pub use server::{ServeError, Server};
-
-/// Bind and serve `config` until `shutdown` resolves, then drain and return.
-pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    Server::bind(config).await?.run(shutdown).await
-}

@@ -385,7 +385,7 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
     // The small families keep their place in the name order.
     metrics.passthrough();
     metrics.overload_rejection();
-    metrics.unobserved(super::Unobserved::ContentType);
+    metrics.unobserved(crate::wire::Unobservable::ContentType);
     metrics.decode_errors("openai_chat", 3);
     metrics.streams_in_flight.set(2);
     metrics.upstream_up.set(1);

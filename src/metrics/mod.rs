@@ -32,6 +32,7 @@ use prometheus::{
 
 use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
+use crate::wire::Unobservable;
 use exposition::{Cursor, Family, Snapshot};
 use labels::LabelSet;
 use series::Bounds;
@@ -94,30 +95,6 @@ pub struct Metrics {
     models: LabelSet,
     tenants: LabelSet,
     last_render_bytes: AtomicUsize,
-}
-
-/// Why a response on an LLM route was passed through without being measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unobserved {
-    /// Its content-type is neither an event stream nor JSON.
-    ContentType,
-    /// It is compressed (`Content-Encoding`); forwarded as it came.
-    ContentEncoding,
-    /// The decoder gave up (event or body over its bound).
-    DecodeLimit,
-    /// The decoder failed unexpectedly; the stream went on unobserved.
-    ObserverPanic,
-}
-
-impl Unobserved {
-    const fn as_str(self) -> &'static str {
-        match self {
-            Unobserved::ContentType => "content_type",
-            Unobserved::ContentEncoding => "content_encoding",
-            Unobserved::DecodeLimit => "decode_limit",
-            Unobserved::ObserverPanic => "observer_panic",
-        }
-    }
 }
 
 /// Bucket bounds as the prometheus crate took them: none means its defaults, a trailing
@@ -373,7 +350,7 @@ impl Metrics {
     }
 
     /// Count a response that is forwarded but not measured.
-    pub fn unobserved(&self, reason: Unobserved) {
+    pub fn unobserved(&self, reason: Unobservable) {
         self.unobserved.with_label_values(&[reason.as_str()]).inc();
     }
 

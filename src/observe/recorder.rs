@@ -3,8 +3,8 @@
 //! It owns the `TokenClock`, resolves the request's metric handles once (lazily, so a
 //! model named only by the response can still label it), observes per-event figures as
 //! they happen, and records the per-request figures and the outcome exactly once, in
-//! [`Recorder::finish`], which consumes it. The body wrapper guarantees `finish` is called
-//! on every exit, including a drop.
+//! [`Recorder::record`], which consumes it. The observers in [`super`] guarantee `record`
+//! is called on every exit, including a drop.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -16,11 +16,37 @@ use crate::clock::{Stamp, TokenClock};
 use crate::metrics::{Metrics, Outcome, StreamMetrics};
 use crate::wire::{Dialect, Signal};
 
-/// What the request body scan learnt, published as soon as it is known.
-#[derive(Debug, Default)]
+/// What is known about one measured request: who it is (from its head, at once) and what
+/// its body said (published by the request scan as soon as it is read). Labels and the
+/// access log come from here.
+#[derive(Debug)]
 pub struct RequestFacts {
+    pub method: http::Method,
+    /// The path without its query (a query can hold keys).
+    pub path: String,
+    pub dialect: Dialect,
+    pub tenant: Option<String>,
     pub model: OnceLock<String>,
     pub stream: OnceLock<bool>,
+}
+
+impl RequestFacts {
+    /// Facts from the head; the body's are filled in as the scan finds them.
+    pub fn new(
+        method: http::Method,
+        path: String,
+        dialect: Dialect,
+        tenant: Option<String>,
+    ) -> RequestFacts {
+        RequestFacts {
+            method,
+            path,
+            dialect,
+            tenant,
+            model: OnceLock::new(),
+            stream: OnceLock::new(),
+        }
+    }
 }
 
 /// Keeps `tokentap_streams_in_flight` honest: incremented on creation, decremented on drop.
@@ -39,21 +65,10 @@ impl Drop for InFlight {
     }
 }
 
-/// Who the request is, for labels and the access log.
-#[derive(Debug, Clone)]
-pub struct RequestLabels {
-    pub method: http::Method,
-    /// The path without its query (a query can hold keys).
-    pub path: String,
-    pub dialect: Dialect,
-    pub tenant: Option<String>,
-}
-
 /// Measurement state of one LLM request.
 pub struct Recorder {
     metrics: Arc<Metrics>,
     clock: TokenClock,
-    request: RequestLabels,
     facts: Arc<RequestFacts>,
     response_model: Option<String>,
     handles: Option<StreamMetrics>,
@@ -70,7 +85,6 @@ impl Recorder {
     pub fn new(
         metrics: Arc<Metrics>,
         t_req: Instant,
-        request: RequestLabels,
         facts: Arc<RequestFacts>,
         stall_threshold: Duration,
     ) -> Recorder {
@@ -78,7 +92,6 @@ impl Recorder {
         Recorder {
             metrics,
             clock: TokenClock::new(t_req),
-            request,
             facts,
             response_model: None,
             handles: None,
@@ -89,6 +102,16 @@ impl Recorder {
             malformed: 0,
             _in_flight: in_flight,
         }
+    }
+
+    /// The metrics this request is recorded in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The request's API dialect.
+    pub fn dialect(&self) -> Dialect {
+        self.facts.dialect
     }
 
     /// The upstream response head arrived at `at`.
@@ -156,7 +179,7 @@ impl Recorder {
                 .get()
                 .map(String::as_str)
                 .or(self.response_model.as_deref());
-            let handles = self.metrics.stream(model, self.request.tenant.as_deref());
+            let handles = self.metrics.stream(model, self.facts.tenant.as_deref());
             if let Some(ttfb) = self.clock.ttfb() {
                 handles.ttfb.observe(ttfb.as_secs_f64());
             }
@@ -173,7 +196,7 @@ impl Recorder {
     }
 
     /// Record the outcome and per-request figures. Consumes the recorder: once only.
-    pub fn finish(mut self, at: Instant, outcome: Outcome) {
+    pub fn record(mut self, at: Instant, outcome: Outcome) {
         let outcome = match outcome {
             Outcome::Completed if self.stream_error => Outcome::UpstreamError,
             Outcome::Completed if self.status.is_some_and(|s| s.is_server_error()) => {
@@ -186,14 +209,14 @@ impl Recorder {
         let handles = self.handles.as_ref().expect("resolved just above");
         self.metrics.finish(handles, outcome, &timings);
         self.metrics
-            .decode_errors(self.request.dialect.as_str(), self.malformed);
+            .decode_errors(self.facts.dialect.as_str(), self.malformed);
 
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
         tracing::info!(
             target: "tokentap::access",
-            method = %self.request.method,
-            path = %self.request.path,
-            dialect = self.request.dialect.as_str(),
+            method = %self.facts.method,
+            path = %self.facts.path,
+            dialect = self.facts.dialect.as_str(),
             model = %handles.model,
             tenant = %handles.tenant,
             status = self.status.map(|s| s.as_u16()),

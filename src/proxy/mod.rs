@@ -1,12 +1,14 @@
 //! The proxy service: one client request in, one response out, unchanged.
 //!
-//! For an LLM route it starts a [`Recorder`] at the request head, scans the request body
-//! on its way up, chooses a decoder from the response head and wraps the response body in
-//! an [`ObservedBody`]. Every other route is forwarded without observation. Either way the
-//! bytes, the status and the end-to-end headers are the upstream's own.
+//! It routes bytes and answers errors; what is measured is [`observe`](crate::observe)'s
+//! decision. Every request goes through [`observe::start`]: the request body goes up
+//! wrapped in its scan, the response body comes back wrapped in the proxy's limits and,
+//! where observe returns an observer, in an [`ObservedBody`]. Either way the bytes, the
+//! status and the end-to-end headers are the upstream's own.
 
-pub mod inspect;
+pub mod limits;
 pub mod same_task;
+pub mod transport;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -16,18 +18,16 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{header, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::config::Config;
-use crate::metrics::{Metrics, Outcome, Unobserved};
-use crate::observe::{
-    BoxError, ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver,
-};
-use crate::wire::{self, DecodeLimits, DecodeOptions, Unobservable};
+use crate::metrics::Metrics;
+use crate::observe::{self, BoxError, ObservedBody, Outcome, RequestHead, ScannedBody};
+use limits::LimitedBody;
 use upstream::{error_response, UpstreamClient};
 
 /// The body type of every response tokentap sends.
@@ -37,14 +37,14 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 pub struct Proxy {
     /// The configuration in force; swapped whole on reload. A request takes its own
     /// reference at its head, so in-flight streams finish under the config they began with.
-    current: RwLock<Arc<Generation>>,
+    current: RwLock<Arc<ActiveConfig>>,
     metrics: Arc<Metrics>,
     /// Bounds requests in flight; a permit lives as long as the response body.
     in_flight: Arc<Semaphore>,
 }
 
-/// One configuration and the upstream client built from it.
-pub struct Generation {
+/// The active configuration: one validated config and the upstream client built from it.
+pub struct ActiveConfig {
     pub config: Arc<Config>,
     pub upstream: UpstreamClient,
 }
@@ -58,13 +58,13 @@ impl Proxy {
     pub fn new(config: Arc<Config>, upstream: UpstreamClient, metrics: Arc<Metrics>) -> Arc<Proxy> {
         Arc::new(Proxy {
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
-            current: RwLock::new(Arc::new(Generation { config, upstream })),
+            current: RwLock::new(Arc::new(ActiveConfig { config, upstream })),
             metrics,
         })
     }
 
     /// The configuration in force.
-    pub fn generation(&self) -> Arc<Generation> {
+    pub fn active(&self) -> Arc<ActiveConfig> {
         self.current
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -72,11 +72,11 @@ impl Proxy {
     }
 
     /// Switch to a new, already validated configuration, atomically: a request sees
-    /// either the old generation or the new one, never a mix. The upstream client (and
+    /// either the old configuration or the new one, never a mix. The upstream client (and
     /// its connection pool) is kept when the upstream settings did not change. Returns a
     /// warning when settings that need a restart differ.
     pub fn reload(&self, config: Config) -> Result<Option<&'static str>, upstream::ClientError> {
-        let old = self.generation();
+        let old = self.active();
         let upstream = if old.config.upstream == config.upstream {
             old.upstream.clone()
         } else {
@@ -92,7 +92,7 @@ impl Proxy {
         *self
             .current
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(Generation {
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(ActiveConfig {
             config: Arc::new(config),
             upstream,
         });
@@ -100,7 +100,7 @@ impl Proxy {
     }
 
     fn in_flight_limit(&self) -> usize {
-        self.generation().config.limits.max_in_flight
+        self.active().config.limits.max_in_flight
     }
 
     /// A hyper service handle for one connection.
@@ -121,138 +121,45 @@ impl Proxy {
                 "too many requests in flight",
             );
         };
-        let generation = self.generation();
-        let config = &generation.config;
+        let active = self.active();
         let (parts, body) = request.into_parts();
-        let info = inspect::inspect(&parts, &config.routes, &config.tenants);
-        let Some(dialect) = info.dialect else {
-            return self
-                .passthrough(&generation, parts, body, t_req, permit)
-                .await;
-        };
-
-        let facts = Arc::new(RequestFacts::default());
-        let mut recorder = Recorder::new(
-            self.metrics.clone(),
+        let (scan, pending) = observe::start(
+            RequestHead::of(&parts),
             t_req,
-            RequestLabels {
-                method: parts.method.clone(),
-                path: parts.uri.path().to_string(),
-                dialect,
-                tenant: info.tenant,
-            },
-            facts.clone(),
-            config.metrics.stall_threshold,
+            &active.config,
+            &self.metrics,
         );
-        let response = match generation.upstream.send(parts, body, true, facts).await {
+        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        let body = ScannedBody::new(body, scan)
+            .map_err(BoxError::from)
+            .boxed_unsync();
+        let response = match active.upstream.send(parts, body).await {
             Ok(response) => response,
             Err(err) => {
                 let outcome = match err {
                     upstream::UpstreamError::Timeout(_) => Outcome::Timeout,
                     _ => Outcome::UpstreamError,
                 };
-                tracing::warn!(error = %err, "upstream failed before its response head");
-                recorder.finish(Instant::now(), outcome);
+                tracing::warn!(
+                    method = %method,
+                    path = %uri.path(),
+                    error = %err,
+                    "upstream failed before its response head"
+                );
+                pending.fail(Instant::now(), outcome);
                 return text(err.status(), &err.to_string());
             }
         };
-        recorder.response_head(Instant::now(), response.status());
-
+        let at = Instant::now();
         let (mut parts, body) = response.into_parts();
         upstream::strip_hop_by_hop(&mut parts.headers);
-        let decoder = self.decoder_for(config, dialect, &parts);
-        let observer = StreamObserver::new(recorder, decoder, self.metrics.clone());
-        let body = ObservedBody::new(
-            body,
-            Some(observer),
-            config.upstream.idle_timeout,
-            self.metrics.clone(),
-            Some(permit),
-        );
-        Response::from_parts(parts, body.boxed_unsync())
-    }
-
-    /// Choose the decoder for a response head, or `None` to forward it unobserved.
-    fn decoder_for(
-        &self,
-        config: &Config,
-        dialect: wire::Dialect,
-        parts: &http::response::Parts,
-    ) -> Option<Box<dyn wire::Decoder>> {
-        if !parts.status.is_success() {
-            // Error bodies carry no tokens; the status decides the outcome.
-            return None;
-        }
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        // A compressed body is forwarded as it came; the decoder inflates its own copy.
-        let content_encoding = parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .map(|v| v.as_bytes());
-        let limits = DecodeLimits {
-            max_event_bytes: config.observe.max_event_bytes,
-            max_body_bytes: config.observe.max_body_bytes,
+        let observer = pending.response(at, parts.status, &parts.headers);
+        let body = LimitedBody::new(body, active.config.upstream.idle_timeout, Some(permit));
+        let body = match observer {
+            Some(observer) => ObservedBody::new(body, observer).boxed_unsync(),
+            None => body.boxed_unsync(),
         };
-        let options = DecodeOptions {
-            limits,
-            skip_special_tokens: config.observe.skip_special_tokens,
-            tokenizer: config.observe.tokenizer.as_ref(),
-        };
-        match wire::response_decoder(dialect, content_type, content_encoding, options) {
-            Ok(decoder) => Some(decoder),
-            Err(Unobservable::ContentType) => {
-                self.metrics.unobserved(Unobserved::ContentType);
-                None
-            }
-            Err(Unobservable::ContentEncoding) => {
-                self.metrics.unobserved(Unobserved::ContentEncoding);
-                None
-            }
-        }
-    }
-
-    async fn passthrough(
-        &self,
-        generation: &Generation,
-        parts: http::request::Parts,
-        body: Incoming,
-        t_req: Instant,
-        permit: OwnedSemaphorePermit,
-    ) -> Response<ProxyBody> {
-        self.metrics.passthrough();
-        let method = parts.method.clone();
-        let path = parts.uri.path().to_string();
-        let facts = Arc::new(RequestFacts::default());
-        match generation.upstream.send(parts, body, false, facts).await {
-            Ok(response) => {
-                tracing::info!(
-                    target: "tokentap::access",
-                    method = %method,
-                    path = %path,
-                    status = response.status().as_u16(),
-                    ttfb_ms = t_req.elapsed().as_secs_f64() * 1e3,
-                    "passthrough"
-                );
-                let (mut parts, body) = response.into_parts();
-                upstream::strip_hop_by_hop(&mut parts.headers);
-                let body = ObservedBody::new(
-                    body,
-                    None,
-                    generation.config.upstream.idle_timeout,
-                    self.metrics.clone(),
-                    Some(permit),
-                );
-                Response::from_parts(parts, body.boxed_unsync())
-            }
-            Err(err) => {
-                tracing::warn!(method = %method, path = %path, error = %err, "upstream failed");
-                text(err.status(), &err.to_string())
-            }
-        }
+        Response::from_parts(parts, body)
     }
 }
 

@@ -32,7 +32,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::upstream::{error_chain, UpstreamBody, UpstreamError};
+use super::transport::{error_chain, UpstreamBody, UpstreamError};
 
 /// How often idle connections are checked for a close by the upstream or for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);

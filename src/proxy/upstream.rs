@@ -9,24 +9,20 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::same_task::{ResponseBody, SameTaskPool};
+use super::transport::error_chain;
+pub use super::transport::{UpstreamBody, UpstreamError};
 use crate::config::{HostHeader, Upstream};
-use crate::observe::{RequestFacts, ScannedBody};
-
-/// What the upstream client sends as a request body.
-pub type UpstreamBody = ScannedBody<Incoming>;
 
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -38,27 +34,6 @@ pub enum ClientError {
     },
     #[error("upstream CA file {path} holds no usable certificate")]
     CaEmpty { path: String },
-}
-
-/// A failed upstream exchange, before any response head.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("cannot connect to upstream: {0}")]
-    Connect(String),
-    #[error("upstream response head not received within {0:?}")]
-    Timeout(Duration),
-    #[error("upstream request failed: {0}")]
-    Request(String),
-}
-
-impl UpstreamError {
-    /// The status tokentap answers with.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
-        }
-    }
 }
 
 /// The pooled client for one upstream.
@@ -100,13 +75,11 @@ impl UpstreamClient {
     }
 
     /// Send a client request upstream. `parts` come from the client request unchanged;
-    /// this rewrites only what a proxy must.
+    /// this rewrites only what a proxy must. `body` is moved as it is.
     pub async fn send(
         &self,
         mut parts: http::request::Parts,
-        body: Incoming,
-        scan_body: bool,
-        facts: Arc<RequestFacts>,
+        body: UpstreamBody,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
@@ -115,7 +88,6 @@ impl UpstreamClient {
             self.config.host_header,
             client_authority,
         );
-        let body = ScannedBody::new(body, scan_body, facts);
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
@@ -329,18 +301,6 @@ fn prepare_headers(
             }
         }
     }
-}
-
-/// An error and its causes on one line (hyper's top-level messages are terse).
-pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
 }
 
 /// The short text body of a 502/504/503 that tokentap itself answers with.

@@ -157,7 +157,7 @@ impl Server {
         let graceful = GracefulShutdown::new();
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
-            upstream = %proxy.generation().config.upstream.url(),
+            upstream = %proxy.active().config.upstream.url(),
             tls = tls.is_some(),
             workers = workers.count(),
             "proxy listening"
@@ -209,7 +209,7 @@ impl Server {
         drop(proxy_listener);
         readiness.draining.store(true, Ordering::Relaxed);
         let in_flight = graceful.count();
-        let drain = proxy.generation().config.shutdown.drain_timeout;
+        let drain = proxy.active().config.shutdown.drain_timeout;
         tracing::info!(connections = in_flight, deadline = ?drain, "draining");
         match tokio::time::timeout(drain, graceful.shutdown()).await {
             Ok(()) => tracing::info!("drained; exiting"),
@@ -233,7 +233,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
-/// bounded request heads.
+/// half-closed clients answered, bounded request heads.
 fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -241,6 +241,11 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .auto_date_header(false)
         .preserve_header_case(true)
+        // A client may send its whole request and shut its write side while it waits
+        // (`shutdown(SHUT_WR)`); it still gets the answer. A client that closed entirely
+        // looks the same until tokentap writes to it: it is then recorded as cancelled
+        // when the upstream answers, not when it left.
+        .half_close(true)
         .header_read_timeout(config.limits.header_read_timeout)
         .max_headers(config.limits.max_headers)
         .max_buf_size(config.limits.max_header_bytes)
@@ -391,9 +396,9 @@ async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: A
     let mut was = None;
     loop {
         // The upstream may change on reload: probe the one in force.
-        let generation = proxy.generation();
-        let interval = generation.config.upstream.probe_interval;
-        let reachable = generation.upstream.probe().await;
+        let active = proxy.active();
+        let interval = active.config.upstream.probe_interval;
+        let reachable = active.upstream.probe().await;
         readiness
             .upstream_reachable
             .store(reachable, Ordering::Relaxed);

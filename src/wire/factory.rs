@@ -105,6 +105,24 @@ pub enum Unobservable {
     /// The content-encoding is not one [`compress`] decodes.
     #[error("unsupported content-encoding")]
     ContentEncoding,
+    /// The decoder gave up (event or body over its bound).
+    #[error("decode limit reached")]
+    DecodeLimit,
+    /// The decoder failed unexpectedly; the stream went on unobserved.
+    #[error("observer panicked")]
+    ObserverPanic,
+}
+
+impl Unobservable {
+    /// The `reason` label of `tokentap_unobserved_responses_total`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unobservable::ContentType => "content_type",
+            Unobservable::ContentEncoding => "content_encoding",
+            Unobservable::DecodeLimit => "decode_limit",
+            Unobservable::ObserverPanic => "observer_panic",
+        }
+    }
 }
 
 /// The decoder for a response: framing from `content_type`, decompression from

@@ -14,6 +14,7 @@ mod faults;
 mod fuzz_decoders;
 mod lifecycle;
 mod proxy;
+mod recording;
 mod routes;
 mod tls;
 mod tokenizer;

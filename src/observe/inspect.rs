@@ -1,32 +1,16 @@
-//! Request inspection: which API a request speaks and which tenant sent it, from the
-//! request head alone (the model comes from the body, scanned as it streams upstream).
+//! Request inspection: which API a request speaks (so whether it is measured at all) and
+//! which tenant sent it, from the request head alone (the model comes from the body,
+//! scanned as it streams upstream). It lives in `observe` because it decides what is
+//! measured; the proxy only routes bytes.
 //!
 //! Nothing read here is stored raw: the tenant passes the label policy before it becomes
 //! a label, and API keys are only ever hashed.
 
-use http::request::Parts;
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Route, TenantSource};
 use crate::wire::{self, Dialect};
-
-/// What the request head says about a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestInfo {
-    /// The API dialect, or `None` for a route tokentap does not measure.
-    pub dialect: Option<Dialect>,
-    pub tenant: Option<String>,
-}
-
-/// Inspect a request head: the dialect from the configured `routes`, else from the
-/// path; the tenant from the first source that names one.
-pub fn inspect(parts: &Parts, routes: &[Route], sources: &[TenantSource]) -> RequestInfo {
-    RequestInfo {
-        dialect: routed_dialect(routes, &parts.method, parts.uri.path(), parts.uri.query()),
-        tenant: tenant_for(&parts.headers, sources),
-    }
-}
 
 /// The dialect of a request. The first route whose prefix matches the path decides:
 /// `dialect: none` forwards the request unobserved whatever its method; a dialect applies
@@ -50,12 +34,6 @@ pub fn routed_dialect(
         }
         None => wire::dialect_for(method, path, query),
     }
-}
-
-/// The dialect of an LLM route, from its method and path (no query): see
-/// [`wire::dialect_for`], which owns the routing table.
-pub fn dialect_for(method: &Method, path: &str) -> Option<Dialect> {
-    wire::dialect_for(method, path, None)
 }
 
 /// The tenant from the first configured source that yields one.
@@ -103,6 +81,8 @@ mod tests {
 
     #[test]
     fn dialect_from_path() {
+        // Without routes, the path decides (`wire::dialect_for`, no query).
+        let dialect_for = |method: &Method, path: &str| routed_dialect(&[], method, path, None);
         let post = Method::POST;
         assert_eq!(
             dialect_for(&post, "/v1/chat/completions"),
