@@ -1,7 +1,8 @@
 //! tokentap's integration tests, as one test binary: each former `tests/*.rs` file is a
-//! module here, so the crate is linked into one executable instead of one per file (the
-//! link step dominates an incremental `cargo test` build). Run one area with
-//! `cargo test --test it <module>::`, e.g. `cargo test --test it proxy::`.
+//! module here, so a change to the library rebuilds and links one test executable instead
+//! of thirteen (measured: half the CPU of `cargo test --all-targets --no-run` after a
+//! touch of `src/lib.rs`). Run one area with `cargo test --test it <module>::`, e.g.
+//! `cargo test --test it proxy::`.
 
 mod common;
 
