@@ -27,7 +27,7 @@ use crate::metrics::{Metrics, Outcome, Unobserved};
 use crate::observe::{
     BoxError, ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver,
 };
-use crate::wire::{self, DecodeLimits, DecodeOptions, Unobservable};
+use crate::wire::{self, DecodeLimits, DecodeOptions, Tokenizer, Unobservable};
 use upstream::{error_response, UpstreamClient};
 
 /// The body type of every response tokentap sends.
@@ -43,10 +43,12 @@ pub struct Proxy {
     in_flight: Arc<Semaphore>,
 }
 
-/// One configuration and the upstream client built from it.
+/// One configuration and what is built from it: the upstream client and the tokenizer.
 pub struct Generation {
     pub config: Arc<Config>,
     pub upstream: UpstreamClient,
+    /// `observe.tokenizer`, loaded.
+    pub tokenizer: Option<Tokenizer>,
 }
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
@@ -55,10 +57,19 @@ const RESTART_ONLY: &str =
     "listen, admin, tls, limits and metrics.buckets changes take effect after a restart";
 
 impl Proxy {
-    pub fn new(config: Arc<Config>, upstream: UpstreamClient, metrics: Arc<Metrics>) -> Arc<Proxy> {
+    pub fn new(
+        config: Arc<Config>,
+        upstream: UpstreamClient,
+        tokenizer: Option<Tokenizer>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Proxy> {
         Arc::new(Proxy {
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
-            current: RwLock::new(Arc::new(Generation { config, upstream })),
+            current: RwLock::new(Arc::new(Generation {
+                config,
+                upstream,
+                tokenizer,
+            })),
             metrics,
         })
     }
@@ -71,11 +82,16 @@ impl Proxy {
             .clone()
     }
 
-    /// Switch to a new, already validated configuration, atomically: a request sees
+    /// Switch to a new, already validated configuration (with its tokenizer, loaded),
+    /// atomically: a request sees
     /// either the old generation or the new one, never a mix. The upstream client (and
     /// its connection pool) is kept when the upstream settings did not change. Returns a
     /// warning when settings that need a restart differ.
-    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, upstream::ClientError> {
+    pub fn reload(
+        &self,
+        config: Config,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Option<&'static str>, upstream::ClientError> {
         let old = self.generation();
         let upstream = if old.config.upstream == config.upstream {
             old.upstream.clone()
@@ -95,6 +111,7 @@ impl Proxy {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(Generation {
             config: Arc::new(config),
             upstream,
+            tokenizer,
         });
         Ok(restart_needed.then_some(RESTART_ONLY))
     }
@@ -160,7 +177,7 @@ impl Proxy {
 
         let (mut parts, body) = response.into_parts();
         upstream::strip_hop_by_hop(&mut parts.headers);
-        let decoder = self.decoder_for(config, dialect, &parts);
+        let decoder = self.decoder_for(config, generation.tokenizer.as_ref(), dialect, &parts);
         let observer = StreamObserver::new(recorder, decoder, self.metrics.clone());
         let body = ObservedBody::new(
             body,
@@ -176,6 +193,7 @@ impl Proxy {
     fn decoder_for(
         &self,
         config: &Config,
+        tokenizer: Option<&Tokenizer>,
         dialect: wire::Dialect,
         parts: &http::response::Parts,
     ) -> Option<Box<dyn wire::Decoder>> {
@@ -206,7 +224,7 @@ impl Proxy {
             content_encoding,
             limits,
             options,
-            config.observe.tokenizer.as_ref(),
+            tokenizer,
         ) {
             Ok(decoder) => Some(decoder),
             Err(Unobservable::ContentType) => {
