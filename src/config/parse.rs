@@ -141,11 +141,6 @@ impl<'de> Visitor<'de> for Document<'_> {
             reading: self.reading,
         }))
     }
-
-    /// A file of comments only: all defaults, like an empty one.
-    fn visit_unit<E: de::Error>(self) -> Result<RawConfig, E> {
-        Ok(RawConfig::default())
-    }
 }
 
 /// The document's entries without the left-out keys, noting which key is being read.

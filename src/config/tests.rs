@@ -399,6 +399,13 @@ fn wrong_types_say_what_was_expected_in_words() {
         }
         assert!(issue.location.is_some(), "{text:?}: {issue}");
     }
+    // A file of comments only reads as all defaults, like an empty one.
+    assert!(parse("# nothing yet\nupstream: http://a:1\n").is_ok());
+    assert_eq!(
+        issues("# only a comment\n")[0].path,
+        "upstream.url",
+        "only the missing upstream"
+    );
     let found = issues("just some text\n");
     assert!(
         found[0].message.contains("a mapping of settings"),
