@@ -98,8 +98,13 @@ fn observer(
             tenant.parse().expect("tenant is a header value"),
         );
     }
-    let (mut scan, pending) =
-        observe::start(RequestHead::of(&parts), Instant::now(), config, metrics);
+    let (mut scan, pending) = observe::start(
+        RequestHead::of(&parts),
+        Instant::now(),
+        config,
+        None,
+        metrics,
+    );
     scan.feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
     let mut headers = http::HeaderMap::new();
     headers.insert(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
+use tokentap::server::load_tokenizer;
 use tokentap::sim::{ModelProfile, Sim, SimConfig, UsageMode};
 
 /// tokentap: a transparent proxy that measures how fast LLMs stream (TTFT, inter-token
@@ -166,7 +167,9 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
 
 fn check_config(file: &std::path::Path) -> ExitCode {
     // The file must stand on its own: no flags or environment are applied.
-    match Config::from_file(file, &Overrides::default()) {
+    let checked = Config::from_file(file, &Overrides::default())
+        .and_then(|config| load_tokenizer(&config).map(|_| config));
+    match checked {
         Ok(config) => {
             println!(
                 "{}: ok (listen {}, admin {}, upstream {})",
@@ -204,16 +207,25 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         }
     };
     init_logs(config.log.format, &config.log.level);
-    report(control_runtime().and_then(|rt| {
-        rt.block_on(async move {
-            let server = tokentap::Server::bind(config).await?;
-            if let Some(path) = args.config {
-                tokio::spawn(reload_on_sighup(server.reloader(), path, overrides));
+    let runtime = match control_runtime() {
+        Ok(runtime) => runtime,
+        Err(err) => return report(Err(err)),
+    };
+    runtime.block_on(async move {
+        let server = match tokentap::Server::bind(config).await {
+            Ok(server) => server,
+            // A tokenizer that validated but cannot be loaded: an invalid configuration.
+            Err(tokentap::ServeError::Config(err)) => {
+                eprintln!("{err}");
+                return ExitCode::from(2);
             }
-            server.run(shutdown_signal()).await
-        })
-        .context("proxy failed")
-    }))
+            Err(err) => return report(Err(anyhow::Error::new(err).context("proxy failed"))),
+        };
+        if let Some(path) = args.config {
+            tokio::spawn(reload_on_sighup(server.reloader(), path, overrides));
+        }
+        report(server.run(shutdown_signal()).await.context("proxy failed"))
+    })
 }
 
 /// On SIGHUP, re-read and validate the config file and swap it in atomically. An invalid

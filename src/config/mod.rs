@@ -23,7 +23,8 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::Uri;
 
-use crate::wire::{Dialect, Tokenizer};
+use crate::wire::tokenize::{TokenizerError, TokenizerSource};
+use crate::wire::Dialect;
 
 pub use raw::RawConfig;
 
@@ -154,7 +155,49 @@ pub struct Observe {
     /// TGI: special tokens are not token-bearing events.
     pub skip_special_tokens: bool,
     /// Counts text deltas that carry no exact count; `None` (the default) costs nothing.
-    pub tokenizer: Option<Tokenizer>,
+    /// Only named here: it is loaded after validation, beside the config it runs with.
+    pub tokenizer: Option<TokenizerSetting>,
+}
+
+/// `observe.tokenizer` once validated: what to load, and where that is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerSetting {
+    pub source: TokenizerSource,
+    /// The key naming the source (`observe.tokenizer.encoding` or `.file`).
+    pub written: Written,
+}
+
+impl TokenizerSetting {
+    /// A failure to load the tokenizer, reported like a validation issue of its key.
+    pub fn load_failed(&self, err: &TokenizerError) -> ConfigError {
+        self.written.issue(err.to_string())
+    }
+}
+
+/// Where a setting is written: kept for what can be checked only after validation (the
+/// files a setting names are read then), so that such a failure names the key and line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The file (or `<flags>`) the configuration came from.
+    pub origin: String,
+    /// Dotted key path.
+    pub path: String,
+    /// 1-based line and column, when known.
+    pub location: Option<(usize, usize)>,
+}
+
+impl Written {
+    /// An invalid-configuration error about this setting.
+    pub fn issue(&self, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.clone(),
+            issues: vec![ConfigIssue {
+                path: self.path.clone(),
+                location: self.location,
+                message: message.into(),
+            }],
+        }
+    }
 }
 
 /// A path prefix whose requests have a configured dialect.
@@ -268,15 +311,27 @@ impl Config {
         origin: &str,
         overrides: &Overrides,
     ) -> Result<Config, ConfigError> {
-        let raw = parse::parse(text).map_err(|issue| ConfigError::Invalid {
+        let mut parsed = parse::parse(text);
+        let invalid = |issues| ConfigError::Invalid {
             origin: origin.to_string(),
-            issues: vec![issue],
-        })?;
-        raw.validate(text, overrides)
-            .map_err(|issues| ConfigError::Invalid {
-                origin: origin.to_string(),
-                issues,
-            })
+            issues,
+        };
+        let Some(raw) = parsed.raw.take() else {
+            return Err(invalid(parsed.issues));
+        };
+        // Validate what did read too, so that one run reports everything it can.
+        match raw.validate(text, origin, overrides) {
+            Ok(config) if parsed.issues.is_empty() => Ok(config),
+            Ok(_) => Err(invalid(parsed.issues)),
+            Err(found) => {
+                let found: Vec<_> = found
+                    .into_iter()
+                    .filter(|issue| !parsed.is_left_out(&issue.path))
+                    .collect();
+                parsed.issues.extend(found);
+                Err(invalid(parsed.issues))
+            }
+        }
     }
 
     /// A configuration from flags alone (no file).

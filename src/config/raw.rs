@@ -2,21 +2,28 @@
 //! key; `deny_unknown_fields` everywhere, so a typo is an error, not a silent default.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::units::{ByteSize, HumanDuration};
+use super::units::{ByteSize, Count, HumanDuration, Number};
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of settings such as `upstream` and `listen`"
+)]
 pub struct RawConfig {
     /// Proxy listener, `host:port`. Default `0.0.0.0:8080`.
     pub listen: Option<String>,
     /// Admin listener (`/metrics`, `/healthz`, `/readyz`). Default `0.0.0.0:9464`.
     pub admin: Option<String>,
-    #[serde(default)]
+    /// The upstream: its settings, or just its URL (`upstream: http://127.0.0.1:8000`).
+    #[serde(default, deserialize_with = "url_or_upstream")]
     pub upstream: RawUpstream,
     /// TLS on the proxy listener (both files required).
     pub tls: Option<RawTls>,
@@ -43,7 +50,10 @@ pub struct RawConfig {
 
 /// One route: `{path_prefix: /my/llm, dialect: anthropic}`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a route: a mapping with `path_prefix` and `dialect`"
+)]
 pub struct RawRoute {
     /// Matches the request path (as the client sent it, before `upstream.url`'s base path
     /// is prepended) when it equals the prefix or continues it with `/`: `/my/llm` matches
@@ -57,7 +67,7 @@ pub struct RawRoute {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a URL, or a mapping with `url`")]
 pub struct RawUpstream {
     /// `http://host:port` or `https://host[:port][/base-path]`. Required (here or `--upstream`).
     pub url: Option<String>,
@@ -81,13 +91,16 @@ pub struct RawUpstream {
     /// Idle pooled connections are closed after this long. Default 90s.
     pub pool_idle_timeout: Option<HumanDuration>,
     /// Idle pooled connections kept per upstream. Default 1024.
-    pub pool_max_idle_per_host: Option<usize>,
+    pub pool_max_idle_per_host: Option<Count>,
     /// How often `/readyz` re-checks that the upstream accepts connections. Default 5s.
     pub probe_interval: Option<HumanDuration>,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `cert_file` and `key_file`"
+)]
 pub struct RawTls {
     /// PEM certificate chain.
     pub cert_file: PathBuf,
@@ -96,27 +109,30 @@ pub struct RawTls {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `drain_timeout`")]
 pub struct RawShutdown {
     /// On SIGTERM/SIGINT, how long in-flight streams may take to finish. Default 30s.
     pub drain_timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of limits such as `max_in_flight`"
+)]
 pub struct RawLimits {
     /// Requests in flight at once; more get 503. Default 20000.
-    pub max_in_flight: Option<usize>,
+    pub max_in_flight: Option<Count>,
     /// A client must send its whole request head within this. Default 30s.
     pub header_read_timeout: Option<HumanDuration>,
     /// Most request headers accepted. Default 100.
-    pub max_headers: Option<usize>,
+    pub max_headers: Option<Count>,
     /// Largest request head buffered (HTTP/1). Default 64KiB.
     pub max_header_bytes: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `sources`")]
 pub struct RawTenants {
     /// Where the tenant comes from, first match wins. Default `[{header: x-tenant-id}]`.
     pub sources: Option<Vec<RawTenantSource>>,
@@ -124,7 +140,10 @@ pub struct RawTenants {
 
 /// One tenant source: exactly one of the keys.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a tenant source: a mapping with one of `header`, `api_keys`"
+)]
 pub struct RawTenantSource {
     /// A request header whose value is the tenant.
     pub header: Option<String>,
@@ -134,7 +153,7 @@ pub struct RawTenantSource {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `model` and `tenant`")]
 pub struct RawLabels {
     #[serde(default)]
     pub model: RawLabelPolicy,
@@ -143,11 +162,14 @@ pub struct RawLabels {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of label bounds such as `max_values`"
+)]
 pub struct RawLabelPolicy {
     /// Distinct values kept before new ones become `other`. Default 1000 for `model`, 1000
     /// for `tenant`; at most 100000 unless `unbounded` is set.
-    pub max_values: Option<usize>,
+    pub max_values: Option<Count>,
     /// Opt in to unbounded cardinality (ignores `max_values`). Default false.
     #[serde(default)]
     pub unbounded: bool,
@@ -157,11 +179,14 @@ pub struct RawLabelPolicy {
     #[serde(default)]
     pub aliases: BTreeMap<String, String>,
     /// Values longer than this many bytes become `other`. Default 128.
-    pub max_value_len: Option<usize>,
+    pub max_value_len: Option<Count>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `buckets` and `stall_threshold`"
+)]
 pub struct RawMetrics {
     /// Bucket upper bounds per histogram, strictly increasing.
     #[serde(default)]
@@ -172,18 +197,24 @@ pub struct RawMetrics {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping from a histogram's name to its bucket bounds"
+)]
 pub struct RawBuckets {
-    pub time_to_first_byte_seconds: Option<Vec<f64>>,
-    pub time_to_first_token_seconds: Option<Vec<f64>>,
-    pub inter_token_latency_seconds: Option<Vec<f64>>,
-    pub time_per_output_token_seconds: Option<Vec<f64>>,
-    pub output_tokens_per_second: Option<Vec<f64>>,
-    pub request_duration_seconds: Option<Vec<f64>>,
+    pub time_to_first_byte_seconds: Option<Vec<Number>>,
+    pub time_to_first_token_seconds: Option<Vec<Number>>,
+    pub inter_token_latency_seconds: Option<Vec<Number>>,
+    pub time_per_output_token_seconds: Option<Vec<Number>>,
+    pub output_tokens_per_second: Option<Vec<Number>>,
+    pub request_duration_seconds: Option<Vec<Number>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of observation settings such as `max_event_bytes`"
+)]
 pub struct RawObserve {
     /// Largest single SSE event the observer buffers; a larger one ends observation of
     /// that stream (the stream itself continues). Default 1MiB.
@@ -204,21 +235,50 @@ pub struct RawObserve {
 
 /// `observe.tokenizer`: exactly one of the keys.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with one of `encoding`, `file`"
+)]
 pub struct RawTokenizer {
     /// A built-in tiktoken encoding: `o200k_base` (GPT-4o, GPT-4.1, o-series, gpt-oss) or
     /// `cl100k_base` (GPT-4, GPT-3.5). Shipped inside tokentap; nothing is downloaded.
     pub encoding: Option<String>,
-    /// A Hugging Face `tokenizer.json` (e.g. the served model's own), read when the
-    /// configuration is loaded. Needs a build with `--features tokenizers`.
+    /// A Hugging Face `tokenizer.json` (e.g. the served model's own), read at startup and
+    /// on each reload, once the rest of the configuration is valid. Needs a build with
+    /// `--features tokenizers`.
     pub file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `format` and `level`")]
 pub struct RawLog {
     /// `text` (default) or `json`.
     pub format: Option<String>,
     /// Filter directive, e.g. `info` (default) or `tokentap=debug`.
     pub level: Option<String>,
+}
+
+/// `upstream` as a URL string (the `--upstream` shorthand) or as its mapping of settings.
+fn url_or_upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RawUpstream, D::Error> {
+    struct UrlOrUpstream;
+    impl<'de> Visitor<'de> for UrlOrUpstream {
+        type Value = RawUpstream;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a URL, or a mapping with `url`")
+        }
+        fn visit_str<E: de::Error>(self, url: &str) -> Result<RawUpstream, E> {
+            Ok(RawUpstream {
+                url: Some(url.to_string()),
+                ..RawUpstream::default()
+            })
+        }
+        fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<RawUpstream, M::Error> {
+            RawUpstream::deserialize(MapAccessDeserializer::new(map))
+        }
+        /// `upstream:` with nothing after it: all defaults, as when the key is left out.
+        fn visit_unit<E: de::Error>(self) -> Result<RawUpstream, E> {
+            Ok(RawUpstream::default())
+        }
+    }
+    deserializer.deserialize_any(UrlOrUpstream)
 }

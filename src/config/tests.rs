@@ -11,6 +11,14 @@ fn issues(text: &str) -> Vec<ConfigIssue> {
     }
 }
 
+/// Validate, then load what the configuration names (the step that reads files).
+fn load_issues(text: &str) -> Vec<ConfigIssue> {
+    match parse(text).and_then(|config| crate::server::load_tokenizer(&config)) {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(err) => err.issues().to_vec(),
+    }
+}
+
 #[test]
 fn minimal_config_gets_documented_defaults() {
     let config = parse("upstream:\n  url: http://127.0.0.1:8000\n").expect("valid");
@@ -271,7 +279,9 @@ fn observe_options_default_off() {
     )
     .expect("valid");
     assert!(config.observe.skip_special_tokens);
-    let tokenizer = config.observe.tokenizer.expect("tokenizer");
+    let tokenizer = crate::server::load_tokenizer(&config)
+        .expect("loads")
+        .expect("tokenizer");
     assert_eq!(tokenizer.name(), "cl100k_base");
     assert_eq!(tokenizer.count("Hello world"), 2);
 }
@@ -290,7 +300,7 @@ fn bad_tokenizers_are_located() {
     assert_eq!(found[0].path, "observe.tokenizer");
     assert_eq!(found[0].location, Some((3, 3)));
 
-    let found = issues(&format!("{head}    file: /nonexistent/tokenizer.json\n"));
+    let found = load_issues(&format!("{head}    file: /nonexistent/tokenizer.json\n"));
     assert_eq!(found[0].path, "observe.tokenizer.file");
     assert_eq!(found[0].location, Some((4, 5)));
     assert!(
@@ -304,7 +314,7 @@ fn bad_tokenizers_are_located() {
 fn tokenizer_file_needs_the_tokenizers_feature_or_a_valid_file() {
     let path = std::env::temp_dir().join(format!("tokentap-cfg-{}.json", std::process::id()));
     std::fs::write(&path, "{\"not\": \"a tokenizer\"}").expect("temp file");
-    let found = issues(&format!(
+    let found = load_issues(&format!(
         "upstream: {{url: 'http://a:1'}}\nobserve:\n  tokenizer:\n    file: {}\n",
         path.display()
     ));
@@ -324,4 +334,147 @@ fn tokenizer_file_needs_the_tokenizers_feature_or_a_valid_file() {
             found[0]
         );
     }
+}
+
+#[test]
+fn upstream_may_be_just_its_url() {
+    let config = parse("upstream: http://127.0.0.1:8000\n").expect("valid");
+    assert_eq!(config.upstream.url(), "http://127.0.0.1:8000");
+    assert_eq!(config.upstream.connect_timeout, Duration::from_secs(5));
+    let config = parse("upstream: 'https://api.example.com/v1'\n").expect("valid");
+    assert_eq!(config.upstream.url(), "https://api.example.com/v1");
+    let found = issues("upstream: ftp://example.com\n");
+    assert_eq!(found[0].path, "upstream.url");
+}
+
+#[test]
+fn wrong_types_say_what_was_expected_in_words() {
+    // One wrong-typed value in every section and in the values with their own types.
+    let cases = [
+        ("listen: [1]\n", "listen"),
+        ("upstream: 5\n", "upstream"),
+        ("upstream: [http://a:1]\n", "upstream"),
+        (
+            "upstream:\n  url: http://a:1\n  pool_max_idle_per_host: many\n",
+            "upstream.pool_max_idle_per_host",
+        ),
+        ("tls: yes\n", "tls"),
+        ("shutdown: 5\n", "shutdown"),
+        ("limits: x\n", "limits"),
+        ("limits:\n  max_in_flight: many\n", "limits.max_in_flight"),
+        ("limits:\n  max_headers: -1\n", "limits.max_headers"),
+        ("tenants: x\n", "tenants"),
+        ("tenants:\n  sources: x\n", "tenants.sources"),
+        ("tenants:\n  sources:\n    - x\n", "tenants.sources[0]"),
+        ("labels: x\n", "labels"),
+        ("labels:\n  model: x\n", "labels.model"),
+        (
+            "labels:\n  tenant:\n    max_value_len: long\n",
+            "labels.tenant.max_value_len",
+        ),
+        ("metrics: x\n", "metrics"),
+        ("metrics:\n  buckets: x\n", "metrics.buckets"),
+        (
+            "metrics:\n  buckets:\n    request_duration_seconds: [fast]\n",
+            "metrics.buckets.request_duration_seconds[0]",
+        ),
+        ("observe: x\n", "observe"),
+        ("observe:\n  tokenizer: x\n", "observe.tokenizer"),
+        ("routes: x\n", "routes"),
+        ("routes:\n  - x\n", "routes[0]"),
+        ("log: x\n", "log"),
+    ];
+    let internal = [
+        "Raw", "struct", "usize", "u64", "i64", "f64", "enum", "Option",
+    ];
+    for (text, path) in cases {
+        let found = issues(text);
+        let issue = found
+            .iter()
+            .find(|issue| issue.path == path)
+            .unwrap_or_else(|| panic!("no issue at `{path}` for {text:?}: {found:?}"));
+        assert!(issue.message.contains("expected"), "{text:?}: {issue}");
+        for name in internal {
+            assert!(!issue.message.contains(name), "{text:?}: {issue}");
+        }
+        assert!(issue.location.is_some(), "{text:?}: {issue}");
+    }
+    // A file of comments only reads as all defaults, like an empty one.
+    assert!(parse("# nothing yet\nupstream: http://a:1\n").is_ok());
+    assert_eq!(
+        issues("# only a comment\n")[0].path,
+        "upstream.url",
+        "only the missing upstream"
+    );
+    let found = issues("just some text\n");
+    assert!(
+        found[0].message.contains("a mapping of settings"),
+        "{}",
+        found[0]
+    );
+    let found = issues("upstream: 5\n");
+    assert!(
+        found[0].message.contains("a URL, or a mapping with `url`"),
+        "{}",
+        found[0]
+    );
+}
+
+#[test]
+fn every_wrong_setting_is_reported() {
+    let text = "\
+upstream:
+  url: http://a:1
+  http2: maybe
+listen: nowhere
+observe:
+  max_event_bytes: 1MiB
+  tokenzier: {}
+log:
+  format: xml
+";
+    let found = issues(text);
+    let got: Vec<_> = found
+        .iter()
+        .map(|i| (i.path.as_str(), i.location.map(|l| l.0)))
+        .collect();
+    // Type and key errors first (in file order), then what validation finds in the rest;
+    // nothing about the defaults of the sections left out (no "missing upstream.url").
+    assert_eq!(
+        got,
+        [
+            ("upstream.http2", Some(3)),
+            ("observe.tokenzier", Some(7)),
+            ("listen", Some(4)),
+            ("log.format", Some(9)),
+        ],
+        "{found:?}"
+    );
+    assert!(found[1].message.contains("tokenzier"), "{}", found[1]);
+    // A YAML syntax error stops the reading: it is the one issue.
+    let found = issues("upstream:\n  url: [unclosed\nlisten: nowhere\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(!found[0].message.contains("invalid type"), "{}", found[0]);
+    assert_eq!(found[0].location.map(|l| l.0), Some(3), "{}", found[0]);
+}
+
+#[test]
+fn validation_reads_no_tokenizer_file() {
+    let config = parse(
+        "upstream: {url: 'http://a:1'}\nobserve:\n  tokenizer:\n    file: /nonexistent/tokenizer.json\n",
+    )
+    .expect("valid: the file is read only when the tokenizer is loaded");
+    let setting = config.observe.tokenizer.as_ref().expect("a tokenizer");
+    assert_eq!(
+        setting.source,
+        crate::wire::tokenize::TokenizerSource::File("/nonexistent/tokenizer.json".into())
+    );
+    assert_eq!(setting.written.path, "observe.tokenizer.file");
+    assert_eq!(setting.written.location, Some((4, 5)));
+    let err = crate::server::load_tokenizer(&config).expect_err("no such file");
+    assert!(
+        err.to_string()
+            .contains("test.yaml:4:5: `observe.tokenizer.file`"),
+        "{err}"
+    );
 }

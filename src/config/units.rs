@@ -1,5 +1,6 @@
-//! Human-friendly value types for the config file: durations (`150ms`, `5s`, `2m`) and
-//! byte sizes (`64KiB`, `8MiB`). They validate while deserializing, so a bad value is
+//! Human-friendly value types for the config file: durations (`150ms`, `5s`, `2m`), byte
+//! sizes (`64KiB`, `8MiB`), counts and numbers, each saying in its errors what it expects
+//! in words (never a Rust type name). They validate while deserializing, so a bad value is
 //! reported with the key path and line:column of the value itself.
 
 use std::fmt;
@@ -127,6 +128,59 @@ impl<'de> Deserialize<'de> for ByteSize {
                 usize::try_from(v)
                     .map(ByteSize)
                     .map_err(|_| E::custom("a size cannot be negative"))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A whole number of things (connections, headers, label values, bytes of a value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Count(pub usize);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+                usize::try_from(v)
+                    .map(Count)
+                    .map_err(|_| E::custom("number out of range"))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+                usize::try_from(v)
+                    .map(Count)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A number, whole or not (a histogram bucket bound).
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct Number(pub f64);
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
+                Ok(Number(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Number, E> {
+                Ok(Number(v as f64))
             }
         }
         deserializer.deserialize_any(V)

@@ -8,16 +8,18 @@ use std::time::Duration;
 use super::defaults::*;
 use super::locate::locate;
 use super::raw::*;
-use super::units::HumanDuration;
+use super::units::{HumanDuration, Number};
 use super::*;
 use crate::metrics::buckets::{
     DURATION_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_SECOND_BUCKETS,
 };
-use crate::wire::{Dialect, Tokenizer};
+use crate::wire::tokenize::TokenizerSource;
+use crate::wire::Dialect;
 
 /// Collects validation issues, locating each key path in the source text.
 struct Issues<'t> {
     text: &'t str,
+    origin: &'t str,
     found: Vec<ConfigIssue>,
 }
 
@@ -29,13 +31,29 @@ impl Issues<'_> {
             message: message.into(),
         });
     }
+
+    /// Where `path` is written, for a check that runs after validation.
+    fn written(&self, path: &str) -> Written {
+        Written {
+            origin: self.origin.to_string(),
+            path: path.to_string(),
+            location: locate(self.text, path),
+        }
+    }
 }
 
 impl RawConfig {
     /// Check every field and build the [`Config`]; returns all issues at once.
-    pub fn validate(self, text: &str, overrides: &Overrides) -> Result<Config, Vec<ConfigIssue>> {
+    /// `origin` names the text in errors found later ([`Written`]).
+    pub fn validate(
+        self,
+        text: &str,
+        origin: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, Vec<ConfigIssue>> {
         let mut issues = Issues {
             text,
+            origin,
             found: Vec::new(),
         };
 
@@ -62,12 +80,18 @@ impl RawConfig {
             drain_timeout: dur(self.shutdown.drain_timeout, default_drain_timeout()),
         };
         let limits = Limits {
-            max_in_flight: self.limits.max_in_flight.unwrap_or(default_max_in_flight()),
+            max_in_flight: self
+                .limits
+                .max_in_flight
+                .map_or(default_max_in_flight(), |n| n.0),
             header_read_timeout: dur(
                 self.limits.header_read_timeout,
                 default_header_read_timeout(),
             ),
-            max_headers: self.limits.max_headers.unwrap_or(default_max_headers()),
+            max_headers: self
+                .limits
+                .max_headers
+                .map_or(default_max_headers(), |n| n.0),
             max_header_bytes: self
                 .limits
                 .max_header_bytes
@@ -192,12 +216,13 @@ fn socket_addr(
 fn buckets(
     issues: &mut Issues<'_>,
     path: &str,
-    value: Option<Vec<f64>>,
+    value: Option<Vec<Number>>,
     default: &[f64],
 ) -> Vec<f64> {
     let Some(bounds) = value else {
         return default.to_vec();
     };
+    let bounds: Vec<f64> = bounds.into_iter().map(|n| n.0).collect();
     if bounds.is_empty() {
         issues.push(path, "needs at least one bucket bound");
     } else if bounds.iter().any(|b| !b.is_finite() || *b <= 0.0) {
@@ -254,7 +279,7 @@ impl RawUpstream {
             pool_idle_timeout: dur(self.pool_idle_timeout, default_pool_idle_timeout()),
             pool_max_idle_per_host: self
                 .pool_max_idle_per_host
-                .unwrap_or(default_pool_max_idle_per_host()),
+                .map_or(default_pool_max_idle_per_host(), |n| n.0),
             probe_interval: dur(self.probe_interval, default_probe_interval()),
         };
         for (key, value) in [
@@ -336,10 +361,17 @@ fn routes(issues: &mut Issues<'_>, raw: Vec<RawRoute>) -> Vec<Route> {
 }
 
 impl RawTokenizer {
-    fn validate(self, issues: &mut Issues<'_>) -> Option<Tokenizer> {
-        let loaded = match (self.encoding, self.file) {
-            (Some(name), None) => Tokenizer::encoding(&name).map_err(|e| ("encoding", e)),
-            (None, Some(file)) => Tokenizer::from_file(&file).map_err(|e| ("file", e)),
+    /// Check the source only: a file is read when the tokenizer is loaded, after validation.
+    fn validate(self, issues: &mut Issues<'_>) -> Option<TokenizerSetting> {
+        let (key, source) = match (self.encoding, self.file) {
+            (Some(name), None) => match TokenizerSource::encoding(&name) {
+                Ok(source) => ("encoding", source),
+                Err(err) => {
+                    issues.push("observe.tokenizer.encoding", err.to_string());
+                    return None;
+                }
+            },
+            (None, Some(file)) => ("file", TokenizerSource::File(file)),
             _ => {
                 issues.push(
                     "observe.tokenizer",
@@ -348,13 +380,10 @@ impl RawTokenizer {
                 return None;
             }
         };
-        match loaded {
-            Ok(tokenizer) => Some(tokenizer),
-            Err((key, err)) => {
-                issues.push(&format!("observe.tokenizer.{key}"), err.to_string());
-                None
-            }
-        }
+        Some(TokenizerSetting {
+            source,
+            written: issues.written(&format!("observe.tokenizer.{key}")),
+        })
     }
 }
 
@@ -406,7 +435,7 @@ impl RawLabelPolicy {
         let max_values = if self.unbounded {
             None
         } else {
-            let max = self.max_values.unwrap_or(default_label_max_values());
+            let max = self.max_values.map_or(default_label_max_values(), |n| n.0);
             if max == 0 {
                 issues.push(&format!("{path}.max_values"), "must be at least 1");
             } else if max > label_max_values_ceiling() {
@@ -424,7 +453,9 @@ impl RawLabelPolicy {
             max_values,
             allow: self.allow.map(|v| v.into_iter().collect::<HashSet<_>>()),
             aliases: self.aliases.into_iter().collect(),
-            max_value_len: self.max_value_len.unwrap_or(default_label_max_value_len()),
+            max_value_len: self
+                .max_value_len
+                .map_or(default_label_max_value_len(), |n| n.0),
         }
     }
 }

@@ -31,7 +31,9 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
 use crate::wire::request::RequestScanner;
-use crate::wire::{self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Unobservable};
+use crate::wire::{
+    self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
+};
 pub use body::{BoxError, IdleTimeout, ObservedBody, ScannedBody};
 use recorder::{Recorder, RequestFacts};
 
@@ -55,11 +57,12 @@ impl<'a> RequestHead<'a> {
 }
 
 /// Start observing a request whose head was fully received at `t_req`, under `config`
-/// (the configuration the request keeps to its end).
+/// and its loaded `tokenizer` (what the request keeps to its end).
 pub fn start(
     head: RequestHead<'_>,
     t_req: Instant,
     config: &Arc<Config>,
+    tokenizer: Option<&Tokenizer>,
     metrics: &Arc<Metrics>,
 ) -> (RequestScan, Pending) {
     let path = head.uri.path();
@@ -89,6 +92,7 @@ pub fn start(
     let pending = Pending(Some(Waiting::Measured {
         recorder,
         config: config.clone(),
+        tokenizer: tokenizer.cloned(),
     }));
     (RequestScan::new(facts), pending)
 }
@@ -142,6 +146,8 @@ enum Waiting {
     Measured {
         recorder: Recorder,
         config: Arc<Config>,
+        /// `observe.tokenizer`, loaded.
+        tokenizer: Option<Tokenizer>,
     },
     /// Not an LLM route: only the access log hears of it.
     Passthrough {
@@ -164,11 +170,19 @@ impl Pending {
             Waiting::Measured {
                 mut recorder,
                 config,
+                tokenizer,
             } => {
                 recorder.response_head(at, status);
                 let metrics = recorder.metrics().clone();
                 let dialect = recorder.dialect();
-                let decoder = decoder_for(&config, &metrics, dialect, status, headers);
+                let decoder = decoder_for(
+                    &config,
+                    tokenizer.as_ref(),
+                    &metrics,
+                    dialect,
+                    status,
+                    headers,
+                );
                 Some(ResponseObserver::new(recorder, decoder, metrics))
             }
             Waiting::Passthrough { method, uri, t_req } => {
@@ -208,6 +222,7 @@ impl Drop for Pending {
 /// with its reason, where the status said there should have been tokens).
 fn decoder_for(
     config: &Config,
+    tokenizer: Option<&Tokenizer>,
     metrics: &Metrics,
     dialect: Dialect,
     status: StatusCode,
@@ -229,7 +244,7 @@ fn decoder_for(
             max_body_bytes: config.observe.max_body_bytes,
         },
         skip_special_tokens: config.observe.skip_special_tokens,
-        tokenizer: config.observe.tokenizer.as_ref(),
+        tokenizer,
     };
     match wire::response_decoder(dialect, content_type, content_encoding, options) {
         Ok(decoder) => Some(decoder),

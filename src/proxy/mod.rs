@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::observe::{self, BoxError, ObservedBody, Outcome, RequestHead, ScannedBody};
+use crate::wire::Tokenizer;
 use limits::LimitedBody;
 use upstream::{error_response, UpstreamClient};
 
@@ -43,10 +44,13 @@ pub struct Proxy {
     in_flight: Arc<Semaphore>,
 }
 
-/// The active configuration: one validated config and the upstream client built from it.
+/// The active configuration: one validated config and what is built from it, the
+/// upstream client and the tokenizer.
 pub struct ActiveConfig {
     pub config: Arc<Config>,
     pub upstream: UpstreamClient,
+    /// `observe.tokenizer`, loaded.
+    pub tokenizer: Option<Tokenizer>,
 }
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
@@ -55,10 +59,19 @@ const RESTART_ONLY: &str =
     "listen, admin, tls, limits and metrics.buckets changes take effect after a restart";
 
 impl Proxy {
-    pub fn new(config: Arc<Config>, upstream: UpstreamClient, metrics: Arc<Metrics>) -> Arc<Proxy> {
+    pub fn new(
+        config: Arc<Config>,
+        upstream: UpstreamClient,
+        tokenizer: Option<Tokenizer>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Proxy> {
         Arc::new(Proxy {
             in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
-            current: RwLock::new(Arc::new(ActiveConfig { config, upstream })),
+            current: RwLock::new(Arc::new(ActiveConfig {
+                config,
+                upstream,
+                tokenizer,
+            })),
             metrics,
         })
     }
@@ -71,11 +84,15 @@ impl Proxy {
             .clone()
     }
 
-    /// Switch to a new, already validated configuration, atomically: a request sees
-    /// either the old configuration or the new one, never a mix. The upstream client (and
-    /// its connection pool) is kept when the upstream settings did not change. Returns a
-    /// warning when settings that need a restart differ.
-    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, upstream::ClientError> {
+    /// Switch to a new, already validated configuration (with its tokenizer, loaded),
+    /// atomically: a request sees either the old configuration or the new one, never a
+    /// mix. The upstream client (and its connection pool) is kept when the upstream
+    /// settings did not change. Returns a warning when settings that need a restart differ.
+    pub fn reload(
+        &self,
+        config: Config,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Option<&'static str>, upstream::ClientError> {
         let old = self.active();
         let upstream = if old.config.upstream == config.upstream {
             old.upstream.clone()
@@ -95,6 +112,7 @@ impl Proxy {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(ActiveConfig {
             config: Arc::new(config),
             upstream,
+            tokenizer,
         });
         Ok(restart_needed.then_some(RESTART_ONLY))
     }
@@ -127,6 +145,7 @@ impl Proxy {
             RequestHead::of(&parts),
             t_req,
             &active.config,
+            active.tokenizer.as_ref(),
             &self.metrics,
         );
         let (method, uri) = (parts.method.clone(), parts.uri.clone());

@@ -24,10 +24,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
-use crate::config::{Config, ListenerTls};
+use crate::config::{Config, ConfigError, ListenerTls};
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
+use crate::wire::Tokenizer;
 use workers::Workers;
 
 /// Why the server could not start.
@@ -39,6 +40,10 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// A setting that validated but could not be built (a tokenizer file that cannot be
+    /// loaded); names its key and line like a validation error.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("listener TLS: {0}")]
@@ -66,16 +71,31 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Swap in `config` atomically. In-flight requests finish under the old one. Returns
-    /// a warning if settings that only a restart applies were changed.
-    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, ClientError> {
-        self.proxy.reload(config)
+    /// Load what `config` names (its tokenizer) and swap it in atomically. In-flight
+    /// requests finish under the old one. Returns a warning if settings that only a
+    /// restart applies were changed.
+    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, ServeError> {
+        let tokenizer = load_tokenizer(&config)?;
+        Ok(self.proxy.reload(config, tokenizer)?)
     }
 }
 
+/// Load the tokenizer a validated configuration names (`observe.tokenizer`), if any.
+/// Validation reads no file; this runs after it, at startup, on reload and in
+/// `tokentap check-config`, and a failure names the key and its line.
+pub fn load_tokenizer(config: &Config) -> Result<Option<Tokenizer>, ConfigError> {
+    config
+        .observe
+        .tokenizer
+        .as_ref()
+        .map(|setting| Tokenizer::load(&setting.source).map_err(|err| setting.load_failed(&err)))
+        .transpose()
+}
+
 impl Server {
-    /// Bind the proxy and admin ports and build the upstream client.
+    /// Load the tokenizer, build the upstream client and bind the proxy and admin ports.
     pub async fn bind(config: Config) -> Result<Server, ServeError> {
+        let tokenizer = load_tokenizer(&config)?;
         let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
@@ -84,7 +104,7 @@ impl Server {
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
-        let proxy = Proxy::new(config.clone(), upstream, metrics.clone());
+        let proxy = Proxy::new(config.clone(), upstream, tokenizer, metrics.clone());
         Ok(Server {
             config,
             metrics,

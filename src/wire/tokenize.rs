@@ -11,7 +11,9 @@
 //! counts the wire format gives (logprobs entries, cumulative usage growth, one token per
 //! TGI event) are never re-counted, and reported usage still corrects `N`.
 //!
-//! Two sources, both loaded once when the configuration is:
+//! Two sources ([`TokenizerSource`]), both loaded by [`Tokenizer::load`] once the
+//! configuration naming them is valid (config validation checks only the source and
+//! reads nothing):
 //!
 //! - a built-in tiktoken encoding, `o200k_base` or `cl100k_base`: the BPE ranks ship
 //!   inside the `tiktoken-rs` crate, so nothing is downloaded, ever;
@@ -48,6 +50,26 @@ pub struct Tokenizer {
 /// The built-in tiktoken encodings, by the names `observe.tokenizer.encoding` takes.
 pub const ENCODINGS: [&str; 2] = ["o200k_base", "cl100k_base"];
 
+/// Where a tokenizer comes from. Building one reads nothing; [`Tokenizer::load`] does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenizerSource {
+    /// A built-in tiktoken encoding, one of [`ENCODINGS`].
+    Encoding(&'static str),
+    /// A Hugging Face `tokenizer.json` file.
+    File(PathBuf),
+}
+
+impl TokenizerSource {
+    /// The built-in encoding called `name`, or why there is none.
+    pub fn encoding(name: &str) -> Result<TokenizerSource, TokenizerError> {
+        ENCODINGS
+            .iter()
+            .find(|known| **known == name)
+            .map(|known| TokenizerSource::Encoding(known))
+            .ok_or_else(|| TokenizerError::UnknownEncoding(name.to_string()))
+    }
+}
+
 /// Why a tokenizer could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -75,6 +97,15 @@ impl Tokenizer {
         Tokenizer {
             name: Arc::from(name),
             counter,
+        }
+    }
+
+    /// Load the tokenizer `source` names: parse a built-in encoding's ranks, or read and
+    /// parse a `tokenizer.json`.
+    pub fn load(source: &TokenizerSource) -> Result<Tokenizer, TokenizerError> {
+        match source {
+            TokenizerSource::Encoding(name) => Tokenizer::encoding(name),
+            TokenizerSource::File(path) => Tokenizer::from_file(path),
         }
     }
 
@@ -298,6 +329,25 @@ mod tests {
         assert_eq!(count_event(Some(&words), b"not json", select), None);
         let parts = br#"{"text":["a b",{"type":"text","text":"c"},7]}"#;
         assert_eq!(count_event(Some(&words), parts, select), Some(3));
+    }
+
+    #[test]
+    fn sources_name_what_load_reads() {
+        assert_eq!(
+            TokenizerSource::encoding("cl100k_base").expect("built in"),
+            TokenizerSource::Encoding("cl100k_base")
+        );
+        assert!(matches!(
+            TokenizerSource::encoding("p50k_base"),
+            Err(TokenizerError::UnknownEncoding(name)) if name == "p50k_base"
+        ));
+        let loaded = Tokenizer::load(&TokenizerSource::Encoding("o200k_base")).expect("loads");
+        assert_eq!(loaded.name(), "o200k_base");
+        let missing = TokenizerSource::File(PathBuf::from("/nonexistent/tokenizer.json"));
+        assert!(matches!(
+            Tokenizer::load(&missing),
+            Err(TokenizerError::Read { .. })
+        ));
     }
 
     #[test]

@@ -46,3 +46,44 @@ fn check_config_command_reports_errors_with_lines() {
     assert!(stderr.contains(":3:3: `upstream.url`"), "{stderr}");
     assert!(Path::new("config/gateway.yaml").exists());
 }
+
+#[test]
+fn check_config_loads_the_tokenizer_and_reports_every_error() {
+    let bin = env!("CARGO_BIN_EXE_tokentap");
+    let check = |name: &str, text: &str| {
+        let path =
+            std::env::temp_dir().join(format!("tokentap-{name}-{}.yaml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(bin)
+            .args(["check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The file is valid until the tokenizer it names is loaded.
+    let (code, stderr) = check(
+        "tokenizer",
+        "upstream: http://127.0.0.1:8000\nobserve:\n  tokenizer:\n    file: /nonexistent/tokenizer.json\n",
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(":4:5: `observe.tokenizer.file`"),
+        "{stderr}"
+    );
+    // A type error and an unknown key in two settings: both reported.
+    let (code, stderr) = check("two", "upstream: 8000\nobserve:\n  max_event_byte: 1MiB\n");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains(":1:11: `upstream`"), "{stderr}");
+    assert!(
+        stderr.contains("a URL, or a mapping with `url`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(":3:3: `observe.max_event_byte`"),
+        "{stderr}"
+    );
+}
