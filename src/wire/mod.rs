@@ -52,6 +52,7 @@ pub mod request;
 pub mod responses;
 pub mod sse;
 pub mod tgi;
+pub mod token_stream;
 pub mod tokenize;
 pub mod triton;
 
