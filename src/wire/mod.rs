@@ -67,6 +67,7 @@ pub mod responses;
 pub mod route;
 pub mod sse;
 pub mod tgi;
+pub mod token_stream;
 pub mod tokenize;
 pub mod triton;
 pub mod types;

@@ -215,6 +215,15 @@ mod hf {
     }
 }
 
+/// Per-response incremental counting.
+impl Tokenizer {
+    /// A counter for one response's text deltas whose counts add up to the whole text's
+    /// ([`TokenStream`](super::token_stream::TokenStream)).
+    pub fn stream(&self) -> super::token_stream::TokenStream {
+        super::token_stream::TokenStream::new(Arc::clone(&self.counter))
+    }
+}
+
 /// Picks the output texts out of one event's JSON, calling back with each.
 pub(crate) type SelectTexts = fn(&serde_json::Value, &mut dyn FnMut(&str));
 
