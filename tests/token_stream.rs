@@ -274,7 +274,27 @@ mod hf {
     }
 
     fn whole(tokenizer: &Tokenizer, text: &str) -> u64 {
-        tokenizer.count(text)
+        let count = tokenizer.count(text);
+        assert!(count > 0 || text.is_empty(), "no pieces in {text:?}");
+        count
+    }
+
+    #[test]
+    fn the_pieces_are_what_the_pre_tokenizers_make() {
+        let deltas = ["Hi", " there", "."];
+        let streamed = |tokenizer: &Tokenizer| {
+            let mut stream = tokenizer.stream();
+            let sum: u64 = deltas.iter().map(|d| u64::from(stream.push(d))).sum();
+            sum + u64::from(stream.finish())
+        };
+        // "Hi", " there", ".": cut where the pieces are, exact.
+        let llama3 = llama3();
+        assert_eq!(whole(&llama3, "Hi there."), 3);
+        assert_eq!(streamed(&llama3), 3);
+        // "▁Hi", "▁there.": the cut before "." costs the one piece the bound allows.
+        let metaspace = metaspace();
+        assert_eq!(whole(&metaspace, "Hi there."), 2);
+        assert_eq!(streamed(&metaspace), 3);
     }
 
     proptest! {
