@@ -93,6 +93,7 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub max_headers: usize,
     pub max_header_bytes: usize,
+    pub request_body_timeout: Duration,
 }
 
 /// One way to name the tenant of a request; the first that matches wins.

@@ -117,6 +117,10 @@ pub struct RawLimits {
     pub max_headers: Option<usize>,
     /// Largest request head buffered (HTTP/1). Default 64KiB.
     pub max_header_bytes: Option<ByteSize>,
+    /// Longest pause allowed between two reads of a request body while more of it is
+    /// due; past it the client gets 408 and the request counts as `client_error`.
+    /// Default 30s.
+    pub request_body_timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -257,6 +261,9 @@ const fn default_max_in_flight() -> usize {
 const fn default_header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }
+const fn default_request_body_timeout() -> Duration {
+    Duration::from_secs(30)
+}
 const fn default_max_headers() -> usize {
     100
 }
@@ -393,9 +400,16 @@ impl RawConfig {
                 .limits
                 .max_header_bytes
                 .map_or(default_max_header_bytes(), |b| b.0),
+            request_body_timeout: dur(
+                self.limits.request_body_timeout,
+                default_request_body_timeout(),
+            ),
         };
         if limits.max_in_flight == 0 {
             issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.request_body_timeout.is_zero() {
+            issues.push("limits.request_body_timeout", "must be longer than 0s");
         }
         if limits.max_header_bytes < 8192 {
             // hyper's floor for its read buffer.

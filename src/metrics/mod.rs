@@ -47,14 +47,18 @@ pub enum Outcome {
     UpstreamError,
     /// The response head or a body frame took longer than its timeout.
     Timeout,
+    /// The client's own request was at fault (a malformed or stalled body, duplicate
+    /// `Host`): tokentap answered 4xx itself and the upstream is not to blame.
+    ClientError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 4] = [
+    pub const ALL: [Outcome; 5] = [
         Outcome::Completed,
         Outcome::Cancelled,
         Outcome::UpstreamError,
         Outcome::Timeout,
+        Outcome::ClientError,
     ];
 
     /// The `outcome` label value.
@@ -64,6 +68,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
+            Outcome::ClientError => "client_error",
         }
     }
 }

@@ -5,7 +5,9 @@
 //! an [`ObservedBody`]. Every other route is forwarded without observation. Either way the
 //! bytes, the status and the end-to-end headers are the upstream's own.
 
+pub mod headers;
 pub mod inspect;
+pub mod request_body;
 pub mod same_task;
 pub mod upstream;
 
@@ -23,7 +25,7 @@ use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
-use crate::metrics::{Metrics, Outcome, Unobserved};
+use crate::metrics::{Metrics, Unobserved};
 use crate::observe::{
     BoxError, ObservedBody, Recorder, RequestFacts, RequestLabels, StreamObserver,
 };
@@ -144,13 +146,14 @@ impl Proxy {
             facts.clone(),
             config.metrics.stall_threshold,
         );
-        let response = match generation.upstream.send(parts, body, true, facts).await {
+        let body_timeout = config.limits.request_body_timeout;
+        let sent = generation
+            .upstream
+            .send(parts, body, true, facts, body_timeout);
+        let response = match sent.await {
             Ok(response) => response,
             Err(err) => {
-                let outcome = match err {
-                    upstream::UpstreamError::Timeout(_) => Outcome::Timeout,
-                    _ => Outcome::UpstreamError,
-                };
+                let outcome = err.outcome();
                 tracing::warn!(error = %err, "upstream failed before its response head");
                 recorder.finish(Instant::now(), outcome);
                 return text(err.status(), &err.to_string());
@@ -232,7 +235,11 @@ impl Proxy {
         let method = parts.method.clone();
         let path = parts.uri.path().to_string();
         let facts = Arc::new(RequestFacts::default());
-        match generation.upstream.send(parts, body, false, facts).await {
+        let body_timeout = generation.config.limits.request_body_timeout;
+        let sent = generation
+            .upstream
+            .send(parts, body, false, facts, body_timeout);
+        match sent.await {
             Ok(response) => {
                 tracing::info!(
                     target: "tokentap::access",

@@ -1,6 +1,8 @@
 //! The upstream side: a pooled HTTP client, the rewrite of a client request into an
 //! upstream request (URI, version, hop-by-hop headers, `Host`), and the mapping of
-//! failures to 502/504.
+//! failures to the status tokentap answers with: 502/504 for the upstream's, 4xx/501 for
+//! the client's own (see [`headers`](super::headers) and
+//! [`request_body`](super::request_body)).
 //!
 //! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
 //! [`same_task`](super::same_task), whose connections are driven by the task that writes
@@ -21,12 +23,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::headers::{self, HostError, UnsupportedTransferCoding};
+use super::request_body::{BodyFailure, ClientBody};
 use super::same_task::{ResponseBody, SameTaskPool};
 use crate::config::{HostHeader, Upstream};
+use crate::metrics::Outcome;
 use crate::observe::{RequestFacts, ScannedBody};
 
 /// What the upstream client sends as a request body.
-pub type UpstreamBody = ScannedBody<Incoming>;
+pub type UpstreamBody = ScannedBody<ClientBody<Incoming>>;
 
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +45,8 @@ pub enum ClientError {
     CaEmpty { path: String },
 }
 
-/// A failed upstream exchange, before any response head.
+/// A failed exchange, before any response head reached the client: the upstream's fault
+/// or, for the variants below `Framing`, the client's.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("cannot connect to upstream: {0}")]
@@ -49,6 +55,20 @@ pub enum UpstreamError {
     Timeout(Duration),
     #[error("upstream request failed: {0}")]
     Request(String),
+    #[error("upstream response: {0}")]
+    Framing(UnsupportedTransferCoding),
+    #[error("malformed request body: {0}")]
+    MalformedBody(String),
+    #[error("request body stalled: nothing arrived for {0:?}")]
+    BodyTimeout(Duration),
+    #[error("client went away before its request body ended")]
+    ClientGone,
+    #[error("invalid request: {0}")]
+    InvalidHost(HostError),
+    #[error("request: {0}")]
+    RequestCoding(UnsupportedTransferCoding),
+    #[error("CONNECT is not supported by this reverse proxy")]
+    ConnectMethod,
 }
 
 impl UpstreamError {
@@ -56,7 +76,43 @@ impl UpstreamError {
     pub fn status(&self) -> StatusCode {
         match self {
             UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+            UpstreamError::Connect(_) | UpstreamError::Request(_) | UpstreamError::Framing(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            UpstreamError::MalformedBody(_)
+            | UpstreamError::ClientGone
+            | UpstreamError::InvalidHost(_) => StatusCode::BAD_REQUEST,
+            UpstreamError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            // RFC 9112 6.1: a transfer coding the server does not understand.
+            UpstreamError::RequestCoding(_) => StatusCode::NOT_IMPLEMENTED,
+            UpstreamError::ConnectMethod => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// How the request is counted: the upstream's faults as `upstream_error` or
+    /// `timeout`, the client's as `client_error` (or `cancelled` when it left).
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            UpstreamError::Timeout(_) => Outcome::Timeout,
+            UpstreamError::Connect(_) | UpstreamError::Request(_) | UpstreamError::Framing(_) => {
+                Outcome::UpstreamError
+            }
+            UpstreamError::ClientGone => Outcome::Cancelled,
+            UpstreamError::MalformedBody(_)
+            | UpstreamError::BodyTimeout(_)
+            | UpstreamError::InvalidHost(_)
+            | UpstreamError::RequestCoding(_)
+            | UpstreamError::ConnectMethod => Outcome::ClientError,
+        }
+    }
+}
+
+impl From<BodyFailure> for UpstreamError {
+    fn from(failure: BodyFailure) -> UpstreamError {
+        match failure {
+            BodyFailure::Malformed(why) => UpstreamError::MalformedBody(why),
+            BodyFailure::Stalled(after) => UpstreamError::BodyTimeout(after),
+            BodyFailure::ClientGone => UpstreamError::ClientGone,
         }
     }
 }
@@ -100,21 +156,30 @@ impl UpstreamClient {
     }
 
     /// Send a client request upstream. `parts` come from the client request unchanged;
-    /// this rewrites only what a proxy must.
+    /// this rewrites only what a proxy must. The request body may pause for at most
+    /// `body_timeout` between its frames.
     pub async fn send(
         &self,
         mut parts: http::request::Parts,
         body: Incoming,
         scan_body: bool,
         facts: Arc<RequestFacts>,
+        body_timeout: Duration,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
+        if parts.method == http::Method::CONNECT {
+            // A reverse proxy has no tunnel to offer; forwarded, it became `CONNECT /`.
+            return Err(UpstreamError::ConnectMethod);
+        }
+        headers::check_transfer_coding(&mut parts.headers).map_err(UpstreamError::RequestCoding)?;
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
             &mut parts.headers,
             self.config.host_header,
-            client_authority,
-        );
+            client_authority.as_ref(),
+        )
+        .map_err(UpstreamError::InvalidHost)?;
+        let (body, watch) = ClientBody::new(body, body_timeout);
         let body = ScannedBody::new(body, scan_body, facts);
         let timeout = self.config.response_head_timeout;
         let exchange = async {
@@ -148,9 +213,13 @@ impl UpstreamClient {
                 }
             }
         };
-        tokio::time::timeout(timeout, exchange)
+        let mut response = tokio::time::timeout(timeout, exchange)
             .await
             .unwrap_or(Err(UpstreamError::Timeout(timeout)))
+            // The exchange failed because the client's body did: the client's fault.
+            .map_err(|err| watch.failure().map_or(err, UpstreamError::from))?;
+        headers::check_transfer_coding(response.headers_mut()).map_err(UpstreamError::Framing)?;
+        Ok(response)
     }
 
     /// The upstream's path and query for a client URI: `base_path` + the client's.
@@ -311,24 +380,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 fn prepare_headers(
     headers: &mut HeaderMap,
     host: HostHeader,
-    client_authority: Option<http::uri::Authority>,
-) {
+    client_authority: Option<&http::uri::Authority>,
+) -> Result<(), HostError> {
     strip_hop_by_hop(headers);
-    match host {
+    // Checked whichever `Host` goes upstream: two make the request invalid (RFC 9112 3.2).
+    let preserved = headers::preserved_host(headers, client_authority)?;
+    headers.remove(header::HOST);
+    match (host, preserved) {
         // The client sets `Host` from the upstream URI.
-        HostHeader::Upstream => {
-            headers.remove(header::HOST);
-        }
-        HostHeader::Preserve => {
-            if !headers.contains_key(header::HOST) {
-                if let Some(value) =
-                    client_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                {
-                    headers.insert(header::HOST, value);
-                }
-            }
+        (HostHeader::Upstream, _) | (HostHeader::Preserve, None) => {}
+        (HostHeader::Preserve, Some(value)) => {
+            headers.insert(header::HOST, value);
         }
     }
+    Ok(())
 }
 
 /// An error and its causes on one line (hyper's top-level messages are terse).
@@ -343,7 +408,11 @@ pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
-/// The short text body of a 502/504/503 that tokentap itself answers with.
+/// Every method tokentap forwards: all but `CONNECT`.
+const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
+
+/// The short text body of a status that tokentap itself answers with (502, 504, 503, and
+/// the 4xx/501 of a client's bad request).
 pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Response<B> {
     let mut response = Response::new(B::from(Bytes::from(format!("tokentap: {message}\n"))));
     *response.status_mut() = status;
@@ -351,6 +420,12 @@ pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Resp
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        // RFC 9110 15.5.6: a 405 must say which methods are allowed.
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+    }
     response
 }
 
