@@ -395,3 +395,117 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     assert_eq!(response.status(), StatusCode::OK);
     body_text(response).await;
 }
+
+/// A scripted upstream that answers every request with one short SSE stream.
+async fn sse_upstream() -> ScriptedBackend {
+    let body = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
+    ScriptedBackend::start(vec![Step::Write(
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )])
+    .await
+}
+
+async fn chat_as(proxy: &Proxy, model: &str, tenant: &str) {
+    let body = serde_json::json!({"model": model, "stream": true, "messages": []}).to_string();
+    let raw = raw_exchange(
+        proxy.addr,
+        &raw_post(CHAT, &format!("X-Tenant-ID: {tenant}\r\n"), &body),
+    )
+    .await;
+    assert_eq!(status_line(&raw), "HTTP/1.1 200 OK", "{model} {tenant}");
+}
+
+/// Smaller items: bidi controls and zero-width characters in a label value are
+/// replaced (U+FFFD), and `labels.max_pairs` bounds (model, tenant) pairs: a new pair
+/// past it is counted as (`other`, `other`) and in `label_overflow_total{label="pair"}`.
+#[tokio::test]
+async fn label_values_are_made_visible_and_pairs_are_capped() {
+    let upstream = sse_upstream().await;
+    let proxy = Proxy::start(&upstream.url(), "labels:\n  max_pairs: 3\n").await;
+    chat_as(&proxy, "gpt\u{202E}4o\u{200B}", "t1").await;
+    let m = proxy
+        .wait_metrics("the bidi request", |m| requests(m, "completed") == 1.0)
+        .await;
+    assert_eq!(
+        m.sum(
+            "tokentap_requests_total",
+            &[("model", "gpt\u{FFFD}4o\u{FFFD}"), ("tenant", "t1")]
+        ),
+        1.0,
+        "{}",
+        m.text
+    );
+    assert!(!m.text.contains('\u{202E}') && !m.text.contains('\u{200B}'));
+
+    for (model, tenant) in [
+        ("a", "t1"),
+        ("a", "t2"),
+        ("b", "t1"),
+        ("b", "t2"),
+        ("a", "t1"),
+    ] {
+        chat_as(&proxy, model, tenant).await;
+    }
+    let m = proxy
+        .wait_metrics("six requests", |m| requests(m, "completed") == 6.0)
+        .await;
+    // Admitted: (gpt…, t1), (a, t1), (a, t2); (b, t1) and (b, t2) overflow.
+    let pair = |model: &str, tenant: &str| {
+        m.sum(
+            "tokentap_requests_total",
+            &[("model", model), ("tenant", tenant)],
+        )
+    };
+    assert_eq!(pair("a", "t1"), 2.0);
+    assert_eq!(pair("a", "t2"), 1.0);
+    assert_eq!(pair("b", "t1") + pair("b", "t2"), 0.0);
+    assert_eq!(pair("other", "other"), 2.0);
+    assert_eq!(
+        m.sum("tokentap_label_overflow_total", &[("label", "pair")]),
+        2.0
+    );
+}
+
+/// Smaller items: a corrupt gzip response is forwarded as it came and counted under a
+/// reason of its own, `corrupt_encoding` (not `decode_limit`).
+#[tokio::test]
+async fn a_corrupt_gzip_response_has_its_own_unobserved_reason() {
+    // A gzip header, then a deflate block of the reserved type 11: not decompressible.
+    let body: &[u8] = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\xff";
+    let mut script = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    script.extend_from_slice(body);
+    let upstream = ScriptedBackend::start(vec![Step::Write(script)]).await;
+    let proxy = Proxy::start(&upstream.url(), "").await;
+    let raw = raw_exchange(proxy.addr, &raw_post(CHAT, "", CHAT_BODY)).await;
+    let (_, got, _) = parse_raw_response(&raw);
+    assert_eq!(got, body, "forwarded as it came");
+    let m = proxy
+        .wait_metrics("the request", |m| requests(m, "completed") == 1.0)
+        .await;
+    assert_eq!(
+        m.sum(
+            "tokentap_unobserved_responses_total",
+            &[("reason", "corrupt_encoding")]
+        ),
+        1.0,
+        "{}",
+        m.text
+    );
+    assert_eq!(
+        m.sum(
+            "tokentap_unobserved_responses_total",
+            &[("reason", "decode_limit")]
+        ),
+        0.0
+    );
+}

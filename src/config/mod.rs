@@ -109,6 +109,8 @@ pub enum TenantSource {
 pub struct Labels {
     pub model: LabelPolicy,
     pub tenant: LabelPolicy,
+    /// Distinct (model, tenant) pairs kept; a new pair past it becomes (`other`, `other`).
+    pub max_pairs: usize,
 }
 
 /// How values of one label are bounded.

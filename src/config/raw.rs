@@ -148,6 +148,11 @@ pub struct RawLabels {
     pub model: RawLabelPolicy,
     #[serde(default)]
     pub tenant: RawLabelPolicy,
+    /// Distinct (model, tenant) pairs kept, whatever the per-label caps allow; past it a
+    /// new pair is counted as (`other`, `other`) and in
+    /// `tokentap_label_overflow_total{label="pair"}`. Default 2000; no bound by default
+    /// when a label is `unbounded`.
+    pub max_pairs: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -261,6 +266,9 @@ const fn default_max_in_flight() -> usize {
 const fn default_header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }
+/// Enough for 50 models x 40 tenants; a million pairs of the per-label caps would make a
+/// scrape of hundreds of megabytes.
+const DEFAULT_MAX_PAIRS: usize = 2000;
 const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -416,10 +424,22 @@ impl RawConfig {
             issues.push("limits.max_header_bytes", "must be at least 8KiB");
         }
         let tenants = self.tenants.validate(&mut issues);
+        let model = self.labels.model.validate(&mut issues, "labels.model");
+        let tenant = self.labels.tenant.validate(&mut issues, "labels.tenant");
+        // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
+        let unbounded = model.max_values.is_none() || tenant.max_values.is_none();
         let labels = Labels {
-            model: self.labels.model.validate(&mut issues, "labels.model"),
-            tenant: self.labels.tenant.validate(&mut issues, "labels.tenant"),
+            max_pairs: self.labels.max_pairs.unwrap_or(if unbounded {
+                usize::MAX
+            } else {
+                DEFAULT_MAX_PAIRS
+            }),
+            model,
+            tenant,
         };
+        if labels.max_pairs == 0 {
+            issues.push("labels.max_pairs", "must be at least 1");
+        }
         let b = self.metrics.buckets;
         let buckets = Buckets {
             time_to_first_byte_seconds: buckets(

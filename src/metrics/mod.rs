@@ -32,7 +32,7 @@ use prometheus::{
 use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
 use exposition::{Cursor, Family, Snapshot};
-use labels::LabelSet;
+use labels::{LabelSet, PairCap};
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
 
@@ -97,6 +97,7 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
+    pair_cap: PairCap,
     last_render_bytes: AtomicUsize,
 }
 
@@ -107,18 +108,31 @@ pub enum Unobserved {
     ContentType,
     /// It is compressed (`Content-Encoding`); forwarded as it came.
     ContentEncoding,
-    /// The decoder gave up (event or body over its bound).
+    /// The decoder gave up (event or body over its bound, or inflating past its ratio).
     DecodeLimit,
+    /// Its compressed body could not be decompressed (a corrupt gzip, say).
+    CorruptEncoding,
     /// The decoder failed unexpectedly; the stream went on unobserved.
     ObserverPanic,
 }
 
 impl Unobserved {
+    /// Why a decoder that failed with `err` stopped observing.
+    pub const fn for_decode_error(err: &crate::wire::DecodeError) -> Unobserved {
+        match err {
+            crate::wire::DecodeError::Compression => Unobserved::CorruptEncoding,
+            crate::wire::DecodeError::EventTooLarge { .. }
+            | crate::wire::DecodeError::BodyTooLarge { .. }
+            | crate::wire::DecodeError::InflateRatio { .. } => Unobserved::DecodeLimit,
+        }
+    }
+
     const fn as_str(self) -> &'static str {
         match self {
             Unobserved::ContentType => "content_type",
             Unobserved::ContentEncoding => "content_encoding",
             Unobserved::DecodeLimit => "decode_limit",
+            Unobserved::CorruptEncoding => "corrupt_encoding",
             Unobserved::ObserverPanic => "observer_panic",
         }
     }
@@ -152,7 +166,7 @@ impl Metrics {
         let registry = Registry::new();
         let label_overflow = counter(
             "tokentap_label_overflow_total",
-            "Label values folded into `other` by the label policy (cap, allowlist, length).",
+            "Label values folded into `other` by the label policy (cap, allowlist, length); label=\"pair\": new (model, tenant) pairs folded into (other, other) by labels.max_pairs.",
             &["label"],
         );
         let build_info = IntGaugeVec::new(
@@ -296,6 +310,10 @@ impl Metrics {
                 labels.tenant.clone(),
                 label_overflow.with_label_values(&["tenant"]),
             ),
+            pair_cap: PairCap::new(
+                labels.max_pairs,
+                label_overflow.with_label_values(&["pair"]),
+            ),
             registry,
             last_render_bytes: AtomicUsize::new(0),
         };
@@ -342,6 +360,14 @@ impl Metrics {
             .pairs
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = pairs.get(&*model).and_then(|t| t.get(&*tenant)) {
+            return found.clone();
+        }
+        let (model, tenant) = if self.pair_cap.admit() {
+            (model, tenant)
+        } else {
+            (Arc::from(labels::OTHER), Arc::from(labels::OTHER))
+        };
         pairs
             .entry(model.clone())
             .or_default()
@@ -374,6 +400,7 @@ impl Metrics {
     pub fn set_label_policies(&self, labels: &Labels) {
         self.models.set_policy(labels.model.clone());
         self.tenants.set_policy(labels.tenant.clone());
+        self.pair_cap.set_max(labels.max_pairs);
     }
 
     /// Count a response that is forwarded but not measured.

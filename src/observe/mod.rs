@@ -74,7 +74,7 @@ impl StreamObserver {
                 // What was decoded before the bound was hit still counts.
                 self.recorder.apply(at, &self.signals);
                 tracing::debug!(error = %err, "stopped observing a stream");
-                self.metrics.unobserved(Unobserved::DecodeLimit);
+                self.metrics.unobserved(Unobserved::for_decode_error(&err));
                 self.decoder = None;
             }
         }
@@ -86,7 +86,7 @@ impl StreamObserver {
             self.signals.clear();
             match decoder.finish(&mut self.signals) {
                 Ok(()) => {}
-                Err(_) => self.metrics.unobserved(Unobserved::DecodeLimit),
+                Err(err) => self.metrics.unobserved(Unobserved::for_decode_error(&err)),
             }
             self.recorder.apply(at, &self.signals);
         }
@@ -370,6 +370,7 @@ mod tests {
             &Labels {
                 model: policy.clone(),
                 tenant: policy,
+                max_pairs: 100,
             },
         )
     }
