@@ -509,3 +509,94 @@ async fn a_corrupt_gzip_response_has_its_own_unobserved_reason() {
         0.0
     );
 }
+
+/// A raw upstream that reads one chunked request to its last chunk and trailers, keeps
+/// it, and answers `200` with an empty body.
+async fn chunked_request_upstream() -> (SocketAddr, tokio::sync::mpsc::Receiver<Vec<u8>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The last chunk, then the trailer section up to its empty line.
+                while !find(&seen, b"\r\n0\r\n")
+                    .is_some_and(|i| find(&seen[i + 3..], b"\r\n\r\n").is_some())
+                {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+                let _ = tx.send(seen).await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// Item 8: which trailers pass, exactly. hyper (1.12) writes HTTP/1.1 trailers only when
+/// they are declared in the message's `Trailer` header, and a server only to a client
+/// that sent `TE: trailers`; it reads every trailer it receives, and h2 sends them all.
+/// So: upstream trailers reach an h2 client whole, an h1 client with `TE: trailers`
+/// only as declared, an h1 client without it not at all; client trailers reach an h1
+/// upstream as declared in the request's `Trailer` header.
+#[tokio::test]
+async fn trailers_pass_as_far_as_http1_lets_them() {
+    let script = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTrailer: x-declared\r\n\
+        Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-declared: 1\r\nx-undeclared: 2\r\n\r\n"
+        .to_vec();
+    let upstream = ScriptedBackend::start(vec![Step::Write(script)]).await;
+    let proxy = Proxy::start(&upstream.url(), "").await;
+    let cases: [(&str, &[&str]); 2] = [("TE: trailers\r\n", &["x-declared: 1"]), ("", &[])];
+    for (te, expected) in cases {
+        let raw = raw_exchange(
+            proxy.addr,
+            format!("GET /download HTTP/1.1\r\nHost: t\r\n{te}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+        let (_, body, trailers) = parse_raw_response(&raw);
+        assert_eq!(body, b"hello", "{te:?}");
+        assert_eq!(trailers, expected, "h1 client {te:?}");
+    }
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(
+            Request::get(format!("http://{}/download", proxy.addr))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("h2 trailers");
+    assert_eq!(trailers["x-declared"], "1");
+    assert_eq!(trailers["x-undeclared"], "2");
+
+    // Client trailers to an h1 upstream: declared ones only.
+    let (addr, mut seen) = chunked_request_upstream().await;
+    let proxy = Proxy::start(&format!("http://{addr}"), "").await;
+    let raw = raw_exchange(
+        proxy.addr,
+        b"POST /upload HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTrailer: x-declared\r\n\
+          Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-declared: 1\r\n\
+          x-undeclared: 2\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_line(&raw), "HTTP/1.1 200 OK");
+    let request = String::from_utf8(seen.recv().await.expect("the upstream's request")).unwrap();
+    let tail = &request[request.find("\r\n0\r\n").unwrap()..];
+    assert_eq!(tail, "\r\n0\r\nx-declared: 1\r\n\r\n", "{request}");
+}
