@@ -523,9 +523,11 @@ async fn chunked_request_upstream() -> (SocketAddr, tokio::sync::mpsc::Receiver<
                 let mut seen = Vec::new();
                 let mut buf = [0u8; 4096];
                 // The last chunk, then the trailer section up to its empty line.
-                while !find(&seen, b"\r\n0\r\n")
-                    .is_some_and(|i| find(&seen[i + 3..], b"\r\n\r\n").is_some())
-                {
+                let complete = |seen: &[u8]| {
+                    find(seen, b"\r\n0\r\n")
+                        .is_some_and(|i| find(&seen[i + 3..], b"\r\n\r\n").is_some())
+                };
+                while !complete(&seen) {
                     match stream.read(&mut buf).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => seen.extend_from_slice(&buf[..n]),
@@ -599,4 +601,47 @@ async fn trailers_pass_as_far_as_http1_lets_them() {
     let request = String::from_utf8(seen.recv().await.expect("the upstream's request")).unwrap();
     let tail = &request[request.find("\r\n0\r\n").unwrap()..];
     assert_eq!(tail, "\r\n0\r\nx-declared: 1\r\n\r\n", "{request}");
+}
+
+/// Shutdown: connections that have not delivered one whole request (nothing sent, half a
+/// head, half an h2 preface, an h2 preface and no stream) are closed at once instead of
+/// holding the drain for `shutdown.drain_timeout` (here 20 s).
+#[tokio::test]
+async fn shutdown_closes_connections_without_a_request_at_once() {
+    let sim = SimHandle::start(SimConfig::default()).await;
+    let mut proxy = Proxy::start(&sim.url(), "shutdown:\n  drain_timeout: 20s\n").await;
+    let openings: [&[u8]; 4] = [
+        b"",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Ty",
+        b"PRI * HTTP/2.0\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    ];
+    let mut idle = Vec::new();
+    for opening in openings {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        stream.write_all(opening).await.unwrap();
+        idle.push(stream);
+    }
+    // Accepted in order: once a later connection is served, the idle ones were accepted.
+    let response = proxy.get(MODELS).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    body_text(response).await;
+
+    let started = tokio::time::Instant::now();
+    proxy.shutdown();
+    let task = proxy.task.take().expect("server task");
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("shutdown within 5 s, not the 20 s drain deadline")
+        .unwrap()
+        .unwrap();
+    eprintln!("shut down in {:?}", started.elapsed());
+    for (i, mut stream) in idle.into_iter().enumerate() {
+        let mut rest = Vec::new();
+        // h2 connections may get a GOAWAY first; then the connection ends.
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+            .await
+            .expect("closed");
+        assert!(read.is_ok() || i >= 2, "connection {i}: {read:?} {rest:?}");
+    }
 }
