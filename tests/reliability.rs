@@ -645,3 +645,105 @@ async fn shutdown_closes_connections_without_a_request_at_once() {
         assert!(read.is_ok() || i >= 2, "connection {i}: {read:?} {rest:?}");
     }
 }
+
+/// Item 9: an HTTP/1.1 `Upgrade` (WebSocket) reaches the upstream with `Upgrade` and
+/// `Connection: upgrade`, the client gets the `101` with `Upgrade`, and then bytes flow
+/// both ways untouched (the raw upstream echoes them); counted as a passthrough.
+#[tokio::test]
+async fn websocket_upgrades_are_tunnelled_as_a_byte_relay() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (head_tx, mut head_rx) = tokio::sync::mpsc::channel(1);
+    // Every connection is served: the readiness probe opens (and drops) some too.
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(echo_after_101(stream, head_tx.clone()));
+        }
+    });
+    async fn echo_after_101(mut stream: TcpStream, head_tx: tokio::sync::mpsc::Sender<Vec<u8>>) {
+        let mut buf = Vec::new();
+        let Some(length) = read_request(&mut stream, &mut buf).await else {
+            return;
+        };
+        let _ = head_tx.send(buf[..length].to_vec()).await;
+        stream
+            .write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                  Connection: Upgrade\r\nSec-WebSocket-Accept: abc=\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut chunk = [0u8; 1024];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if stream.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let proxy = Proxy::start(&format!("http://{upstream}"), "").await;
+    let before = proxy.metrics().await;
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(
+            b"GET /v1/realtime HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n\
+              Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while find(&seen, b"\r\n\r\n").is_none() {
+        let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+            .await
+            .expect("101 within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed before the 101: {seen:?}");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    assert!(
+        head.starts_with("http/1.1 101 switching protocols\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(head.contains("\r\nconnection: upgrade\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nsec-websocket-accept: abc=\r\n"),
+        "{head}"
+    );
+
+    let upstream_head = String::from_utf8(head_rx.recv().await.unwrap())
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        upstream_head.contains("\r\nupgrade: websocket\r\n"),
+        "{upstream_head}"
+    );
+    assert!(
+        upstream_head.contains("\r\nconnection: upgrade\r\n"),
+        "{upstream_head}"
+    );
+
+    for message in [&b"\x81\x05hello"[..], &[0u8, 1, 2, 255, 13, 10][..]] {
+        client.write_all(message).await.unwrap();
+        let mut echoed = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut echoed))
+            .await
+            .expect("echo within 10 s")
+            .unwrap();
+        assert_eq!(echoed, message);
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.sum("tokentap_passthrough_requests_total", &[])
+            - before.sum("tokentap_passthrough_requests_total", &[]),
+        1.0
+    );
+    assert_eq!(m.sum("tokentap_requests_total", &[]), 0.0);
+}

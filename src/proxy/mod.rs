@@ -9,6 +9,7 @@ pub mod headers;
 pub mod inspect;
 pub mod request_body;
 pub mod same_task;
+pub mod tunnel;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -162,7 +163,7 @@ impl Proxy {
         recorder.response_head(Instant::now(), response.status());
 
         let (mut parts, body) = response.into_parts();
-        upstream::strip_hop_by_hop(&mut parts.headers);
+        upstream::strip_response_hop_by_hop(&mut parts);
         let decoder = self.decoder_for(config, dialect, &parts);
         let observer = StreamObserver::new(recorder, decoder, self.metrics.clone());
         let body = ObservedBody::new(
@@ -250,7 +251,7 @@ impl Proxy {
                     "passthrough"
                 );
                 let (mut parts, body) = response.into_parts();
-                upstream::strip_hop_by_hop(&mut parts.headers);
+                upstream::strip_response_hop_by_hop(&mut parts);
                 let body = ObservedBody::new(
                     body,
                     None,

@@ -18,6 +18,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -26,6 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::headers::{self, HostError, UnsupportedTransferCoding};
 use super::request_body::{BodyFailure, ClientBody};
 use super::same_task::{ResponseBody, SameTaskPool};
+use super::tunnel;
 use crate::config::{HostHeader, Upstream};
 use crate::metrics::Outcome;
 use crate::observe::{RequestFacts, ScannedBody};
@@ -171,6 +173,15 @@ impl UpstreamClient {
             return Err(UpstreamError::ConnectMethod);
         }
         headers::check_transfer_coding(&mut parts.headers).map_err(UpstreamError::RequestCoding)?;
+        // Upgrades are relayed to plain HTTP/1.1 upstreams; elsewhere they are stripped
+        // like any hop-by-hop header, as before.
+        let upgrade = match (&self.transport, parts.extensions.remove::<OnUpgrade>()) {
+            (Transport::SameTask(_), Some(on_upgrade)) => {
+                tunnel::requested_protocol(parts.version, &parts.headers)
+                    .map(|protocol| (protocol, on_upgrade))
+            }
+            _ => None,
+        };
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
@@ -192,6 +203,21 @@ impl UpstreamClient {
                     parts.version = Version::HTTP_11;
                     if !parts.headers.contains_key(header::HOST) {
                         parts.headers.insert(header::HOST, self.host.clone());
+                    }
+                    if let Some((protocol, client)) = upgrade {
+                        tunnel::keep_upgrade(&mut parts.headers, protocol);
+                        let host = self.config.authority.host().trim_matches(['[', ']']);
+                        let port = self.config.authority.port_u16().unwrap_or(80);
+                        let request = Request::from_parts(parts, body);
+                        return tunnel::send(
+                            host,
+                            port,
+                            self.config.connect_timeout,
+                            request,
+                            client,
+                        )
+                        .await
+                        .map(|response| response.map(ResponseBody::detached));
                     }
                     pool.send(Request::from_parts(parts, body)).await
                 }
@@ -374,6 +400,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TE);
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Remove hop-by-hop headers from a response head, except that a `101` keeps the
+/// `Upgrade` it answers with and says `Connection: upgrade`, as the switch needs.
+pub fn strip_response_hop_by_hop(parts: &mut http::response::Parts) {
+    let switching = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = switching {
+        tunnel::keep_upgrade(&mut parts.headers, protocol);
     }
 }
 

@@ -356,9 +356,10 @@ async fn serve_plain(
         _ = shutting_down(&mut closing) => return,
     }
     let (service, first_request) = FirstRequest::wrap(connection.service);
+    // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.
     let http = connection
         .builder
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
         connection_ended(connection.peer, result);
@@ -458,7 +459,7 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
         connection.builder.http1_only()
     };
     let (service, first_request) = FirstRequest::wrap(connection.service);
-    let http = builder.serve_connection(TokioIo::new(stream), service);
+    let http = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
         connection_ended(peer, result);
