@@ -459,7 +459,9 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
         connection.builder.http1_only()
     };
     let (service, first_request) = FirstRequest::wrap(connection.service);
-    let http = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    // Without upgrades: hyper-util's upgradeable connection always sniffs the protocol
+    // (ignoring `http1_only`) with no deadline, which would hold a silent TLS client.
+    let http = builder.serve_connection(TokioIo::new(stream), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
         connection_ended(peer, result);
