@@ -35,6 +35,12 @@ pub(super) const fn default_max_in_flight() -> usize {
 pub(super) const fn default_header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }
+/// Enough for 50 models x 40 tenants; a million pairs of the per-label caps would make a
+/// scrape of hundreds of megabytes.
+pub(super) const DEFAULT_MAX_PAIRS: usize = 2000;
+pub(super) const fn default_request_body_timeout() -> Duration {
+    Duration::from_secs(30)
+}
 pub(super) const fn default_max_headers() -> usize {
     100
 }

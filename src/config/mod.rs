@@ -100,6 +100,7 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub max_headers: usize,
     pub max_header_bytes: usize,
+    pub request_body_timeout: Duration,
 }
 
 /// One way to name the tenant of a request; the first that matches wins.
@@ -115,6 +116,8 @@ pub enum TenantSource {
 pub struct Labels {
     pub model: LabelPolicy,
     pub tenant: LabelPolicy,
+    /// Distinct (model, tenant) pairs kept; a new pair past it becomes (`other`, `other`).
+    pub max_pairs: usize,
 }
 
 /// How values of one label are bounded.

@@ -129,6 +129,10 @@ pub struct RawLimits {
     pub max_headers: Option<Count>,
     /// Largest request head buffered (HTTP/1). Default 64KiB.
     pub max_header_bytes: Option<ByteSize>,
+    /// Longest pause allowed between two reads of a request body while more of it is
+    /// due; past it the client gets 408 and the request counts as `client_error`.
+    /// Default 30s.
+    pub request_body_timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -159,6 +163,11 @@ pub struct RawLabels {
     pub model: RawLabelPolicy,
     #[serde(default)]
     pub tenant: RawLabelPolicy,
+    /// Distinct (model, tenant) pairs kept, whatever the per-label caps allow; past it a
+    /// new pair is counted as (`other`, `other`) and in
+    /// `tokentap_label_overflow_total{label="pair"}`. Default 2000; no bound by default
+    /// when a label is `unbounded`.
+    pub max_pairs: Option<Count>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -96,19 +96,41 @@ impl RawConfig {
                 .limits
                 .max_header_bytes
                 .map_or(default_max_header_bytes(), |b| b.0),
+            request_body_timeout: dur(
+                self.limits.request_body_timeout,
+                default_request_body_timeout(),
+            ),
         };
         if limits.max_in_flight == 0 {
             issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.request_body_timeout.is_zero() {
+            issues.push("limits.request_body_timeout", "must be longer than 0s");
         }
         if limits.max_header_bytes < 8192 {
             // hyper's floor for its read buffer.
             issues.push("limits.max_header_bytes", "must be at least 8KiB");
         }
         let tenants = self.tenants.validate(&mut issues);
+        let model = self.labels.model.validate(&mut issues, "labels.model");
+        let tenant = self.labels.tenant.validate(&mut issues, "labels.tenant");
+        // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
+        let unbounded = model.max_values.is_none() || tenant.max_values.is_none();
         let labels = Labels {
-            model: self.labels.model.validate(&mut issues, "labels.model"),
-            tenant: self.labels.tenant.validate(&mut issues, "labels.tenant"),
+            max_pairs: self.labels.max_pairs.map_or(
+                if unbounded {
+                    usize::MAX
+                } else {
+                    DEFAULT_MAX_PAIRS
+                },
+                |n| n.0,
+            ),
+            model,
+            tenant,
         };
+        if labels.max_pairs == 0 {
+            issues.push("labels.max_pairs", "must be at least 1");
+        }
         let b = self.metrics.buckets;
         let buckets = Buckets {
             time_to_first_byte_seconds: buckets(

@@ -198,6 +198,7 @@ fn metrics() -> Arc<Metrics> {
         &Labels {
             model: policy.clone(),
             tenant: policy,
+            max_pairs: usize::MAX,
         },
     )
 }

@@ -2,8 +2,15 @@
 //! value passes a policy before it can become a Prometheus series: aliases, an optional
 //! allowlist, a length bound and a cap on distinct values. Past the cap a value becomes
 //! `other`; a missing one is `unknown`. Lookups happen once per request, never per token.
+//!
+//! Characters that change how text is shown without being seen (bidi controls,
+//! zero-width characters) are replaced before anything else, so a value cannot pass for
+//! another on a dashboard. Per-label caps still allow their product in pairs, so
+//! [`PairCap`] bounds the (model, tenant) pairs themselves.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use prometheus::IntCounter;
@@ -14,6 +21,68 @@ use crate::config::LabelPolicy;
 pub const UNKNOWN: &str = "unknown";
 /// The value for anything the policy does not keep.
 pub const OTHER: &str = "other";
+
+/// What an invisible formatting character in a label value becomes.
+pub const REPLACEMENT: char = '\u{FFFD}';
+
+/// Bidi embeddings, overrides and isolates (U+202A-202E, U+2066-2069) and zero-width
+/// characters and marks (U+200B-200F, U+FEFF): they reorder or hide text when shown.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// `raw` with every invisible formatting character replaced by [`REPLACEMENT`].
+fn visible(raw: &str) -> Cow<'_, str> {
+    if raw.chars().any(is_invisible_format) {
+        Cow::Owned(
+            raw.chars()
+                .map(|c| {
+                    if is_invisible_format(c) {
+                        REPLACEMENT
+                    } else {
+                        c
+                    }
+                })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(raw)
+    }
+}
+
+/// A bound on distinct (model, tenant) pairs. Past it a new pair is folded into
+/// (`other`, `other`) and counted as overflow; pairs that exist keep their series.
+pub struct PairCap {
+    max: AtomicUsize,
+    admitted: AtomicUsize,
+    overflow: IntCounter,
+}
+
+impl PairCap {
+    pub fn new(max: usize, overflow: IntCounter) -> PairCap {
+        PairCap {
+            max: AtomicUsize::new(max),
+            admitted: AtomicUsize::new(0),
+            overflow,
+        }
+    }
+
+    /// Change the bound (on config reload); pairs admitted so far stay.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Whether one more pair may be created; counts it, or the overflow. The caller
+    /// holds the lock under which pairs are created, so admissions never race.
+    pub fn admit(&self) -> bool {
+        if self.admitted.load(Ordering::Relaxed) >= self.max.load(Ordering::Relaxed) {
+            self.overflow.inc();
+            return false;
+        }
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+}
 
 /// The admitted values of one label.
 pub struct LabelSet {
@@ -49,8 +118,9 @@ impl LabelSet {
     pub fn resolve(&self, raw: Option<&str>) -> Arc<str> {
         let raw = match raw.map(str::trim) {
             None | Some("") => return self.unknown.clone(),
-            Some(v) => v,
+            Some(v) => visible(v),
         };
+        let raw = raw.as_ref();
         let policy = self
             .policy
             .read()
@@ -158,6 +228,39 @@ mod tests {
         let set = LabelSet::new(policy(None), counter());
         assert_eq!(&*set.resolve(Some("a-very-long-model-name")), OTHER);
         assert_eq!(&*set.resolve(Some("bad\nvalue")), OTHER);
+    }
+
+    #[test]
+    fn bidi_controls_and_zero_width_characters_are_replaced() {
+        let mut p = policy(None);
+        p.max_value_len = 64;
+        let set = LabelSet::new(p, counter());
+        let cases = [
+            ("gpt\u{202E}4o", "gpt\u{FFFD}4o"),
+            ("a\u{2066}b\u{2069}", "a\u{FFFD}b\u{FFFD}"),
+            ("\u{200B}team", "\u{FFFD}team"),
+            ("te\u{200D}am\u{FEFF}", "te\u{FFFD}am\u{FFFD}"),
+            ("left\u{200E}right\u{200F}", "left\u{FFFD}right\u{FFFD}"),
+            ("ordinary-ünïcode", "ordinary-ünïcode"),
+        ];
+        for (raw, shown) in cases {
+            assert_eq!(&*set.resolve(Some(raw)), shown, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn the_pair_cap_admits_up_to_its_bound_and_counts_the_rest() {
+        let overflow = counter();
+        let cap = PairCap::new(2, overflow.clone());
+        assert!(cap.admit());
+        assert!(cap.admit());
+        assert!(!cap.admit());
+        assert!(!cap.admit());
+        assert_eq!(overflow.get(), 2);
+        cap.set_max(3);
+        assert!(cap.admit());
+        assert!(!cap.admit());
+        assert_eq!(overflow.get(), 3);
     }
 
     #[test]

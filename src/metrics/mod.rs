@@ -34,7 +34,7 @@ use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
 use crate::wire::Unobservable;
 use exposition::{Cursor, Family, Snapshot};
-use labels::LabelSet;
+use labels::{LabelSet, PairCap};
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
 
@@ -49,14 +49,18 @@ pub enum Outcome {
     UpstreamError,
     /// The response head or a body frame took longer than its timeout.
     Timeout,
+    /// The client's own request was at fault (a malformed or stalled body, duplicate
+    /// `Host`): tokentap answered 4xx itself and the upstream is not to blame.
+    ClientError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 4] = [
+    pub const ALL: [Outcome; 5] = [
         Outcome::Completed,
         Outcome::Cancelled,
         Outcome::UpstreamError,
         Outcome::Timeout,
+        Outcome::ClientError,
     ];
 
     /// The `outcome` label value.
@@ -66,6 +70,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
+            Outcome::ClientError => "client_error",
         }
     }
 }
@@ -94,6 +99,7 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
+    pair_cap: PairCap,
     last_render_bytes: AtomicUsize,
 }
 
@@ -125,7 +131,7 @@ impl Metrics {
         let registry = Registry::new();
         let label_overflow = counter(
             "tokentap_label_overflow_total",
-            "Label values folded into `other` by the label policy (cap, allowlist, length).",
+            "Label values folded into `other` by the label policy (cap, allowlist, length); label=\"pair\": new (model, tenant) pairs folded into (other, other) by labels.max_pairs.",
             &["label"],
         );
         let build_info = IntGaugeVec::new(
@@ -269,6 +275,10 @@ impl Metrics {
                 labels.tenant.clone(),
                 label_overflow.with_label_values(&["tenant"]),
             ),
+            pair_cap: PairCap::new(
+                labels.max_pairs,
+                label_overflow.with_label_values(&["pair"]),
+            ),
             registry,
             last_render_bytes: AtomicUsize::new(0),
         };
@@ -315,6 +325,14 @@ impl Metrics {
             .pairs
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = pairs.get(&*model).and_then(|t| t.get(&*tenant)) {
+            return found.clone();
+        }
+        let (model, tenant) = if self.pair_cap.admit() {
+            (model, tenant)
+        } else {
+            (Arc::from(labels::OTHER), Arc::from(labels::OTHER))
+        };
         pairs
             .entry(model.clone())
             .or_default()
@@ -347,6 +365,7 @@ impl Metrics {
     pub fn set_label_policies(&self, labels: &Labels) {
         self.models.set_policy(labels.model.clone());
         self.tenants.set_policy(labels.tenant.clone());
+        self.pair_cap.set_max(labels.max_pairs);
     }
 
     /// Count a response that is forwarded but not measured.

@@ -122,7 +122,7 @@ pub struct PairSeries {
     pub(super) tokens_per_second: Histogram,
     pub(super) duration: Histogram,
     /// Indexed by `Outcome as usize`.
-    pub(super) requests: [Counter; 4],
+    pub(super) requests: [Counter; Outcome::ALL.len()],
     pub(super) output_tokens: Counter,
     pub(super) input_tokens: Counter,
     /// Indexed like [`ACCURACY`].

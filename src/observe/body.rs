@@ -205,6 +205,7 @@ mod tests {
             &Labels {
                 model: policy.clone(),
                 tenant: policy,
+                max_pairs: 100,
             },
         )
     }

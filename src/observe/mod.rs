@@ -347,7 +347,7 @@ impl Observing {
                 // What was decoded before the bound was hit still counts.
                 self.recorder.apply(at, &self.signals);
                 tracing::debug!(error = %err, "stopped observing a stream");
-                metrics.unobserved(Unobservable::DecodeLimit);
+                metrics.unobserved(Unobservable::for_decode_error(&err));
                 self.decoder = None;
             }
         }
@@ -356,8 +356,8 @@ impl Observing {
     fn end(mut self, at: Instant, metrics: &Metrics) {
         if let Some(mut decoder) = self.decoder.take() {
             self.signals.clear();
-            if decoder.finish(&mut self.signals).is_err() {
-                metrics.unobserved(Unobservable::DecodeLimit);
+            if let Err(err) = decoder.finish(&mut self.signals) {
+                metrics.unobserved(Unobservable::for_decode_error(&err));
             }
             self.recorder.apply(at, &self.signals);
         }

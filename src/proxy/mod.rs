@@ -6,9 +6,12 @@
 //! where observe returns an observer, in an [`ObservedBody`]. Either way the bytes, the
 //! status and the end-to-end headers are the upstream's own.
 
+pub mod headers;
 pub mod limits;
+pub mod request_body;
 pub mod same_task;
 pub mod transport;
+pub mod tunnel;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -29,7 +32,8 @@ use crate::metrics::Metrics;
 use crate::observe::{self, BoxError, ObservedBody, Outcome, RequestHead, ScannedBody};
 use crate::wire::Tokenizer;
 use limits::LimitedBody;
-use upstream::{error_response, UpstreamClient};
+use request_body::ClientBody;
+use upstream::{error_response, UpstreamClient, UpstreamError};
 
 /// The body type of every response tokentap sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -149,29 +153,39 @@ impl Proxy {
             &self.metrics,
         );
         let (method, uri) = (parts.method.clone(), parts.uri.clone());
+        let (body, watch) = ClientBody::new(body, active.config.limits.request_body_timeout);
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
-        let response = match active.upstream.send(parts, body).await {
+        let sent = active.upstream.send(parts, body).await;
+        // An exchange that failed because the client's body did is the client's fault.
+        let sent = sent.map_err(|err| watch.failure().map_or(err, UpstreamError::from));
+        let response = match sent {
             Ok(response) => response,
             Err(err) => {
-                let outcome = match err {
-                    upstream::UpstreamError::Timeout(_) => Outcome::Timeout,
-                    _ => Outcome::UpstreamError,
-                };
-                tracing::warn!(
-                    method = %method,
-                    path = %uri.path(),
-                    error = %err,
-                    "upstream failed before its response head"
-                );
+                let outcome = err.outcome();
+                if outcome == Outcome::ClientError {
+                    tracing::info!(
+                        method = %method,
+                        path = %uri.path(),
+                        error = %err,
+                        "client request refused before its response head"
+                    );
+                } else {
+                    tracing::warn!(
+                        method = %method,
+                        path = %uri.path(),
+                        error = %err,
+                        "upstream failed before its response head"
+                    );
+                }
                 pending.fail(Instant::now(), outcome);
                 return text(err.status(), &err.to_string());
             }
         };
         let at = Instant::now();
         let (mut parts, body) = response.into_parts();
-        upstream::strip_hop_by_hop(&mut parts.headers);
+        upstream::strip_response_hop_by_hop(&mut parts);
         let observer = pending.response(at, parts.status, &parts.headers);
         let body = LimitedBody::new(body, active.config.upstream.idle_timeout, Some(permit));
         let body = match observer {

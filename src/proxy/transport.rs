@@ -9,13 +9,16 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::combinators::UnsyncBoxBody;
 
-use crate::observe::BoxError;
+use super::headers::{HostError, UnsupportedTransferCoding};
+use super::request_body::BodyFailure;
+use crate::observe::{BoxError, Outcome};
 
 /// What the upstream client sends as a request body: the client's, already wrapped by
 /// whatever watches it on the way up.
 pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// A failed upstream exchange, before any response head.
+/// A failed exchange, before any response head reached the client: the upstream's fault
+/// or, for the variants below `Framing`, the client's.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("cannot connect to upstream: {0}")]
@@ -24,6 +27,20 @@ pub enum UpstreamError {
     Timeout(Duration),
     #[error("upstream request failed: {0}")]
     Request(String),
+    #[error("upstream response: {0}")]
+    Framing(UnsupportedTransferCoding),
+    #[error("malformed request body: {0}")]
+    MalformedBody(String),
+    #[error("request body stalled: nothing arrived for {0:?}")]
+    BodyTimeout(Duration),
+    #[error("client went away before its request body ended")]
+    ClientGone,
+    #[error("invalid request: {0}")]
+    InvalidHost(HostError),
+    #[error("request: {0}")]
+    RequestCoding(UnsupportedTransferCoding),
+    #[error("CONNECT is not supported by this reverse proxy")]
+    ConnectMethod,
 }
 
 impl UpstreamError {
@@ -31,7 +48,43 @@ impl UpstreamError {
     pub fn status(&self) -> StatusCode {
         match self {
             UpstreamError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+            UpstreamError::Connect(_) | UpstreamError::Request(_) | UpstreamError::Framing(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            UpstreamError::MalformedBody(_)
+            | UpstreamError::ClientGone
+            | UpstreamError::InvalidHost(_) => StatusCode::BAD_REQUEST,
+            UpstreamError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            // RFC 9112 6.1: a transfer coding the server does not understand.
+            UpstreamError::RequestCoding(_) => StatusCode::NOT_IMPLEMENTED,
+            UpstreamError::ConnectMethod => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// How the request is counted: the upstream's faults as `upstream_error` or
+    /// `timeout`, the client's as `client_error` (or `cancelled` when it left).
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            UpstreamError::Timeout(_) => Outcome::Timeout,
+            UpstreamError::Connect(_) | UpstreamError::Request(_) | UpstreamError::Framing(_) => {
+                Outcome::UpstreamError
+            }
+            UpstreamError::ClientGone => Outcome::Cancelled,
+            UpstreamError::MalformedBody(_)
+            | UpstreamError::BodyTimeout(_)
+            | UpstreamError::InvalidHost(_)
+            | UpstreamError::RequestCoding(_)
+            | UpstreamError::ConnectMethod => Outcome::ClientError,
+        }
+    }
+}
+
+impl From<BodyFailure> for UpstreamError {
+    fn from(failure: BodyFailure) -> UpstreamError {
+        match failure {
+            BodyFailure::Malformed(why) => UpstreamError::MalformedBody(why),
+            BodyFailure::Stalled(after) => UpstreamError::BodyTimeout(after),
+            BodyFailure::ClientGone => UpstreamError::ClientGone,
         }
     }
 }

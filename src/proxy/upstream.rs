@@ -1,6 +1,8 @@
 //! The upstream side: a pooled HTTP client, the rewrite of a client request into an
 //! upstream request (URI, version, hop-by-hop headers, `Host`), and the mapping of
-//! failures to 502/504.
+//! failures to the status tokentap answers with: 502/504 for the upstream's, 4xx/501 for
+//! the client's own (see [`headers`](super::headers) and
+//! [`request_body`](super::request_body)).
 //!
 //! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
 //! [`same_task`](super::same_task), whose connections are driven by the task that writes
@@ -14,14 +16,17 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
+use hyper::upgrade::OnUpgrade;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::headers::{self, HostError};
 use super::same_task::{ResponseBody, SameTaskPool};
 use super::transport::error_chain;
 pub use super::transport::{UpstreamBody, UpstreamError};
+use super::tunnel;
 use crate::config::{HostHeader, Upstream};
 
 /// Why the upstream client could not be built.
@@ -81,13 +86,28 @@ impl UpstreamClient {
         mut parts: http::request::Parts,
         body: UpstreamBody,
     ) -> Result<Response<ResponseBody>, UpstreamError> {
+        if parts.method == http::Method::CONNECT {
+            // A reverse proxy has no tunnel to offer; forwarded, it became `CONNECT /`.
+            return Err(UpstreamError::ConnectMethod);
+        }
+        headers::check_transfer_coding(&mut parts.headers).map_err(UpstreamError::RequestCoding)?;
+        // Upgrades are relayed to plain HTTP/1.1 upstreams; elsewhere they are stripped
+        // like any hop-by-hop header, as before.
+        let upgrade = match (&self.transport, parts.extensions.remove::<OnUpgrade>()) {
+            (Transport::SameTask(_), Some(on_upgrade)) => {
+                tunnel::requested_protocol(parts.version, &parts.headers)
+                    .map(|protocol| (protocol, on_upgrade))
+            }
+            _ => None,
+        };
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
             &mut parts.headers,
             self.config.host_header,
-            client_authority,
-        );
+            client_authority.as_ref(),
+        )
+        .map_err(UpstreamError::InvalidHost)?;
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
@@ -99,6 +119,21 @@ impl UpstreamClient {
                     parts.version = Version::HTTP_11;
                     if !parts.headers.contains_key(header::HOST) {
                         parts.headers.insert(header::HOST, self.host.clone());
+                    }
+                    if let Some((protocol, client)) = upgrade {
+                        tunnel::keep_upgrade(&mut parts.headers, protocol);
+                        let host = self.config.authority.host().trim_matches(['[', ']']);
+                        let port = self.config.authority.port_u16().unwrap_or(80);
+                        let request = Request::from_parts(parts, body);
+                        return tunnel::send(
+                            host,
+                            port,
+                            self.config.connect_timeout,
+                            request,
+                            client,
+                        )
+                        .await
+                        .map(|response| response.map(ResponseBody::detached));
                     }
                     pool.send(Request::from_parts(parts, body)).await
                 }
@@ -120,9 +155,11 @@ impl UpstreamClient {
                 }
             }
         };
-        tokio::time::timeout(timeout, exchange)
+        let mut response = tokio::time::timeout(timeout, exchange)
             .await
-            .unwrap_or(Err(UpstreamError::Timeout(timeout)))
+            .unwrap_or(Err(UpstreamError::Timeout(timeout)))?;
+        headers::check_transfer_coding(response.headers_mut()).map_err(UpstreamError::Framing)?;
+        Ok(response)
     }
 
     /// The upstream's path and query for a client URI: `base_path` + the client's.
@@ -280,30 +317,42 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn prepare_headers(
-    headers: &mut HeaderMap,
-    host: HostHeader,
-    client_authority: Option<http::uri::Authority>,
-) {
-    strip_hop_by_hop(headers);
-    match host {
-        // The client sets `Host` from the upstream URI.
-        HostHeader::Upstream => {
-            headers.remove(header::HOST);
-        }
-        HostHeader::Preserve => {
-            if !headers.contains_key(header::HOST) {
-                if let Some(value) =
-                    client_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                {
-                    headers.insert(header::HOST, value);
-                }
-            }
-        }
+/// Remove hop-by-hop headers from a response head, except that a `101` keeps the
+/// `Upgrade` it answers with and says `Connection: upgrade`, as the switch needs.
+pub fn strip_response_hop_by_hop(parts: &mut http::response::Parts) {
+    let switching = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = switching {
+        tunnel::keep_upgrade(&mut parts.headers, protocol);
     }
 }
 
-/// The short text body of a 502/504/503 that tokentap itself answers with.
+fn prepare_headers(
+    headers: &mut HeaderMap,
+    host: HostHeader,
+    client_authority: Option<&http::uri::Authority>,
+) -> Result<(), HostError> {
+    strip_hop_by_hop(headers);
+    // Checked whichever `Host` goes upstream: two make the request invalid (RFC 9112 3.2).
+    let preserved = headers::preserved_host(headers, client_authority)?;
+    headers.remove(header::HOST);
+    match (host, preserved) {
+        // The client sets `Host` from the upstream URI.
+        (HostHeader::Upstream, _) | (HostHeader::Preserve, None) => {}
+        (HostHeader::Preserve, Some(value)) => {
+            headers.insert(header::HOST, value);
+        }
+    }
+    Ok(())
+}
+
+/// Every method tokentap forwards: all but `CONNECT`.
+const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
+
+/// The short text body of a status that tokentap itself answers with (502, 504, 503, and
+/// the 4xx/501 of a client's bad request).
 pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Response<B> {
     let mut response = Response::new(B::from(Bytes::from(format!("tokentap: {message}\n"))));
     *response.status_mut() = status;
@@ -311,6 +360,12 @@ pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Resp
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        // RFC 9110 15.5.6: a 405 must say which methods are allowed.
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+    }
     response
 }
 

@@ -8,12 +8,16 @@
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
 //! connection is handed to one of the [`workers`].
+//!
+//! On shutdown a connection that has not yet delivered one whole request (it sent
+//! nothing, half a head, half an h2 preface) is closed at once: it has nothing to drain,
+//! and hyper alone would keep it until `limits.header_read_timeout`.
 
 mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
@@ -175,6 +180,7 @@ impl Server {
         ));
         let builder = connection_builder(&config);
         let graceful = GracefulShutdown::new();
+        let (closing, closing_rx) = watch::channel(false);
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
@@ -212,6 +218,7 @@ impl Server {
                 builder: builder.clone(),
                 watcher: graceful.watcher(),
                 service: proxy.service(),
+                closing: closing_rx.clone(),
             };
             match &tls {
                 None => {
@@ -228,6 +235,7 @@ impl Server {
         // Stop accepting, fail readiness, and let in-flight streams finish.
         drop(proxy_listener);
         readiness.draining.store(true, Ordering::Relaxed);
+        let _ = closing.send(true);
         let in_flight = graceful.count();
         let drain = proxy.active().config.shutdown.drain_timeout;
         tracing::info!(connections = in_flight, deadline = ?drain, "draining");
@@ -300,6 +308,8 @@ struct Connection {
     builder: auto::Builder<TokioExecutor>,
     watcher: Watcher,
     service: ProxyService,
+    /// Turns `true` when the server starts to shut down.
+    closing: watch::Receiver<bool>,
 }
 
 impl Connection {
@@ -329,17 +339,87 @@ async fn serve_plain(
     // hyper's header_read_timeout starts only once the protocol is known, and hyper-util
     // waits for that without a deadline: bound it here, so a client that connects and
     // says nothing cannot hold a descriptor forever.
-    if tokio::time::timeout(header_read_timeout, protocol_known(&stream))
-        .await
-        .is_err()
-    {
-        tracing::debug!(peer = %connection.peer, "closing a connection that sent no request");
-        return;
+    let mut closing = connection.closing.clone();
+    tokio::select! {
+        known = tokio::time::timeout(header_read_timeout, protocol_known(&stream)) => {
+            if known.is_err() {
+                tracing::debug!(peer = %connection.peer, "closing a connection that sent no request");
+                return;
+            }
+        }
+        _ = shutting_down(&mut closing) => return,
     }
+    let (service, first_request) = FirstRequest::wrap(connection.service);
+    // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.
     let http = connection
         .builder
-        .serve_connection(TokioIo::new(stream), connection.service);
-    connection_ended(connection.peer, connection.watcher.watch(http).await);
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let served = connection.watcher.watch(http);
+    if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
+        connection_ended(connection.peer, result);
+    }
+}
+
+/// Resolves once the server starts to shut down.
+async fn shutting_down(closing: &mut watch::Receiver<bool>) {
+    if closing.wait_for(|closing| *closing).await.is_err() {
+        // The server is gone without saying so: nothing to wait for any more.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Run `served` to its end, unless the server starts to shut down before the connection
+/// delivered its first whole request head (`None`: then it is dropped, and closed).
+/// hyper's graceful shutdown closes an idle keep-alive connection at once, but one that
+/// has not finished its first head counts as busy until `header_read_timeout`.
+async fn unless_closed_before_a_request<R>(
+    served: impl Future<Output = R>,
+    first_request: &AtomicBool,
+    mut closing: watch::Receiver<bool>,
+) -> Option<R> {
+    tokio::pin!(served);
+    tokio::select! {
+        result = &mut served => return Some(result),
+        () = shutting_down(&mut closing) => {}
+    }
+    if first_request.load(Ordering::Acquire) {
+        Some(served.await)
+    } else {
+        tracing::debug!("closing a connection with no whole request at shutdown");
+        None
+    }
+}
+
+/// The proxy service of one connection, noting when its first request head arrived.
+#[derive(Clone)]
+struct FirstRequest {
+    service: ProxyService,
+    seen: Arc<AtomicBool>,
+}
+
+impl FirstRequest {
+    fn wrap(service: ProxyService) -> (FirstRequest, Arc<AtomicBool>) {
+        let seen = Arc::new(AtomicBool::new(false));
+        let wrapped = FirstRequest {
+            service,
+            seen: seen.clone(),
+        };
+        (wrapped, seen)
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FirstRequest {
+    type Response =
+        <ProxyService as hyper::service::Service<http::Request<hyper::body::Incoming>>>::Response;
+    type Error =
+        <ProxyService as hyper::service::Service<http::Request<hyper::body::Incoming>>>::Error;
+    type Future =
+        <ProxyService as hyper::service::Service<http::Request<hyper::body::Incoming>>>::Future;
+
+    fn call(&self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
+        self.seen.store(true, Ordering::Release);
+        self.service.call(request)
+    }
 }
 
 /// Serve one TLS connection on a worker.
@@ -348,8 +428,13 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
         return;
     };
     let peer = connection.peer;
+    let mut closing = connection.closing.clone();
     let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
-    let stream = match handshake.await {
+    let handshake = tokio::select! {
+        handshake = handshake => handshake,
+        _ = shutting_down(&mut closing) => return,
+    };
+    let stream = match handshake {
         Ok(Ok(stream)) => stream,
         Ok(Err(err)) => {
             tracing::debug!(%peer, error = %err, "TLS handshake failed");
@@ -367,8 +452,14 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
     } else {
         connection.builder.http1_only()
     };
-    let http = builder.serve_connection(TokioIo::new(stream), connection.service);
-    connection_ended(peer, connection.watcher.watch(http).await);
+    let (service, first_request) = FirstRequest::wrap(connection.service);
+    // Without upgrades: hyper-util's upgradeable connection always sniffs the protocol
+    // (ignoring `http1_only`) with no deadline, which would hold a silent TLS client.
+    let http = builder.serve_connection(TokioIo::new(stream), service);
+    let served = connection.watcher.watch(http);
+    if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
+        connection_ended(peer, result);
+    }
 }
 
 fn connection_ended<E: std::fmt::Display>(peer: SocketAddr, result: Result<(), E>) {

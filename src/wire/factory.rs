@@ -8,7 +8,7 @@
 use super::compress;
 use super::frame::{ArrayStream, Handler, JsonBody, NdjsonStream, SseStream};
 use super::tokenize::Tokenizer;
-use super::types::{DecodeLimits, Decoder, Dialect, Framing};
+use super::types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing};
 use super::{anthropic, gemini, ollama, openai, responses, tgi, triton};
 
 /// Everything a decoder is built with besides its dialect and framing.
@@ -105,21 +105,35 @@ pub enum Unobservable {
     /// The content-encoding is not one [`compress`] decodes.
     #[error("unsupported content-encoding")]
     ContentEncoding,
-    /// The decoder gave up (event or body over its bound).
+    /// The decoder gave up (event or body over its bound, or inflating past its ratio).
     #[error("decode limit reached")]
     DecodeLimit,
+    /// Its compressed body could not be decompressed (a corrupt gzip, say).
+    #[error("corrupt content-encoding")]
+    CorruptEncoding,
     /// The decoder failed unexpectedly; the stream went on unobserved.
     #[error("observer panicked")]
     ObserverPanic,
 }
 
 impl Unobservable {
+    /// Why a decoder that failed with `err` stopped observing.
+    pub const fn for_decode_error(err: &DecodeError) -> Unobservable {
+        match err {
+            DecodeError::Compression => Unobservable::CorruptEncoding,
+            DecodeError::EventTooLarge { .. }
+            | DecodeError::BodyTooLarge { .. }
+            | DecodeError::InflateRatio { .. } => Unobservable::DecodeLimit,
+        }
+    }
+
     /// The `reason` label of `tokentap_unobserved_responses_total`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Unobservable::ContentType => "content_type",
             Unobservable::ContentEncoding => "content_encoding",
             Unobservable::DecodeLimit => "decode_limit",
+            Unobservable::CorruptEncoding => "corrupt_encoding",
             Unobservable::ObserverPanic => "observer_panic",
         }
     }

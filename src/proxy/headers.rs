@@ -1,0 +1,167 @@
+//! The message-framing and `Host` rules an HTTP intermediary must apply, kept apart from
+//! the client plumbing in [`upstream`](super::upstream) so each rule and its RFC reason is
+//! in one place and unit-testable on a bare `HeaderMap`.
+//!
+//! tokentap forwards bodies frame by frame and lets hyper re-frame them for the next hop
+//! (chunked or `Content-Length` on HTTP/1.1, DATA frames on h2). That is only faithful when
+//! the headers describe the body hyper forwards: a `Content-Length` next to a
+//! `Transfer-Encoding` does not, and a transfer coding other than `chunked` cannot be
+//! re-expressed at all once hyper has removed the chunking.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::Authority;
+
+/// A message whose framing tokentap cannot forward faithfully.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported transfer coding {0:?} (only chunked can be forwarded)")]
+pub struct UnsupportedTransferCoding(pub String);
+
+/// Check a message head's `Transfer-Encoding` and drop what no longer describes the body.
+///
+/// - With a `Transfer-Encoding`, any `Content-Length` is removed: the transfer coding
+///   delimits the message, and an intermediary must remove the length before forwarding
+///   (RFC 9112 6.3, item 3). Kept, it would make hyper cut the body at that length (or
+///   break it past the real end) on HTTP/1.1 and send a false `content-length` on h2.
+/// - A coding other than `chunked` (`gzip, chunked`, say) is refused: hyper decodes only
+///   the chunking, and `Transfer-Encoding` is hop-by-hop (and does not exist on h2), so the
+///   next hop would get gzip bytes with nothing saying so. Moving it to `Content-Encoding`
+///   would change what the message means to caches and to a client that already asked for
+///   a content coding, so tokentap does not guess.
+pub fn check_transfer_coding(headers: &mut HeaderMap) -> Result<(), UnsupportedTransferCoding> {
+    if !headers.contains_key(header::TRANSFER_ENCODING) {
+        return Ok(());
+    }
+    let foreign = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| {
+            String::from_utf8_lossy(value.as_bytes())
+                .split(',')
+                .map(|coding| coding.trim().to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        })
+        .find(|coding| !coding.is_empty() && coding != "chunked");
+    if let Some(coding) = foreign {
+        return Err(UnsupportedTransferCoding(coding));
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    Ok(())
+}
+
+/// Why a request's `Host` cannot be forwarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("more than one Host header")]
+    Duplicate,
+}
+
+/// The `Host` to forward when the client's is kept (`upstream.host_header: preserve`).
+///
+/// Two `Host` headers make the request invalid (RFC 9112 3.2: a server must answer 400).
+/// An absolute-form target (`GET http://a.example/v1 HTTP/1.1`) names the host itself, and
+/// a server must then ignore `Host` (RFC 9112 3.2.2): its authority replaces it. An h2
+/// request's `:authority` arrives the same way, as the URI's authority.
+pub fn preserved_host(
+    headers: &HeaderMap,
+    target_authority: Option<&Authority>,
+) -> Result<Option<HeaderValue>, HostError> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let first = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err(HostError::Duplicate);
+    }
+    Ok(target_authority
+        .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        .or(first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    /// Headers in, and whether `Content-Length` stays (or the coding refused).
+    type Case = (
+        &'static [(&'static str, &'static str)],
+        Result<bool, &'static str>,
+    );
+
+    #[test]
+    fn content_length_beside_chunked_is_removed() {
+        let cases: [Case; 6] = [
+            (&[("content-length", "10")], Ok(true)),
+            (
+                &[("content-length", "10"), ("transfer-encoding", "chunked")],
+                Ok(false),
+            ),
+            (
+                &[("content-length", "10"), ("transfer-encoding", "Chunked")],
+                Ok(false),
+            ),
+            (&[("transfer-encoding", "gzip, chunked")], Err("gzip")),
+            (
+                &[
+                    ("transfer-encoding", "chunked"),
+                    ("transfer-encoding", "x-custom"),
+                ],
+                Err("x-custom"),
+            ),
+            (&[("transfer-encoding", "gzip")], Err("gzip")),
+        ];
+        for (input, expected) in cases {
+            let mut map = headers(input);
+            let result = check_transfer_coding(&mut map);
+            match expected {
+                Ok(keeps_length) => {
+                    assert_eq!(result, Ok(()), "{input:?}");
+                    assert_eq!(
+                        map.contains_key(header::CONTENT_LENGTH),
+                        keeps_length,
+                        "{input:?}"
+                    );
+                }
+                Err(coding) => assert_eq!(
+                    result,
+                    Err(UnsupportedTransferCoding(coding.into())),
+                    "{input:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn host_is_unique_and_an_absolute_target_wins() {
+        let target: Authority = "target.example:8080".parse().unwrap();
+        let one = headers(&[("host", "client.example")]);
+        let two = headers(&[("host", "a.example"), ("host", "b.example")]);
+        let none = HeaderMap::new();
+        assert_eq!(
+            preserved_host(&one, None),
+            Ok(Some(HeaderValue::from_static("client.example")))
+        );
+        assert_eq!(
+            preserved_host(&one, Some(&target)),
+            Ok(Some(HeaderValue::from_static("target.example:8080")))
+        );
+        assert_eq!(
+            preserved_host(&none, Some(&target)),
+            Ok(Some(HeaderValue::from_static("target.example:8080")))
+        );
+        assert_eq!(preserved_host(&none, None), Ok(None));
+        assert_eq!(preserved_host(&two, None), Err(HostError::Duplicate));
+        assert_eq!(
+            preserved_host(&two, Some(&target)),
+            Err(HostError::Duplicate)
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! The client's request body on its way upstream, watched for the client's own faults.
+//!
+//! When a request body fails, the upstream client only reports that the exchange failed,
+//! which looks like an upstream fault (502, `upstream_error`). [`ClientBody`] notes why
+//! the body failed before passing the error on, so [`UpstreamClient::send`] can answer
+//! for the right side: a malformed body (a bad chunk size, a bare-LF chunk line) is the
+//! client's `400`, a body that stops arriving for `limits.request_body_timeout` is the
+//! client's `408`, and a client that went away mid-body is a cancellation.
+//!
+//! [`UpstreamClient::send`]: super::upstream::UpstreamClient::send
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+
+use crate::observe::BoxError;
+
+/// Why a client's request body failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyFailure {
+    /// The body broke HTTP's framing rules; the text says how.
+    Malformed(String),
+    /// Nothing arrived for this long while more was due.
+    Stalled(Duration),
+    /// The connection ended before the body did.
+    ClientGone,
+}
+
+/// The client sent nothing of its body for `limits.request_body_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("client sent no request body bytes for {0:?}")]
+pub struct BodyTimeout(pub Duration);
+
+/// Where a [`ClientBody`] leaves the reason it failed, for the side that sent it.
+#[derive(Debug, Clone, Default)]
+pub struct BodyWatch(Arc<OnceLock<BodyFailure>>);
+
+impl BodyWatch {
+    /// Why the body failed, if it did.
+    pub fn failure(&self) -> Option<BodyFailure> {
+        self.0.get().cloned()
+    }
+}
+
+pin_project! {
+    /// A request body forwarded as it comes, with an idle timeout between its frames.
+    pub struct ClientBody<B> {
+        #[pin]
+        inner: B,
+        timeout: Duration,
+        // Armed while the client has nothing for us; dropped when a frame arrives.
+        idle: Option<Pin<Box<Sleep>>>,
+        watch: BodyWatch,
+    }
+}
+
+impl<B> ClientBody<B> {
+    /// Wrap `inner`; the returned watch learns why it failed.
+    pub fn new(inner: B, timeout: Duration) -> (ClientBody<B>, BodyWatch) {
+        let watch = BodyWatch::default();
+        let body = ClientBody {
+            inner,
+            timeout,
+            idle: None,
+            watch: watch.clone(),
+        };
+        (body, watch)
+    }
+}
+
+/// Whether a body error means the connection ended early rather than a framing fault:
+/// hyper reports a body cut short as an `UnexpectedEof` I/O error somewhere in its chain.
+fn ended_early(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        source = cause.source();
+    }
+    false
+}
+
+impl<B> Body for ClientBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                *this.idle = None;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                let failure = if ended_early(&err) {
+                    BodyFailure::ClientGone
+                } else {
+                    BodyFailure::Malformed(super::transport::error_chain(&err))
+                };
+                let _ = this.watch.0.set(failure);
+                Poll::Ready(Some(Err(Box::new(err))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                let timeout = *this.timeout;
+                let idle = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if idle.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let _ = this.watch.0.set(BodyFailure::Stalled(timeout));
+                Poll::Ready(Some(Err(Box::new(BodyTimeout(timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, StreamBody};
+
+    #[tokio::test]
+    async fn a_stalled_body_fails_after_the_timeout_and_says_why() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let timeout = Duration::from_millis(50);
+        let (body, watch) = ClientBody::new(StreamBody::new(stream), timeout);
+        let mut body = Box::pin(body);
+        tx.send(Ok(Frame::data(Bytes::from_static(b"first"))))
+            .await
+            .unwrap();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "first");
+        // The clock starts when the client has nothing more for us.
+        let started = tokio::time::Instant::now();
+        let failed = body.frame().await.unwrap();
+        assert!(failed.is_err());
+        assert!(started.elapsed() >= timeout);
+        assert_eq!(watch.failure(), Some(BodyFailure::Stalled(timeout)));
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn framing_errors_and_early_ends_are_told_apart() {
+        let cases = [
+            (std::io::ErrorKind::InvalidInput, false),
+            (std::io::ErrorKind::UnexpectedEof, true),
+        ];
+        for (kind, gone) in cases {
+            let frames: Vec<Result<Frame<Bytes>, std::io::Error>> =
+                vec![Err(std::io::Error::new(kind, "bad"))];
+            let (mut body, watch) = ClientBody::new(
+                StreamBody::new(futures_util::stream::iter(frames)),
+                Duration::from_secs(30),
+            );
+            assert!(body.frame().await.unwrap().is_err());
+            let expected = if gone {
+                BodyFailure::ClientGone
+            } else {
+                BodyFailure::Malformed("bad".into())
+            };
+            assert_eq!(watch.failure(), Some(expected), "{kind:?}");
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! HTTP/1.1 protocol upgrades (WebSocket, and any other `Upgrade` protocol) as an opaque
+//! byte relay.
+//!
+//! `Upgrade` and `Connection` are hop-by-hop, so a proxy that strips them (as tokentap
+//! does for every other request) makes the upstream answer an ordinary response, and a
+//! `101` without `Upgrade` is useless to the client. An upgrade request instead goes out
+//! on a connection of its own with the two headers kept; when the upstream switches
+//! protocols, both connections are handed over by hyper and bytes are copied both ways
+//! until either side closes. Nothing in the tunnel is observed: it is a passthrough.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+use super::transport::{error_chain, UpstreamBody, UpstreamError};
+
+/// The protocol an HTTP/1.1 request asks to switch to: `Connection: upgrade` plus an
+/// `Upgrade` header. h2 has no `Upgrade` (it uses extended CONNECT, answered 405).
+pub fn requested_protocol(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    if version != Version::HTTP_11 {
+        return None;
+    }
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// Put back the two headers an upgrade needs after the hop-by-hop strip.
+pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::UPGRADE, protocol);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+}
+
+/// Send an upgrade request to `host:port` on a new connection; if the upstream answers
+/// `101`, relay bytes between it and the client (`client`, the client connection's
+/// pending upgrade) in a task of their own.
+pub async fn send(
+    host: &str,
+    port: u16,
+    connect_timeout: Duration,
+    request: Request<UpstreamBody>,
+    client: OnUpgrade,
+) -> Result<Response<Incoming>, UpstreamError> {
+    let connect = TcpStream::connect((host, port));
+    let stream = match tokio::time::timeout(connect_timeout, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => return Err(UpstreamError::Connect(err.to_string())),
+        Err(_) => {
+            return Err(UpstreamError::Connect(format!(
+                "timed out after {connect_timeout:?}"
+            )))
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .preserve_header_case(true)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.with_upgrades().await {
+            tracing::debug!(error = %err, "upgrade connection to the upstream ended with an error");
+        }
+    });
+    let mut response = sender
+        .send_request(request)
+        .await
+        .map_err(|err| UpstreamError::Request(error_chain(&err)))?;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let upstream = hyper::upgrade::on(&mut response);
+        tokio::spawn(relay(client, upstream));
+    }
+    Ok(response)
+}
+
+/// Copy bytes both ways between the two upgraded connections until either ends.
+async fn relay(client: OnUpgrade, upstream: OnUpgrade) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(err) => {
+            tracing::debug!(error = %err, "protocol upgrade did not complete");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
+        Err(err) => tracing::debug!(error = %err, "upgraded connection failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upgrade_needs_both_headers_on_http1() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert_eq!(requested_protocol(Version::HTTP_11, &headers), None);
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert_eq!(
+            requested_protocol(Version::HTTP_11, &headers),
+            Some(HeaderValue::from_static("websocket"))
+        );
+        assert_eq!(requested_protocol(Version::HTTP_2, &headers), None);
+        headers.remove(header::UPGRADE);
+        assert_eq!(requested_protocol(Version::HTTP_11, &headers), None);
+    }
+}
