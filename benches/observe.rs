@@ -190,7 +190,7 @@ fn bench_observe(c: &mut Criterion) {
 
 /// `/metrics` with 50 models x 200 tenants (10,000 label pairs, every family populated
 /// through the real observe path): the whole render (the text a scrape gets), and
-/// `gather()` (the protobuf snapshot of the same series, which the demo's summary reads).
+/// `snapshot()` (the typed copy of the same series, which the demo's summary reads).
 fn bench_render(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -233,8 +233,8 @@ fn bench_render(c: &mut Criterion) {
     group.bench_function("stream_50x200", |b| {
         b.iter(|| black_box(metrics.exposition().map(|chunk| chunk.len()).sum::<usize>()))
     });
-    group.bench_function("gather_50x200", |b| {
-        b.iter(|| black_box(metrics.gather().len()))
+    group.bench_function("snapshot_50x200", |b| {
+        b.iter(|| black_box(metrics.snapshot().families.len()))
     });
     group.finish();
 }

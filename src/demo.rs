@@ -2,9 +2,9 @@
 //!
 //! Starts the simulator with three models of different speeds, tokentap in front of it,
 //! and a small traffic generator that streams chat completions as three tenants. Every
-//! few seconds it prints tokentap's own view, read from its metric families: per model
-//! and tenant, requests, TTFT and ITL p50/p99 and decode tokens/s, interpolated from the
-//! histograms exactly as Prometheus' `histogram_quantile` would.
+//! few seconds it prints tokentap's own view, read from a snapshot of its metric families:
+//! per model and tenant, requests, TTFT and ITL p50/p99 and decode tokens/s, interpolated
+//! from the histograms exactly as Prometheus' `histogram_quantile` would.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,12 +19,12 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use prometheus::proto::MetricFamily;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::{Config, ConfigError, Overrides};
-use crate::metrics::{histogram_quantile, Metrics};
+use crate::metrics::snapshot::{HistogramSnapshot, Series, Values};
+use crate::metrics::{Metrics, Snapshot};
 use crate::server::{ServeError, Server};
 use crate::sim::{ModelProfile, Sim, SimConfig, UsageMode};
 
@@ -211,72 +211,52 @@ async fn traffic(
 
 /// Per (model, tenant): requests, histogram snapshots.
 #[derive(Default)]
-struct Row {
+struct Row<'a> {
     requests: u64,
-    ttft: Hist,
-    itl: Hist,
-    tokens_per_second: Hist,
+    ttft: Option<&'a HistogramSnapshot>,
+    itl: Option<&'a HistogramSnapshot>,
+    tokens_per_second: Option<&'a HistogramSnapshot>,
 }
 
-#[derive(Default)]
-struct Hist {
-    buckets: Vec<(f64, u64)>,
-    count: u64,
+/// The `q`-quantile of a histogram the row may not have (yet).
+fn quantile(histogram: Option<&HistogramSnapshot>, q: f64) -> Option<f64> {
+    histogram.and_then(|h| h.quantile(q))
 }
 
-impl Hist {
-    fn quantile(&self, q: f64) -> Option<f64> {
-        histogram_quantile(q, &self.buckets, self.count)
-    }
+fn key<T>(series: &Series<T>) -> (String, String) {
+    let label = |name| series.label(name).unwrap_or_default().to_string();
+    (label("model"), label("tenant"))
 }
 
-fn label<'a>(metric: &'a prometheus::proto::Metric, name: &str) -> &'a str {
-    metric
-        .get_label()
-        .iter()
-        .find(|l| l.name() == name)
-        .map_or("", |l| l.value())
-}
-
-fn summarize(families: &[MetricFamily]) -> BTreeMap<(String, String), Row> {
-    let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
-    for family in families {
-        for metric in family.get_metric() {
-            let key = (
-                label(metric, "model").to_string(),
-                label(metric, "tenant").to_string(),
-            );
-            let hist = || {
-                let h = metric.get_histogram();
-                Hist {
-                    buckets: h
-                        .get_bucket()
-                        .iter()
-                        .map(|b| (b.upper_bound(), b.cumulative_count()))
-                        .collect(),
-                    count: h.get_sample_count(),
+fn summarize<'s>(snapshot: &'s Snapshot) -> BTreeMap<(String, String), Row<'s>> {
+    let mut rows: BTreeMap<(String, String), Row<'s>> = BTreeMap::new();
+    for family in &snapshot.families {
+        match (&*family.name, &family.values) {
+            ("tokentap_requests_total", Values::Counter(series)) => {
+                for s in series {
+                    rows.entry(key(s)).or_default().requests += s.value as u64;
                 }
-            };
-            match family.name() {
-                "tokentap_requests_total" => {
-                    rows.entry(key).or_default().requests += metric.get_counter().get_value() as u64
-                }
-                "tokentap_time_to_first_token_seconds" => {
-                    rows.entry(key).or_default().ttft = hist()
-                }
-                "tokentap_inter_token_latency_seconds" => rows.entry(key).or_default().itl = hist(),
-                "tokentap_output_tokens_per_second" => {
-                    rows.entry(key).or_default().tokens_per_second = hist()
-                }
-                _ => {}
             }
+            (name, Values::Histogram(series)) => {
+                let set: fn(&mut Row<'s>, &'s HistogramSnapshot) = match name {
+                    "tokentap_time_to_first_token_seconds" => |row, h| row.ttft = Some(h),
+                    "tokentap_inter_token_latency_seconds" => |row, h| row.itl = Some(h),
+                    "tokentap_output_tokens_per_second" => |row, h| row.tokens_per_second = Some(h),
+                    _ => continue,
+                };
+                for s in series {
+                    set(rows.entry(key(s)).or_default(), &s.value);
+                }
+            }
+            _ => {}
         }
     }
     rows
 }
 
 fn print_summary(metrics: &Metrics, sent: u64) {
-    let rows = summarize(&metrics.gather());
+    let snapshot = metrics.snapshot();
+    let rows = summarize(&snapshot);
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v * 1e3));
     let mut out = String::new();
     if std::io::stdout().is_terminal() {
@@ -299,13 +279,11 @@ fn print_summary(metrics: &Metrics, sent: u64) {
             model,
             tenant,
             row.requests,
-            ms(row.ttft.quantile(0.5)),
-            ms(row.ttft.quantile(0.99)),
-            ms(row.itl.quantile(0.5)),
-            ms(row.itl.quantile(0.99)),
-            row.tokens_per_second
-                .quantile(0.5)
-                .map_or("-".to_string(), |v| format!("{v:.0}")),
+            ms(quantile(row.ttft, 0.5)),
+            ms(quantile(row.ttft, 0.99)),
+            ms(quantile(row.itl, 0.5)),
+            ms(quantile(row.itl, 0.99)),
+            quantile(row.tokens_per_second, 0.5).map_or("-".to_string(), |v| format!("{v:.0}")),
         ));
     }
     if rows.is_empty() {

@@ -3,7 +3,6 @@
 #
 #   cargo build --release && scripts/ops/e2e-prometheus.sh
 #   TOKENTAP_BIN=/path/to/tokentap scripts/ops/e2e-prometheus.sh
-#   scripts/ops/e2e-prometheus.sh --self-test   # harness test with scripts/ops/fake_tokentap.py
 #
 # What it does:
 #   1. starts `tokentap sim` twice (a normal backend with two models, and a slow one
@@ -35,12 +34,8 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OPS=$ROOT/scripts/ops
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
-MODE=real
-if [ "${1:-}" = "--self-test" ]; then
-  MODE=self-test
-  BIN=$OPS/fake_tokentap.py
-elif [ -n "${1:-}" ]; then
-  sed -n '2,30p' "$0"; exit 2
+if [ -n "${1:-}" ]; then
+  sed -n '2,29p' "$0"; exit 2
 fi
 PROMETHEUS=${PROMETHEUS:-prometheus}
 DEADLINE=${E2E_DEADLINE:-300}   # seconds for the whole run
@@ -58,7 +53,7 @@ summary() {
 die() { echo "e2e-prometheus: $*" >&2; exit 2; }
 
 # ------------------------------------------------------------------ preflight
-[ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN (or use --self-test)"
+[ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
 for t in "$PROMETHEUS" promtool curl python3; do
   command -v "$t" >/dev/null || die "$t not found (apt-get install -y prometheus curl)"
 done
@@ -115,7 +110,7 @@ for s in socks: s.close()
 EOF
 )
 H=127.0.0.1
-echo "mode: $MODE, binary: $BIN, temp: $TMP"
+echo "binary: $BIN, temp: $TMP"
 
 # ------------------------------------------------------------------ backends + proxies
 start sim      "$BIN" sim --listen "$H:$P_SIM" --models "$MODELS" --ttft 150ms --itl 20ms --tokens 40

@@ -1,17 +1,19 @@
 //! The proof that the direct encoder changed nothing a scraper sees: the same observations
 //! go into [`Metrics`] and into prometheus-crate families built the way tokentap built them
 //! before (same names, help, labels and buckets), and the two expositions must be equal
-//! byte for byte; so must the text of [`Metrics::gather`].
+//! byte for byte; so must the text the crate writes for [`Metrics::snapshot`] (which
+//! proves the snapshot holds every family, series and value the text shows).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::proto;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Metrics, Outcome, StreamMetrics};
-use crate::clock::{Decode, Timings};
+use super::snapshot::{Label, Series, Snapshot, Values};
+use super::{Metrics, Outcome, PairSeries, RequestFigures};
 use crate::config::{Buckets, LabelPolicy, Labels};
 
 /// The families as the prometheus crate held them.
@@ -138,7 +140,7 @@ impl Reference {
     }
 
     /// What `Metrics::finish` did.
-    fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &Timings) {
+    fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &RequestFigures) {
         let pair = [model, tenant];
         self.requests
             .with_label_values(&[model, tenant, outcome.as_str()])
@@ -164,13 +166,15 @@ impl Reference {
                     .inc_by(count);
             }
         }
-        if let Some(decode) = timings.decode {
+        if let Some(tpot) = timings.tpot {
             self.tpot
                 .with_label_values(&pair)
-                .observe(decode.tpot.as_secs_f64());
+                .observe(tpot.as_secs_f64());
+        }
+        if let Some(tokens_per_second) = timings.tokens_per_second {
             self.tokens_per_second
                 .with_label_values(&pair)
-                .observe(decode.tokens_per_second);
+                .observe(tokens_per_second);
         }
     }
 }
@@ -257,8 +261,81 @@ fn actual(metrics: &Metrics) -> String {
     without_process(&String::from_utf8(metrics.render()).unwrap())
 }
 
+/// The snapshot as the prometheus crate's own model of a family, for its encoder.
+fn proto_families(snapshot: &Snapshot) -> Vec<proto::MetricFamily> {
+    fn metric<T>(series: &Series<T>) -> proto::Metric {
+        let labels = series
+            .labels
+            .iter()
+            .map(|Label { name, value }| {
+                let mut pair = proto::LabelPair::default();
+                pair.set_name(name.to_string());
+                pair.set_value(value.to_string());
+                pair
+            })
+            .collect();
+        proto::Metric::from_label(labels)
+    }
+    let mut families = Vec::new();
+    for family in &snapshot.families {
+        let mut out = proto::MetricFamily::default();
+        out.set_name(family.name.to_string());
+        out.set_help(family.help.to_string());
+        let metrics = match &family.values {
+            Values::Counter(series) => {
+                out.set_field_type(proto::MetricType::COUNTER);
+                let counter = |s: &Series<f64>| {
+                    let mut m = metric(s);
+                    let mut counter = proto::Counter::default();
+                    counter.set_value(s.value);
+                    m.set_counter(counter);
+                    m
+                };
+                series.iter().map(counter).collect()
+            }
+            Values::Gauge(series) => {
+                out.set_field_type(proto::MetricType::GAUGE);
+                let gauge = |s: &Series<f64>| {
+                    let mut m = metric(s);
+                    let mut gauge = proto::Gauge::default();
+                    gauge.set_value(s.value);
+                    m.set_gauge(gauge);
+                    m
+                };
+                series.iter().map(gauge).collect()
+            }
+            Values::Histogram(series) => {
+                out.set_field_type(proto::MetricType::HISTOGRAM);
+                let histogram = |s: &Series<super::snapshot::HistogramSnapshot>| {
+                    let mut m = metric(s);
+                    let mut histogram = proto::Histogram::default();
+                    histogram.set_sample_count(s.value.count);
+                    histogram.set_sample_sum(s.value.sum);
+                    let buckets = s
+                        .value
+                        .buckets()
+                        .map(|(upper_bound, cumulative_count)| {
+                            let mut bucket = proto::Bucket::default();
+                            bucket.set_upper_bound(upper_bound);
+                            bucket.set_cumulative_count(cumulative_count);
+                            bucket
+                        })
+                        .collect();
+                    histogram.set_bucket(buckets);
+                    m.set_histogram(histogram);
+                    m
+                };
+                series.iter().map(histogram).collect()
+            }
+        };
+        out.set_metric(metrics);
+        families.push(out);
+    }
+    families
+}
+
 fn gathered(metrics: &Metrics) -> String {
-    let mut families = metrics.gather();
+    let mut families = proto_families(&metrics.snapshot());
     families.retain(|f| !f.name().starts_with("process_"));
     prometheus::TextEncoder::new()
         .encode_to_string(&families)
@@ -285,10 +362,10 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
         None,
     ];
     let tenants = [Some("acme"), Some("b\"\\c"), Some("tenant-10"), None];
-    let mut pairs: Vec<(StreamMetrics, Arc<str>, Arc<str>)> = Vec::new();
+    let mut pairs: Vec<(Arc<PairSeries>, Arc<str>, Arc<str>)> = Vec::new();
     let newline = metrics.pair(Arc::from("multi\nline"), Arc::from("t\n\"x\""));
     pairs.push((
-        StreamMetrics(newline.clone()),
+        newline.clone(),
         newline.model.clone(),
         newline.tenant.clone(),
     ));
@@ -339,9 +416,11 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
         }
         if rng.gen_bool(0.6) {
             let outcome = Outcome::ALL[rng.gen_range(0..Outcome::ALL.len())];
-            let decode = rng.gen_bool(0.7).then(|| Decode {
-                tpot: seconds(value(&mut rng, &b.time_per_output_token_seconds)),
-                tokens_per_second: value(&mut rng, &b.output_tokens_per_second),
+            let decode = rng.gen_bool(0.7).then(|| {
+                (
+                    seconds(value(&mut rng, &b.time_per_output_token_seconds)),
+                    value(&mut rng, &b.output_tokens_per_second),
+                )
             });
             let exact = if rng.gen_bool(0.5) {
                 rng.gen_range(0..100)
@@ -353,18 +432,13 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
             } else {
                 0
             };
-            let timings = Timings {
-                ttfb: None,
-                ttft: None,
-                ttft_content: None,
+            let timings = RequestFigures {
                 duration: seconds(value(&mut rng, &b.request_duration_seconds)),
-                events: 0,
                 output_tokens: if rng.gen_bool(0.8) {
                     rng.gen_range(0..5000)
                 } else {
                     0
                 },
-                output_tokens_reported: false,
                 exact_event_tokens: exact,
                 estimated_event_tokens: estimated,
                 input_tokens: match rng.gen_range(0..3) {
@@ -372,10 +446,10 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
                     1 => Some(0),
                     _ => Some(rng.gen_range(0..1 << 40)),
                 },
-                mean_itl: None,
-                decode,
+                tpot: decode.map(|(tpot, _)| tpot),
+                tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
             };
-            metrics.finish(handles, outcome, &timings);
+            metrics.finish(handles, outcome, timings);
             reference.finish(m, t, outcome, &timings);
         }
         if step % 997 == 0 {
@@ -423,24 +497,16 @@ fn extreme_values_match_too() {
         .stalls
         .with_label_values(&pair)
         .inc_by((1 << 53) + 1);
-    let timings = Timings {
-        ttfb: None,
-        ttft: None,
-        ttft_content: None,
+    let timings = RequestFigures {
         duration: Duration::MAX,
-        events: 0,
         output_tokens: u64::MAX,
-        output_tokens_reported: true,
         exact_event_tokens: 0,
         estimated_event_tokens: 12345678901234567,
         input_tokens: Some(u64::MAX - 1),
-        mean_itl: None,
-        decode: Some(Decode {
-            tpot: Duration::from_nanos(1),
-            tokens_per_second: 1e15,
-        }),
+        tpot: Some(Duration::from_nanos(1)),
+        tokens_per_second: Some(1e15),
     };
-    metrics.finish(&handles, Outcome::Timeout, &timings);
+    metrics.finish(&handles, Outcome::Timeout, timings);
     reference.finish("m", "t", Outcome::Timeout, &timings);
     let text = actual(&metrics);
     assert_same(&text, &expected(&metrics, &reference));

@@ -1,4 +1,5 @@
-//! The per-pair families written straight into the Prometheus text format (0.0.4).
+//! The per-pair families: written straight into the Prometheus text format (0.0.4), and
+//! read into the typed [`Snapshot`](super::Snapshot).
 //!
 //! The bytes are exactly what the prometheus crate's `TextEncoder` wrote for the same
 //! series (dashboards, alert rules and tests read them): samples ordered by label values,
@@ -12,17 +13,20 @@
 //! that `/metrics` is streamed in chunks of bounded size rather than built as one buffer
 //! of 150 MB when there are 10,000 label pairs.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use prometheus::proto;
-
-use super::series::{Counter, Histogram, PairSeries, ACCURACY};
-use super::Outcome;
+use super::families::{PairFamily, PairKind};
+use super::outcome::Outcome;
+use super::series::{PairSeries, ACCURACY};
+use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
+use super::text::{escape_help, escape_label_value, push_count, push_f64};
+use crate::config::Buckets;
 
 /// The pairs of one scrape in label order, and the ranges of pairs sharing a model.
-pub(super) struct Snapshot {
-    pub pairs: Vec<Arc<PairSeries>>,
+pub(super) struct Pairs {
+    pub series: Vec<Arc<PairSeries>>,
     pub models: Vec<Range<usize>>,
 }
 
@@ -39,30 +43,10 @@ pub(super) struct Cursor {
     pair_bytes: usize,
 }
 
-/// What a family reads from each pair.
-pub(super) enum Series {
-    /// A histogram; `always`: the series exists as soon as the pair does (handles taken
-    /// at `stream()`), else only once something was observed.
-    Histogram {
-        get: fn(&PairSeries) -> &Histogram,
-        always: bool,
-    },
-    /// A counter; `always` as for histograms.
-    Counter {
-        get: fn(&PairSeries) -> &Counter,
-        always: bool,
-    },
-    /// `tokentap_requests_total`: one series per outcome that happened.
-    Requests,
-    /// `tokentap_event_tokens_total`: one series per accuracy that was counted.
-    EventTokens,
-}
-
 /// One family over every pair, with its constant text rendered once.
 pub(super) struct Family {
     pub name: &'static str,
-    help: &'static str,
-    series: Series,
+    spec: &'static PairFamily,
     /// `# HELP` and `# TYPE` lines.
     header: Box<[u8]>,
     /// `name{` (counters) or `name_bucket{` (histograms).
@@ -70,8 +54,7 @@ pub(super) struct Family {
     /// Histograms: `name_sum{` and `name_count{`.
     sum_prefix: Box<[u8]>,
     count_prefix: Box<[u8]>,
-    /// Histograms: the finite bounds, and `,le="…"} ` for each, then for `+Inf`.
-    bounds: Arc<[f64]>,
+    /// Histograms: `,le="…"} ` for each finite bound, then for `+Inf`.
     le: Vec<Box<[u8]>>,
     /// Requests: outcomes in label-value order; event tokens: accuracies.
     sub_labels: Vec<SubLabel>,
@@ -81,7 +64,7 @@ pub(super) struct Family {
 struct SubLabel {
     /// Index of the pair's counter for it.
     index: usize,
-    value: &'static str,
+    value: Arc<str>,
     /// `,outcome="…"` or `accuracy="…",`: where it goes between the pair's labels.
     text: Box<[u8]>,
 }
@@ -94,96 +77,77 @@ const POSITIVE_INF: &str = "+Inf";
 const READ_AHEAD: usize = 32;
 
 impl Family {
-    pub fn histogram(
-        name: &'static str,
-        help: &'static str,
-        bounds: &Arc<[f64]>,
-        get: fn(&PairSeries) -> &Histogram,
-        always: bool,
-    ) -> Family {
-        let mut family = Family::new(name, help, "histogram", Series::Histogram { get, always });
-        family.prefix = format!("{name}_bucket{{").into_bytes().into();
-        family.sum_prefix = format!("{name}_sum{{").into_bytes().into();
-        family.count_prefix = format!("{name}_count{{").into_bytes().into();
-        family.bounds = bounds.clone();
-        family.le = bounds
-            .iter()
-            .map(|b| b.to_string())
-            .chain([POSITIVE_INF.to_string()])
-            .map(|le| {
-                let mut escaped = String::new();
-                escape_label_value(&le, &mut escaped);
-                format!(",le=\"{escaped}\"}} ").into_bytes().into()
-            })
-            .collect();
-        family
-    }
-
-    pub fn counter(
-        name: &'static str,
-        help: &'static str,
-        get: fn(&PairSeries) -> &Counter,
-        always: bool,
-    ) -> Family {
-        Family::new(name, help, "counter", Series::Counter { get, always })
-    }
-
-    pub fn requests(name: &'static str, help: &'static str) -> Family {
-        let mut family = Family::new(name, help, "counter", Series::Requests);
-        let mut outcomes = Outcome::ALL;
-        outcomes.sort_by_key(|o| o.as_str());
-        family.sub_labels = outcomes
-            .iter()
-            .map(|o| SubLabel {
-                index: *o as usize,
-                value: o.as_str(),
-                text: format!(",outcome=\"{}\"", o.as_str()).into_bytes().into(),
-            })
-            .collect();
-        family
-    }
-
-    pub fn event_tokens(name: &'static str, help: &'static str) -> Family {
-        let mut family = Family::new(name, help, "counter", Series::EventTokens);
-        family.sub_labels = ACCURACY
-            .iter()
-            .enumerate()
-            .map(|(index, value)| SubLabel {
-                index,
-                value,
-                text: format!("accuracy=\"{value}\",").into_bytes().into(),
-            })
-            .collect();
-        family
-    }
-
-    fn new(name: &'static str, help: &'static str, kind: &str, series: Series) -> Family {
+    /// The family of `spec`, with histogram bounds taken from `buckets`.
+    pub fn new(spec: &'static PairFamily, buckets: &Buckets) -> Family {
+        let name = spec.name;
         let mut header = String::new();
-        if !help.is_empty() {
-            header.push_str(&format!("# HELP {name} {}\n", escape_help(help)));
+        if !spec.help.is_empty() {
+            header.push_str(&format!("# HELP {name} {}\n", escape_help(spec.help)));
         }
-        header.push_str(&format!("# TYPE {name} {kind}\n"));
-        Family {
+        header.push_str(&format!("# TYPE {name} {}\n", spec.kind.type_name()));
+        let mut family = Family {
             name,
-            help,
-            series,
+            spec,
             header: header.into_bytes().into(),
             prefix: format!("{name}{{").into_bytes().into(),
             sum_prefix: Box::default(),
             count_prefix: Box::default(),
-            bounds: Arc::from(Vec::new()),
             le: Vec::new(),
             sub_labels: Vec::new(),
+        };
+        match spec.kind {
+            PairKind::Histogram {
+                buckets: bounds, ..
+            } => {
+                family.prefix = format!("{name}_bucket{{").into_bytes().into();
+                family.sum_prefix = format!("{name}_sum{{").into_bytes().into();
+                family.count_prefix = format!("{name}_count{{").into_bytes().into();
+                family.le = bounds(buckets)
+                    .iter()
+                    .map(|b| b.to_string())
+                    .chain([POSITIVE_INF.to_string()])
+                    .map(|le| {
+                        let mut escaped = String::new();
+                        escape_label_value(&le, &mut escaped);
+                        format!(",le=\"{escaped}\"}} ").into_bytes().into()
+                    })
+                    .collect();
+            }
+            PairKind::Counter { .. } => {}
+            PairKind::Requests => {
+                let mut outcomes = Outcome::ALL;
+                outcomes.sort_by_key(|o| o.as_str());
+                family.sub_labels = outcomes
+                    .iter()
+                    .map(|o| SubLabel {
+                        index: *o as usize,
+                        value: Arc::from(o.as_str()),
+                        text: format!(",outcome=\"{}\"", o.as_str()).into_bytes().into(),
+                    })
+                    .collect();
+            }
+            PairKind::EventTokens => {
+                family.sub_labels = ACCURACY
+                    .iter()
+                    .enumerate()
+                    .map(|(index, value)| SubLabel {
+                        index,
+                        value: Arc::from(*value),
+                        text: format!("accuracy=\"{value}\",").into_bytes().into(),
+                    })
+                    .collect();
+            }
         }
+        family
     }
 
     /// Roughly the bytes this family writes for `pairs` pairs whose label texts add up to
     /// `label_bytes` (to size the buffer once).
     pub fn estimate(&self, pairs: usize, label_bytes: usize) -> usize {
-        let (lines, overhead) = match self.series {
-            Series::Histogram { .. } => (self.le.len() + 2, self.prefix.len() + 32),
-            Series::Counter { .. } => (1, self.prefix.len() + 12),
-            Series::Requests | Series::EventTokens => (2, self.prefix.len() + 40),
+        let (lines, overhead) = match self.spec.kind {
+            PairKind::Histogram { .. } => (self.le.len() + 2, self.prefix.len() + 32),
+            PairKind::Counter { .. } => (1, self.prefix.len() + 12),
+            PairKind::Requests | PairKind::EventTokens => (2, self.prefix.len() + 40),
         };
         lines * (pairs * overhead + label_bytes)
     }
@@ -191,24 +155,24 @@ impl Family {
     /// How many runs of pairs this family's samples come in: one for histograms and
     /// counters, one per (model, outcome) for requests (ordered by model, then outcome,
     /// then tenant), one per accuracy for event tokens.
-    fn runs(&self, snapshot: &Snapshot) -> usize {
-        match self.series {
-            Series::Histogram { .. } | Series::Counter { .. } => 1,
-            Series::Requests => snapshot.models.len() * self.sub_labels.len(),
-            Series::EventTokens => self.sub_labels.len(),
+    fn runs(&self, pairs: &Pairs) -> usize {
+        match self.spec.kind {
+            PairKind::Histogram { .. } | PairKind::Counter { .. } => 1,
+            PairKind::Requests => pairs.models.len() * self.sub_labels.len(),
+            PairKind::EventTokens => self.sub_labels.len(),
         }
     }
 
     /// The pairs of run `run` and the index of the sub-label its samples carry.
-    fn run<'s>(&self, snapshot: &'s Snapshot, run: usize) -> (&'s [Arc<PairSeries>], usize) {
-        match self.series {
-            Series::Histogram { .. } | Series::Counter { .. } => (&snapshot.pairs, 0),
-            Series::Requests => {
+    fn run<'s>(&self, pairs: &'s Pairs, run: usize) -> (&'s [Arc<PairSeries>], usize) {
+        match self.spec.kind {
+            PairKind::Histogram { .. } | PairKind::Counter { .. } => (&pairs.series, 0),
+            PairKind::Requests => {
                 let outcomes = self.sub_labels.len();
-                let models = snapshot.models[run / outcomes].clone();
-                (&snapshot.pairs[models], run % outcomes)
+                let models = pairs.models[run / outcomes].clone();
+                (&pairs.series[models], run % outcomes)
             }
-            Series::EventTokens => (&snapshot.pairs, run),
+            PairKind::EventTokens => (&pairs.series, run),
         }
     }
 
@@ -218,7 +182,7 @@ impl Family {
     /// series writes nothing at all, as the prometheus registry drops empty families.
     pub fn render_part(
         &self,
-        snapshot: &Snapshot,
+        pairs: &Pairs,
         at: &mut Cursor,
         out: &mut Vec<u8>,
         limit: usize,
@@ -229,10 +193,10 @@ impl Family {
             out.extend_from_slice(&self.header);
         }
         let body = out.len();
-        let runs = self.runs(snapshot);
+        let runs = self.runs(pairs);
         let mut complete = true;
         'runs: while at.run < runs {
-            let (pairs, sub) = self.run(snapshot, at.run);
+            let (pairs, sub) = self.run(pairs, at.run);
             while at.pair < pairs.len() {
                 // Read ahead only as many pairs as the part probably has room for: the
                 // values of pairs left for the next part would be read twice.
@@ -274,8 +238,8 @@ impl Family {
         counts: &mut Vec<u64>,
     ) -> (usize, bool) {
         counts.clear();
-        match self.series {
-            Series::Histogram { get, always } => {
+        match self.spec.kind {
+            PairKind::Histogram { get, always, .. } => {
                 let slots = self.le.len();
                 let mut totals = [(0u64, 0f64); READ_AHEAD];
                 for (total, pair) in totals.iter_mut().zip(pairs) {
@@ -295,7 +259,7 @@ impl Family {
                 }
                 (pairs.len(), false)
             }
-            Series::Counter { get, always } => {
+            PairKind::Counter { get, always } => {
                 counts.extend(pairs.iter().map(|pair| get(pair).get()));
                 self.counter_rows(
                     pairs,
@@ -309,7 +273,7 @@ impl Family {
                     },
                 )
             }
-            Series::Requests => {
+            PairKind::Requests => {
                 let outcome = &self.sub_labels[sub];
                 counts.extend(pairs.iter().map(|pair| pair.requests[outcome.index].get()));
                 self.counter_rows(
@@ -326,7 +290,7 @@ impl Family {
                     },
                 )
             }
-            Series::EventTokens => {
+            PairKind::EventTokens => {
                 let accuracy = &self.sub_labels[sub];
                 counts.extend(
                     pairs
@@ -411,120 +375,114 @@ impl Family {
         out.push(b'\n');
     }
 
-    /// The same series as a protobuf family (what the registry's `gather()` gave), for
-    /// the demo's summary and for tests. `None` if the family has no series.
-    pub fn proto(&self, snapshot: &Snapshot) -> Option<proto::MetricFamily> {
-        let mut metrics = Vec::new();
-        let mut counts = Vec::new();
-        let field_type = match self.series {
-            Series::Histogram { get, always } => {
-                for pair in &snapshot.pairs {
+    /// This family's series as they are now, labels in name order and series in the
+    /// order of the text; `None` if it has none (as the text then leaves it out).
+    pub fn snapshot(&self, pairs: &Pairs) -> Option<FamilySnapshot> {
+        let values = match self.spec.kind {
+            PairKind::Histogram { get, always, .. } => {
+                let mut counts = Vec::new();
+                let mut series = Vec::new();
+                for pair in &pairs.series {
+                    let histogram = get(pair);
                     counts.clear();
-                    let (total, sum) = get(pair).read(&mut counts);
-                    if !(always || total > 0) {
+                    let (count, sum) = histogram.read(&mut counts);
+                    if !(always || count > 0) {
                         continue;
                     }
                     let mut cumulative = 0u64;
-                    let buckets = counts
+                    // The last slot is above every bound: it is in `count` only.
+                    let cumulative_counts = counts[..histogram.bounds().len()]
                         .iter()
-                        .zip(get(pair).bounds())
-                        .map(|(count, bound)| {
-                            cumulative = cumulative.wrapping_add(*count);
-                            let mut bucket = proto::Bucket::default();
-                            bucket.set_cumulative_count(cumulative);
-                            bucket.set_upper_bound(*bound);
-                            bucket
+                        .map(|n| {
+                            cumulative = cumulative.wrapping_add(*n);
+                            cumulative
                         })
                         .collect();
-                    let mut histogram = proto::Histogram::default();
-                    histogram.set_sample_count(total);
-                    histogram.set_sample_sum(sum);
-                    histogram.set_bucket(buckets);
-                    let mut metric = metric(&[("model", &*pair.model), ("tenant", &*pair.tenant)]);
-                    metric.set_histogram(histogram);
-                    metrics.push(metric);
+                    series.push(Series {
+                        labels: self.series_labels(pair, None),
+                        value: HistogramSnapshot {
+                            bounds: histogram.bounds().clone(),
+                            cumulative_counts,
+                            count,
+                            sum,
+                        },
+                    });
                 }
-                proto::MetricType::HISTOGRAM
+                Values::Histogram(series)
             }
-            Series::Counter { get, always } => {
-                for pair in &snapshot.pairs {
-                    let n = get(pair).get();
-                    if always || n > 0 {
-                        let labels = [("model", &*pair.model), ("tenant", &*pair.tenant)];
-                        metrics.push(counter_metric(&labels, n));
-                    }
-                }
-                proto::MetricType::COUNTER
-            }
-            Series::Requests => {
-                for models in &snapshot.models {
+            PairKind::Counter { get, always } => Values::Counter(
+                pairs
+                    .series
+                    .iter()
+                    .map(|pair| (pair, get(pair).get()))
+                    .filter(|(_, n)| always || *n > 0)
+                    .map(|(pair, n)| counter(self.series_labels(pair, None), n))
+                    .collect(),
+            ),
+            PairKind::Requests => {
+                let mut series = Vec::new();
+                for models in &pairs.models {
                     for outcome in &self.sub_labels {
-                        for pair in &snapshot.pairs[models.clone()] {
+                        for pair in &pairs.series[models.clone()] {
                             let n = pair.requests[outcome.index].get();
                             if n > 0 {
-                                let labels = [
-                                    ("model", &*pair.model),
-                                    ("outcome", outcome.value),
-                                    ("tenant", &*pair.tenant),
-                                ];
-                                metrics.push(counter_metric(&labels, n));
+                                series.push(counter(self.series_labels(pair, Some(outcome)), n));
                             }
                         }
                     }
                 }
-                proto::MetricType::COUNTER
+                Values::Counter(series)
             }
-            Series::EventTokens => {
+            PairKind::EventTokens => {
+                let mut series = Vec::new();
                 for accuracy in &self.sub_labels {
-                    for pair in &snapshot.pairs {
+                    for pair in &pairs.series {
                         let n = pair.event_tokens[accuracy.index].get();
                         if n > 0 {
-                            let labels = [
-                                ("accuracy", accuracy.value),
-                                ("model", &*pair.model),
-                                ("tenant", &*pair.tenant),
-                            ];
-                            metrics.push(counter_metric(&labels, n));
+                            series.push(counter(self.series_labels(pair, Some(accuracy)), n));
                         }
                     }
                 }
-                proto::MetricType::COUNTER
+                Values::Counter(series)
             }
         };
-        if metrics.is_empty() {
-            return None;
-        }
-        let mut family = proto::MetricFamily::default();
-        family.set_name(self.name.to_string());
-        family.set_help(self.help.to_string());
-        family.set_field_type(field_type);
-        family.set_metric(metrics);
-        Some(family)
+        (!values.is_empty()).then_some(FamilySnapshot {
+            name: Cow::Borrowed(self.spec.name),
+            help: Cow::Borrowed(self.spec.help),
+            values,
+        })
+    }
+
+    /// The labels of a pair's series, named and ordered as the family's spec lists them:
+    /// `model` and `tenant` from the pair, the other one from the sub-label.
+    fn series_labels(&self, pair: &PairSeries, sub: Option<&SubLabel>) -> Vec<Label> {
+        self.spec
+            .labels
+            .iter()
+            .map(|&name| {
+                let value = match name {
+                    "model" => pair.model.clone(),
+                    "tenant" => pair.tenant.clone(),
+                    _ => sub
+                        .expect("only families with a sub-label have a third label")
+                        .value
+                        .clone(),
+                };
+                Label {
+                    name: Cow::Borrowed(name),
+                    value,
+                }
+            })
+            .collect()
     }
 }
 
-fn metric(labels: &[(&str, &str)]) -> proto::Metric {
-    let mut metric = proto::Metric::default();
-    metric.set_label(
-        labels
-            .iter()
-            .map(|(name, value)| {
-                let mut pair = proto::LabelPair::default();
-                pair.set_name(name.to_string());
-                pair.set_value(value.to_string());
-                pair
-            })
-            .collect(),
-    );
-    metric
-}
-
-fn counter_metric(labels: &[(&str, &str)], n: u64) -> proto::Metric {
-    let mut metric = metric(labels);
-    let mut counter = proto::Counter::default();
-    counter.set_value(n as f64);
-    metric.set_counter(counter);
-    metric
+/// A counter series: the count as the float the exposition formats carry.
+fn counter(labels: Vec<Label>, n: u64) -> Series<f64> {
+    Series {
+        labels,
+        value: n as f64,
+    }
 }
 
 /// `prefix` + label parts + `} ` + value + newline.
@@ -536,234 +494,4 @@ fn sample(out: &mut Vec<u8>, prefix: &[u8], labels: &[&[u8]], n: u64) {
     out.extend_from_slice(b"} ");
     push_count(out, n);
     out.push(b'\n');
-}
-
-/// Escape a label value as the exposition format (and the prometheus crate) does.
-pub(super) fn escape_label_value(value: &str, out: &mut String) {
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
-/// Escape a HELP text (backslash and newline only).
-fn escape_help(help: &str) -> String {
-    help.replace('\\', "\\\\").replace('\n', "\\n")
-}
-
-/// Integers up to 2^53 are exact in an `f64`: above, the crate printed the rounded float.
-const EXACT_INTEGERS: u64 = 1 << 53;
-
-/// A count, printed as the crate printed it: the `u64` converted to `f64`, `Display`ed.
-pub(super) fn push_count(out: &mut Vec<u8>, n: u64) {
-    if n <= EXACT_INTEGERS {
-        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-    } else {
-        push_f64(out, n as f64);
-    }
-}
-
-/// `v` exactly as `f64`'s `Display` (`v.to_string()`) prints it: the shortest digits that
-/// round-trip, never an exponent, no `.0` on integers; `NaN`, `inf`, `-inf`, `-0`.
-///
-/// `ryu` finds the same shortest digits (several times faster than `Display`); only their
-/// layout differs (`1e-7`, `1.5e300`, `12.0`), so this re-lays them out.
-pub(super) fn push_f64(out: &mut Vec<u8>, v: f64) {
-    if v.is_nan() {
-        out.extend_from_slice(b"NaN");
-        return;
-    }
-    if v.is_infinite() {
-        out.extend_from_slice(if v > 0.0 { b"inf" } else { b"-inf" });
-        return;
-    }
-    if v.is_sign_negative() {
-        out.push(b'-');
-    }
-    let magnitude = v.abs();
-    if magnitude.trunc() == magnitude && magnitude < EXACT_INTEGERS as f64 {
-        out.extend_from_slice(itoa::Buffer::new().format(magnitude as u64).as_bytes());
-        return;
-    }
-    let mut buffer = ryu::Buffer::new();
-    let text = buffer.format_finite(magnitude).as_bytes();
-    let (mantissa, exponent) = match text.iter().position(|&c| c == b'e') {
-        Some(e) => (&text[..e], parse_exponent(&text[e + 1..])),
-        None => (text, 0),
-    };
-    // The value is 0.DIGITS x 10^point.
-    let mut digits = [0u8; 24];
-    let mut len = 0;
-    let mut point = None;
-    for &c in mantissa {
-        if c == b'.' {
-            point = Some(len);
-        } else if len < digits.len() {
-            digits[len] = c;
-            len += 1;
-        }
-    }
-    let mut point = point.unwrap_or(len) as i32 + exponent;
-    let mut first = 0;
-    while first + 1 < len && digits[first] == b'0' {
-        first += 1;
-        point -= 1;
-    }
-    while len > first + 1 && digits[len - 1] == b'0' {
-        len -= 1;
-    }
-    let last = len - 1;
-    if digits[last] & 1 == 0 {
-        // Between two equally near shortest candidates `ryu` takes the even digit,
-        // `Display` the higher one (an even digit plus one never carries).
-        let d = digits[first..len]
-            .iter()
-            .fold(0u64, |n, c| n * 10 + u64::from(c - b'0'));
-        if is_midpoint(magnitude, d, point - (len - first) as i32) {
-            digits[last] += 1;
-        }
-    }
-    let digits = &digits[first..len];
-    if point <= 0 {
-        out.extend_from_slice(b"0.");
-        out.resize(out.len() + point.unsigned_abs() as usize, b'0');
-        out.extend_from_slice(digits);
-    } else if (point as usize) < digits.len() {
-        let (int, frac) = digits.split_at(point as usize);
-        out.extend_from_slice(int);
-        out.push(b'.');
-        out.extend_from_slice(frac);
-    } else {
-        out.extend_from_slice(digits);
-        out.resize(out.len() + point as usize - digits.len(), b'0');
-    }
-}
-
-/// Whether the positive finite `v` is exactly `(d + 1/2) x 10^q`.
-fn is_midpoint(v: f64, d: u64, q: i32) -> bool {
-    // v = odd x 2^exp.
-    let bits = v.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i32;
-    let fraction = bits & ((1 << 52) - 1);
-    let (mantissa, exp) = if biased == 0 {
-        (fraction, -1074)
-    } else {
-        (fraction | (1 << 52), biased - 1075)
-    };
-    let zeros = mantissa.trailing_zeros();
-    let (odd, exp) = (u128::from(mantissa >> zeros), exp + zeros as i32);
-    // (d + 1/2) x 10^q = (2d + 1) x 5^q x 2^(q - 1), with 2d + 1 odd.
-    let twice = u128::from(d) * 2 + 1;
-    if q >= 0 {
-        exp == q - 1
-            && 5u128
-                .checked_pow(q.unsigned_abs())
-                .and_then(|p| p.checked_mul(twice))
-                == Some(odd)
-    } else {
-        exp == q - 1
-            && 5u128
-                .checked_pow(q.unsigned_abs())
-                .is_some_and(|p| twice % p == 0 && twice / p == odd)
-    }
-}
-
-fn parse_exponent(text: &[u8]) -> i32 {
-    let (negative, digits) = match text.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, text),
-    };
-    let magnitude = digits
-        .iter()
-        .fold(0i32, |n, d| n * 10 + i32::from(d.wrapping_sub(b'0')));
-    if negative {
-        -magnitude
-    } else {
-        magnitude
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
-
-    fn f64_text(v: f64) -> String {
-        let mut out = Vec::new();
-        push_f64(&mut out, v);
-        String::from_utf8(out).expect("ascii")
-    }
-
-    #[test]
-    fn floats_print_like_display() {
-        let fixed = [
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            0.1,
-            0.25,
-            1e-7,
-            1.5e-300,
-            5e-324,
-            f64::MIN_POSITIVE,
-            123.456,
-            1e15,
-            1e16,
-            1e17,
-            1e21,
-            1.5e300,
-            f64::MAX,
-            -f64::MAX,
-            9007199254740992.0,
-            9007199254740993.0,
-            4503599627370495.5,
-            0.005,
-            0.3,
-            2.0 / 3.0,
-            f64::NAN,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-        ];
-        for v in fixed {
-            assert_eq!(f64_text(v), v.to_string(), "{v:e}");
-        }
-        let mut rng = SmallRng::seed_from_u64(7);
-        for _ in 0..200_000 {
-            // Any bit pattern, and sums of durations in seconds (the usual `_sum`).
-            let any = f64::from_bits(rng.gen());
-            assert_eq!(f64_text(any), any.to_string(), "{any:e}");
-            let seconds = rng.gen_range(0..10_000_000_000u64) as f64 * 1e-9
-                + rng.gen_range(0..1000u64) as f64 * 1e-3;
-            assert_eq!(f64_text(seconds), seconds.to_string(), "{seconds:e}");
-            // Few fraction bits: the decimal expansion is short, so ties between two
-            // shortest candidates are common.
-            let dyadic = rng.gen_range(0..1u64 << 53) as f64 / f64::from(1 << rng.gen_range(0..12));
-            assert_eq!(f64_text(dyadic), dyadic.to_string(), "{dyadic:e}");
-            let scaled = dyadic * 2f64.powi(rng.gen_range(-80..80));
-            assert_eq!(f64_text(scaled), scaled.to_string(), "{scaled:e}");
-        }
-    }
-
-    #[test]
-    fn counts_print_like_the_float_they_were() {
-        for n in [
-            0,
-            1,
-            10,
-            1 << 53,
-            (1 << 53) + 1,
-            u64::MAX,
-            12345678901234567890,
-        ] {
-            let mut out = Vec::new();
-            push_count(&mut out, n);
-            assert_eq!(String::from_utf8(out).unwrap(), (n as f64).to_string());
-        }
-    }
 }

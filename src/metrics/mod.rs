@@ -1,24 +1,34 @@
 //! The metric contract of DESIGN.md: families built once from an explicit registry, and
-//! per-stream handles resolved once per request so the token path only touches atomics.
+//! per-pair handles resolved once per request so the token path only touches atomics.
 //!
-//! Names, labels and base units here are shared with the dashboards, the alert rules and
-//! the README; change them only together.
+//! Names, labels and base units (`families`, the contract as a table) are shared with the
+//! dashboards, the alert rules and the README; change them only together.
 //!
 //! The per-(model, tenant) families are kept in tokentap's own atomics (`series`) and
 //! written straight to text (`exposition`): with thousands of label pairs the prometheus
 //! crate's snapshot-then-encode made each scrape take most of a second. The text is the
-//! same byte for byte (`equivalence` proves it against the crate).
+//! same byte for byte (`equivalence` proves it against the crate). The few small families
+//! (gauges, per-reason counters, build info, the process collector's `process_*`) stay on
+//! a prometheus registry, whose text encoder writes them in their place in name order.
+//!
+//! Whatever reads the families as values rather than text (the demo's summary, tests, an
+//! encoder of another format) takes a [`Snapshot`]: every family, the registry's
+//! included, as plain typed data.
 
 pub mod buckets;
 #[cfg(test)]
 mod equivalence;
 mod exposition;
+mod families;
 pub mod labels;
+mod outcome;
 mod series;
+pub mod snapshot;
+mod text;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
-use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -30,49 +40,38 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::clock::Timings;
 use crate::config::{Buckets, Labels};
 use crate::wire::Unobservable;
-use exposition::{Cursor, Family, Snapshot};
+use exposition::{Cursor, Family, Pairs};
+use families::{
+    RegistryFamily, RegistryKind, BUILD_INFO, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
+    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
+};
 use labels::{LabelSet, PairCap};
+pub use outcome::Outcome;
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
+pub use snapshot::Snapshot;
+use snapshot::{FamilySnapshot, Label, Series, Values};
 
-/// How a request ended. Recorded exactly once per request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The response body reached its end (whatever the HTTP status below 500).
-    Completed,
-    /// The client went away before the end.
-    Cancelled,
-    /// Connect failure, reset, 5xx status, or an error reported inside the stream.
-    UpstreamError,
-    /// The response head or a body frame took longer than its timeout.
-    Timeout,
-    /// The client's own request was at fault (a malformed or stalled body, duplicate
-    /// `Host`): tokentap answered 4xx itself and the upstream is not to blame.
-    ClientError,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Completed,
-        Outcome::Cancelled,
-        Outcome::UpstreamError,
-        Outcome::Timeout,
-        Outcome::ClientError,
-    ];
-
-    /// The `outcome` label value.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Completed => "completed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Timeout => "timeout",
-            Outcome::ClientError => "client_error",
-        }
-    }
+/// The figures of one finished request that [`Metrics::finish`] records: plain values,
+/// whatever measured them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestFigures {
+    /// From request head received to the end of the response (or its failure).
+    pub duration: Duration,
+    /// Output tokens: the stream's reported usage when present, else counted per event.
+    pub output_tokens: u64,
+    /// Input tokens from reported usage.
+    pub input_tokens: Option<u64>,
+    /// Output tokens counted per event where the wire format gave the count.
+    pub exact_event_tokens: u64,
+    /// Output tokens counted per event as an estimate.
+    pub estimated_event_tokens: u64,
+    /// Time per output token after the first event, where defined.
+    pub tpot: Option<Duration>,
+    /// Decode tokens per second after the first event, where defined.
+    pub tokens_per_second: Option<f64>,
 }
 
 /// model -> tenant -> series.
@@ -99,53 +98,88 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
+    /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
     pair_cap: PairCap,
     last_render_bytes: AtomicUsize,
 }
 
-/// Bucket bounds as the prometheus crate took them: none means its defaults, a trailing
-/// `+Inf` is implicit. The config validated them; a bad set is a programming error.
+/// Bucket bounds as the config validated them: at least one, positive, finite and
+/// strictly increasing (`+Inf` is implicit, never listed). A bad set is a programming
+/// error.
 fn bounds(buckets: &[f64]) -> Arc<[f64]> {
-    let mut bounds = if buckets.is_empty() {
-        prometheus::DEFAULT_BUCKETS.to_vec()
-    } else {
-        buckets.to_vec()
-    };
-    if bounds.last().is_some_and(|b| *b == f64::INFINITY) {
-        bounds.pop();
-    }
     assert!(
-        bounds.windows(2).all(|w| w[0] < w[1]),
-        "histogram buckets must be in increasing order"
+        buckets.iter().all(|b| b.is_finite()) && buckets.windows(2).all(|w| w[0] < w[1]),
+        "histogram buckets must be finite and in increasing order"
     );
-    Arc::from(bounds)
+    Arc::from(buckets)
 }
 
-fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    IntCounterVec::new(Opts::new(name, help), labels).expect("static counter definition is valid")
+fn opts(family: &RegistryFamily) -> Opts {
+    Opts::new(family.name, family.help)
+}
+
+fn counter(family: &RegistryFamily) -> IntCounter {
+    debug_assert!(family.kind == RegistryKind::Counter && family.labels.is_empty());
+    IntCounter::with_opts(opts(family)).expect("static counter definition is valid")
+}
+
+fn counter_vec(family: &RegistryFamily) -> IntCounterVec {
+    debug_assert!(family.kind == RegistryKind::Counter);
+    IntCounterVec::new(opts(family), family.labels).expect("static counter definition is valid")
+}
+
+fn gauge(family: &RegistryFamily) -> IntGauge {
+    debug_assert!(family.kind == RegistryKind::Gauge && family.labels.is_empty());
+    IntGauge::with_opts(opts(family)).expect("static gauge definition is valid")
+}
+
+fn gauge_vec(family: &RegistryFamily) -> IntGaugeVec {
+    debug_assert!(family.kind == RegistryKind::Gauge);
+    IntGaugeVec::new(opts(family), family.labels).expect("static gauge definition is valid")
+}
+
+/// A family gathered from the prometheus registry, as snapshot values.
+fn registry_snapshot(family: &proto::MetricFamily) -> Option<FamilySnapshot> {
+    let series = |value: fn(&proto::Metric) -> f64| -> Vec<Series<f64>> {
+        family
+            .get_metric()
+            .iter()
+            .map(|metric| Series {
+                labels: metric
+                    .get_label()
+                    .iter()
+                    .map(|label| Label {
+                        name: Cow::Owned(label.name().to_string()),
+                        value: Arc::from(label.value()),
+                    })
+                    .collect(),
+                value: value(metric),
+            })
+            .collect()
+    };
+    let values = match family.get_field_type() {
+        proto::MetricType::COUNTER => Values::Counter(series(|m| m.get_counter().get_value())),
+        proto::MetricType::GAUGE => Values::Gauge(series(|m| m.get_gauge().get_value())),
+        // Counters and gauges are all the registry holds (tokentap's small families and
+        // the process collector's); the snapshot test compares every family with the
+        // text, so one of another type would show there.
+        _ => return None,
+    };
+    Some(FamilySnapshot {
+        name: Cow::Owned(family.name().to_string()),
+        help: Cow::Owned(family.help().to_string()),
+        values,
+    })
 }
 
 impl Metrics {
     /// Build and register every family. Bucket bounds were validated with the config.
     pub fn new(buckets: &Buckets, labels: &Labels) -> Arc<Metrics> {
-        let registry = Registry::new();
-        let label_overflow = counter(
-            "tokentap_label_overflow_total",
-            "Label values folded into `other` by the label policy (cap, allowlist, length); label=\"pair\": new (model, tenant) pairs folded into (other, other) by labels.max_pairs.",
-            &["label"],
-        );
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "tokentap_build_info",
-                "Always 1; the version label says which tokentap is running.",
-            ),
-            &["version"],
-        )
-        .expect("static gauge definition is valid");
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-
+        let mut families: Vec<Family> = PAIR_FAMILIES
+            .iter()
+            .map(|spec| Family::new(spec, buckets))
+            .collect();
+        families.sort_by_key(|f| f.name);
         let bounds = Bounds {
             ttfb: bounds(&buckets.time_to_first_byte_seconds),
             ttft: bounds(&buckets.time_to_first_token_seconds),
@@ -154,119 +188,23 @@ impl Metrics {
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             duration: bounds(&buckets.request_duration_seconds),
         };
-        let mut families = vec![
-            Family::histogram(
-                "tokentap_time_to_first_byte_seconds",
-                "From request head received to upstream response head received.",
-                &bounds.ttfb,
-                |p| &p.ttfb,
-                true,
-            ),
-            Family::histogram(
-                "tokentap_time_to_first_token_seconds",
-                "From request head received to the first token-bearing event (any output, reasoning included).",
-                &bounds.ttft,
-                |p| &p.ttft,
-                true,
-            ),
-            Family::histogram(
-                "tokentap_time_to_first_content_token_seconds",
-                "From request head received to the first event with visible (non-reasoning) output.",
-                &bounds.ttft,
-                |p| &p.ttft_content,
-                true,
-            ),
-            Family::histogram(
-                "tokentap_inter_token_latency_seconds",
-                "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
-                &bounds.itl,
-                |p| &p.itl,
-                true,
-            ),
-            Family::histogram(
-                "tokentap_time_per_output_token_seconds",
-                "Per request: (last event - first event) / (output tokens - first event's tokens).",
-                &bounds.tpot,
-                |p| &p.tpot,
-                false,
-            ),
-            Family::histogram(
-                "tokentap_output_tokens_per_second",
-                "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
-                &bounds.tokens_per_second,
-                |p| &p.tokens_per_second,
-                false,
-            ),
-            Family::histogram(
-                "tokentap_request_duration_seconds",
-                "From request head received to the end of the response (or its failure).",
-                &bounds.duration,
-                |p| &p.duration,
-                false,
-            ),
-            Family::requests(
-                "tokentap_requests_total",
-                "Requests on LLM routes by how they ended.",
-            ),
-            Family::counter(
-                "tokentap_output_tokens_total",
-                "Output tokens: the stream's reported usage when present, else counted per event.",
-                |p| &p.output_tokens,
-                false,
-            ),
-            Family::counter(
-                "tokentap_input_tokens_total",
-                "Input (prompt) tokens from reported usage.",
-                |p| &p.input_tokens,
-                false,
-            ),
-            Family::event_tokens(
-                "tokentap_event_tokens_total",
-                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
-            ),
-            Family::counter(
-                "tokentap_stream_stalls_total",
-                "Inter-token gaps at least as long as the configured stall threshold.",
-                |p| &p.stalls,
-                true,
-            ),
-        ];
-        families.sort_by_key(|f| f.name);
 
+        let label_overflow = counter_vec(&LABEL_OVERFLOW);
+        let build_info = gauge_vec(&BUILD_INFO);
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
         let metrics = Metrics {
+            registry: Registry::new(),
             bounds,
             pairs: RwLock::new(BTreeMap::new()),
             families,
-            streams_in_flight: IntGauge::new(
-                "tokentap_streams_in_flight",
-                "Requests on LLM routes currently in flight.",
-            )
-            .expect("static gauge definition is valid"),
-            upstream_up: IntGauge::new(
-                "tokentap_upstream_up",
-                "1 if the last readiness probe connected to the upstream, else 0.",
-            )
-            .expect("static gauge definition is valid"),
-            unobserved: counter(
-                "tokentap_unobserved_responses_total",
-                "LLM-route responses forwarded without measurement, by reason.",
-                &["reason"],
-            ),
-            decode_errors: counter(
-                "tokentap_decode_errors_total",
-                "Events that could not be decoded and were skipped, by dialect.",
-                &["dialect"],
-            ),
-            passthrough: IntCounter::new(
-                "tokentap_passthrough_requests_total",
-                "Requests on non-LLM routes, forwarded without measurement.",
-            )
-            .expect("static counter definition is valid"),
-            overload_rejections: IntCounter::new(
-                "tokentap_overload_rejections_total",
-                "Requests answered 503 because limits.max_in_flight requests were in flight.",
-            )
-            .expect("static counter definition is valid"),
+            streams_in_flight: gauge(&STREAMS_IN_FLIGHT),
+            upstream_up: gauge(&UPSTREAM_UP),
+            unobserved: counter_vec(&UNOBSERVED),
+            decode_errors: counter_vec(&DECODE_ERRORS),
+            passthrough: counter(&PASSTHROUGH),
+            overload_rejections: counter(&OVERLOAD_REJECTIONS),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -279,7 +217,6 @@ impl Metrics {
                 labels.max_pairs,
                 label_overflow.with_label_values(&["pair"]),
             ),
-            registry,
             last_render_bytes: AtomicUsize::new(0),
         };
 
@@ -308,12 +245,13 @@ impl Metrics {
         Arc::new(metrics)
     }
 
-    /// Handles for one request's label pair, resolved through the label policies. The
-    /// pair's series exist from here on (TTFB, TTFT, ITL and stalls even if never observed).
-    pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> StreamMetrics {
+    /// The series of one request's label pair, resolved through the label policies: the
+    /// handles its per-event path observes through. The pair's series exist from here on
+    /// (TTFB, TTFT, ITL and stalls even if never observed).
+    pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> Arc<PairSeries> {
         let model = self.models.resolve(model);
         let tenant = self.tenants.resolve(tenant);
-        StreamMetrics(self.pair(model, tenant))
+        self.pair(model, tenant)
     }
 
     /// The series of a pair of (already resolved) label values, created on first use.
@@ -349,16 +287,16 @@ impl Metrics {
 
     /// Every pair, in label order, taken under the lock once per scrape; the encoding
     /// then runs without it.
-    fn snapshot(&self) -> Snapshot {
+    fn pairs(&self) -> Pairs {
         let map = self.read_pairs();
-        let mut pairs = Vec::with_capacity(map.values().map(BTreeMap::len).sum());
+        let mut series = Vec::with_capacity(map.values().map(BTreeMap::len).sum());
         let mut models = Vec::with_capacity(map.len());
         for tenants in map.values() {
-            let start = pairs.len();
-            pairs.extend(tenants.values().cloned());
-            models.push(start..pairs.len());
+            let start = series.len();
+            series.extend(tenants.values().cloned());
+            models.push(start..series.len());
         }
-        Snapshot { pairs, models }
+        Pairs { series, models }
     }
 
     /// Apply new label policies (config reload).
@@ -392,30 +330,32 @@ impl Metrics {
         self.passthrough.inc();
     }
 
-    /// Record the per-request figures of a finished request (exactly once per request).
-    pub fn finish(&self, stream: &StreamMetrics, outcome: Outcome, timings: &Timings) {
-        let pair = &stream.0;
+    /// Record the per-request figures of a finished request on its pair (exactly once
+    /// per request).
+    pub fn finish(&self, pair: &PairSeries, outcome: Outcome, figures: RequestFigures) {
         pair.requests(outcome).inc();
-        pair.duration.observe(timings.duration.as_secs_f64());
-        if timings.output_tokens > 0 {
-            pair.output_tokens.inc_by(timings.output_tokens);
+        pair.duration.observe(figures.duration.as_secs_f64());
+        if figures.output_tokens > 0 {
+            pair.output_tokens.inc_by(figures.output_tokens);
         }
-        if let Some(input) = timings.input_tokens.filter(|n| *n > 0) {
+        if let Some(input) = figures.input_tokens.filter(|n| *n > 0) {
             pair.input_tokens.inc_by(input);
         }
         // Indexed like `series::ACCURACY`.
         for (counter, count) in pair
             .event_tokens
             .iter()
-            .zip([timings.estimated_event_tokens, timings.exact_event_tokens])
+            .zip([figures.estimated_event_tokens, figures.exact_event_tokens])
         {
             if count > 0 {
                 counter.inc_by(count);
             }
         }
-        if let Some(decode) = timings.decode {
-            pair.tpot.observe(decode.tpot.as_secs_f64());
-            pair.tokens_per_second.observe(decode.tokens_per_second);
+        if let Some(tpot) = figures.tpot {
+            pair.tpot.observe(tpot.as_secs_f64());
+        }
+        if let Some(tokens_per_second) = figures.tokens_per_second {
+            pair.tokens_per_second.observe(tokens_per_second);
         }
     }
 
@@ -433,12 +373,12 @@ impl Metrics {
         let mut render = Render::new(self);
         // One allocation: with many label pairs the text is megabytes, and growing a
         // buffer would copy it over and over.
-        let snapshot = &render.snapshot;
-        let label_bytes = snapshot.pairs.iter().map(|p| p.labels().len()).sum();
+        let pairs = &render.pairs.series;
+        let label_bytes = pairs.iter().map(|p| p.labels().len()).sum();
         let estimate: usize = self
             .families
             .iter()
-            .map(|f| f.estimate(snapshot.pairs.len(), label_bytes))
+            .map(|f| f.estimate(pairs.len(), label_bytes))
             .sum();
         let previous = self.last_render_bytes.load(Ordering::Relaxed);
         out.reserve(estimate.max(previous + (previous >> 4)) + (64 << 10));
@@ -458,41 +398,24 @@ impl Metrics {
         }
     }
 
-    /// A snapshot of every family as the prometheus registry gives it (for the demo's
-    /// summary and for tests): the same series and order as [`Metrics::render`].
-    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
-        let snapshot = self.snapshot();
-        let mut families = self.registry.gather();
-        families.extend(self.families.iter().filter_map(|f| f.proto(&snapshot)));
-        families.sort_by(|a, b| a.name().cmp(b.name()));
-        families
+    /// Every family's series as they are now, typed: the same families, series and
+    /// order as [`Metrics::render`]'s text.
+    pub fn snapshot(&self) -> Snapshot {
+        let pairs = self.pairs();
+        let mut families: Vec<FamilySnapshot> = self
+            .registry
+            .gather()
+            .iter()
+            .filter_map(registry_snapshot)
+            .collect();
+        families.extend(self.families.iter().filter_map(|f| f.snapshot(&pairs)));
+        families.sort_by(|a, b| a.name.cmp(&b.name));
+        Snapshot { families }
     }
 
     /// Distinct `model` and `tenant` values admitted so far.
     pub fn admitted_labels(&self) -> (usize, usize) {
         (self.models.admitted(), self.tenants.admitted())
-    }
-}
-
-/// One request's resolved handles: the per-event path uses only these atomics.
-#[derive(Clone)]
-pub struct StreamMetrics(Arc<PairSeries>);
-
-impl Deref for StreamMetrics {
-    type Target = PairSeries;
-
-    fn deref(&self) -> &PairSeries {
-        &self.0
-    }
-}
-
-impl StreamMetrics {
-    /// Observe `tokens` ITL samples of `per_token` each (one per token of the event).
-    pub fn observe_itl(&self, per_token: Duration, tokens: u32) {
-        let value = per_token.as_secs_f64();
-        for _ in 0..tokens {
-            self.0.itl.observe(value);
-        }
     }
 }
 
@@ -546,7 +469,7 @@ impl Iterator for Exposition {
 /// whole) and the per-pair ones (written a part at a time), merged in name order.
 struct Render {
     small: Peekable<std::vec::IntoIter<proto::MetricFamily>>,
-    snapshot: Snapshot,
+    pairs: Pairs,
     /// The next per-pair family and where its text stopped.
     family: usize,
     cursor: Cursor,
@@ -557,7 +480,7 @@ impl Render {
     fn new(metrics: &Metrics) -> Render {
         Render {
             small: metrics.registry.gather().into_iter().peekable(),
-            snapshot: metrics.snapshot(),
+            pairs: metrics.pairs(),
             family: 0,
             cursor: Cursor::default(),
             counts: Vec::new(),
@@ -582,7 +505,7 @@ impl Render {
                 return true;
             };
             let counts = &mut self.counts;
-            if family.render_part(&self.snapshot, &mut self.cursor, out, limit, counts) {
+            if family.render_part(&self.pairs, &mut self.cursor, out, limit, counts) {
                 self.family += 1;
                 self.cursor = Cursor::default();
             }
@@ -591,33 +514,10 @@ impl Render {
     }
 }
 
-/// The `q`-quantile of a classic histogram, interpolated linearly within the bucket the
-/// way Prometheus' `histogram_quantile` does. `buckets` are `(upper bound, cumulative
-/// count)` in increasing order, without `+Inf`; `total` is the count including `+Inf`.
-pub fn histogram_quantile(q: f64, buckets: &[(f64, u64)], total: u64) -> Option<f64> {
-    if total == 0 || !(0.0..=1.0).contains(&q) {
-        return None;
-    }
-    let rank = q * total as f64;
-    let mut lower_bound = 0.0;
-    let mut lower_count = 0u64;
-    for &(upper, cumulative) in buckets {
-        if cumulative as f64 >= rank && cumulative > lower_count {
-            let in_bucket = (cumulative - lower_count) as f64;
-            return Some(
-                lower_bound + (upper - lower_bound) * (rank - lower_count as f64) / in_bucket,
-            );
-        }
-        lower_bound = upper;
-        lower_count = cumulative;
-    }
-    // The rank falls in the +Inf bucket: Prometheus answers the highest finite bound.
-    buckets.last().map(|&(upper, _)| upper)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// Many label pairs over every kind of family (and one family with no series at all),
     /// with the process collector's lines left out: they change from one read to the next.
@@ -638,26 +538,18 @@ mod tests {
                 if (m + t) % 4 == 0 {
                     continue;
                 }
-                let decode = (t % 2 == 0).then_some(crate::clock::Decode {
-                    tpot: Duration::from_millis(20),
-                    tokens_per_second: 50.0,
-                });
-                let timings = Timings {
-                    ttfb: None,
-                    ttft: None,
-                    ttft_content: None,
+                let decode = t % 2 == 0;
+                let figures = RequestFigures {
                     duration: Duration::from_millis(u64::from(100 * m + t)),
-                    events: 4,
                     output_tokens: 4,
-                    output_tokens_reported: false,
+                    input_tokens: None,
                     exact_event_tokens: u64::from(m % 2),
                     estimated_event_tokens: 4,
-                    input_tokens: None,
-                    mean_itl: None,
-                    decode,
+                    tpot: decode.then_some(Duration::from_millis(20)),
+                    tokens_per_second: decode.then_some(50.0),
                 };
                 let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
-                metrics.finish(&stream, outcome, &timings);
+                metrics.finish(&stream, outcome, figures);
             }
         }
         metrics
@@ -738,14 +630,54 @@ mod tests {
         }
     }
 
+    /// The family table is what a scrape shows: every family tokentap defines, with the
+    /// table's type and label names, and nothing else (the process collector aside).
     #[test]
-    fn quantile_interpolates_like_prometheus() {
-        // 10 observations in (0, 0.1], 10 in (0.1, 0.2]: p50 = 0.1, p75 = 0.15.
-        let buckets = [(0.1, 10), (0.2, 20), (0.4, 20)];
-        assert_eq!(histogram_quantile(0.5, &buckets, 20), Some(0.1));
-        assert!((histogram_quantile(0.75, &buckets, 20).unwrap() - 0.15).abs() < 1e-12);
-        assert_eq!(histogram_quantile(0.5, &buckets, 0), None);
-        // Everything beyond the last bound: the last bound.
-        assert_eq!(histogram_quantile(0.99, &[(0.1, 0)], 5), Some(0.1));
+    fn the_family_table_is_what_the_exposition_shows() {
+        let metrics = populated();
+        let pair = metrics.stream(Some("m"), Some("t"));
+        metrics.finish(
+            &pair,
+            Outcome::Completed,
+            RequestFigures {
+                input_tokens: Some(3),
+                ..RequestFigures::default()
+            },
+        );
+        metrics.unobserved(Unobservable::ContentType);
+        metrics.decode_errors("openai_chat", 1);
+        let text = without_process(&metrics.render());
+
+        let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();
+        let mut family = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+                family = name.to_string();
+                shown.insert(family.clone(), (kind.to_string(), BTreeSet::new()));
+            } else if !line.starts_with('#') {
+                let labels = line
+                    .split_once('{')
+                    .and_then(|(_, rest)| rest.rsplit_once('}'))
+                    .map_or("", |(labels, _)| labels);
+                let names = labels
+                    .split(',')
+                    .filter_map(|l| l.split_once('=').map(|(name, _)| name.to_string()))
+                    .filter(|name| name != "le")
+                    .collect();
+                let (_, label_sets) = shown.get_mut(&family).expect("after its # TYPE");
+                label_sets.insert(names);
+            }
+        }
+        let table: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = families::contract()
+            .map(|(name, kind, labels)| {
+                let labels = labels.iter().map(|l| l.to_string()).collect();
+                (
+                    name.to_string(),
+                    (kind.to_string(), BTreeSet::from([labels])),
+                )
+            })
+            .collect();
+        assert_eq!(shown, table);
     }
 }

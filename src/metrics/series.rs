@@ -1,5 +1,6 @@
 //! Storage for the per-(model, tenant) families: one [`PairSeries`] per label pair holds
-//! every histogram and counter of that pair as plain atomics.
+//! every histogram and counter of that pair as plain atomics, and is the handle a request
+//! observes through (resolved once per request by `Metrics::stream`).
 //!
 //! Why not the prometheus crate's vectors: its `gather()` copies every series into an owned
 //! protobuf snapshot before encoding, which with 10,000 pairs made `/metrics` take most of
@@ -9,9 +10,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::exposition::escape_label_value;
-use super::Outcome;
+use super::outcome::Outcome;
+use super::text::escape_label_value;
 
 /// A classic histogram: a count per bucket (the last slot counts what is above every
 /// bound, NaN included) and the sum of every observed value.
@@ -69,7 +71,7 @@ impl Histogram {
         (total, f64::from_bits(self.sum.load(Ordering::Relaxed)))
     }
 
-    pub(super) fn bounds(&self) -> &[f64] {
+    pub(super) fn bounds(&self) -> &Arc<[f64]> {
         &self.bounds
     }
 }
@@ -156,6 +158,14 @@ impl PairSeries {
             output_tokens: Counter::default(),
             input_tokens: Counter::default(),
             event_tokens: Default::default(),
+        }
+    }
+
+    /// Observe `tokens` ITL samples of `per_token` each (one per token of the event).
+    pub fn observe_itl(&self, per_token: Duration, tokens: u32) {
+        let value = per_token.as_secs_f64();
+        for _ in 0..tokens {
+            self.itl.observe(value);
         }
     }
 

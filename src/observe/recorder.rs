@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use prometheus::IntGauge;
 
-use crate::clock::{Stamp, TokenClock};
-use crate::metrics::{Metrics, Outcome, StreamMetrics};
+use crate::clock::{Stamp, Timings, TokenClock};
+use crate::metrics::{Metrics, Outcome, PairSeries, RequestFigures};
 use crate::wire::{Dialect, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
@@ -71,7 +71,7 @@ pub struct Recorder {
     clock: TokenClock,
     facts: Arc<RequestFacts>,
     response_model: Option<String>,
-    handles: Option<StreamMetrics>,
+    handles: Option<Arc<PairSeries>>,
     status: Option<StatusCode>,
     stall_threshold: Duration,
     stream_error: bool,
@@ -171,7 +171,7 @@ impl Recorder {
     }
 
     /// The request's metric handles, resolved on first use.
-    fn handles(&mut self) -> &StreamMetrics {
+    fn handles(&mut self) -> &Arc<PairSeries> {
         if self.handles.is_none() {
             let model = self
                 .facts
@@ -207,7 +207,8 @@ impl Recorder {
         let timings = self.clock.finish(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
-        self.metrics.finish(handles, outcome, &timings);
+        self.metrics
+            .finish(handles, outcome, RequestFigures::from(&timings));
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
 
@@ -231,5 +232,20 @@ impl Recorder {
             events = timings.events,
             "request"
         );
+    }
+}
+
+/// What [`Metrics::finish`] records of the clock's timings.
+impl From<&Timings> for RequestFigures {
+    fn from(timings: &Timings) -> RequestFigures {
+        RequestFigures {
+            duration: timings.duration,
+            output_tokens: timings.output_tokens,
+            input_tokens: timings.input_tokens,
+            exact_event_tokens: timings.exact_event_tokens,
+            estimated_event_tokens: timings.estimated_event_tokens,
+            tpot: timings.decode.map(|d| d.tpot),
+            tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
+        }
     }
 }

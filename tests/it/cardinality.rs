@@ -37,7 +37,7 @@ fn record(metrics: &Families, model: &str, tenant: &str) {
     let t = Instant::now();
     let stream = metrics.stream(Some(model), Some(tenant));
     let timings = TokenClock::new(t).finish(t + Duration::from_millis(5));
-    metrics.finish(&stream, Outcome::Completed, &timings);
+    metrics.finish(&stream, Outcome::Completed, (&timings).into());
 }
 
 /// Distinct values of `label` among the samples of `family` in an exposition.
@@ -139,7 +139,11 @@ fn series_are_bounded_by_the_product_of_the_caps() {
     // Missing values are `unknown`.
     let t = Instant::now();
     let timings = TokenClock::new(t).finish(t);
-    metrics.finish(&metrics.stream(None, None), Outcome::Completed, &timings);
+    metrics.finish(
+        &metrics.stream(None, None),
+        Outcome::Completed,
+        (&timings).into(),
+    );
     let text = String::from_utf8(metrics.render()).unwrap();
     let pairs: BTreeSet<(String, String)> = text
         .lines()

@@ -1,0 +1,400 @@
+//! The metric contract as data: one spec per family (name, help, labels, kind and where
+//! its values come from), which [`Metrics::new`] iterates to build the families.
+//!
+//! Dashboards, alert rules, the e2e checks and the README rely on these names, labels and
+//! base units; `scripts/ops/tokentap_contract.py` states the same contract for the ops
+//! scripts, and a test here fails if the two differ.
+//!
+//! [`Metrics::new`]: super::Metrics::new
+
+use super::series::{Counter, Histogram, PairSeries};
+use crate::config::Buckets;
+
+/// A family with one series per (model, tenant) pair (or per pair and sub-label), kept
+/// in [`PairSeries`] atomics and written by tokentap's own encoder.
+pub(super) struct PairFamily {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Label names, sorted (the order of a series' labels in the text and the snapshot).
+    pub labels: &'static [&'static str],
+    pub kind: PairKind,
+}
+
+/// What a per-pair family reads from each pair.
+pub(super) enum PairKind {
+    /// A histogram with the bucket bounds `buckets` selects from the config; `always`:
+    /// the series exists as soon as the pair does (a request's handles are taken at
+    /// `Metrics::stream`), else only once something was observed.
+    Histogram {
+        buckets: fn(&Buckets) -> &[f64],
+        get: fn(&PairSeries) -> &Histogram,
+        always: bool,
+    },
+    /// A counter; `always` as for histograms.
+    Counter {
+        get: fn(&PairSeries) -> &Counter,
+        always: bool,
+    },
+    /// `tokentap_requests_total`: one series per outcome that happened.
+    Requests,
+    /// `tokentap_event_tokens_total`: one series per accuracy that was counted.
+    EventTokens,
+}
+
+impl PairKind {
+    /// The `# TYPE` of the family.
+    pub const fn type_name(&self) -> &'static str {
+        match self {
+            PairKind::Histogram { .. } => "histogram",
+            PairKind::Counter { .. } | PairKind::Requests | PairKind::EventTokens => "counter",
+        }
+    }
+}
+
+const PAIR: &[&str] = &["model", "tenant"];
+
+/// Every per-pair family.
+pub(super) static PAIR_FAMILIES: [PairFamily; 12] = [
+    PairFamily {
+        name: "tokentap_time_to_first_byte_seconds",
+        help: "From request head received to upstream response head received.",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_byte_seconds,
+            get: |p| &p.ttfb,
+            always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_time_to_first_token_seconds",
+        help: "From request head received to the first token-bearing event (any output, reasoning included).",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_token_seconds,
+            get: |p| &p.ttft,
+            always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_time_to_first_content_token_seconds",
+        help: "From request head received to the first event with visible (non-reasoning) output.",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_token_seconds,
+            get: |p| &p.ttft_content,
+            always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_inter_token_latency_seconds",
+        help: "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.inter_token_latency_seconds,
+            get: |p| &p.itl,
+            always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_time_per_output_token_seconds",
+        help: "Per request: (last event - first event) / (output tokens - first event's tokens).",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_per_output_token_seconds,
+            get: |p| &p.tpot,
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_output_tokens_per_second",
+        help: "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.output_tokens_per_second,
+            get: |p| &p.tokens_per_second,
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_request_duration_seconds",
+        help: "From request head received to the end of the response (or its failure).",
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.request_duration_seconds,
+            get: |p| &p.duration,
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_requests_total",
+        help: "Requests on LLM routes by how they ended.",
+        labels: &["model", "outcome", "tenant"],
+        kind: PairKind::Requests,
+    },
+    PairFamily {
+        name: "tokentap_output_tokens_total",
+        help: "Output tokens: the stream's reported usage when present, else counted per event.",
+        labels: PAIR,
+        kind: PairKind::Counter {
+            get: |p| &p.output_tokens,
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_input_tokens_total",
+        help: "Input (prompt) tokens from reported usage.",
+        labels: PAIR,
+        kind: PairKind::Counter {
+            get: |p| &p.input_tokens,
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_event_tokens_total",
+        help: "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+        labels: &["accuracy", "model", "tenant"],
+        kind: PairKind::EventTokens,
+    },
+    PairFamily {
+        name: "tokentap_stream_stalls_total",
+        help: "Inter-token gaps at least as long as the configured stall threshold.",
+        labels: PAIR,
+        kind: PairKind::Counter {
+            get: |p| &p.stalls,
+            always: true,
+        },
+    },
+];
+
+/// A small family kept on the prometheus registry (a handful of series at most).
+pub(super) struct RegistryFamily {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+    pub kind: RegistryKind,
+}
+
+/// Which handle a registry family is built into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RegistryKind {
+    Counter,
+    Gauge,
+}
+
+impl RegistryKind {
+    /// The `# TYPE` of the family.
+    #[cfg(test)]
+    pub const fn type_name(self) -> &'static str {
+        match self {
+            RegistryKind::Counter => "counter",
+            RegistryKind::Gauge => "gauge",
+        }
+    }
+}
+
+pub(super) static STREAMS_IN_FLIGHT: RegistryFamily = RegistryFamily {
+    name: "tokentap_streams_in_flight",
+    help: "Requests on LLM routes currently in flight.",
+    labels: &[],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UPSTREAM_UP: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_up",
+    help: "1 if the last readiness probe connected to the upstream, else 0.",
+    labels: &[],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UNOBSERVED: RegistryFamily = RegistryFamily {
+    name: "tokentap_unobserved_responses_total",
+    help: "LLM-route responses forwarded without measurement, by reason.",
+    labels: &["reason"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static DECODE_ERRORS: RegistryFamily = RegistryFamily {
+    name: "tokentap_decode_errors_total",
+    help: "Events that could not be decoded and were skipped, by dialect.",
+    labels: &["dialect"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static PASSTHROUGH: RegistryFamily = RegistryFamily {
+    name: "tokentap_passthrough_requests_total",
+    help: "Requests on non-LLM routes, forwarded without measurement.",
+    labels: &[],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static OVERLOAD_REJECTIONS: RegistryFamily = RegistryFamily {
+    name: "tokentap_overload_rejections_total",
+    help: "Requests answered 503 because limits.max_in_flight requests were in flight.",
+    labels: &[],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static LABEL_OVERFLOW: RegistryFamily = RegistryFamily {
+    name: "tokentap_label_overflow_total",
+    help: "Label values folded into `other` by the label policy (cap, allowlist, length); label=\"pair\": new (model, tenant) pairs folded into (other, other) by labels.max_pairs.",
+    labels: &["label"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
+    name: "tokentap_build_info",
+    help: "Always 1; the version label says which tokentap is running.",
+    labels: &["version"],
+    kind: RegistryKind::Gauge,
+};
+
+/// Every registry family (`Metrics::new` builds each into its own typed handle).
+#[cfg(test)]
+static REGISTRY_FAMILIES: [&RegistryFamily; 8] = [
+    &STREAMS_IN_FLIGHT,
+    &UPSTREAM_UP,
+    &UNOBSERVED,
+    &DECODE_ERRORS,
+    &PASSTHROUGH,
+    &OVERLOAD_REJECTIONS,
+    &LABEL_OVERFLOW,
+    &BUILD_INFO,
+];
+
+/// `(name, type, labels)` of every family tokentap defines (the process collector's
+/// `process_*` families aside).
+#[cfg(test)]
+pub(super) fn contract(
+) -> impl Iterator<Item = (&'static str, &'static str, &'static [&'static str])> {
+    PAIR_FAMILIES
+        .iter()
+        .map(|f| (f.name, f.kind.type_name(), f.labels))
+        .chain(
+            REGISTRY_FAMILIES
+                .iter()
+                .map(|f| (f.name, f.kind.type_name(), f.labels)),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::metrics::Outcome;
+
+    /// The ops scripts' statement of the contract.
+    const OPS_CONTRACT: &str = include_str!("../../scripts/ops/tokentap_contract.py");
+
+    /// The text between `NAME = <open>` and the matching `close`, in the Python source.
+    fn python_value(name: &str, open: char, close: char) -> &'static str {
+        let start = format!("\n{name} = {open}");
+        let at = OPS_CONTRACT
+            .find(&start)
+            .unwrap_or_else(|| panic!("tokentap_contract.py defines `{name} = {open}...`"))
+            + start.len();
+        let end = OPS_CONTRACT[at..]
+            .find(close)
+            .unwrap_or_else(|| panic!("`{name}` ends with `{close}`"));
+        &OPS_CONTRACT[at..at + end]
+    }
+
+    /// The double-quoted strings of `text`, and whether anything but strings and
+    /// punctuation is left (a name that would have to be looked up).
+    fn strings(text: &str) -> (Vec<String>, bool) {
+        let mut parts = text.split('"');
+        let mut outside = parts.next().unwrap_or_default().to_string();
+        let mut found = Vec::new();
+        while let Some(inside) = parts.next() {
+            found.push(inside.to_string());
+            outside.push_str(parts.next().unwrap_or_default());
+        }
+        let plain = outside
+            .chars()
+            .all(|c| c.is_whitespace() || ":,()".contains(c));
+        (found, plain)
+    }
+
+    fn python_strings(name: &str, open: char, close: char) -> Vec<String> {
+        let (found, plain) = strings(python_value(name, open, close));
+        assert!(plain, "write `{name}` with literal strings only");
+        found
+    }
+
+    fn python_floats(name: &str) -> Vec<f64> {
+        python_value(name, '(', ')')
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: {v:?}")))
+            .collect()
+    }
+
+    fn defaults() -> Buckets {
+        crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid")
+        .metrics
+        .buckets
+    }
+
+    /// `scripts/ops/tokentap_contract.py` lists exactly the families of this table, each
+    /// with its type and labels, so the dashboards' and e2e checks' idea of the metrics
+    /// cannot drift from the binary's.
+    #[test]
+    fn the_ops_contract_is_this_table() {
+        let mut ops = BTreeMap::new();
+        for line in python_value("METRICS", '{', '}').lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (found, plain) = strings(line);
+            assert!(
+                plain && found.len() >= 2,
+                "METRICS entries are `\"name\": (\"type\", (\"label\", ...)),`: {line}"
+            );
+            let labels: BTreeSet<String> = found[2..].iter().cloned().collect();
+            ops.insert(found[0].clone(), (found[1].clone(), labels));
+        }
+        let table: BTreeMap<String, (String, BTreeSet<String>)> = contract()
+            .map(|(name, kind, labels)| {
+                let labels = labels.iter().map(|l| l.to_string()).collect();
+                (name.to_string(), (kind.to_string(), labels))
+            })
+            .collect();
+        assert_eq!(ops, table);
+
+        let event_driven = python_strings("EVENT_DRIVEN", '{', '}');
+        for name in &event_driven {
+            assert!(table.contains_key(name), "EVENT_DRIVEN: {name}");
+        }
+        let not_charted = python_strings("NOT_CHARTED", '{', '}');
+        for name in &not_charted {
+            assert!(table.contains_key(name), "NOT_CHARTED: {name}");
+        }
+        let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(python_strings("OUTCOMES", '(', ')'), outcomes);
+    }
+
+    /// The bucket bounds the e2e check expects are the configuration's defaults.
+    #[test]
+    fn the_ops_contract_buckets_are_the_defaults() {
+        let defaults = defaults();
+        assert_eq!(
+            python_floats("ITL_BUCKETS"),
+            defaults.inter_token_latency_seconds
+        );
+        assert_eq!(
+            python_floats("TTFT_BUCKETS"),
+            defaults.time_to_first_token_seconds
+        );
+        assert_eq!(
+            python_floats("TTFT_BUCKETS"),
+            defaults.time_to_first_byte_seconds,
+            "the e2e check reads TTFB with the TTFT buckets"
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! A typed copy of every family at one instant: what [`Metrics::snapshot`] returns.
+//!
+//! `/metrics` text is written straight from the live atomics (`exposition`) because with
+//! thousands of label pairs a copy would cost most of a scrape; everything else that reads
+//! the families as values (the demo's summary, tests, an encoder of another exposition
+//! format) reads this instead: plain owned data, families in name order, each series with
+//! its labels in name order, histograms as their classic buckets, sum and count. A leaf:
+//! it imports nothing from the rest of `metrics`, so an encoder built on it depends on
+//! nothing else.
+//!
+//! [`Metrics::snapshot`]: super::Metrics::snapshot
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// Every family with at least one series, sorted by name (the order of the text
+/// exposition), the process collector's included.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub families: Vec<FamilySnapshot>,
+}
+
+impl Snapshot {
+    /// The family called `name`, if it has any series.
+    pub fn family(&self, name: &str) -> Option<&FamilySnapshot> {
+        self.families.iter().find(|f| f.name == name)
+    }
+}
+
+/// One metric family: its name, help text and series.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilySnapshot {
+    pub name: Cow<'static, str>,
+    pub help: Cow<'static, str>,
+    pub values: Values,
+}
+
+/// A family's series, typed by the family's kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    /// Monotonic counts. `f64` as the exposition formats carry them: a count above 2^53
+    /// is the float it rounds to, as the text prints it.
+    Counter(Vec<Series<f64>>),
+    Gauge(Vec<Series<f64>>),
+    Histogram(Vec<Series<HistogramSnapshot>>),
+}
+
+impl Values {
+    /// Whether there is no series at all.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Values::Counter(series) | Values::Gauge(series) => series.is_empty(),
+            Values::Histogram(series) => series.is_empty(),
+        }
+    }
+}
+
+/// One labelled series of a family, in the order the text exposition lists them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series<T> {
+    /// Sorted by label name.
+    pub labels: Vec<Label>,
+    pub value: T,
+}
+
+impl<T> Series<T> {
+    /// The value of the label called `name`, if the series has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| &*l.value)
+    }
+}
+
+/// A label of a series. Values are shared with the live series (`model`, `tenant`), so a
+/// snapshot of thousands of pairs copies no label text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Label {
+    pub name: Cow<'static, str>,
+    pub value: Arc<str>,
+}
+
+/// A classic histogram as read at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramSnapshot {
+    /// The finite upper bounds, increasing; `+Inf` is implicit (its cumulative count is
+    /// [`HistogramSnapshot::count`]).
+    pub bounds: Arc<[f64]>,
+    /// Observations `<=` each bound, one per bound.
+    pub cumulative_counts: Vec<u64>,
+    /// Every observation, those above the last bound included.
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl HistogramSnapshot {
+    /// `(upper bound, cumulative count)` of each finite bucket, increasing.
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        self.bounds
+            .iter()
+            .copied()
+            .zip(self.cumulative_counts.iter().copied())
+    }
+
+    /// The estimated `q`-quantile, interpolated linearly within its bucket the way
+    /// Prometheus' `histogram_quantile` does (so it carries an error of up to the
+    /// bucket's width). `None` with no observations or `q` outside `0..=1`.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 || !(0.0..=1.0).contains(&q) {
+            return None;
+        }
+        let rank = q * self.count as f64;
+        let mut lower_bound = 0.0;
+        let mut lower_count = 0u64;
+        for (upper, cumulative) in self.buckets() {
+            if cumulative as f64 >= rank && cumulative > lower_count {
+                let in_bucket = (cumulative - lower_count) as f64;
+                return Some(
+                    lower_bound + (upper - lower_bound) * (rank - lower_count as f64) / in_bucket,
+                );
+            }
+            lower_bound = upper;
+            lower_count = cumulative;
+        }
+        // The rank falls in the +Inf bucket: Prometheus answers the highest finite bound.
+        self.bounds.last().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A histogram with the given `(upper bound, cumulative count)` buckets and total.
+    fn histogram(buckets: &[(f64, u64)], count: u64) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: buckets.iter().map(|(bound, _)| *bound).collect(),
+            cumulative_counts: buckets.iter().map(|(_, n)| *n).collect(),
+            count,
+            sum: 0.0,
+        }
+    }
+
+    #[test]
+    fn quantile_interpolates_like_prometheus() {
+        // 10 observations in (0, 0.1], 10 in (0.1, 0.2]: p50 = 0.1, p75 = 0.15.
+        let buckets = [(0.1, 10), (0.2, 20), (0.4, 20)];
+        assert_eq!(histogram(&buckets, 20).quantile(0.5), Some(0.1));
+        assert!((histogram(&buckets, 20).quantile(0.75).unwrap() - 0.15).abs() < 1e-12);
+        assert_eq!(histogram(&buckets, 0).quantile(0.5), None);
+        // Everything beyond the last bound: the last bound.
+        assert_eq!(histogram(&[(0.1, 0)], 5).quantile(0.99), Some(0.1));
+    }
+}
