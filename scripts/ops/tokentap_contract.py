@@ -57,7 +57,7 @@ EVENT_DRIVEN = {
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}
 
-OUTCOMES = ("completed", "cancelled", "upstream_error", "timeout")
+OUTCOMES = ("completed", "cancelled", "upstream_error", "timeout", "client_error")
 
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
