@@ -12,9 +12,9 @@
 //!   event.
 //! - Special tokens (`token.special: true`, e.g. the final EOS) are counted by default,
 //!   so that the per-event counts add up to `details.generated_tokens`, which counts them
-//!   too. With [`DecodeOptions::skip_special_tokens`](super::factory::DecodeOptions) they are not
-//!   token-bearing events (TTFT and ITL then ignore them; N still comes from
-//!   `generated_tokens`).
+//!   too. With the `skip_special_tokens` decode option (`observe.skip_special_tokens`)
+//!   they are not token-bearing events (TTFT and ITL then ignore them; N still comes
+//!   from `generated_tokens`).
 //! - `details` (on the last event) is [`Signal::Usage`]: output `generated_tokens`, input
 //!   `input_length` (TGI >= 2) or `prompt_tokens` where present; then [`Signal::Done`].
 //!

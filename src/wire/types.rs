@@ -2,8 +2,9 @@
 //! emits ([`Signal`], [`OutputKind`]), why it stops ([`DecodeError`]), its bounds
 //! ([`DecodeLimits`]) and the names of what it reads ([`Dialect`], [`Framing`]).
 //!
-//! This module is a leaf: it imports nothing else from `wire`, so the framers and every
-//! dialect depend on it alone, and only the factory ([`super::factory`]) depends on them.
+//! This module is a leaf: it imports nothing else from `wire`, so every framer and
+//! dialect can use these names without depending on the decoder factory, which depends
+//! on them all.
 
 use std::fmt;
 
