@@ -1,6 +1,6 @@
 //! The per-event observe path, in ns per event: a whole simulated response (role chunk,
 //! 40 token events, finish, usage, `[DONE]`, one frame each) polled through
-//! `tokentap::observe::ObservedBody` over the proxy's `LimitedBody` wrapping an in-memory
+//! `tokentap::observe::body::ObservedBody` over the proxy's `LimitedBody` wrapping an in-memory
 //! body, started through `observe::start` exactly as the proxy does: clock read per
 //! frame, decoder, `TokenClock`, histogram observations, and the once-per-request record
 //! (handles, counters, access-log event).
@@ -27,7 +27,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, Overrides};
 use tokentap::metrics::Metrics;
-use tokentap::observe::{self, ObservedBody, RequestHead, ResponseObserver};
+use tokentap::observe::body::ObservedBody;
+use tokentap::observe::{self, RequestHead, ResponseObserver};
 use tokentap::proxy::limits::LimitedBody;
 
 const TOKENS: usize = 40;

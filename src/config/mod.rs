@@ -8,6 +8,7 @@
 //! not secret, but nothing from a request ever is stored here) are never echoed.
 
 mod defaults;
+mod issue;
 mod locate;
 mod parse;
 mod raw;
@@ -15,7 +16,6 @@ pub mod units;
 mod validate;
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +26,7 @@ use http::Uri;
 use crate::wire::tokenize::{TokenizerError, TokenizerSource};
 use crate::wire::Dialect;
 
+pub use issue::ConfigIssue;
 pub use raw::RawConfig;
 
 /// The validated configuration tokentap runs with.
@@ -233,25 +234,6 @@ pub struct Log {
     pub format: LogFormat,
     /// A tracing filter directive, e.g. `info` or `tokentap=debug`.
     pub level: String,
-}
-
-/// One configuration error, located in the file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigIssue {
-    /// Dotted key path, e.g. `upstream.url` (`.` for the document itself).
-    pub path: String,
-    /// 1-based line and column, when known.
-    pub location: Option<(usize, usize)>,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigIssue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.location {
-            Some((line, column)) => write!(f, "{line}:{column}: `{}`: {}", self.path, self.message),
-            None => write!(f, "`{}`: {}", self.path, self.message),
-        }
-    }
 }
 
 /// Why a configuration could not be used. Lists every issue found.

@@ -16,8 +16,8 @@ use serde::de::{
 };
 use serde::Deserialize;
 
+use super::issue::ConfigIssue;
 use super::raw::RawConfig;
-use super::ConfigIssue;
 
 /// The outcome of reading the text.
 pub(super) struct Parsed {

@@ -34,7 +34,6 @@ use crate::wire::request::RequestScanner;
 use crate::wire::{
     self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
 };
-pub use body::{BoxError, IdleTimeout, ObservedBody, ScannedBody};
 use recorder::{Recorder, RequestFacts};
 
 /// A request head as observation needs it: what any transport has parsed.

@@ -13,7 +13,7 @@ use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
-use crate::observe::{BoxError, IdleTimeout};
+use crate::observe::body::{BoxError, IdleTimeout};
 
 pin_project! {
     /// A response body ended with [`IdleTimeout`] when the upstream goes quiet for too

@@ -29,7 +29,8 @@ use tokio::sync::Semaphore;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::observe::{self, BoxError, ObservedBody, Outcome, RequestHead, ScannedBody};
+use crate::observe::body::{BoxError, ObservedBody, ScannedBody};
+use crate::observe::{self, Outcome, RequestHead};
 use crate::wire::Tokenizer;
 use limits::LimitedBody;
 use request_body::ClientBody;

@@ -20,7 +20,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use crate::observe::BoxError;
+use super::transport::UpstreamError;
+use crate::observe::body::BoxError;
 
 /// Why a client's request body failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +142,17 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A request whose body failed is answered for the client's fault, not the upstream's.
+impl From<BodyFailure> for UpstreamError {
+    fn from(failure: BodyFailure) -> UpstreamError {
+        match failure {
+            BodyFailure::Malformed(why) => UpstreamError::MalformedBody(why),
+            BodyFailure::Stalled(after) => UpstreamError::BodyTimeout(after),
+            BodyFailure::ClientGone => UpstreamError::ClientGone,
+        }
     }
 }
 

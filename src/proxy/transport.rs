@@ -10,8 +10,8 @@ use http::StatusCode;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use super::headers::{HostError, UnsupportedTransferCoding};
-use super::request_body::BodyFailure;
-use crate::observe::{BoxError, Outcome};
+use crate::observe::body::BoxError;
+use crate::observe::Outcome;
 
 /// What the upstream client sends as a request body: the client's, already wrapped by
 /// whatever watches it on the way up.
@@ -75,16 +75,6 @@ impl UpstreamError {
             | UpstreamError::InvalidHost(_)
             | UpstreamError::RequestCoding(_)
             | UpstreamError::ConnectMethod => Outcome::ClientError,
-        }
-    }
-}
-
-impl From<BodyFailure> for UpstreamError {
-    fn from(failure: BodyFailure) -> UpstreamError {
-        match failure {
-            BodyFailure::Malformed(why) => UpstreamError::MalformedBody(why),
-            BodyFailure::Stalled(after) => UpstreamError::BodyTimeout(after),
-            BodyFailure::ClientGone => UpstreamError::ClientGone,
         }
     }
 }

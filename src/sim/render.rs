@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::Fault;
+use super::config::Fault;
 
 /// The API a request speaks, from its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +140,7 @@ impl Script {
         }
         if let Some(received) = self.stamp {
             chunk["sim_received_unix_ns"] = received.into();
-            chunk["sim_sent_unix_ns"] = super::unix_ns().into();
+            chunk["sim_sent_unix_ns"] = super::config::unix_ns().into();
         }
         data(&chunk)
     }

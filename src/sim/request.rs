@@ -5,8 +5,8 @@
 use http::{header, HeaderMap, Method};
 
 use super::compress::Coding;
+use super::config::{Fault, SimConfig, UsageMode};
 use super::render::Api;
-use super::{Fault, SimConfig, UsageMode};
 
 /// The API, model named in the path, and whether the response streams, from the route
 /// (the body may still decide streaming, see [`streams`]).

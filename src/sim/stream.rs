@@ -17,8 +17,8 @@ use rand::Rng;
 use tokio::time::{Instant, Sleep};
 
 use super::compress::{Coding, Encoder};
+use super::config::{Fault, ModelProfile};
 use super::render::Script;
-use super::{Fault, ModelProfile};
 
 /// Absolute send deadlines of every token of one response.
 pub(super) struct Schedule {

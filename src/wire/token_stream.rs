@@ -84,7 +84,7 @@ use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 
-use super::tokenize::TokenCounter;
+use super::tokenize::{TokenCounter, Tokenizer};
 
 /// Most bytes of text kept pending; past it the pending text is counted as it stands.
 pub const MAX_PENDING: usize = 4096;
@@ -236,6 +236,14 @@ impl fmt::Debug for TokenStream {
             .field("pending_bytes", &self.pending.len())
             .field("partial_utf8", &self.partial_utf8.len())
             .finish()
+    }
+}
+
+/// Per-response incremental counting.
+impl Tokenizer {
+    /// A counter for one response's text deltas whose counts add up to the whole text's.
+    pub fn stream(&self) -> TokenStream {
+        TokenStream::new(self.counter())
     }
 }
 

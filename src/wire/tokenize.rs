@@ -215,12 +215,11 @@ mod hf {
     }
 }
 
-/// Per-response incremental counting.
 impl Tokenizer {
-    /// A counter for one response's text deltas whose counts add up to the whole text's
-    /// ([`TokenStream`](super::token_stream::TokenStream)).
-    pub fn stream(&self) -> super::token_stream::TokenStream {
-        super::token_stream::TokenStream::new(Arc::clone(&self.counter))
+    /// The counter itself, for a per-response [`TokenStream`](super::token_stream) (which
+    /// builds on this module, not the other way round).
+    pub(super) fn counter(&self) -> Arc<dyn TokenCounter> {
+        Arc::clone(&self.counter)
     }
 }
 

@@ -1,0 +1,442 @@
+//! The crate's layering, checked from its source: one request can be followed
+//! listener -> proxy -> observe -> wire -> clock -> metrics without a file that imports its
+//! importer, and the sans-IO core (`wire`, `clock`) imports none of the layers above it.
+//!
+//! The check reads `src/` (not `src/bin/` or `main.rs`, which only use the library) and
+//! builds the graph of which module file refers to which: `use` items, paths written in
+//! code (`crate::x::y`, `super::y`) and, in a parent, paths into its own child modules
+//! (`child::Item`, re-exports included). Comments, string literals and `#[cfg(test)]`
+//! modules are left out: a test may look anywhere. An inline `mod x { .. }` is part of its
+//! file, so its `super::` points back into that file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// Layers the sans-IO core must not reach into.
+const ABOVE_THE_CORE: [&str; 8] = [
+    "proxy", "observe", "metrics", "server", "config", "admin", "sim", "demo",
+];
+
+#[test]
+fn no_module_imports_its_importer() {
+    let graph = Graph::read(&src_dir());
+    let mut mutual = Vec::new();
+    for (from, targets) in &graph.edges {
+        for to in targets {
+            if from < to && graph.edges.get(to).is_some_and(|back| back.contains(from)) {
+                mutual.push(format!("{} <-> {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(
+        mutual.is_empty(),
+        "modules that import each other:\n{}",
+        mutual.join("\n")
+    );
+}
+
+#[test]
+fn the_sans_io_core_imports_no_layer_above_it() {
+    let graph = Graph::read(&src_dir());
+    let mut reached = Vec::new();
+    for (from, targets) in &graph.edges {
+        if !matches!(from.first().map(String::as_str), Some("wire" | "clock")) {
+            continue;
+        }
+        for to in targets {
+            if to
+                .first()
+                .is_some_and(|top| ABOVE_THE_CORE.contains(&top.as_str()))
+            {
+                reached.push(format!("{} -> {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(
+        reached.is_empty(),
+        "wire/clock reach up:\n{}",
+        reached.join("\n")
+    );
+}
+
+#[test]
+fn metrics_takes_plain_values() {
+    // `Metrics::finish` takes plain figures: metrics knows nothing of how they were measured.
+    let graph = Graph::read(&src_dir());
+    let offending: Vec<String> = graph
+        .edges
+        .iter()
+        .filter(|(from, _)| from.first().is_some_and(|top| top == "metrics"))
+        .flat_map(|(from, targets)| {
+            targets
+                .iter()
+                .filter(|to| {
+                    to.first().is_some_and(|top| {
+                        matches!(top.as_str(), "clock" | "observe" | "proxy" | "server")
+                    })
+                })
+                .map(move |to| format!("{} -> {}", name(from), name(to)))
+        })
+        .collect();
+    assert!(offending.is_empty(), "{}", offending.join("\n"));
+}
+
+/// The checker itself: a cycle written into a scratch tree is found, with comments,
+/// strings, test modules and an inline module's `super::` ignored.
+#[test]
+fn the_checker_sees_a_cycle_and_ignores_what_is_not_code() {
+    let dir = std::env::temp_dir().join(format!("tokentap-layering-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("a")).expect("scratch dir");
+    let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).expect("write");
+    write("lib.rs", "pub mod a;\npub mod b;\n");
+    write(
+        "a/mod.rs",
+        "mod leaf;\npub use leaf::Leaf;\n// crate::b::Nothing\nconst S: &str = \"super::b\";\n",
+    );
+    write(
+        "a/leaf.rs",
+        "pub struct Leaf;\nmod inner { use super::Leaf; }\n#[cfg(test)]\nmod tests { use crate::a::Leaf; }\n",
+    );
+    write("b.rs", "use crate::a::Leaf;\n");
+    let graph = Graph::read(&dir);
+    let module = |path: &str| -> Module { path.split("::").map(String::from).collect() };
+    assert_eq!(
+        graph.edges[&module("a")],
+        BTreeSet::from([module("a::leaf")])
+    );
+    assert!(graph.edges[&module("a::leaf")].is_empty());
+    assert_eq!(graph.edges[&module("b")], BTreeSet::from([module("a")]));
+    write("a/leaf.rs", "use crate::b;\npub struct Leaf;\n");
+    write("b.rs", "use crate::a::leaf::Leaf;\n");
+    let graph = Graph::read(&dir);
+    assert!(graph.edges[&module("a::leaf")].contains(&module("b")));
+    assert!(graph.edges[&module("b")].contains(&module("a::leaf")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn name(module: &Module) -> String {
+    if module.is_empty() {
+        "crate".to_string()
+    } else {
+        module.join("::")
+    }
+}
+
+struct Graph {
+    /// Module file -> the module files it refers to (never itself).
+    edges: BTreeMap<Module, BTreeSet<Module>>,
+}
+
+impl Graph {
+    fn read(src: &Path) -> Graph {
+        let mut files = BTreeMap::new();
+        collect(src, src, &mut files);
+        let modules: BTreeSet<Module> = files.keys().cloned().collect();
+        let edges = files
+            .iter()
+            .map(|(module, text)| (module.clone(), references(module, text, &modules)))
+            .collect();
+        Graph { edges }
+    }
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut BTreeMap<Module, String>) {
+    let entries = std::fs::read_dir(dir).expect("src is readable");
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            if path != root.join("bin") {
+                collect(root, &path, out);
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") || path == root.join("main.rs") {
+            continue;
+        }
+        let relative = path
+            .strip_prefix(root)
+            .expect("under src")
+            .with_extension("");
+        let mut module: Module = relative
+            .iter()
+            .map(|part| part.to_string_lossy().into_owned())
+            .collect();
+        if module
+            .last()
+            .is_some_and(|last| last == "mod" || last == "lib")
+        {
+            module.pop();
+        }
+        let text = std::fs::read_to_string(&path).expect("source is readable");
+        out.insert(module, text);
+    }
+}
+
+/// The module files `text` (the file of `module`) refers to.
+fn references(module: &Module, text: &str, modules: &BTreeSet<Module>) -> BTreeSet<Module> {
+    let code = code_only(text);
+    let children: BTreeSet<String> = declared_children(&code);
+    let mut found = BTreeSet::new();
+    for (inline, line) in lines_outside_tests(&code) {
+        // The module a `super::` in this line starts from: the file's, or an inline one's.
+        let mut here = module.clone();
+        here.extend(inline.iter().cloned());
+        for path in paths(&line) {
+            let absolute = match path.first().map(String::as_str) {
+                Some("crate") => path[1..].to_vec(),
+                Some("super") | Some("self") => {
+                    let mut base = here.clone();
+                    let mut rest = &path[..];
+                    while rest.first().is_some_and(|s| s == "super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                    if rest.first().is_some_and(|s| s == "self") {
+                        rest = &rest[1..];
+                    }
+                    base.extend(rest.iter().cloned());
+                    base
+                }
+                Some(first) if inline.is_empty() && children.contains(first) => {
+                    let mut child = module.clone();
+                    child.extend(path.iter().cloned());
+                    child
+                }
+                _ => continue,
+            };
+            if let Some(target) = longest_module(&absolute, modules) {
+                if &target != module {
+                    found.insert(target);
+                }
+            }
+        }
+    }
+    found
+}
+
+fn longest_module(path: &[String], modules: &BTreeSet<Module>) -> Option<Module> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].to_vec())
+        .find(|candidate| modules.contains(candidate))
+}
+
+/// `mod x;` declarations: the file's child modules.
+fn declared_children(code: &str) -> BTreeSet<String> {
+    let declaration =
+        regex::Regex::new(r"(?m)^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;").expect("re");
+    declaration
+        .captures_iter(code)
+        .map(|c| c[1].to_string())
+        .collect()
+}
+
+/// Every path written in a line, with `use a::{b, c::d}` groups expanded one level per
+/// brace; a path is its `::`-separated segments.
+fn paths(line: &str) -> Vec<Vec<String>> {
+    let path = regex::Regex::new(concat!(
+        r"\b[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*::(?:\{|\*)",
+        r"|\b[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)+",
+    ))
+    .expect("re");
+    let mut out = Vec::new();
+    for m in path.find_iter(line) {
+        let text = m.as_str();
+        let before = &line[..m.start()];
+        if before.ends_with("::") {
+            // The tail of a longer path already taken (`x::{a::b}` is expanded below).
+            continue;
+        }
+        let prefix: Vec<String> = text
+            .trim_end_matches("::{")
+            .trim_end_matches("::*")
+            .split("::")
+            .map(String::from)
+            .collect();
+        if text.ends_with("::{") {
+            let group = &line[m.end()..];
+            for item in top_level_items(group) {
+                let mut full = prefix.clone();
+                full.extend(
+                    item.split("::")
+                        .map(|s| s.trim().to_string())
+                        .take_while(|s| !s.is_empty() && !s.starts_with('{')),
+                );
+                out.push(full);
+            }
+        } else {
+            out.push(prefix);
+        }
+    }
+    out
+}
+
+/// The comma-separated items of a `{ .. }` group up to its closing brace.
+fn top_level_items(group: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut depth = 0;
+    let mut current = String::new();
+    for c in group.chars() {
+        match c {
+            '{' => {
+                depth += 1;
+                current.push(c);
+            }
+            '}' if depth == 0 => break,
+            '}' => {
+                depth -= 1;
+                current.push(c);
+            }
+            ',' if depth == 0 => items.push(std::mem::take(&mut current)),
+            _ => current.push(c),
+        }
+    }
+    items.push(current);
+    items
+        .into_iter()
+        .map(|item| item.trim().split(" as ").next().unwrap_or("").to_string())
+        .filter(|item| !item.is_empty() && item != "self" && item != "*")
+        .collect()
+}
+
+/// The lines of `code` outside `#[cfg(test)]` modules, each with the stack of inline
+/// modules it sits in. `use` items spread over several lines are joined into one.
+fn lines_outside_tests(code: &str) -> Vec<(Vec<String>, String)> {
+    let inline_mod =
+        regex::Regex::new(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*\{").expect("re");
+    let mut out = Vec::new();
+    let mut depth: i64 = 0;
+    // (name, depth inside it, is a test module)
+    let mut stack: Vec<(String, i64, bool)> = Vec::new();
+    let mut test_attribute = false;
+    let mut pending = String::new();
+    for raw in code.lines() {
+        let line = raw.trim();
+        let opens = raw.matches('{').count() as i64;
+        let closes = raw.matches('}').count() as i64;
+        let in_test = stack.iter().any(|(_, _, test)| *test);
+        if let Some(m) = inline_mod.captures(raw) {
+            stack.push((m[1].to_string(), depth + 1, test_attribute));
+        } else if !in_test && !line.is_empty() {
+            pending.push_str(line);
+            pending.push(' ');
+            let open_use = pending.trim_start().starts_with("use ")
+                || pending.trim_start().starts_with("pub use ")
+                || pending.trim_start().starts_with("pub(crate) use ");
+            if !open_use || pending.contains(';') {
+                let inline = stack.iter().map(|(name, _, _)| name.clone()).collect();
+                out.push((inline, std::mem::take(&mut pending)));
+            }
+        }
+        if !line.is_empty() && !line.starts_with("#[") {
+            test_attribute = false;
+        }
+        if line.starts_with("#[cfg(test)]") {
+            test_attribute = true;
+        }
+        depth += opens - closes;
+        while stack.last().is_some_and(|(_, inside, _)| depth < *inside) {
+            stack.pop();
+        }
+    }
+    out
+}
+
+/// `text` with comments and string/char literals blanked (newlines kept, so lines stay).
+fn code_only(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            i += 2;
+            while i < chars.len() && !(chars[i] == '*' && chars.get(i + 1) == Some(&'/')) {
+                if chars[i] == '\n' {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            i += 2;
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !ident_before(&chars, i) {
+            // A raw string: r"..." or r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            loop {
+                match chars.get(j) {
+                    None => break,
+                    Some('"') if (1..=hashes).all(|k| chars.get(j + k) == Some(&'#')) => {
+                        j += 1 + hashes;
+                        break;
+                    }
+                    Some('\n') => out.push('\n'),
+                    _ => {}
+                }
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j;
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    i += 1;
+                } else if chars[i] == '\n' {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            out.push_str("\"\"");
+            i += 1;
+        } else if c == '\'' && is_char_literal(&chars, i) {
+            i += 1;
+            while i < chars.len() && chars[i] != '\'' {
+                if chars[i] == '\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            out.push_str("' '");
+            i += 1;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn ident_before(chars: &[char], i: usize) -> bool {
+    i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_')
+}
+
+/// A `'` that opens a char literal (`'a'`, `'\n'`, `'{'`), not a lifetime (`'a`).
+fn is_char_literal(chars: &[char], i: usize) -> bool {
+    match chars.get(i + 1) {
+        Some('\\') => true,
+        Some(_) => chars.get(i + 2) == Some(&'\''),
+        None => false,
+    }
+}
