@@ -19,6 +19,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -378,16 +379,22 @@ async fn unless_closed_before_a_request<R>(
     mut closing: watch::Receiver<bool>,
 ) -> Option<R> {
     tokio::pin!(served);
-    tokio::select! {
-        result = &mut served => return Some(result),
-        () = shutting_down(&mut closing) => {}
-    }
-    if first_request.load(Ordering::Acquire) {
-        Some(served.await)
-    } else {
+    let shutdown = shutting_down(&mut closing);
+    tokio::pin!(shutdown);
+    // Once a request head has arrived, hyper's graceful watcher owns the drain: the
+    // shutdown signal is no longer polled, so it costs nothing per event on a busy
+    // connection (a `select!` would poll it at every wake-up).
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = served.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
+        }
+        if first_request.load(Ordering::Acquire) || shutdown.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
         tracing::debug!("closing a connection with no whole request at shutdown");
-        None
-    }
+        Poll::Ready(None)
+    })
+    .await
 }
 
 /// The proxy service of one connection, noting when its first request head arrived.

@@ -115,7 +115,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    fn parse(value: &str) -> Option<Fault> {
+    pub(super) fn parse(value: &str) -> Option<Fault> {
         let (name, n) = value.split_once('=')?;
         let n: u32 = n.trim().parse().ok()?;
         match name.trim() {
