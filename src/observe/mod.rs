@@ -126,6 +126,9 @@ impl RequestScan {
                     let _ = facts.model.set(model.to_string());
                 }
             }
+            if scanner.model_too_long() {
+                let _ = facts.model_too_long.set(());
+            }
             if let Some(stream) = scanner.stream() {
                 let _ = facts.stream.set(stream);
             }

@@ -471,6 +471,63 @@ async fn label_values_are_made_visible_and_pairs_are_capped() {
     );
 }
 
+/// Smaller items: a 1 MiB `model` (too long for the request scanner to read) is labelled
+/// `other` and counted in `label_overflow_total{label="model"}`, not `unknown`, over h1
+/// and h2; the request is forwarded whole.
+#[tokio::test]
+async fn a_model_too_long_to_read_is_other_and_counted_as_overflow() {
+    let upstream = sse_upstream().await;
+    let proxy = Proxy::start(&upstream.url(), "").await;
+    let model = "m".repeat(1 << 20);
+    let body = serde_json::json!({"model": model, "stream": true, "messages": []}).to_string();
+
+    let raw = raw_exchange(
+        proxy.addr,
+        &raw_post(CHAT, "X-Tenant-ID: long-h1\r\n", &body),
+    )
+    .await;
+    assert_eq!(status_line(&raw), "HTTP/1.1 200 OK");
+
+    let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+        .header("content-type", "application/json")
+        .header("x-tenant-id", "long-h2")
+        .header("content-length", body.len())
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    let (parts, response) = h2_exchange(proxy.addr, request).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    response.expect("the h2 body");
+
+    let m = proxy
+        .wait_metrics("both requests", |m| requests(m, "completed") == 2.0)
+        .await;
+    for tenant in ["long-h1", "long-h2"] {
+        assert_eq!(
+            m.sum(
+                "tokentap_requests_total",
+                &[("model", "other"), ("tenant", tenant)]
+            ),
+            1.0,
+            "{tenant}"
+        );
+    }
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[("model", "unknown")]),
+        0.0
+    );
+    assert_eq!(
+        m.sum("tokentap_label_overflow_total", &[("label", "model")]),
+        2.0
+    );
+    let seen = upstream.requests.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.iter()
+            .all(|request| request.ends_with(body.as_bytes())),
+        "the upstream got both bodies whole"
+    );
+}
+
 /// Smaller items: a corrupt gzip response is forwarded as it came and counted under a
 /// reason of its own, `corrupt_encoding` (not `decode_limit`).
 #[tokio::test]
