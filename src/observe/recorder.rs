@@ -123,6 +123,12 @@ impl Recorder {
         self.status = Some(status);
     }
 
+    /// No upstream head came and tokentap answered the client itself with `status`: the
+    /// access log shows what the client got. No clock is stamped (there was no TTFB).
+    pub fn answered_by_tokentap(&mut self, status: StatusCode) {
+        self.status = Some(status);
+    }
+
     /// Apply the signals decoded from one frame that arrived at `at`, in order.
     pub fn apply(&mut self, at: Instant, signals: &[Signal]) {
         for signal in signals {

@@ -27,6 +27,12 @@ fn requests(metrics: &Metrics, outcome: &str) -> f64 {
     metrics.sum("tokentap_requests_total", &[("outcome", outcome)])
 }
 
+/// The one access-log line of the request sent as `tenant` has `outcome` and the status
+/// the client got.
+async fn logged_once(tenant: &str, outcome: &str, status: u16) {
+    access_log::assert_one_request_line("tenant", tenant, outcome, Some(status)).await;
+}
+
 /// One request over h2c (prior knowledge) on a fresh connection; the response head and
 /// the whole body, or the error that ended it.
 async fn h2_exchange<B>(
@@ -105,7 +111,12 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
         let proxy = Proxy::start(&upstream.url(), "").await;
         for path in [CHAT, MODELS] {
             let before = proxy.metrics().await;
-            let raw = raw_exchange(proxy.addr, &raw_post(path, "", CHAT_BODY)).await;
+            let tenant = format!("cl-beside-chunked-{declared}");
+            let raw = raw_exchange(
+                proxy.addr,
+                &raw_post(path, &format!("X-Tenant-ID: {tenant}-h1\r\n"), CHAT_BODY),
+            )
+            .await;
             let (lines, got, _) = parse_raw_response(&raw);
             assert_eq!(lines[0], "HTTP/1.1 200 OK", "{declared} {path}");
             assert!(
@@ -118,6 +129,7 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
 
             let request = Request::post(format!("http://{}{path}", proxy.addr))
                 .header("content-type", "application/json")
+                .header("x-tenant-id", format!("{tenant}-h2"))
                 .body(Full::new(Bytes::from(CHAT_BODY)))
                 .unwrap();
             let (parts, got) = h2_exchange(proxy.addr, request).await;
@@ -134,6 +146,8 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
                         requests(m, "completed") == requests(&before, "completed") + 2.0
                     })
                     .await;
+                logged_once(&format!("{tenant}-h1"), "completed", 200).await;
+                logged_once(&format!("{tenant}-h2"), "completed", 200).await;
             }
         }
     }
@@ -145,7 +159,11 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
 #[tokio::test]
 async fn a_transfer_coding_other_than_chunked_is_answered_502() {
     let (_, chunked) = sse_body();
-    for coding in ["gzip, chunked", "x-custom, chunked"] {
+    for (n, coding) in ["gzip, chunked", "x-custom, chunked"]
+        .into_iter()
+        .enumerate()
+    {
+        let tenant = format!("request-coding-{n}");
         let mut script = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
              Transfer-Encoding: {coding}\r\n\r\n"
@@ -155,7 +173,11 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
         let upstream = ScriptedBackend::start(vec![Step::Write(script)]).await;
         let proxy = Proxy::start(&upstream.url(), "").await;
         let before = proxy.metrics().await;
-        let raw = raw_exchange(proxy.addr, &raw_post(CHAT, "", CHAT_BODY)).await;
+        let raw = raw_exchange(
+            proxy.addr,
+            &raw_post(CHAT, &format!("X-Tenant-ID: {tenant}-h1\r\n"), CHAT_BODY),
+        )
+        .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 502 Bad Gateway", "{coding}");
         assert!(
             find(&raw, b"unsupported transfer coding").is_some(),
@@ -163,6 +185,7 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
         );
 
         let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+            .header("x-tenant-id", format!("{tenant}-h2"))
             .body(Full::new(Bytes::from(CHAT_BODY)))
             .unwrap();
         let (parts, _) = h2_exchange(proxy.addr, request).await;
@@ -172,6 +195,8 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
                 requests(m, "upstream_error") == requests(&before, "upstream_error") + 2.0
             })
             .await;
+        logged_once(&format!("{tenant}-h1"), "upstream_error", 502).await;
+        logged_once(&format!("{tenant}-h2"), "upstream_error", 502).await;
     }
 }
 
@@ -187,6 +212,7 @@ async fn a_request_transfer_coding_other_than_chunked_is_answered_501() {
     let raw = raw_exchange(
         proxy.addr,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          X-Tenant-ID: request-gzip-chunked\r\n\
           Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     )
     .await;
@@ -196,6 +222,7 @@ async fn a_request_transfer_coding_other_than_chunked_is_answered_501() {
             requests(m, "client_error") == 1.0
         })
         .await;
+    logged_once("request-gzip-chunked", "client_error", 501).await;
     assert!(upstream.requests.lock().unwrap().is_empty());
 }
 
@@ -221,9 +248,14 @@ async fn duplicate_host_is_400_and_an_absolute_target_wins() {
         )
         .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 400 Bad Request", "{mode}");
+        let tenant = format!("duplicate-host-{mode}");
         let raw = raw_exchange(
             proxy.addr,
-            &raw_post(CHAT, "Host: second.example\r\n", CHAT_BODY),
+            &raw_post(
+                CHAT,
+                &format!("Host: second.example\r\nX-Tenant-ID: {tenant}\r\n"),
+                CHAT_BODY,
+            ),
         )
         .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 400 Bad Request", "{mode}");
@@ -232,6 +264,7 @@ async fn duplicate_host_is_400_and_an_absolute_target_wins() {
                 requests(m, "client_error") == requests(&before, "client_error") + 1.0
             })
             .await;
+        logged_once(&tenant, "client_error", 400).await;
     }
     assert!(upstream.requests.lock().unwrap().is_empty());
 
@@ -313,10 +346,12 @@ async fn a_malformed_request_body_is_a_400_counted_as_client_error() {
             format!("{:x}\r\n{body}XX0\r\n\r\n", body.len()),
         ),
     ];
-    for (what, chunked) in cases {
+    for (n, (what, chunked)) in cases.into_iter().enumerate() {
         let before = proxy.metrics().await;
+        let tenant = format!("malformed-body-{n}");
         let request = format!(
             "POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             X-Tenant-ID: {tenant}\r\n\
              Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"
         );
         let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
@@ -331,6 +366,7 @@ async fn a_malformed_request_body_is_a_400_counted_as_client_error() {
             requests(&before, "upstream_error"),
             "{what}"
         );
+        logged_once(&tenant, "client_error", 400).await;
     }
 }
 
@@ -349,8 +385,8 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     let mut stalled = TcpStream::connect(proxy.addr).await.unwrap();
     stalled
         .write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n\
-              {\"model\":\"m\",\"s",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\
+              X-Tenant-ID: stalled-body-h1\r\n\r\n{\"model\":\"m\",\"s",
         )
         .await
         .unwrap();
@@ -365,6 +401,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
             requests(m, "client_error") == 1.0 && requests(m, "timeout") == 0.0
         })
         .await;
+    logged_once("stalled-body-h1", "client_error", 408).await;
 
     // h2: 16 bytes of a 1000-byte body, then nothing (the sender is held open).
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
@@ -376,6 +413,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     });
     let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
         .header("content-length", "1000")
+        .header("x-tenant-id", "stalled-body-h2")
         .body(StreamBody::new(Box::pin(frames)))
         .unwrap();
     let (parts, _) = h2_exchange(proxy.addr, request).await;
@@ -386,6 +424,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
             requests(m, "client_error") == 2.0
         })
         .await;
+    logged_once("stalled-body-h2", "client_error", 408).await;
 
     // The only slot is free again: a whole request goes through.
     let response = client()
@@ -510,6 +549,9 @@ async fn a_model_too_long_to_read_is_other_and_counted_as_overflow() {
             1.0,
             "{tenant}"
         );
+        let line =
+            access_log::assert_one_request_line("tenant", tenant, "completed", Some(200)).await;
+        assert_eq!(line.field("model"), Some("other"));
     }
     assert_eq!(
         m.sum("tokentap_requests_total", &[("model", "unknown")]),
