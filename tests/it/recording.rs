@@ -284,3 +284,59 @@ async fn a_half_closed_client_gets_its_answer_and_is_recorded() {
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     recorded_once(&proxy, "half-closed", "completed", Some(200)).await;
 }
+
+/// Shutdown past the drain deadline while requests wait for their head: 20 requests (10
+/// over HTTP/1.1, 10 h2 streams) whose upstream answers long after `drain_timeout: 1s`.
+/// Each is cut and logged exactly once as `cancelled` (the access line is written as the
+/// request is counted, and `/metrics` is gone once the server has stopped), so the log's
+/// "counted as cancelled" at the deadline is true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_past_the_drain_deadline_while_waiting_for_a_head_cancels_each_once() {
+    // Reads each request, then says nothing for far longer than the test runs.
+    let backend = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(60))]).await;
+    let mut proxy = Proxy::start(&backend.url(), "shutdown:\n  drain_timeout: 1s\n").await;
+    let mut waiting = Vec::new();
+    for n in 0..20 {
+        let protocol = if n % 2 == 0 {
+            Protocol::H1
+        } else {
+            Protocol::H2
+        };
+        let tenant = format!("drain-waiting-{n}");
+        let request = client(protocol).request(chat(&proxy.url(CHAT), "m", &tenant, true, false));
+        waiting.push((tenant, tokio::spawn(request)));
+    }
+    wait_until("the upstream to get all 20 requests", || {
+        backend.requests.lock().unwrap().len() == 20
+    })
+    .await;
+    let m = proxy.metrics().await;
+    assert_eq!(m.sum("tokentap_requests_total", &[]), 0.0, "none ended yet");
+
+    let asked = tokio::time::Instant::now();
+    proxy.shutdown();
+    let task = proxy.task.take().expect("the server task");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("shutdown ends soon after the drain deadline")
+        .expect("the server task")
+        .expect("a clean exit");
+    let took = asked.elapsed();
+    assert!(took >= Duration::from_secs(1), "the drain waited {took:?}");
+
+    for (tenant, request) in waiting {
+        let answer = request.await.expect("the client task");
+        assert!(
+            answer.is_err(),
+            "{tenant}: no answer was invented: {answer:?}"
+        );
+        access_log::assert_one_request_line("tenant", &tenant, "cancelled", None).await;
+    }
+    let warned = access_log::server_warnings("drain deadline passed");
+    assert!(
+        warned
+            .iter()
+            .any(|line| line.field("streams") == Some("20")),
+        "the deadline warning named the 20 streams: {warned:?}"
+    );
+}

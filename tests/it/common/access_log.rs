@@ -4,7 +4,8 @@
 //! One global subscriber for the whole test binary (tokentap's worker threads are its
 //! own, so a thread-local subscriber would miss them) keeps every access event's fields.
 //! Tests run in parallel against their own proxies, so a test finds its lines by a label
-//! value only it uses (a unique tenant or model).
+//! value only it uses (a unique tenant or model). The server's warnings are kept too, so
+//! a test can check that what the log claims (say, at the drain deadline) is true.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,29 +17,34 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
-const TARGET: &str = "tokentap::access";
+const ACCESS: &str = "tokentap::access";
+const SERVER: &str = "tokentap::server";
 
-/// One access-log line: its message (`request`, `passthrough`) and its fields, each as
-/// text (`Display` for the `%` fields, numbers and strings as written).
+/// One log line: its target, its message (`request`, `passthrough` for access lines) and
+/// its fields, each as text (`Display` for the `%` fields, numbers and strings as written).
 #[derive(Clone, Debug)]
-pub struct AccessLine {
+pub struct LogLine {
+    pub target: String,
     pub message: String,
     pub fields: BTreeMap<String, String>,
 }
 
-impl AccessLine {
+impl LogLine {
     pub fn field(&self, name: &str) -> Option<&str> {
         self.fields.get(name).map(String::as_str)
     }
 }
 
-static LINES: Mutex<Vec<AccessLine>> = Mutex::new(Vec::new());
+static LINES: Mutex<Vec<LogLine>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
 
 /// Start capturing (once per test binary; later calls do nothing).
 pub fn install() {
     INSTALL.call_once(|| {
-        let layer = Collector.with_filter(Targets::new().with_target(TARGET, Level::INFO));
+        let targets = Targets::new()
+            .with_target(ACCESS, Level::INFO)
+            .with_target(SERVER, Level::WARN);
+        let layer = Collector.with_filter(targets);
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::set_global_default(subscriber)
             .expect("no other global subscriber in the test binary");
@@ -46,12 +52,23 @@ pub fn install() {
 }
 
 /// The access lines so far whose `field` is `value`.
-pub fn lines_where(field: &str, value: &str) -> Vec<AccessLine> {
+pub fn lines_where(field: &str, value: &str) -> Vec<LogLine> {
     LINES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .iter()
-        .filter(|line| line.field(field) == Some(value))
+        .filter(|line| line.target == ACCESS && line.field(field) == Some(value))
+        .cloned()
+        .collect()
+}
+
+/// The server's warnings so far whose message starts with `prefix`.
+pub fn server_warnings(prefix: &str) -> Vec<LogLine> {
+    LINES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .iter()
+        .filter(|line| line.target.starts_with(SERVER) && line.message.starts_with(prefix))
         .cloned()
         .collect()
 }
@@ -59,7 +76,7 @@ pub fn lines_where(field: &str, value: &str) -> Vec<AccessLine> {
 /// Wait until at least `count` access lines have `field` = `value` (panics after 10 s),
 /// and return them all. A line is written when its request is recorded, which may come a
 /// moment after the metrics show it.
-pub async fn wait_for_lines(field: &str, value: &str, count: usize) -> Vec<AccessLine> {
+pub async fn wait_for_lines(field: &str, value: &str, count: usize) -> Vec<LogLine> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let lines = lines_where(field, value);
@@ -82,7 +99,7 @@ pub async fn assert_one_request_line(
     value: &str,
     outcome: &str,
     status: Option<u16>,
-) -> AccessLine {
+) -> LogLine {
     let mut lines = wait_for_lines(field, value, 1).await;
     assert_eq!(
         lines.len(),
@@ -105,12 +122,14 @@ pub async fn assert_one_request_line(
     line
 }
 
-/// Keeps each `tokentap::access` event it is given.
+/// Keeps each event it is given (the filter lets through access lines and server
+/// warnings).
 struct Collector;
 
 impl<S: Subscriber> Layer<S> for Collector {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        let mut line = AccessLine {
+        let mut line = LogLine {
+            target: event.metadata().target().to_string(),
             message: String::new(),
             fields: BTreeMap::new(),
         };
@@ -122,7 +141,7 @@ impl<S: Subscriber> Layer<S> for Collector {
     }
 }
 
-impl Visit for AccessLine {
+impl Visit for LogLine {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.keep(field, value.to_string());
     }
@@ -132,7 +151,7 @@ impl Visit for AccessLine {
     }
 }
 
-impl AccessLine {
+impl LogLine {
     fn keep(&mut self, field: &Field, value: String) {
         if field.name() == "message" {
             self.message = value;
