@@ -435,6 +435,57 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     body_text(response).await;
 }
 
+/// Item 3 on h2: a body that contradicts its `content-length` (more DATA than declared,
+/// or END_STREAM short of it) is malformed (RFC 9113 8.1.1). The h2 crate resets the
+/// stream with `PROTOCOL_ERROR` itself as the DATA arrives (h2 0.4 `recv_data`:
+/// "content-length overflow" / "underflow"), before hyper hands tokentap the frame, so no
+/// `400` can reach the client: it sees the reset. The request is recorded once, never
+/// against the upstream: `client_error` when the upstream exchange hears of the broken
+/// body first, `cancelled` when hyper first sees the stream reset while the handler
+/// waits (`proto/h2/server.rs` checks `poll_reset` and drops the handler), which tokentap
+/// cannot tell from a client's own reset.
+#[tokio::test]
+async fn an_h2_body_that_contradicts_its_content_length_is_reset_and_never_the_upstreams_fault() {
+    let sim = SimHandle::start(SimConfig::default()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    for (n, (what, declared)) in [("more than declared", "5"), ("short of it", "1000")]
+        .into_iter()
+        .enumerate()
+    {
+        let tenant = format!("h2-content-length-{n}");
+        let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+            .header("content-type", "application/json")
+            .header("content-length", declared)
+            .header("x-tenant-id", &tenant)
+            .body(Full::new(Bytes::from(CHAT_BODY)))
+            .unwrap();
+        let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(connection);
+        let err = sender.send_request(request).await.expect_err(what);
+        // hyper wraps the h2 error; its reason shows in the error's debug form.
+        let shown = format!("{err:?}");
+        assert!(shown.contains("PROTOCOL_ERROR"), "{what}: {shown}");
+
+        let lines = access_log::wait_for_lines("tenant", &tenant, 1).await;
+        assert_eq!(lines.len(), 1, "{what}: logged once: {lines:?}");
+        let outcome = lines[0].field("outcome");
+        assert!(
+            matches!(outcome, Some("client_error" | "cancelled")),
+            "{what}: {lines:?}"
+        );
+        let m = proxy
+            .wait_metrics(what, |m| {
+                m.sum("tokentap_requests_total", &[("tenant", &tenant)]) == 1.0
+            })
+            .await;
+        assert_eq!(requests(&m, "upstream_error"), 0.0, "{what}");
+    }
+}
+
 /// A scripted upstream that answers every request with one short SSE stream.
 async fn sse_upstream() -> ScriptedBackend {
     let body = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
