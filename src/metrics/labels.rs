@@ -156,6 +156,14 @@ impl LabelSet {
         interned
     }
 
+    /// The label value for a value the request carried but that was too long to be read
+    /// at all (the request scanner's bound): `other`, counted as overflow like any value
+    /// over the length bound.
+    pub fn resolve_too_long(&self) -> Arc<str> {
+        self.overflow.inc();
+        self.other.clone()
+    }
+
     /// How many distinct values have been admitted.
     pub fn admitted(&self) -> usize {
         self.read().len()
@@ -191,6 +199,15 @@ mod tests {
         let set = LabelSet::new(policy(Some(2)), counter());
         assert_eq!(&*set.resolve(None), UNKNOWN);
         assert_eq!(&*set.resolve(Some("  ")), UNKNOWN);
+        assert_eq!(set.admitted(), 0);
+    }
+
+    #[test]
+    fn a_value_too_long_to_read_is_other_and_counted() {
+        let overflow = counter();
+        let set = LabelSet::new(policy(None), overflow.clone());
+        assert_eq!(&*set.resolve_too_long(), OTHER);
+        assert_eq!(overflow.get(), 1);
         assert_eq!(set.admitted(), 0);
     }
 

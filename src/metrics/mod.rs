@@ -254,6 +254,14 @@ impl Metrics {
         self.pair(model, tenant)
     }
 
+    /// [`Metrics::stream`] for a request whose `model` was too long to be read: the model
+    /// label is `other`, counted in `tokentap_label_overflow_total{label="model"}`.
+    pub fn stream_with_model_too_long(&self, tenant: Option<&str>) -> Arc<PairSeries> {
+        let model = self.models.resolve_too_long();
+        let tenant = self.tenants.resolve(tenant);
+        self.pair(model, tenant)
+    }
+
     /// The series of a pair of (already resolved) label values, created on first use.
     fn pair(&self, model: Arc<str>, tenant: Arc<str>) -> Arc<PairSeries> {
         if let Some(found) = self.read_pairs().get(&*model).and_then(|t| t.get(&*tenant)) {

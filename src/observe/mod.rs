@@ -125,6 +125,9 @@ impl RequestScan {
                     let _ = facts.model.set(model.to_string());
                 }
             }
+            if scanner.model_too_long() {
+                let _ = facts.model_too_long.set(());
+            }
             if let Some(stream) = scanner.stream() {
                 let _ = facts.stream.set(stream);
             }
@@ -198,9 +201,11 @@ impl Pending {
         }
     }
 
-    /// No response head came (the upstream failed or timed out): record `outcome` at `at`.
-    pub fn fail(mut self, at: Instant, outcome: Outcome) {
-        if let Some(Waiting::Measured { recorder, .. }) = self.0.take() {
+    /// No response head came (the upstream failed or timed out, or the client's request
+    /// was refused) and tokentap answered `status` itself: record `outcome` at `at`.
+    pub fn fail(mut self, at: Instant, status: StatusCode, outcome: Outcome) {
+        if let Some(Waiting::Measured { mut recorder, .. }) = self.0.take() {
+            recorder.answered_by_tokentap(status);
             recorder.record(at, outcome);
         }
     }

@@ -27,6 +27,8 @@ pub struct RequestFacts {
     pub dialect: Dialect,
     pub tenant: Option<String>,
     pub model: OnceLock<String>,
+    /// Set when the body's `model` was too long for the request scanner to read.
+    pub model_too_long: OnceLock<()>,
     pub stream: OnceLock<bool>,
 }
 
@@ -44,6 +46,7 @@ impl RequestFacts {
             dialect,
             tenant,
             model: OnceLock::new(),
+            model_too_long: OnceLock::new(),
             stream: OnceLock::new(),
         }
     }
@@ -120,6 +123,12 @@ impl Recorder {
         self.status = Some(status);
     }
 
+    /// No upstream head came and tokentap answered the client itself with `status`: the
+    /// access log shows what the client got. No clock is stamped (there was no TTFB).
+    pub fn answered_by_tokentap(&mut self, status: StatusCode) {
+        self.status = Some(status);
+    }
+
     /// Apply the signals decoded from one frame that arrived at `at`, in order.
     pub fn apply(&mut self, at: Instant, signals: &[Signal]) {
         for signal in signals {
@@ -173,13 +182,16 @@ impl Recorder {
     /// The request's metric handles, resolved on first use.
     fn handles(&mut self) -> &Arc<PairSeries> {
         if self.handles.is_none() {
-            let model = self
-                .facts
-                .model
-                .get()
-                .map(String::as_str)
-                .or(self.response_model.as_deref());
-            let handles = self.metrics.stream(model, self.facts.tenant.as_deref());
+            let request_model = self.facts.model.get().map(String::as_str);
+            let tenant = self.facts.tenant.as_deref();
+            // A model the request carried, even one too long to read, wins over the
+            // response's, as a readable one does.
+            let handles = if request_model.is_none() && self.facts.model_too_long.get().is_some() {
+                self.metrics.stream_with_model_too_long(tenant)
+            } else {
+                let model = request_model.or(self.response_model.as_deref());
+                self.metrics.stream(model, tenant)
+            };
             if let Some(ttfb) = self.clock.ttfb() {
                 handles.ttfb.observe(ttfb.as_secs_f64());
             }

@@ -180,7 +180,7 @@ impl Proxy {
                         "upstream failed before its response head"
                     );
                 }
-                pending.fail(Instant::now(), outcome);
+                pending.fail(Instant::now(), err.status(), outcome);
                 return text(err.status(), &err.to_string());
             }
         };

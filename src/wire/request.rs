@@ -7,8 +7,9 @@
 
 use memchr::memchr2;
 
-/// Longest `model` value captured (raw JSON string bytes); longer ones are ignored.
-const MAX_VALUE: usize = 256;
+/// Longest `model` value captured (raw JSON string bytes); a longer one is reported as
+/// [`RequestScanner::model_too_long`], not captured.
+pub const MAX_VALUE: usize = 256;
 /// Longest top-level key captured; longer keys are not ones we look for.
 const MAX_KEY: usize = 16;
 
@@ -45,6 +46,8 @@ pub struct RequestScanner {
     /// Raw bytes of a literal value at depth 1 (`true`/`false`).
     literal: Vec<u8>,
     model: Option<String>,
+    /// The top-level `model` was a string longer than [`MAX_VALUE`].
+    model_too_long: bool,
     stream: Option<bool>,
 }
 
@@ -65,6 +68,7 @@ impl RequestScanner {
             pending: None,
             literal: Vec::new(),
             model: None,
+            model_too_long: false,
             stream: None,
         }
     }
@@ -74,6 +78,12 @@ impl RequestScanner {
         self.model.as_deref()
     }
 
+    /// Whether the top-level `model` is a string too long to capture: present, so not
+    /// "missing", but with no value a label could use.
+    pub fn model_too_long(&self) -> bool {
+        self.model_too_long
+    }
+
     /// The `stream` flag found so far.
     pub fn stream(&self) -> Option<bool> {
         self.stream
@@ -81,7 +91,8 @@ impl RequestScanner {
 
     /// Whether there is nothing more to learn from the rest of the body.
     pub fn is_done(&self) -> bool {
-        self.state == State::Done || (self.model.is_some() && self.stream.is_some())
+        self.state == State::Done
+            || ((self.model.is_some() || self.model_too_long) && self.stream.is_some())
     }
 
     /// Scan the next bytes of the body.
@@ -183,8 +194,7 @@ impl RequestScanner {
                 capture.push(b);
             } else {
                 // Over the bound: give up on this value.
-                self.capture = None;
-                self.pending = None;
+                self.give_up_capture();
             }
         }
     }
@@ -199,11 +209,20 @@ impl RequestScanner {
             if capture.len() + bytes.len() <= limit {
                 capture.extend_from_slice(bytes);
             } else {
-                self.capture = None;
-                if !self.capturing_key {
-                    self.pending = None;
-                }
+                self.give_up_capture();
             }
+        }
+    }
+
+    /// Stop capturing a key or value over its bound. An over-long key is not one we look
+    /// for; an over-long value is still the `model` the request carried.
+    fn give_up_capture(&mut self) {
+        self.capture = None;
+        if !self.capturing_key {
+            if self.pending == Some(Target::Model) && self.model.is_none() {
+                self.model_too_long = true;
+            }
+            self.pending = None;
         }
     }
 
@@ -225,7 +244,7 @@ impl RequestScanner {
             };
         } else if self.pending == Some(Target::Model) {
             self.pending = None;
-            if self.model.is_none() {
+            if self.model.is_none() && !self.model_too_long {
                 self.model = unescape(&raw);
             }
         }
@@ -317,6 +336,36 @@ mod tests {
     fn overlong_model_is_ignored() {
         let long = "m".repeat(MAX_VALUE + 1);
         assert_eq!(scan(format!(r#"{{"model":"{long}"}}"#).as_bytes()).0, None);
+    }
+
+    #[test]
+    fn overlong_model_is_reported_as_too_long_however_it_is_split() {
+        let long = "m".repeat(1 << 20);
+        let body = format!(r#"{{"model":"{long}","stream":true,"n":{{"model":"short"}}}}"#);
+        for piece in [1 << 21, 4096, 7] {
+            let mut s = RequestScanner::new();
+            for chunk in body.as_bytes().chunks(piece) {
+                s.feed(chunk);
+            }
+            assert_eq!(
+                (s.model(), s.model_too_long(), s.stream()),
+                (None, true, Some(true))
+            );
+            assert!(s.is_done());
+        }
+        // A long string elsewhere, or a long key, is not a long model.
+        for body in [
+            format!(r#"{{"prompt":"{long}","model":"m"}}"#),
+            format!(r#"{{"{long}":"x","model":"m"}}"#),
+        ] {
+            let mut s = RequestScanner::new();
+            s.feed(body.as_bytes());
+            assert_eq!((s.model(), s.model_too_long()), (Some("m"), false));
+        }
+        // The first top-level model wins, long or not.
+        let mut s = RequestScanner::new();
+        s.feed(format!(r#"{{"model":"{long}","model":"m"}}"#).as_bytes());
+        assert_eq!((s.model(), s.model_too_long()), (None, true));
     }
 
     proptest! {

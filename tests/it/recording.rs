@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{chat, Proxy, ScriptedBackend, Step};
+use common::{access_log, chat, Proxy, ScriptedBackend, Step};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -42,14 +42,19 @@ async fn wait_until(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
-/// Wait until `model` has one recorded request, then check it is the only one and has
-/// `outcome`.
-async fn recorded_once(proxy: &Proxy, model: &str, outcome: &str) {
-    recorded_once_as(proxy, ("model", model), outcome).await;
+/// Wait until `model` has one recorded request, then check it is the only one, has
+/// `outcome`, and left one access-log line saying so with `status` (`None`: no head).
+async fn recorded_once(proxy: &Proxy, model: &str, outcome: &str, status: Option<u16>) {
+    recorded_once_as(proxy, ("model", model), outcome, status).await;
 }
 
 /// [`recorded_once`] for the requests with one label pair.
-async fn recorded_once_as(proxy: &Proxy, (label, value): (&str, &str), outcome: &str) {
+async fn recorded_once_as(
+    proxy: &Proxy,
+    (label, value): (&str, &str),
+    outcome: &str,
+    status: Option<u16>,
+) {
     let m = proxy
         .wait_metrics(&format!("{value} recorded"), |m| {
             m.sum("tokentap_requests_total", &[(label, value)]) >= 1.0
@@ -70,6 +75,7 @@ async fn recorded_once_as(proxy: &Proxy, (label, value): (&str, &str), outcome: 
         "{value}: not recorded as {outcome}\n{}",
         m.text
     );
+    access_log::assert_one_request_line(label, value, outcome, status).await;
 }
 
 /// A head and one event, then an event every 20 ms for much longer than any test waits.
@@ -148,7 +154,10 @@ async fn a_client_that_gives_up_before_the_head_is_cancelled() {
         .await;
         // Dropping the request closes the h1 connection, or resets the h2 stream.
         waiting.abort();
-        recorded_once(&proxy, &model, "cancelled").await;
+        // The h2 reset comes before the head; the closed h1 client is noticed when the
+        // head is written to it.
+        let status = matches!(protocol, Protocol::H1).then_some(200);
+        recorded_once(&proxy, &model, "cancelled", status).await;
     }
 }
 
@@ -159,7 +168,11 @@ async fn a_client_that_gives_up_before_the_upstream_connects_is_recorded_once() 
     // An h2 stream reset is seen at once: cancelled. An HTTP/1.1 client that closed looks
     // half-closed until tokentap writes to it, and with no upstream there is nothing to
     // write: the request ends with the upstream's head timeout, recorded as that.
-    for (n, protocol, outcome) in [(0, Protocol::H2, "cancelled"), (1, Protocol::H1, "timeout")] {
+    // The access line of the timeout shows the 504 tokentap answered.
+    for (n, protocol, outcome, status) in [
+        (0, Protocol::H2, "cancelled", None),
+        (1, Protocol::H1, "timeout", Some(504)),
+    ] {
         // A measured request (a stored response replayed as a stream), told by tenant.
         let tenant = format!("before-connect-{protocol:?}");
         let request = http::Request::get(proxy.url("/v1/responses/resp_1?stream=true"))
@@ -172,7 +185,7 @@ async fn a_client_that_gives_up_before_the_upstream_connects_is_recorded_once() 
         })
         .await;
         waiting.abort();
-        recorded_once_as(&proxy, ("tenant", &tenant), outcome).await;
+        recorded_once_as(&proxy, ("tenant", &tenant), outcome, status).await;
     }
 }
 
@@ -192,7 +205,7 @@ async fn a_client_that_leaves_mid_body_is_cancelled_and_after_the_end_completed(
         let first = body.frame().await.expect("a first frame").expect("data");
         assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
         drop(body);
-        recorded_once(&slow_proxy, &model, "cancelled").await;
+        recorded_once(&slow_proxy, &model, "cancelled", Some(200)).await;
 
         let model = format!("after-end-{protocol:?}");
         let response = client(protocol)
@@ -201,7 +214,7 @@ async fn a_client_that_leaves_mid_body_is_cancelled_and_after_the_end_completed(
             .expect("response head");
         let body = response.into_body().collect().await.expect("whole body");
         assert!(body.to_bytes().ends_with(b"data: [DONE]\n\n"));
-        recorded_once(&short_proxy, &model, "completed").await;
+        recorded_once(&short_proxy, &model, "completed", Some(200)).await;
     }
 }
 
@@ -241,7 +254,8 @@ async fn responses_without_a_body_are_recorded_by_their_status() {
             assert_eq!(response.status().as_str(), code);
             let body = response.into_body().collect().await.expect("empty body");
             assert!(body.to_bytes().is_empty());
-            recorded_once(&proxy, &model, outcome).await;
+            let status = code.parse().expect("a numeric status");
+            recorded_once(&proxy, &model, outcome, Some(status)).await;
         }
     }
 }
@@ -268,5 +282,61 @@ async fn a_half_closed_client_gets_its_answer_and_is_recorded() {
     let (head, body, _) = common::parse_raw_response(&answer);
     assert!(head[0].starts_with("HTTP/1.1 200"), "{head:?}");
     assert!(body.ends_with(b"data: [DONE]\n\n"));
-    recorded_once(&proxy, "half-closed", "completed").await;
+    recorded_once(&proxy, "half-closed", "completed", Some(200)).await;
+}
+
+/// Shutdown past the drain deadline while requests wait for their head: 20 requests (10
+/// over HTTP/1.1, 10 h2 streams) whose upstream answers long after `drain_timeout: 1s`.
+/// Each is cut and logged exactly once as `cancelled` (the access line is written as the
+/// request is counted, and `/metrics` is gone once the server has stopped), so the log's
+/// "counted as cancelled" at the deadline is true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_past_the_drain_deadline_while_waiting_for_a_head_cancels_each_once() {
+    // Reads each request, then says nothing for far longer than the test runs.
+    let backend = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(60))]).await;
+    let mut proxy = Proxy::start(&backend.url(), "shutdown:\n  drain_timeout: 1s\n").await;
+    let mut waiting = Vec::new();
+    for n in 0..20 {
+        let protocol = if n % 2 == 0 {
+            Protocol::H1
+        } else {
+            Protocol::H2
+        };
+        let tenant = format!("drain-waiting-{n}");
+        let request = client(protocol).request(chat(&proxy.url(CHAT), "m", &tenant, true, false));
+        waiting.push((tenant, tokio::spawn(request)));
+    }
+    wait_until("the upstream to get all 20 requests", || {
+        backend.requests.lock().unwrap().len() == 20
+    })
+    .await;
+    let m = proxy.metrics().await;
+    assert_eq!(m.sum("tokentap_requests_total", &[]), 0.0, "none ended yet");
+
+    let asked = tokio::time::Instant::now();
+    proxy.shutdown();
+    let task = proxy.task.take().expect("the server task");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("shutdown ends soon after the drain deadline")
+        .expect("the server task")
+        .expect("a clean exit");
+    let took = asked.elapsed();
+    assert!(took >= Duration::from_secs(1), "the drain waited {took:?}");
+
+    for (tenant, request) in waiting {
+        let answer = request.await.expect("the client task");
+        assert!(
+            answer.is_err(),
+            "{tenant}: no answer was invented: {answer:?}"
+        );
+        access_log::assert_one_request_line("tenant", &tenant, "cancelled", None).await;
+    }
+    let warned = access_log::server_warnings("drain deadline passed");
+    assert!(
+        warned
+            .iter()
+            .any(|line| line.field("streams") == Some("20")),
+        "the deadline warning named the 20 streams: {warned:?}"
+    );
 }

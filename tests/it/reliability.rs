@@ -27,6 +27,12 @@ fn requests(metrics: &Metrics, outcome: &str) -> f64 {
     metrics.sum("tokentap_requests_total", &[("outcome", outcome)])
 }
 
+/// The one access-log line of the request sent as `tenant` has `outcome` and the status
+/// the client got.
+async fn logged_once(tenant: &str, outcome: &str, status: u16) {
+    access_log::assert_one_request_line("tenant", tenant, outcome, Some(status)).await;
+}
+
 /// One request over h2c (prior knowledge) on a fresh connection; the response head and
 /// the whole body, or the error that ended it.
 async fn h2_exchange<B>(
@@ -105,7 +111,12 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
         let proxy = Proxy::start(&upstream.url(), "").await;
         for path in [CHAT, MODELS] {
             let before = proxy.metrics().await;
-            let raw = raw_exchange(proxy.addr, &raw_post(path, "", CHAT_BODY)).await;
+            let tenant = format!("cl-beside-chunked-{declared}");
+            let raw = raw_exchange(
+                proxy.addr,
+                &raw_post(path, &format!("X-Tenant-ID: {tenant}-h1\r\n"), CHAT_BODY),
+            )
+            .await;
             let (lines, got, _) = parse_raw_response(&raw);
             assert_eq!(lines[0], "HTTP/1.1 200 OK", "{declared} {path}");
             assert!(
@@ -118,6 +129,7 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
 
             let request = Request::post(format!("http://{}{path}", proxy.addr))
                 .header("content-type", "application/json")
+                .header("x-tenant-id", format!("{tenant}-h2"))
                 .body(Full::new(Bytes::from(CHAT_BODY)))
                 .unwrap();
             let (parts, got) = h2_exchange(proxy.addr, request).await;
@@ -134,6 +146,8 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
                         requests(m, "completed") == requests(&before, "completed") + 2.0
                     })
                     .await;
+                logged_once(&format!("{tenant}-h1"), "completed", 200).await;
+                logged_once(&format!("{tenant}-h2"), "completed", 200).await;
             }
         }
     }
@@ -145,7 +159,11 @@ async fn content_length_beside_chunked_is_removed_and_the_whole_body_arrives() {
 #[tokio::test]
 async fn a_transfer_coding_other_than_chunked_is_answered_502() {
     let (_, chunked) = sse_body();
-    for coding in ["gzip, chunked", "x-custom, chunked"] {
+    for (n, coding) in ["gzip, chunked", "x-custom, chunked"]
+        .into_iter()
+        .enumerate()
+    {
+        let tenant = format!("request-coding-{n}");
         let mut script = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
              Transfer-Encoding: {coding}\r\n\r\n"
@@ -155,7 +173,11 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
         let upstream = ScriptedBackend::start(vec![Step::Write(script)]).await;
         let proxy = Proxy::start(&upstream.url(), "").await;
         let before = proxy.metrics().await;
-        let raw = raw_exchange(proxy.addr, &raw_post(CHAT, "", CHAT_BODY)).await;
+        let raw = raw_exchange(
+            proxy.addr,
+            &raw_post(CHAT, &format!("X-Tenant-ID: {tenant}-h1\r\n"), CHAT_BODY),
+        )
+        .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 502 Bad Gateway", "{coding}");
         assert!(
             find(&raw, b"unsupported transfer coding").is_some(),
@@ -163,6 +185,7 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
         );
 
         let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+            .header("x-tenant-id", format!("{tenant}-h2"))
             .body(Full::new(Bytes::from(CHAT_BODY)))
             .unwrap();
         let (parts, _) = h2_exchange(proxy.addr, request).await;
@@ -172,6 +195,8 @@ async fn a_transfer_coding_other_than_chunked_is_answered_502() {
                 requests(m, "upstream_error") == requests(&before, "upstream_error") + 2.0
             })
             .await;
+        logged_once(&format!("{tenant}-h1"), "upstream_error", 502).await;
+        logged_once(&format!("{tenant}-h2"), "upstream_error", 502).await;
     }
 }
 
@@ -187,6 +212,7 @@ async fn a_request_transfer_coding_other_than_chunked_is_answered_501() {
     let raw = raw_exchange(
         proxy.addr,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          X-Tenant-ID: request-gzip-chunked\r\n\
           Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     )
     .await;
@@ -196,6 +222,7 @@ async fn a_request_transfer_coding_other_than_chunked_is_answered_501() {
             requests(m, "client_error") == 1.0
         })
         .await;
+    logged_once("request-gzip-chunked", "client_error", 501).await;
     assert!(upstream.requests.lock().unwrap().is_empty());
 }
 
@@ -221,9 +248,14 @@ async fn duplicate_host_is_400_and_an_absolute_target_wins() {
         )
         .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 400 Bad Request", "{mode}");
+        let tenant = format!("duplicate-host-{mode}");
         let raw = raw_exchange(
             proxy.addr,
-            &raw_post(CHAT, "Host: second.example\r\n", CHAT_BODY),
+            &raw_post(
+                CHAT,
+                &format!("Host: second.example\r\nX-Tenant-ID: {tenant}\r\n"),
+                CHAT_BODY,
+            ),
         )
         .await;
         assert_eq!(status_line(&raw), "HTTP/1.1 400 Bad Request", "{mode}");
@@ -232,6 +264,7 @@ async fn duplicate_host_is_400_and_an_absolute_target_wins() {
                 requests(m, "client_error") == requests(&before, "client_error") + 1.0
             })
             .await;
+        logged_once(&tenant, "client_error", 400).await;
     }
     assert!(upstream.requests.lock().unwrap().is_empty());
 
@@ -313,10 +346,12 @@ async fn a_malformed_request_body_is_a_400_counted_as_client_error() {
             format!("{:x}\r\n{body}XX0\r\n\r\n", body.len()),
         ),
     ];
-    for (what, chunked) in cases {
+    for (n, (what, chunked)) in cases.into_iter().enumerate() {
         let before = proxy.metrics().await;
+        let tenant = format!("malformed-body-{n}");
         let request = format!(
             "POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             X-Tenant-ID: {tenant}\r\n\
              Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"
         );
         let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
@@ -331,6 +366,7 @@ async fn a_malformed_request_body_is_a_400_counted_as_client_error() {
             requests(&before, "upstream_error"),
             "{what}"
         );
+        logged_once(&tenant, "client_error", 400).await;
     }
 }
 
@@ -349,8 +385,8 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     let mut stalled = TcpStream::connect(proxy.addr).await.unwrap();
     stalled
         .write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n\
-              {\"model\":\"m\",\"s",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\
+              X-Tenant-ID: stalled-body-h1\r\n\r\n{\"model\":\"m\",\"s",
         )
         .await
         .unwrap();
@@ -365,6 +401,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
             requests(m, "client_error") == 1.0 && requests(m, "timeout") == 0.0
         })
         .await;
+    logged_once("stalled-body-h1", "client_error", 408).await;
 
     // h2: 16 bytes of a 1000-byte body, then nothing (the sender is held open).
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
@@ -376,6 +413,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
     });
     let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
         .header("content-length", "1000")
+        .header("x-tenant-id", "stalled-body-h2")
         .body(StreamBody::new(Box::pin(frames)))
         .unwrap();
     let (parts, _) = h2_exchange(proxy.addr, request).await;
@@ -386,6 +424,7 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
             requests(m, "client_error") == 2.0
         })
         .await;
+    logged_once("stalled-body-h2", "client_error", 408).await;
 
     // The only slot is free again: a whole request goes through.
     let response = client()
@@ -394,6 +433,57 @@ async fn a_stalled_request_body_is_a_408_and_frees_its_slot() {
         .expect("request after the stalls");
     assert_eq!(response.status(), StatusCode::OK);
     body_text(response).await;
+}
+
+/// Item 3 on h2: a body that contradicts its `content-length` (more DATA than declared,
+/// or END_STREAM short of it) is malformed (RFC 9113 8.1.1). The h2 crate resets the
+/// stream with `PROTOCOL_ERROR` itself as the DATA arrives (h2 0.4 `recv_data`:
+/// "content-length overflow" / "underflow"), before hyper hands tokentap the frame, so no
+/// `400` can reach the client: it sees the reset. The request is recorded once, never
+/// against the upstream: `client_error` when the upstream exchange hears of the broken
+/// body first, `cancelled` when hyper first sees the stream reset while the handler
+/// waits (`proto/h2/server.rs` checks `poll_reset` and drops the handler), which tokentap
+/// cannot tell from a client's own reset.
+#[tokio::test]
+async fn an_h2_body_that_contradicts_its_content_length_is_reset_and_never_the_upstreams_fault() {
+    let sim = SimHandle::start(SimConfig::default()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    for (n, (what, declared)) in [("more than declared", "5"), ("short of it", "1000")]
+        .into_iter()
+        .enumerate()
+    {
+        let tenant = format!("h2-content-length-{n}");
+        let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+            .header("content-type", "application/json")
+            .header("content-length", declared)
+            .header("x-tenant-id", &tenant)
+            .body(Full::new(Bytes::from(CHAT_BODY)))
+            .unwrap();
+        let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(connection);
+        let err = sender.send_request(request).await.expect_err(what);
+        // hyper wraps the h2 error; its reason shows in the error's debug form.
+        let shown = format!("{err:?}");
+        assert!(shown.contains("PROTOCOL_ERROR"), "{what}: {shown}");
+
+        let lines = access_log::wait_for_lines("tenant", &tenant, 1).await;
+        assert_eq!(lines.len(), 1, "{what}: logged once: {lines:?}");
+        let outcome = lines[0].field("outcome");
+        assert!(
+            matches!(outcome, Some("client_error" | "cancelled")),
+            "{what}: {lines:?}"
+        );
+        let m = proxy
+            .wait_metrics(what, |m| {
+                m.sum("tokentap_requests_total", &[("tenant", &tenant)]) == 1.0
+            })
+            .await;
+        assert_eq!(requests(&m, "upstream_error"), 0.0, "{what}");
+    }
 }
 
 /// A scripted upstream that answers every request with one short SSE stream.
@@ -468,6 +558,66 @@ async fn label_values_are_made_visible_and_pairs_are_capped() {
     assert_eq!(
         m.sum("tokentap_label_overflow_total", &[("label", "pair")]),
         2.0
+    );
+}
+
+/// Smaller items: a 1 MiB `model` (too long for the request scanner to read) is labelled
+/// `other` and counted in `label_overflow_total{label="model"}`, not `unknown`, over h1
+/// and h2; the request is forwarded whole.
+#[tokio::test]
+async fn a_model_too_long_to_read_is_other_and_counted_as_overflow() {
+    let upstream = sse_upstream().await;
+    let proxy = Proxy::start(&upstream.url(), "").await;
+    let model = "m".repeat(1 << 20);
+    let body = serde_json::json!({"model": model, "stream": true, "messages": []}).to_string();
+
+    let raw = raw_exchange(
+        proxy.addr,
+        &raw_post(CHAT, "X-Tenant-ID: long-h1\r\n", &body),
+    )
+    .await;
+    assert_eq!(status_line(&raw), "HTTP/1.1 200 OK");
+
+    let request = Request::post(format!("http://{}{CHAT}", proxy.addr))
+        .header("content-type", "application/json")
+        .header("x-tenant-id", "long-h2")
+        .header("content-length", body.len())
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    let (parts, response) = h2_exchange(proxy.addr, request).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    response.expect("the h2 body");
+
+    let m = proxy
+        .wait_metrics("both requests", |m| requests(m, "completed") == 2.0)
+        .await;
+    for tenant in ["long-h1", "long-h2"] {
+        assert_eq!(
+            m.sum(
+                "tokentap_requests_total",
+                &[("model", "other"), ("tenant", tenant)]
+            ),
+            1.0,
+            "{tenant}"
+        );
+        let line =
+            access_log::assert_one_request_line("tenant", tenant, "completed", Some(200)).await;
+        assert_eq!(line.field("model"), Some("other"));
+    }
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[("model", "unknown")]),
+        0.0
+    );
+    assert_eq!(
+        m.sum("tokentap_label_overflow_total", &[("label", "model")]),
+        2.0
+    );
+    let seen = upstream.requests.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.iter()
+            .all(|request| request.ends_with(body.as_bytes())),
+        "the upstream got both bodies whole"
     );
 }
 

@@ -4,6 +4,7 @@
 //! Nothing here sleeps to wait for a server: listeners are bound before their addresses
 //! are handed out, and conditions on metrics are polled with a deadline.
 
+pub mod access_log;
 mod process;
 pub use process::TokentapProcess;
 
@@ -82,6 +83,7 @@ pub struct Proxy {
 impl Proxy {
     /// tokentap in front of `upstream`, with extra YAML config (may be empty).
     pub async fn start(upstream: &str, yaml: &str) -> Proxy {
+        access_log::install();
         let overrides = Overrides {
             upstream: Some(upstream.to_string()),
             listen: Some("127.0.0.1:0".into()),
