@@ -350,7 +350,7 @@ async fn serve_plain(
         }
         _ = shutting_down(&mut closing) => return,
     }
-    let (service, first_request) = FirstRequest::wrap(connection.service);
+    let (service, first_request) = FirstRequest::wrap(connection.service, true);
     // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.
     let http = connection
         .builder
@@ -402,14 +402,20 @@ async fn unless_closed_before_a_request<R>(
 struct FirstRequest {
     service: ProxyService,
     seen: Arc<AtomicBool>,
+    /// Whether the connection can hand itself over after a `101`. Where it cannot, a
+    /// request's upgrade is not offered upstream (its `Upgrade` is stripped like any
+    /// hop-by-hop header), so the client gets the upstream's ordinary answer rather than a
+    /// `101` followed by a closed connection.
+    upgrades: bool,
 }
 
 impl FirstRequest {
-    fn wrap(service: ProxyService) -> (FirstRequest, Arc<AtomicBool>) {
+    fn wrap(service: ProxyService, upgrades: bool) -> (FirstRequest, Arc<AtomicBool>) {
         let seen = Arc::new(AtomicBool::new(false));
         let wrapped = FirstRequest {
             service,
             seen: seen.clone(),
+            upgrades,
         };
         (wrapped, seen)
     }
@@ -423,8 +429,13 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FirstRequ
     type Future =
         <ProxyService as hyper::service::Service<http::Request<hyper::body::Incoming>>>::Future;
 
-    fn call(&self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         self.seen.store(true, Ordering::Release);
+        if !self.upgrades {
+            request
+                .extensions_mut()
+                .remove::<hyper::upgrade::OnUpgrade>();
+        }
         self.service.call(request)
     }
 }
@@ -459,7 +470,7 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
     } else {
         connection.builder.http1_only()
     };
-    let (service, first_request) = FirstRequest::wrap(connection.service);
+    let (service, first_request) = FirstRequest::wrap(connection.service, false);
     // Without upgrades: hyper-util's upgradeable connection always sniffs the protocol
     // (ignoring `http1_only`) with no deadline, which would hold a silent TLS client.
     let http = builder.serve_connection(TokioIo::new(stream), service);

@@ -177,3 +177,102 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// On the TLS listener a connection cannot be handed over after a `101`, so an upgrade is
+/// not offered upstream: `Upgrade` is stripped like any hop-by-hop header and the client
+/// gets the upstream's ordinary answer on a connection that stays usable, never a `101`
+/// followed by a close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_upgrades_are_not_offered_upstream() {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (head_tx, mut head_rx) = tokio::sync::mpsc::channel::<String>(4);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let head_tx = head_tx.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = head_tx
+                    .send(String::from_utf8_lossy(&head).to_ascii_lowercase())
+                    .await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 426 Upgrade Required\r\ncontent-length: 2\r\n\r\nno")
+                    .await;
+            });
+        }
+    });
+    let cert = TestCert::new("tls-upgrade");
+    let proxy = Proxy::start(
+        &format!("http://{upstream}"),
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n",
+            cert.cert_file.display(),
+            cert.key_file.display()
+        ),
+    )
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.certified.cert.der().clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    tls.write_all(
+        b"GET /v1/realtime HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !seen.ends_with(b"\r\n\r\nno") {
+        let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut chunk))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    let answer = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    assert!(
+        answer.starts_with("http/1.1 426 upgrade required\r\n"),
+        "{answer}"
+    );
+    let upstream_head = head_rx.recv().await.expect("the upstream saw the request");
+    assert!(!upstream_head.contains("\r\nupgrade:"), "{upstream_head}");
+
+    // The connection is still an ordinary HTTP/1.1 connection.
+    tls.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut rest)).await;
+    assert!(
+        String::from_utf8_lossy(&rest).starts_with("HTTP/1.1 426"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+}
