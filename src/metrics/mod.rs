@@ -184,6 +184,7 @@ impl Metrics {
             ttfb: bounds(&buckets.time_to_first_byte_seconds),
             ttft: bounds(&buckets.time_to_first_token_seconds),
             itl: bounds(&buckets.inter_token_latency_seconds),
+            inter_chunk: bounds(&buckets.inter_chunk_latency_seconds),
             tpot: bounds(&buckets.time_per_output_token_seconds),
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             duration: bounds(&buckets.request_duration_seconds),

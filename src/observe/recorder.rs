@@ -141,6 +141,7 @@ impl Recorder {
                             tokens,
                         } => {
                             handles.observe_itl(per_token, tokens);
+                            handles.inter_chunk.observe(gap.as_secs_f64());
                             if gap >= stall_threshold {
                                 handles.stalls.inc();
                             }
@@ -247,5 +248,78 @@ impl From<&Timings> for RequestFigures {
             tpot: timings.decode.map(|d| d.tpot),
             tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::snapshot::{HistogramSnapshot, Values};
+    use crate::wire::OutputKind;
+
+    fn metrics() -> Arc<Metrics> {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        Metrics::new(&config.metrics.buckets, &config.labels)
+    }
+
+    fn recorder(metrics: &Arc<Metrics>, t_req: Instant) -> Recorder {
+        let facts = RequestFacts::new(
+            http::Method::POST,
+            "/v1/chat/completions".into(),
+            Dialect::OpenAiChat,
+            Some("t".into()),
+        );
+        let _ = facts.model.set("m".into());
+        Recorder::new(
+            metrics.clone(),
+            t_req,
+            Arc::new(facts),
+            Duration::from_secs(5),
+        )
+    }
+
+    fn output(tokens: u32, exact: bool) -> Signal {
+        Signal::Output {
+            tokens,
+            exact,
+            kind: OutputKind::Content,
+        }
+    }
+
+    fn histogram(metrics: &Metrics, name: &str) -> HistogramSnapshot {
+        let snapshot = metrics.snapshot();
+        match &snapshot.family(name).expect("family shown").values {
+            Values::Histogram(series) => series[0].value.clone(),
+            _ => panic!("{name} is a histogram"),
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn every_gap_is_one_inter_chunk_observation_live_and_feeds_the_stall_counter() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(100), &[output(3, true)]);
+        recorder.apply(t0 + ms(110), &[output(2, true), output(1, true)]);
+        recorder.apply(t0 + ms(6110), &[output(4, true)]);
+        // Live: the gaps are there before the request ends.
+        let chunks = histogram(&metrics, "tokentap_inter_chunk_latency_seconds");
+        assert_eq!(chunks.count, 3);
+        assert!((chunks.sum - 6.01).abs() < 1e-9, "{}", chunks.sum);
+        let pair = metrics.stream(Some("m"), Some("t"));
+        assert_eq!(pair.stalls.get(), 1);
+        recorder.record(t0 + ms(6120), Outcome::Completed);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
+            3
+        );
     }
 }
