@@ -124,7 +124,7 @@ impl Reference {
             token_counts: counter(
                 &r,
                 "tokentap_event_tokens_total",
-                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+                "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(
@@ -167,6 +167,7 @@ impl Reference {
         }
         for (accuracy, count) in [
             ("exact", timings.exact_event_tokens),
+            ("apportioned", timings.apportioned_event_tokens),
             ("estimated", timings.estimated_event_tokens),
         ] {
             if count > 0 {
@@ -447,7 +448,13 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
             } else {
                 0
             };
+            let apportioned = if rng.gen_bool(0.3) {
+                rng.gen_range(0..100)
+            } else {
+                0
+            };
             let timings = RequestFigures {
+                apportioned_event_tokens: apportioned,
                 duration: seconds(value(&mut rng, &b.request_duration_seconds)),
                 output_tokens: if rng.gen_bool(0.8) {
                     rng.gen_range(0..5000)
@@ -516,6 +523,7 @@ fn extreme_values_match_too() {
         duration: Duration::MAX,
         output_tokens: u64::MAX,
         exact_event_tokens: 0,
+        apportioned_event_tokens: 3,
         estimated_event_tokens: 12345678901234567,
         input_tokens: Some(u64::MAX - 1),
         tpot: Some(Duration::from_nanos(1)),

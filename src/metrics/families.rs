@@ -164,7 +164,7 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
     },
     PairFamily {
         name: "tokentap_event_tokens_total",
-        help: "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+        help: "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
         labels: &["accuracy", "model", "tenant"],
         kind: PairKind::EventTokens,
     },

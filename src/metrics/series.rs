@@ -45,6 +45,30 @@ impl Histogram {
             .position(|bound| v <= *bound)
             .unwrap_or(self.bounds.len());
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.add_to_sum(v);
+    }
+
+    /// Count `v` `n` times: the same as `n` calls of [`Histogram::observe`], in one
+    /// step (a request's apportioned share can be many tokens). The sum adds `v` one at a
+    /// time, as `observe` would, for up to 64 observations (what the equivalence with the
+    /// prometheus crate relies on) and `v * n` past that.
+    pub fn observe_many(&self, v: f64, n: u64) {
+        if n <= 64 {
+            for _ in 0..n {
+                self.observe(v);
+            }
+            return;
+        }
+        let slot = self
+            .bounds
+            .iter()
+            .position(|bound| v <= *bound)
+            .unwrap_or(self.bounds.len());
+        self.counts[slot].fetch_add(n, Ordering::Relaxed);
+        self.add_to_sum(v * n as f64);
+    }
+
+    fn add_to_sum(&self, v: f64) {
         let mut current = self.sum.load(Ordering::Relaxed);
         loop {
             let next = (f64::from_bits(current) + v).to_bits();
@@ -106,7 +130,7 @@ pub(super) struct Bounds {
 }
 
 /// `tokentap_event_tokens_total`'s `accuracy` values, in label-value order.
-pub(super) const ACCURACY: [&str; 2] = ["estimated", "exact"];
+pub(super) const ACCURACY: [&str; 3] = ["apportioned", "estimated", "exact"];
 
 /// Every series of one (model, tenant) pair.
 pub struct PairSeries {
@@ -131,7 +155,7 @@ pub struct PairSeries {
     pub(super) output_tokens: Counter,
     pub(super) input_tokens: Counter,
     /// Indexed like [`ACCURACY`].
-    pub(super) event_tokens: [Counter; 2],
+    pub(super) event_tokens: [Counter; 3],
 }
 
 impl PairSeries {
@@ -165,12 +189,9 @@ impl PairSeries {
         }
     }
 
-    /// Observe `tokens` ITL samples of `per_token` each (one per token of the event).
-    pub fn observe_itl(&self, per_token: Duration, tokens: u32) {
-        let value = per_token.as_secs_f64();
-        for _ in 0..tokens {
-            self.itl.observe(value);
-        }
+    /// Observe `tokens` ITL samples of `per_token` each (one per token).
+    pub fn observe_itl(&self, per_token: Duration, tokens: u64) {
+        self.itl.observe_many(per_token.as_secs_f64(), tokens);
     }
 
     /// `model="…",tenant="…"`.

@@ -135,12 +135,10 @@ impl Recorder {
                     let handles = self.handles();
                     match stamp {
                         Stamp::First { ttft } => handles.ttft.observe(ttft.as_secs_f64()),
-                        Stamp::Next {
-                            gap,
-                            per_token,
-                            tokens,
-                        } => {
-                            handles.observe_itl(per_token, tokens);
+                        Stamp::Next { gap, itl } => {
+                            if let Some(share) = itl {
+                                handles.observe_itl(share.per_token, share.count);
+                            }
                             handles.inter_chunk.observe(gap.as_secs_f64());
                             if gap >= stall_threshold {
                                 handles.stalls.inc();
@@ -208,6 +206,9 @@ impl Recorder {
         let timings = self.clock.finish(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
+        for share in &timings.deferred_itl {
+            handles.observe_itl(share.per_token, share.count);
+        }
         self.metrics
             .finish(handles, outcome, RequestFigures::from(&timings));
         self.metrics
@@ -231,6 +232,8 @@ impl Recorder {
             output_tokens = timings.output_tokens,
             input_tokens = timings.input_tokens,
             events = timings.events,
+            counting = timings.counting.as_str(),
+            slowest_gap_ms = ms(timings.slowest_gap),
             "request"
         );
     }
@@ -244,6 +247,7 @@ impl From<&Timings> for RequestFigures {
             output_tokens: timings.output_tokens,
             input_tokens: timings.input_tokens,
             exact_event_tokens: timings.exact_event_tokens,
+            apportioned_event_tokens: timings.apportioned_event_tokens,
             estimated_event_tokens: timings.estimated_event_tokens,
             tpot: timings.decode.map(|d| d.tpot),
             tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
@@ -321,5 +325,40 @@ mod tests {
             histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
             3
         );
+    }
+
+    #[test]
+    fn estimated_gaps_are_recorded_once_at_the_end_as_n_minus_k1_tokens() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(100), &[output(1, false)]);
+        recorder.apply(t0 + ms(130), &[output(1, false)]);
+        recorder.apply(t0 + ms(190), &[output(1, false), output(1, false)]);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_token_latency_seconds").count,
+            0,
+            "buffered until N is known"
+        );
+        recorder.apply(
+            t0 + ms(195),
+            &[Signal::Usage {
+                input_tokens: None,
+                output_tokens: Some(13),
+            }],
+        );
+        recorder.record(t0 + ms(200), Outcome::Completed);
+        let itl = histogram(&metrics, "tokentap_inter_token_latency_seconds");
+        assert_eq!(itl.count, 12);
+        assert!((itl.sum - 0.09).abs() < 1e-9, "{}", itl.sum);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
+            3
+        );
+        let text = String::from_utf8(metrics.render()).expect("UTF-8");
+        assert!(text.contains(
+            "tokentap_event_tokens_total{accuracy=\"apportioned\",model=\"m\",tenant=\"t\"} 13"
+        ));
+        assert!(!text.contains("accuracy=\"estimated\""));
     }
 }
