@@ -123,6 +123,8 @@ pub struct TokenClock {
     /// Part of `live_itl_tokens` that were estimates (observed past the buffer's bound).
     live_estimated_tokens: u64,
     buffered: Vec<BufferedGap>,
+    /// Whether the last event's gap is the last one in `buffered`.
+    last_buffered: bool,
     slowest_gap: Option<Duration>,
     usage_input: Option<u64>,
     usage_output: Option<u64>,
@@ -185,6 +187,7 @@ impl TokenClock {
             live_itl_tokens: 0,
             live_estimated_tokens: 0,
             buffered: Vec::new(),
+            last_buffered: false,
             slowest_gap: None,
             usage_input: None,
             usage_output: None,
@@ -208,14 +211,11 @@ impl TokenClock {
             .map(|t| t.saturating_duration_since(self.t_req))
     }
 
-    /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`). An exact 0 and
-    /// the first event's 0 are read as 1; a later estimate may be 0 (module docs).
+    /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`). An exact 0 is
+    /// read as 1; an estimate may be 0 (module docs).
     pub fn output(&mut self, at: Instant, tokens: u32, exact: bool, kind: OutputKind) -> Stamp {
-        let tokens = if exact || self.last.is_none() {
-            tokens.max(1)
-        } else {
-            tokens
-        };
+        let tokens = if exact { tokens.max(1) } else { tokens };
+        self.last_buffered = false;
         self.events += 1;
         self.counted_tokens += u64::from(tokens);
         if exact {
@@ -243,6 +243,7 @@ impl TokenClock {
                         nanos: nanos(gap),
                         estimate: tokens,
                     });
+                    self.last_buffered = true;
                     None
                 };
                 Stamp::Next { gap, itl }
@@ -266,6 +267,24 @@ impl TokenClock {
         })
     }
 
+    /// Estimated tokens of the last event known only at the end of the body (a
+    /// tokenizer's pending text): added to that event's count.
+    pub fn trailing_tokens(&mut self, tokens: u32) {
+        if self.last.is_none() {
+            return;
+        }
+        self.counted_tokens += u64::from(tokens);
+        if self.last_buffered {
+            if let Some(gap) = self.buffered.last_mut() {
+                gap.estimate = gap.estimate.saturating_add(tokens);
+            }
+        } else if self.events == 1 {
+            if let Some((_, k1)) = self.first.as_mut() {
+                *k1 = k1.saturating_add(tokens);
+            }
+        }
+    }
+
     /// The stream reported usage. Values are cumulative: the latest report wins.
     pub fn usage(&mut self, input_tokens: Option<u64>, output_tokens: Option<u64>) {
         if input_tokens.is_some() {
@@ -282,7 +301,9 @@ impl TokenClock {
         let ttft = self
             .first
             .map(|(t1, _)| t1.saturating_duration_since(self.t_req));
-        let k1 = self.first.map_or(0, |(_, k1)| u64::from(k1));
+        // `k_1 >= 1` in the arithmetic: the first event is token-bearing, whatever a
+        // tokenizer settled of its text yet.
+        let k1 = self.first.map_or(0, |(_, k1)| u64::from(k1.max(1)));
 
         // The buffered gaps' share of N, if N was reported and leaves them something.
         let apportioned_target = self
@@ -771,5 +792,27 @@ mod tests {
         let t = clock.finish(end);
         assert_eq!(t.deferred_itl.len(), 1);
         assert_eq!(t.deferred_itl[0].count, (1 << 40) - 1);
+    }
+
+    #[test]
+    fn trailing_tokens_belong_to_the_last_event_and_a_first_zero_is_one_token() {
+        // A tokenizer settled nothing of the first delta, 0 of the second (merged into
+        // the third), and 2 more of the last text only at the end.
+        let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
+        clock.trailing_tokens(2);
+        let t = clock.finish(end);
+        assert_eq!(t.estimated_event_tokens, 4, "the counts as settled");
+        assert_eq!(t.deferred_itl, vec![share(10, 4)]);
+        // With N, k_1 counts as 1: N - 1 observations.
+        let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
+        clock.trailing_tokens(2);
+        clock.usage(None, Some(5));
+        let t = clock.finish(end);
+        assert_eq!(t.deferred_itl, vec![share(10, 4)]);
+        assert_eq!(t.decode.map(|d| d.tpot), Some(ms(10)));
+        // After a single event they are the first event's.
+        let (mut clock, _, end) = timeline(1, &[]);
+        clock.trailing_tokens(3);
+        assert_eq!(clock.finish(end).estimated_event_tokens, 4);
     }
 }

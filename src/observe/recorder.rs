@@ -165,6 +165,7 @@ impl Recorder {
                 Signal::Error => self.stream_error = true,
                 Signal::Malformed => self.malformed += 1,
                 Signal::Done => self.end_marker = true,
+                Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
             }
         }
     }
