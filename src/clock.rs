@@ -1,34 +1,105 @@
 //! `TokenClock`: the measurement semantics of DESIGN.md, and nothing else.
 //!
 //! The clock is fed instants and token events by the body observer (the one place that
-//! reads the monotonic clock) and turns them into TTFB, TTFT, per-gap inter-token latency,
-//! TPOT, decode tokens/s and duration. It does no I/O and never reads the time itself, so
-//! every rule here is tested on synthetic timelines with exact expected values.
+//! reads the monotonic clock) and turns them into TTFB, TTFT, inter-token latency (ITL),
+//! inter-chunk gaps, TPOT, decode tokens/s and duration. It does no I/O and never reads
+//! the time itself, so every rule here is tested on synthetic timelines with exact
+//! expected values.
 //!
 //! For one request, with `t_req` the instant the request head was received:
 //! - TTFB = `t_head - t_req`, TTFT = `t_1 - t_req` (first token-bearing event);
-//! - for each later event `i` carrying `k_i` tokens, the gap `g_i = t_i - t_(i-1)` is
-//!   observed `k_i` times with value `g_i / k_i` (token-weighted ITL);
+//! - every later event `i` closes the gap `g_i = t_i - t_(i-1)`: one inter-chunk
+//!   observation, live ([`Stamp::Next`]);
 //! - N (output tokens) = the final reported usage if any, else `sum k_i`;
 //! - TPOT = `(t_E - t_1) / (N - k_1)` and decode tokens/s its inverse, only when
 //!   `N - k_1 >= 1` and the stream had at least two token-bearing events (with one event
 //!   `t_E - t_1` is zero and a rate would be meaningless).
+//!
+//! # ITL: per token whenever N is known
+//!
+//! Over a request the ITL histogram's sum is `t_E - t_1` and its count the tokens after
+//! the first event. How a gap becomes ITL observations depends on how its `k_i` is known:
+//!
+//! - **Exact** counts (logprobs entries, continuous usage, TGI, Gemini): the gap is
+//!   observed live, `k_i` times with value `g_i / k_i`.
+//! - **Estimated** counts (one per event, or a tokenizer's count of the delta): the gap is
+//!   buffered with its estimate and observed when the request ends ([`TokenClock::finish`]).
+//!   If the stream reported N by then, the buffered gaps share exactly
+//!   `N - k_1 - (tokens observed live)` observations whose sum is their total span: each
+//!   gap's integer share is in proportion to its estimate (largest remainder, so the
+//!   shares add up exactly). Without a reported N (cancelled, usage not requested, a
+//!   format without usage) each gap is observed with its estimate.
+//! - A gap whose count (estimate or share) is 0 is merged into the next gap, a trailing
+//!   one into the previous: its time is part of the next token's latency, and the sum
+//!   stays the span.
+//! - A mixed stream keeps its exact gaps live and apportions the rest over what N leaves
+//!   after them. If N leaves nothing for the buffered gaps (a usage report smaller than the
+//!   exact counts already seen), they are observed with their estimates.
+//!
+//! The buffer is bounded: at most [`MAX_BUFFERED_GAPS`] gaps of 16 bytes each (64 KiB at
+//! most; a 1,000-token stream buffers at most 999 gaps, under 16 KiB). Past the bound the
+//! remaining estimated gaps are observed live with their estimates, and apportioning
+//! covers the buffered ones only.
+//!
+//! The first event carries at least one token (`k_1 >= 1`: it is token-bearing); a later
+//! estimated event may carry 0 (a tokenizer that has not yet settled its text).
 
 use std::time::{Duration, Instant};
 
 use crate::wire::OutputKind;
 
-/// What one token-bearing event means for the ITL histogram.
+/// Most estimated gaps a request buffers for apportioning at its end (see the module docs).
+pub const MAX_BUFFERED_GAPS: usize = 4096;
+
+/// `count` ITL observations of `per_token` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItlShare {
+    pub per_token: Duration,
+    pub count: u64,
+}
+
+/// What one token-bearing event means for the histograms, live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stamp {
     /// The first token-bearing event: its latency from the request is the TTFT.
     First { ttft: Duration },
-    /// A later event: observe `per_token` into ITL `tokens` times. `gap` is the raw gap.
+    /// A later event: `gap` is one inter-chunk observation; `itl` the ITL observations to
+    /// make now (`None`: the gap is buffered until the request ends).
     Next {
         gap: Duration,
-        per_token: Duration,
-        tokens: u32,
+        itl: Option<ItlShare>,
     },
+}
+
+/// How the per-event token counts of a request were known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counting {
+    /// No token-bearing event.
+    None,
+    /// Every count was given by the wire format.
+    Exact,
+    /// Estimated counts apportioned from the reported N (some may be exact).
+    Apportioned,
+    /// Estimated counts without a reported N to correct them (some may be exact).
+    Estimated,
+}
+
+impl Counting {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Counting::None => "none",
+            Counting::Exact => "exact",
+            Counting::Apportioned => "apportioned",
+            Counting::Estimated => "estimated",
+        }
+    }
+}
+
+/// A buffered estimated gap: 16 bytes.
+#[derive(Clone, Copy, Debug)]
+struct BufferedGap {
+    nanos: u64,
+    estimate: u32,
 }
 
 /// Timeline state of one request.
@@ -47,12 +118,20 @@ pub struct TokenClock {
     counted_tokens: u64,
     /// Part of `counted_tokens` whose per-event count the wire format gave exactly.
     exact_tokens: u64,
+    /// ITL observations already made live: exact counts, and estimates past the buffer.
+    live_itl_tokens: u64,
+    /// Part of `live_itl_tokens` that were estimates (observed past the buffer's bound).
+    live_estimated_tokens: u64,
+    buffered: Vec<BufferedGap>,
+    /// Whether the last event's gap is the last one in `buffered`.
+    last_buffered: bool,
+    slowest_gap: Option<Duration>,
     usage_input: Option<u64>,
     usage_output: Option<u64>,
 }
 
 /// Everything the clock measured for a finished request.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Timings {
     pub ttfb: Option<Duration>,
     pub ttft: Option<Duration>,
@@ -65,13 +144,22 @@ pub struct Timings {
     pub output_tokens: u64,
     /// Whether `output_tokens` came from the stream's own usage report.
     pub output_tokens_reported: bool,
-    /// Per-event counts that were exact (`<= sum k_i`).
+    /// Output tokens whose per-event count the wire format gave.
     pub exact_event_tokens: u64,
-    /// Per-event counts that were the one-per-event estimate.
+    /// Output tokens whose count was apportioned from the reported N.
+    pub apportioned_event_tokens: u64,
+    /// Output tokens counted by an estimate nothing corrected.
     pub estimated_event_tokens: u64,
+    /// How the per-event counts were known, in one word.
+    pub counting: Counting,
     pub input_tokens: Option<u64>,
-    /// Token-weighted mean ITL: `(t_E - t_1) / sum_{i>=2} k_i`.
+    /// Token-weighted mean ITL: `(t_E - t_1) / (ITL observations)`.
     pub mean_itl: Option<Duration>,
+    /// The longest gap between consecutive token-bearing events.
+    pub slowest_gap: Option<Duration>,
+    /// The ITL observations left to make at the end (the buffered gaps); with those made
+    /// live, the request's ITL count is `N - k_1` whenever N was reported.
+    pub deferred_itl: Vec<ItlShare>,
     pub decode: Option<Decode>,
 }
 
@@ -96,6 +184,11 @@ impl TokenClock {
             events: 0,
             counted_tokens: 0,
             exact_tokens: 0,
+            live_itl_tokens: 0,
+            live_estimated_tokens: 0,
+            buffered: Vec::new(),
+            last_buffered: false,
+            slowest_gap: None,
             usage_input: None,
             usage_output: None,
         }
@@ -118,9 +211,11 @@ impl TokenClock {
             .map(|t| t.saturating_duration_since(self.t_req))
     }
 
-    /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`, 0 is read as 1).
+    /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`). An exact 0 is
+    /// read as 1; an estimate may be 0 (module docs).
     pub fn output(&mut self, at: Instant, tokens: u32, exact: bool, kind: OutputKind) -> Stamp {
-        let tokens = tokens.max(1);
+        let tokens = if exact { tokens.max(1) } else { tokens };
+        self.last_buffered = false;
         self.events += 1;
         self.counted_tokens += u64::from(tokens);
         if exact {
@@ -138,15 +233,56 @@ impl TokenClock {
             }
             Some(previous) => {
                 let gap = at.saturating_duration_since(previous);
-                Stamp::Next {
-                    gap,
-                    per_token: gap / tokens,
-                    tokens,
+                if self.slowest_gap.is_none_or(|slowest| gap > slowest) {
+                    self.slowest_gap = Some(gap);
                 }
+                let itl = if exact || self.buffered.len() >= MAX_BUFFERED_GAPS {
+                    self.live_itl(gap, tokens, exact)
+                } else {
+                    self.buffered.push(BufferedGap {
+                        nanos: nanos(gap),
+                        estimate: tokens,
+                    });
+                    self.last_buffered = true;
+                    None
+                };
+                Stamp::Next { gap, itl }
             }
         };
         self.last = Some(at);
         stamp
+    }
+
+    /// An ITL observation made as the event arrives. An estimate of 0 past the buffer has
+    /// no later gap to merge into that is known now, so it counts as 1.
+    fn live_itl(&mut self, gap: Duration, tokens: u32, exact: bool) -> Option<ItlShare> {
+        let count = u64::from(tokens.max(1));
+        self.live_itl_tokens += count;
+        if !exact {
+            self.live_estimated_tokens += count;
+        }
+        Some(ItlShare {
+            per_token: div_duration(gap, count),
+            count,
+        })
+    }
+
+    /// Estimated tokens of the last event known only at the end of the body (a
+    /// tokenizer's pending text): added to that event's count.
+    pub fn trailing_tokens(&mut self, tokens: u32) {
+        if self.last.is_none() {
+            return;
+        }
+        self.counted_tokens += u64::from(tokens);
+        if self.last_buffered {
+            if let Some(gap) = self.buffered.last_mut() {
+                gap.estimate = gap.estimate.saturating_add(tokens);
+            }
+        } else if self.events == 1 {
+            if let Some((_, k1)) = self.first.as_mut() {
+                *k1 = k1.saturating_add(tokens);
+            }
+        }
     }
 
     /// The stream reported usage. Values are cumulative: the latest report wins.
@@ -165,15 +301,55 @@ impl TokenClock {
         let ttft = self
             .first
             .map(|(t1, _)| t1.saturating_duration_since(self.t_req));
+        // `k_1 >= 1` in the arithmetic: the first event is token-bearing, whatever a
+        // tokenizer settled of its text yet.
+        let k1 = self.first.map_or(0, |(_, k1)| u64::from(k1.max(1)));
+
+        // The buffered gaps' share of N, if N was reported and leaves them something.
+        let apportioned_target = self
+            .usage_output
+            .map(|n| n.saturating_sub(k1 + self.live_itl_tokens))
+            .filter(|target| *target >= 1 && !self.buffered.is_empty());
+        let deferred_itl = match apportioned_target {
+            Some(target) => apportion(&self.buffered, target),
+            None => apportion(
+                &self.buffered,
+                self.buffered.iter().map(|g| u64::from(g.estimate)).sum(),
+            ),
+        };
+        // A reported N corrects the estimates unless it left nothing to the buffered gaps.
+        let n_corrects_estimates = self.usage_output.is_some()
+            && (self.buffered.is_empty() || apportioned_target.is_some());
+        let itl_count = self.live_itl_tokens + deferred_itl.iter().map(|s| s.count).sum::<u64>();
+
+        let estimated_counts = self.counted_tokens > self.exact_tokens;
+        let (counting, apportioned, estimated) = match (self.events, estimated_counts) {
+            (0, _) => (Counting::None, 0, 0),
+            (_, false) => (Counting::Exact, 0, 0),
+            (_, true) if n_corrects_estimates => {
+                let apportioned =
+                    output_tokens.saturating_sub(self.exact_tokens + self.live_estimated_tokens);
+                (
+                    Counting::Apportioned,
+                    apportioned,
+                    self.live_estimated_tokens,
+                )
+            }
+            (_, true) => (
+                Counting::Estimated,
+                0,
+                self.counted_tokens - self.exact_tokens,
+            ),
+        };
+
         let mut mean_itl = None;
         let mut decode = None;
-        if let (Some((t1, k1)), Some(t_e)) = (self.first, self.last) {
+        if let (Some((t1, _)), Some(t_e)) = (self.first, self.last) {
             let span = t_e.saturating_duration_since(t1);
-            let counted_after_first = self.counted_tokens - u64::from(k1);
-            if self.events >= 2 && counted_after_first >= 1 {
-                mean_itl = Some(div_duration(span, counted_after_first));
+            if self.events >= 2 && itl_count >= 1 {
+                mean_itl = Some(div_duration(span, itl_count));
             }
-            let decode_tokens = output_tokens.saturating_sub(u64::from(k1));
+            let decode_tokens = output_tokens.saturating_sub(k1);
             if self.events >= 2 && decode_tokens >= 1 && !span.is_zero() {
                 decode = Some(Decode {
                     tpot: div_duration(span, decode_tokens),
@@ -190,12 +366,76 @@ impl TokenClock {
             output_tokens,
             output_tokens_reported: self.usage_output.is_some(),
             exact_event_tokens: self.exact_tokens,
-            estimated_event_tokens: self.counted_tokens - self.exact_tokens,
+            apportioned_event_tokens: apportioned,
+            estimated_event_tokens: estimated,
+            counting,
             input_tokens: self.usage_input,
             mean_itl,
+            slowest_gap: self.slowest_gap,
+            deferred_itl,
             decode,
         }
     }
+}
+
+/// Split `target` ITL observations over `gaps` in proportion to their estimates
+/// (largest remainder, earlier gaps first on ties), merging every gap whose estimate or
+/// share is 0 into the next one (a trailing one into the previous), so that the counts
+/// add up to `target` and the values to the gaps' total time (to the nanosecond per
+/// share). With `target` the sum of the estimates, each gap gets its estimate.
+fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
+    if gaps.is_empty() || target == 0 {
+        return Vec::new();
+    }
+    let weighted = merge_empty(gaps.iter().map(|g| (g.nanos, u64::from(g.estimate))));
+    let total: u128 = weighted.iter().map(|(_, w)| u128::from(*w)).sum();
+    let mut shares: Vec<(u64, u64)> = Vec::with_capacity(weighted.len());
+    let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(weighted.len());
+    let mut given = 0u64;
+    for (index, (nanos, weight)) in weighted.iter().enumerate() {
+        let exact = u128::from(target) * u128::from(*weight);
+        let share = u64::try_from(exact / total).unwrap_or(u64::MAX);
+        given += share;
+        shares.push((*nanos, share));
+        remainders.push((exact % total, index));
+    }
+    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let left = usize::try_from(target - given).unwrap_or(usize::MAX);
+    for (_, index) in remainders.into_iter().take(left) {
+        shares[index].1 += 1;
+    }
+    merge_empty(shares.into_iter())
+        .into_iter()
+        .map(|(nanos, count)| ItlShare {
+            per_token: Duration::from_nanos(nanos / count),
+            count,
+        })
+        .collect()
+}
+
+/// `(nanos, weight)` runs with every weight-0 entry's time added to the next entry with
+/// a weight (trailing ones to the previous). Never empty for a non-empty input: if no
+/// entry has a weight, their time becomes one entry of weight 1.
+fn merge_empty(entries: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    let mut carried = 0u64;
+    for (nanos, weight) in entries {
+        if weight == 0 {
+            carried = carried.saturating_add(nanos);
+        } else {
+            merged.push((nanos.saturating_add(carried), weight));
+            carried = 0;
+        }
+    }
+    match merged.last_mut() {
+        Some(last) => last.0 = last.0.saturating_add(carried),
+        None => merged.push((carried, 1)),
+    }
+    merged
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// `d / n` for a `u64` divisor, exact to the nanosecond.
@@ -212,6 +452,39 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn share(per_token_ms: u64, count: u64) -> ItlShare {
+        ItlShare {
+            per_token: ms(per_token_ms),
+            count,
+        }
+    }
+
+    /// A clock with a first event of `k_1` tokens at 100 ms and then, for each
+    /// `(gap_ms, tokens, exact)`, an event that much later.
+    fn timeline(k1: u32, events: &[(u64, u32, bool)]) -> (TokenClock, Instant, Instant) {
+        let t0 = Instant::now();
+        let mut clock = TokenClock::new(t0);
+        let mut at = t0 + ms(100);
+        clock.output(at, k1, false, OutputKind::Content);
+        for (gap, tokens, exact) in events {
+            at += ms(*gap);
+            clock.output(at, *tokens, *exact, OutputKind::Content);
+        }
+        (clock, t0, at)
+    }
+
+    /// The request's ITL observations: `(count, sum)`.
+    fn itl_of(t: &Timings, live: &[ItlShare]) -> (u64, Duration) {
+        live.iter()
+            .chain(&t.deferred_itl)
+            .fold((0, Duration::ZERO), |(n, sum), s| {
+                (
+                    n + s.count,
+                    sum + s.per_token * u32::try_from(s.count).unwrap(),
+                )
+            })
+    }
+
     /// A timeline like the integration test's backend: head at 5 ms, first token at 150 ms,
     /// then one token every 20 ms, 40 tokens in all.
     #[test]
@@ -225,12 +498,12 @@ mod tests {
         );
         for i in 1..40u64 {
             let stamp = clock.output(t0 + ms(150 + 20 * i), 1, false, OutputKind::Content);
+            // Estimated counts: the gap is buffered until the end.
             assert_eq!(
                 stamp,
                 Stamp::Next {
                     gap: ms(20),
-                    per_token: ms(20),
-                    tokens: 1
+                    itl: None
                 }
             );
         }
@@ -243,6 +516,10 @@ mod tests {
         assert_eq!(t.output_tokens, 40);
         assert!(!t.output_tokens_reported);
         assert_eq!(t.mean_itl, Some(ms(20)));
+        // No usage reported: each gap observed with its estimate.
+        assert_eq!(t.counting, Counting::Estimated);
+        assert_eq!(t.estimated_event_tokens, 40);
+        assert_eq!(t.deferred_itl, vec![share(20, 1); 39]);
         let decode = t.decode.expect("decode defined");
         assert_eq!(decode.tpot, ms(20));
         assert!((decode.tokens_per_second - 50.0).abs() < 1e-9);
@@ -258,14 +535,15 @@ mod tests {
             stamp,
             Stamp::Next {
                 gap: ms(30),
-                per_token: ms(10),
-                tokens: 3
+                itl: Some(share(10, 3))
             }
         );
         let t = clock.finish(t0 + ms(130));
         assert_eq!(t.output_tokens, 5);
         assert_eq!(t.exact_event_tokens, 5);
         assert_eq!(t.estimated_event_tokens, 0);
+        assert_eq!(t.counting, Counting::Exact);
+        assert!(t.deferred_itl.is_empty(), "exact gaps are observed live");
         // ITL sum over the request is t_E - t_1 = 30 ms, count = 3 tokens after the first event.
         assert_eq!(t.mean_itl, Some(ms(10)));
         // TPOT = (t_E - t_1) / (N - k_1) = 30 ms / 3.
@@ -273,7 +551,7 @@ mod tests {
     }
 
     #[test]
-    fn reported_usage_corrects_n_but_not_itl() {
+    fn reported_usage_corrects_n_and_apportions_itl() {
         let t0 = Instant::now();
         let mut clock = TokenClock::new(t0);
         clock.output(t0 + ms(100), 1, false, OutputKind::Content);
@@ -284,7 +562,12 @@ mod tests {
         assert_eq!(t.output_tokens, 9);
         assert!(t.output_tokens_reported);
         assert_eq!(t.input_tokens, Some(12));
-        assert_eq!(t.mean_itl, Some(ms(40)));
+        // 80 ms over N - k_1 = 8 tokens, two gaps of one estimated token each: 4 + 4.
+        assert_eq!(t.mean_itl, Some(ms(10)));
+        assert_eq!(t.deferred_itl, vec![share(10, 4), share(10, 4)]);
+        assert_eq!(t.counting, Counting::Apportioned);
+        assert_eq!(t.apportioned_event_tokens, 9);
+        assert_eq!(t.estimated_event_tokens, 0);
         // TPOT = 80 ms / (9 - 1)
         assert_eq!(t.decode.map(|d| d.tpot), Some(ms(10)));
         assert_eq!(t.decode.map(|d| d.tokens_per_second), Some(100.0));
@@ -349,8 +632,7 @@ mod tests {
             clock.output(at, 1, false, OutputKind::Content),
             Stamp::Next {
                 gap: Duration::ZERO,
-                per_token: Duration::ZERO,
-                tokens: 1
+                itl: None
             }
         );
         clock.output(at, 1, false, OutputKind::Content);
@@ -366,5 +648,171 @@ mod tests {
         let mut clock = TokenClock::new(t0);
         clock.response_head(t0 + ms(4));
         assert_eq!(clock.response_head(t0 + ms(9)), ms(4));
+    }
+
+    #[test]
+    fn buffered_gaps_share_n_minus_k1_in_proportion_to_their_estimates() {
+        let (mut clock, _, end) = timeline(1, &[(30, 1, false), (10, 1, false), (60, 2, false)]);
+        clock.usage(None, Some(9));
+        let t = clock.finish(end);
+        // Estimates 1, 1, 2 of 8 = N - k_1: shares 2, 2, 4.
+        assert_eq!(
+            t.deferred_itl,
+            vec![share(15, 2), share(5, 2), share(15, 4)]
+        );
+        assert_eq!(itl_of(&t, &[]), (8, ms(100)));
+        assert_eq!(t.mean_itl, Some(Duration::from_micros(12_500)));
+        assert_eq!(t.slowest_gap, Some(ms(60)));
+        assert_eq!(t.apportioned_event_tokens, 9);
+    }
+
+    #[test]
+    fn shares_are_integers_by_largest_remainder_that_add_up() {
+        let (mut clock, _, end) = timeline(1, &[(30, 1, false), (30, 1, false), (30, 1, false)]);
+        clock.usage(None, Some(6));
+        let t = clock.finish(end);
+        // 5 over three equal estimates: 5/3 each, the two spare tokens to the first two.
+        assert_eq!(
+            t.deferred_itl,
+            vec![share(15, 2), share(15, 2), share(30, 1)]
+        );
+        assert_eq!(itl_of(&t, &[]), (5, ms(90)));
+    }
+
+    #[test]
+    fn a_zero_token_gap_merges_into_the_next_and_a_trailing_one_into_the_previous() {
+        let events = [(10, 0, false), (20, 2, false), (20, 0, false)];
+        let (clock, _, end) = timeline(1, &events);
+        let t = clock.finish(end);
+        // No N: the estimates, with the zero gaps' time in the gap that got tokens.
+        assert_eq!(t.deferred_itl, vec![share(25, 2)]);
+        assert_eq!(t.counting, Counting::Estimated);
+        assert_eq!(t.estimated_event_tokens, 3);
+
+        let (mut clock, _, end) = timeline(1, &events);
+        clock.usage(None, Some(5));
+        let t = clock.finish(end);
+        assert_eq!(
+            t.deferred_itl,
+            vec![ItlShare {
+                per_token: Duration::from_micros(12_500),
+                count: 4
+            }]
+        );
+    }
+
+    #[test]
+    fn a_gap_whose_share_rounds_to_zero_merges_into_the_next() {
+        let (mut clock, _, end) = timeline(1, &[(5, 1, false), (5, 1, false), (50, 10, false)]);
+        clock.usage(None, Some(3));
+        let t = clock.finish(end);
+        // 2 over estimates 1, 1, 10: shares 0, 0, 2 (the remainder goes to the largest).
+        assert_eq!(t.deferred_itl, vec![share(30, 2)]);
+        assert_eq!(itl_of(&t, &[]), (2, ms(60)));
+    }
+
+    #[test]
+    fn a_mixed_stream_keeps_exact_gaps_live_and_apportions_the_rest() {
+        let t0 = Instant::now();
+        let mut clock = TokenClock::new(t0);
+        clock.output(t0 + ms(100), 2, true, OutputKind::Content);
+        let live = clock.output(t0 + ms(130), 3, true, OutputKind::Content);
+        assert_eq!(
+            live,
+            Stamp::Next {
+                gap: ms(30),
+                itl: Some(share(10, 3))
+            }
+        );
+        clock.output(t0 + ms(160), 1, false, OutputKind::Content);
+        clock.output(t0 + ms(220), 1, false, OutputKind::Content);
+        clock.usage(None, Some(11));
+        let t = clock.finish(t0 + ms(220));
+        // 11 - 2 - 3 = 6 tokens over the two buffered gaps.
+        assert_eq!(t.deferred_itl, vec![share(10, 3), share(20, 3)]);
+        assert_eq!(itl_of(&t, &[share(10, 3)]), (9, ms(120)));
+        assert_eq!(t.counting, Counting::Apportioned);
+        assert_eq!(t.exact_event_tokens, 5);
+        assert_eq!(t.apportioned_event_tokens, 6);
+        assert_eq!(t.estimated_event_tokens, 0);
+    }
+
+    #[test]
+    fn a_usage_report_that_leaves_nothing_keeps_the_estimates() {
+        let (mut clock, _, end) = timeline(1, &[(10, 1, false), (10, 1, false)]);
+        clock.usage(None, Some(1));
+        let t = clock.finish(end);
+        assert_eq!(t.deferred_itl, vec![share(10, 1), share(10, 1)]);
+        assert_eq!(t.counting, Counting::Estimated);
+        assert_eq!(t.output_tokens, 1);
+    }
+
+    #[test]
+    fn past_the_buffer_estimated_gaps_are_observed_live() {
+        let t0 = Instant::now();
+        let mut clock = TokenClock::new(t0);
+        clock.output(t0, 1, false, OutputKind::Content);
+        let mut at = t0;
+        for _ in 0..MAX_BUFFERED_GAPS {
+            at += ms(1);
+            let stamp = clock.output(at, 1, false, OutputKind::Content);
+            assert!(matches!(stamp, Stamp::Next { itl: None, .. }));
+        }
+        at += ms(4);
+        assert_eq!(
+            clock.output(at, 2, false, OutputKind::Content),
+            Stamp::Next {
+                gap: ms(4),
+                itl: Some(share(2, 2))
+            }
+        );
+        let n = 1 + 2 * MAX_BUFFERED_GAPS as u64 + 2;
+        clock.usage(None, Some(n));
+        let t = clock.finish(at);
+        // The buffered gaps share what the live ones left: 2 per gap.
+        assert_eq!(t.deferred_itl.len(), MAX_BUFFERED_GAPS);
+        assert!(t.deferred_itl.iter().all(|s| *s
+            == ItlShare {
+                per_token: Duration::from_micros(500),
+                count: 2
+            }));
+        assert_eq!(t.estimated_event_tokens, 2);
+        assert_eq!(t.apportioned_event_tokens, n - 2);
+        assert_eq!(
+            std::mem::size_of::<BufferedGap>(),
+            16,
+            "the documented bound"
+        );
+    }
+
+    #[test]
+    fn a_huge_reported_n_costs_nothing_per_token() {
+        let (mut clock, _, end) = timeline(1, &[(1000, 1, false)]);
+        clock.usage(None, Some(1 << 40));
+        let t = clock.finish(end);
+        assert_eq!(t.deferred_itl.len(), 1);
+        assert_eq!(t.deferred_itl[0].count, (1 << 40) - 1);
+    }
+
+    #[test]
+    fn trailing_tokens_belong_to_the_last_event_and_a_first_zero_is_one_token() {
+        // A tokenizer settled nothing of the first delta, 0 of the second (merged into
+        // the third), and 2 more of the last text only at the end.
+        let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
+        clock.trailing_tokens(2);
+        let t = clock.finish(end);
+        assert_eq!(t.estimated_event_tokens, 4, "the counts as settled");
+        assert_eq!(t.deferred_itl, vec![share(10, 4)]);
+        // With N, k_1 counts as 1: N - 1 observations.
+        let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
+        clock.trailing_tokens(2);
+        clock.usage(None, Some(5));
+        let t = clock.finish(end);
+        assert_eq!(t.deferred_itl, vec![share(10, 4)]);
+        assert_eq!(t.decode.map(|d| d.tpot), Some(ms(10)));
+        // After a single event they are the first event's.
+        let (mut clock, _, end) = timeline(1, &[]);
+        clock.trailing_tokens(3);
+        assert_eq!(clock.finish(end).estimated_event_tokens, 4);
     }
 }

@@ -18,6 +18,7 @@ METRICS = {
     "tokentap_time_to_first_token_seconds": ("histogram", ("model", "tenant")),
     "tokentap_time_to_first_content_token_seconds": ("histogram", ("model", "tenant")),
     "tokentap_inter_token_latency_seconds": ("histogram", ("model", "tenant")),
+    "tokentap_inter_chunk_latency_seconds": ("histogram", ("model", "tenant")),
     "tokentap_time_per_output_token_seconds": ("histogram", ("model", "tenant")),
     "tokentap_output_tokens_per_second": ("histogram", ("model", "tenant")),
     "tokentap_request_duration_seconds": ("histogram", ("model", "tenant")),

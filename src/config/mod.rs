@@ -140,6 +140,7 @@ pub struct Buckets {
     pub time_to_first_byte_seconds: Vec<f64>,
     pub time_to_first_token_seconds: Vec<f64>,
     pub inter_token_latency_seconds: Vec<f64>,
+    pub inter_chunk_latency_seconds: Vec<f64>,
     pub time_per_output_token_seconds: Vec<f64>,
     pub output_tokens_per_second: Vec<f64>,
     pub request_duration_seconds: Vec<f64>,

@@ -214,6 +214,7 @@ pub struct RawBuckets {
     pub time_to_first_byte_seconds: Option<Vec<Number>>,
     pub time_to_first_token_seconds: Option<Vec<Number>>,
     pub inter_token_latency_seconds: Option<Vec<Number>>,
+    pub inter_chunk_latency_seconds: Option<Vec<Number>>,
     pub time_per_output_token_seconds: Option<Vec<Number>>,
     pub output_tokens_per_second: Option<Vec<Number>>,
     pub request_duration_seconds: Option<Vec<Number>>,

@@ -11,7 +11,7 @@ use super::raw::*;
 use super::units::{HumanDuration, Number};
 use super::*;
 use crate::metrics::buckets::{
-    DURATION_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_SECOND_BUCKETS,
+    DURATION_BUCKETS, INTER_CHUNK_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_SECOND_BUCKETS,
 };
 use crate::wire::tokenize::TokenizerSource;
 use crate::wire::Dialect;
@@ -150,6 +150,12 @@ impl RawConfig {
                 "metrics.buckets.inter_token_latency_seconds",
                 b.inter_token_latency_seconds,
                 ITL_BUCKETS,
+            ),
+            inter_chunk_latency_seconds: buckets(
+                &mut issues,
+                "metrics.buckets.inter_chunk_latency_seconds",
+                b.inter_chunk_latency_seconds,
+                INTER_CHUNK_BUCKETS,
             ),
             time_per_output_token_seconds: buckets(
                 &mut issues,

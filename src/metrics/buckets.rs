@@ -17,6 +17,13 @@ pub const ITL_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.3, 0.5, 1.0, 2.5, 5.0,
 ];
+/// Inter-chunk latency buckets: 1 ms to 30 s. A chunk gap is one decode step or several
+/// (engines batch tokens per event), and a stall is a gap of seconds, so the range reaches
+/// past the default 5 s stall threshold, with the threshold itself on a bound.
+pub const INTER_CHUNK_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
 /// Decode tokens/s buckets: 1 to 2000 tokens/s.
 pub const TOKENS_PER_SECOND_BUCKETS: &[f64] = &[
     1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0,

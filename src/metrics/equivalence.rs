@@ -12,6 +12,7 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Regi
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
 use super::{Metrics, Outcome, PairSeries, RequestFigures};
 use crate::config::{Buckets, LabelPolicy, Labels};
@@ -23,6 +24,7 @@ struct Reference {
     ttft: HistogramVec,
     ttft_content: HistogramVec,
     itl: HistogramVec,
+    inter_chunk: HistogramVec,
     tpot: HistogramVec,
     tokens_per_second: HistogramVec,
     duration: HistogramVec,
@@ -77,6 +79,12 @@ impl Reference {
                 "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
                 &b.inter_token_latency_seconds,
             ),
+            inter_chunk: histogram(
+                &r,
+                "tokentap_inter_chunk_latency_seconds",
+                INTER_CHUNK_HELP,
+                &b.inter_chunk_latency_seconds,
+            ),
             tpot: histogram(
                 &r,
                 "tokentap_time_per_output_token_seconds",
@@ -116,13 +124,13 @@ impl Reference {
             token_counts: counter(
                 &r,
                 "tokentap_event_tokens_total",
-                "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+                "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(
                 &r,
                 "tokentap_stream_stalls_total",
-                "Inter-token gaps at least as long as the configured stall threshold.",
+                "Gaps between token-bearing events at least as long as the configured stall threshold.",
                 &["model", "tenant"],
             ),
             registry: r,
@@ -136,6 +144,7 @@ impl Reference {
         self.ttft.with_label_values(&pair);
         self.ttft_content.with_label_values(&pair);
         self.itl.with_label_values(&pair);
+        self.inter_chunk.with_label_values(&pair);
         self.stalls.with_label_values(&pair);
     }
 
@@ -158,6 +167,7 @@ impl Reference {
         }
         for (accuracy, count) in [
             ("exact", timings.exact_event_tokens),
+            ("apportioned", timings.apportioned_event_tokens),
             ("estimated", timings.estimated_event_tokens),
         ] {
             if count > 0 {
@@ -184,6 +194,7 @@ fn buckets() -> Buckets {
         time_to_first_byte_seconds: vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0],
         time_to_first_token_seconds: vec![0.005, 0.1, 0.3, 1.0, 3.0, 60.0],
         inter_token_latency_seconds: vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 5.0],
+        inter_chunk_latency_seconds: vec![0.001, 0.01, 0.1, 1.0, 5.0, 30.0],
         time_per_output_token_seconds: vec![0.001, 0.01, 0.1, 1.0],
         output_tokens_per_second: vec![1.0, 10.0, 50.0, 100.0, 1000.0, 2000.0],
         request_duration_seconds: vec![0.05, 1.0, 30.0, 1800.0],
@@ -410,6 +421,11 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
                 itl.observe(seconds(v).as_secs_f64());
             }
         }
+        if rng.gen_bool(0.4) {
+            let v = value(&mut rng, &b.inter_chunk_latency_seconds);
+            handles.inter_chunk.observe(v);
+            reference.inter_chunk.with_label_values(&pair).observe(v);
+        }
         if rng.gen_bool(0.1) {
             handles.stalls.inc();
             reference.stalls.with_label_values(&pair).inc();
@@ -432,7 +448,13 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
             } else {
                 0
             };
+            let apportioned = if rng.gen_bool(0.3) {
+                rng.gen_range(0..100)
+            } else {
+                0
+            };
             let timings = RequestFigures {
+                apportioned_event_tokens: apportioned,
                 duration: seconds(value(&mut rng, &b.request_duration_seconds)),
                 output_tokens: if rng.gen_bool(0.8) {
                     rng.gen_range(0..5000)
@@ -501,6 +523,7 @@ fn extreme_values_match_too() {
         duration: Duration::MAX,
         output_tokens: u64::MAX,
         exact_event_tokens: 0,
+        apportioned_event_tokens: 3,
         estimated_event_tokens: 12345678901234567,
         input_tokens: Some(u64::MAX - 1),
         tpot: Some(Duration::from_nanos(1)),

@@ -53,8 +53,11 @@ impl PairKind {
 
 const PAIR: &[&str] = &["model", "tenant"];
 
+/// `tokentap_inter_chunk_latency_seconds`' help (the equivalence test's reference reuses it).
+pub(super) const INTER_CHUNK_HELP: &str = "Gap between consecutive token-bearing events, observed once per gap as the later event arrives (time per output chunk).";
+
 /// Every per-pair family.
-pub(super) static PAIR_FAMILIES: [PairFamily; 12] = [
+pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
     PairFamily {
         name: "tokentap_time_to_first_byte_seconds",
         help: "From request head received to upstream response head received.",
@@ -92,6 +95,16 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 12] = [
         kind: PairKind::Histogram {
             buckets: |b| &b.inter_token_latency_seconds,
             get: |p| &p.itl,
+            always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_inter_chunk_latency_seconds",
+        help: INTER_CHUNK_HELP,
+        labels: PAIR,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.inter_chunk_latency_seconds,
+            get: |p| &p.inter_chunk,
             always: true,
         },
     },
@@ -151,13 +164,13 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 12] = [
     },
     PairFamily {
         name: "tokentap_event_tokens_total",
-        help: "Output tokens counted per event, by whether the wire format gave the count (exact) or it is an estimate (one per event, or the configured tokenizer's count of the event's text).",
+        help: "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
         labels: &["accuracy", "model", "tenant"],
         kind: PairKind::EventTokens,
     },
     PairFamily {
         name: "tokentap_stream_stalls_total",
-        help: "Inter-token gaps at least as long as the configured stall threshold.",
+        help: "Gaps between token-bearing events at least as long as the configured stall threshold.",
         labels: PAIR,
         kind: PairKind::Counter {
             get: |p| &p.stalls,

@@ -66,7 +66,9 @@ pub struct RequestFigures {
     pub input_tokens: Option<u64>,
     /// Output tokens counted per event where the wire format gave the count.
     pub exact_event_tokens: u64,
-    /// Output tokens counted per event as an estimate.
+    /// Output tokens whose per-event count was apportioned from the reported N.
+    pub apportioned_event_tokens: u64,
+    /// Output tokens counted per event as an estimate that no reported N corrected.
     pub estimated_event_tokens: u64,
     /// Time per output token after the first event, where defined.
     pub tpot: Option<Duration>,
@@ -184,6 +186,7 @@ impl Metrics {
             ttfb: bounds(&buckets.time_to_first_byte_seconds),
             ttft: bounds(&buckets.time_to_first_token_seconds),
             itl: bounds(&buckets.inter_token_latency_seconds),
+            inter_chunk: bounds(&buckets.inter_chunk_latency_seconds),
             tpot: bounds(&buckets.time_per_output_token_seconds),
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             duration: bounds(&buckets.request_duration_seconds),
@@ -350,11 +353,11 @@ impl Metrics {
             pair.input_tokens.inc_by(input);
         }
         // Indexed like `series::ACCURACY`.
-        for (counter, count) in pair
-            .event_tokens
-            .iter()
-            .zip([figures.estimated_event_tokens, figures.exact_event_tokens])
-        {
+        for (counter, count) in pair.event_tokens.iter().zip([
+            figures.apportioned_event_tokens,
+            figures.estimated_event_tokens,
+            figures.exact_event_tokens,
+        ]) {
             if count > 0 {
                 counter.inc_by(count);
             }
@@ -552,6 +555,7 @@ mod tests {
                     output_tokens: 4,
                     input_tokens: None,
                     exact_event_tokens: u64::from(m % 2),
+                    apportioned_event_tokens: u64::from(t % 3),
                     estimated_event_tokens: 4,
                     tpot: decode.then_some(Duration::from_millis(20)),
                     tokens_per_second: decode.then_some(50.0),

@@ -45,6 +45,30 @@ impl Histogram {
             .position(|bound| v <= *bound)
             .unwrap_or(self.bounds.len());
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.add_to_sum(v);
+    }
+
+    /// Count `v` `n` times: the same as `n` calls of [`Histogram::observe`], in one
+    /// step (a request's apportioned share can be many tokens). The sum adds `v` one at a
+    /// time, as `observe` would, for up to 64 observations (what the equivalence with the
+    /// prometheus crate relies on) and `v * n` past that.
+    pub fn observe_many(&self, v: f64, n: u64) {
+        if n <= 64 {
+            for _ in 0..n {
+                self.observe(v);
+            }
+            return;
+        }
+        let slot = self
+            .bounds
+            .iter()
+            .position(|bound| v <= *bound)
+            .unwrap_or(self.bounds.len());
+        self.counts[slot].fetch_add(n, Ordering::Relaxed);
+        self.add_to_sum(v * n as f64);
+    }
+
+    fn add_to_sum(&self, v: f64) {
         let mut current = self.sum.load(Ordering::Relaxed);
         loop {
             let next = (f64::from_bits(current) + v).to_bits();
@@ -99,13 +123,14 @@ pub(super) struct Bounds {
     pub ttfb: Arc<[f64]>,
     pub ttft: Arc<[f64]>,
     pub itl: Arc<[f64]>,
+    pub inter_chunk: Arc<[f64]>,
     pub tpot: Arc<[f64]>,
     pub tokens_per_second: Arc<[f64]>,
     pub duration: Arc<[f64]>,
 }
 
 /// `tokentap_event_tokens_total`'s `accuracy` values, in label-value order.
-pub(super) const ACCURACY: [&str; 2] = ["estimated", "exact"];
+pub(super) const ACCURACY: [&str; 3] = ["apportioned", "estimated", "exact"];
 
 /// Every series of one (model, tenant) pair.
 pub struct PairSeries {
@@ -119,6 +144,8 @@ pub struct PairSeries {
     pub ttft: Histogram,
     pub ttft_content: Histogram,
     pub itl: Histogram,
+    /// Every gap between consecutive token-bearing events, once each, live.
+    pub inter_chunk: Histogram,
     pub stalls: Counter,
     pub(super) tpot: Histogram,
     pub(super) tokens_per_second: Histogram,
@@ -128,7 +155,7 @@ pub struct PairSeries {
     pub(super) output_tokens: Counter,
     pub(super) input_tokens: Counter,
     /// Indexed like [`ACCURACY`].
-    pub(super) event_tokens: [Counter; 2],
+    pub(super) event_tokens: [Counter; 3],
 }
 
 impl PairSeries {
@@ -150,6 +177,7 @@ impl PairSeries {
             ttft: Histogram::new(&bounds.ttft),
             ttft_content: Histogram::new(&bounds.ttft),
             itl: Histogram::new(&bounds.itl),
+            inter_chunk: Histogram::new(&bounds.inter_chunk),
             stalls: Counter::default(),
             tpot: Histogram::new(&bounds.tpot),
             tokens_per_second: Histogram::new(&bounds.tokens_per_second),
@@ -161,12 +189,9 @@ impl PairSeries {
         }
     }
 
-    /// Observe `tokens` ITL samples of `per_token` each (one per token of the event).
-    pub fn observe_itl(&self, per_token: Duration, tokens: u32) {
-        let value = per_token.as_secs_f64();
-        for _ in 0..tokens {
-            self.itl.observe(value);
-        }
+    /// Observe `tokens` ITL samples of `per_token` each (one per token).
+    pub fn observe_itl(&self, per_token: Duration, tokens: u64) {
+        self.itl.observe_many(per_token.as_secs_f64(), tokens);
     }
 
     /// `model="…",tenant="…"`.
@@ -209,6 +234,7 @@ mod tests {
             ttfb: bounds.clone(),
             ttft: bounds.clone(),
             itl: bounds.clone(),
+            inter_chunk: bounds.clone(),
             tpot: bounds.clone(),
             tokens_per_second: bounds.clone(),
             duration: bounds,

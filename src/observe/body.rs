@@ -196,6 +196,7 @@ mod tests {
             time_to_first_byte_seconds: vec![1.0],
             time_to_first_token_seconds: vec![1.0],
             inter_token_latency_seconds: vec![1.0],
+            inter_chunk_latency_seconds: vec![1.0],
             time_per_output_token_seconds: vec![1.0],
             output_tokens_per_second: vec![1.0],
             request_duration_seconds: vec![1.0],

@@ -89,7 +89,7 @@ pub fn start(
         config.metrics.stall_threshold,
     );
     let pending = Pending(Some(Waiting::Measured {
-        recorder,
+        recorder: Box::new(recorder),
         config: config.clone(),
         tokenizer: tokenizer.cloned(),
     }));
@@ -146,7 +146,8 @@ pub struct Pending(Option<Waiting>);
 
 enum Waiting {
     Measured {
-        recorder: Recorder,
+        /// Boxed: the clock's state makes it much larger than the other variant.
+        recorder: Box<Recorder>,
         config: Arc<Config>,
         /// `observe.tokenizer`, loaded.
         tokenizer: Option<Tokenizer>,
@@ -185,7 +186,7 @@ impl Pending {
                     status,
                     headers,
                 );
-                Some(ResponseObserver::new(recorder, decoder, metrics))
+                Some(ResponseObserver::new(*recorder, decoder, metrics))
             }
             Waiting::Passthrough { method, uri, t_req } => {
                 tracing::info!(

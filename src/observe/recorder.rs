@@ -144,12 +144,11 @@ impl Recorder {
                     let handles = self.handles();
                     match stamp {
                         Stamp::First { ttft } => handles.ttft.observe(ttft.as_secs_f64()),
-                        Stamp::Next {
-                            gap,
-                            per_token,
-                            tokens,
-                        } => {
-                            handles.observe_itl(per_token, tokens);
+                        Stamp::Next { gap, itl } => {
+                            if let Some(share) = itl {
+                                handles.observe_itl(share.per_token, share.count);
+                            }
+                            handles.inter_chunk.observe(gap.as_secs_f64());
                             if gap >= stall_threshold {
                                 handles.stalls.inc();
                             }
@@ -175,6 +174,7 @@ impl Recorder {
                 Signal::Error => self.stream_error = true,
                 Signal::Malformed => self.malformed += 1,
                 Signal::Done => self.end_marker = true,
+                Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
             }
         }
     }
@@ -219,6 +219,9 @@ impl Recorder {
         let timings = self.clock.finish(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
+        for share in &timings.deferred_itl {
+            handles.observe_itl(share.per_token, share.count);
+        }
         self.metrics
             .finish(handles, outcome, RequestFigures::from(&timings));
         self.metrics
@@ -242,6 +245,8 @@ impl Recorder {
             output_tokens = timings.output_tokens,
             input_tokens = timings.input_tokens,
             events = timings.events,
+            counting = timings.counting.as_str(),
+            slowest_gap_ms = ms(timings.slowest_gap),
             "request"
         );
     }
@@ -255,9 +260,118 @@ impl From<&Timings> for RequestFigures {
             output_tokens: timings.output_tokens,
             input_tokens: timings.input_tokens,
             exact_event_tokens: timings.exact_event_tokens,
+            apportioned_event_tokens: timings.apportioned_event_tokens,
             estimated_event_tokens: timings.estimated_event_tokens,
             tpot: timings.decode.map(|d| d.tpot),
             tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::snapshot::{HistogramSnapshot, Values};
+    use crate::wire::OutputKind;
+
+    fn metrics() -> Arc<Metrics> {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        Metrics::new(&config.metrics.buckets, &config.labels)
+    }
+
+    fn recorder(metrics: &Arc<Metrics>, t_req: Instant) -> Recorder {
+        let facts = RequestFacts::new(
+            http::Method::POST,
+            "/v1/chat/completions".into(),
+            Dialect::OpenAiChat,
+            Some("t".into()),
+        );
+        let _ = facts.model.set("m".into());
+        Recorder::new(
+            metrics.clone(),
+            t_req,
+            Arc::new(facts),
+            Duration::from_secs(5),
+        )
+    }
+
+    fn output(tokens: u32, exact: bool) -> Signal {
+        Signal::Output {
+            tokens,
+            exact,
+            kind: OutputKind::Content,
+        }
+    }
+
+    fn histogram(metrics: &Metrics, name: &str) -> HistogramSnapshot {
+        let snapshot = metrics.snapshot();
+        match &snapshot.family(name).expect("family shown").values {
+            Values::Histogram(series) => series[0].value.clone(),
+            _ => panic!("{name} is a histogram"),
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn every_gap_is_one_inter_chunk_observation_live_and_feeds_the_stall_counter() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(100), &[output(3, true)]);
+        recorder.apply(t0 + ms(110), &[output(2, true), output(1, true)]);
+        recorder.apply(t0 + ms(6110), &[output(4, true)]);
+        // Live: the gaps are there before the request ends.
+        let chunks = histogram(&metrics, "tokentap_inter_chunk_latency_seconds");
+        assert_eq!(chunks.count, 3);
+        assert!((chunks.sum - 6.01).abs() < 1e-9, "{}", chunks.sum);
+        let pair = metrics.stream(Some("m"), Some("t"));
+        assert_eq!(pair.stalls.get(), 1);
+        recorder.record(t0 + ms(6120), Outcome::Completed);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
+            3
+        );
+    }
+
+    #[test]
+    fn estimated_gaps_are_recorded_once_at_the_end_as_n_minus_k1_tokens() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(100), &[output(1, false)]);
+        recorder.apply(t0 + ms(130), &[output(1, false)]);
+        recorder.apply(t0 + ms(190), &[output(1, false), output(1, false)]);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_token_latency_seconds").count,
+            0,
+            "buffered until N is known"
+        );
+        recorder.apply(
+            t0 + ms(195),
+            &[Signal::Usage {
+                input_tokens: None,
+                output_tokens: Some(13),
+            }],
+        );
+        recorder.record(t0 + ms(200), Outcome::Completed);
+        let itl = histogram(&metrics, "tokentap_inter_token_latency_seconds");
+        assert_eq!(itl.count, 12);
+        assert!((itl.sum - 0.09).abs() < 1e-9, "{}", itl.sum);
+        assert_eq!(
+            histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
+            3
+        );
+        let text = String::from_utf8(metrics.render()).expect("UTF-8");
+        assert!(text.contains(
+            "tokentap_event_tokens_total{accuracy=\"apportioned\",model=\"m\",tenant=\"t\"} 13"
+        ));
+        assert!(!text.contains("accuracy=\"estimated\""));
     }
 }

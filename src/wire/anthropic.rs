@@ -33,7 +33,8 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Num, Present, Str, Text};
-use super::tokenize::{count_event, text, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, Tokenizer};
 use super::types::{OutputKind, Signal};
 
 /// Anthropic Messages state for one response.
@@ -41,13 +42,15 @@ use super::types::{OutputKind, Signal};
 pub(crate) struct Anthropic {
     model_sent: bool,
     tally: Tally,
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl Anthropic {
     pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
         Anthropic {
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
             ..Anthropic::default()
         }
     }
@@ -86,7 +89,7 @@ impl Handler for Anthropic {
             }
             "content_block_delta" => {
                 if let Some(kind) = event.delta.and_then(|d| d.kind()) {
-                    let estimate = || count_event(self.tokenizer.as_ref(), data, delta_texts);
+                    let estimate = || count_event(self.tokens.as_mut(), data, delta_texts);
                     out.push(self.tally.output(kind, 0, None, estimate));
                 }
             }
@@ -127,6 +130,10 @@ impl Handler for Anthropic {
                 });
             }
         }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

@@ -6,7 +6,8 @@
 //! reported on every event (vLLM/SGLang continuous usage, Gemini's `usageMetadata`),
 //! whose growth since the previous report is the event's count. [`Tally`] applies those
 //! rules the same way for every dialect. Without either, the estimate is one token, or
-//! the configured tokenizer's count of the event's text ([`super::tokenize`]).
+//! what the event's text settled in the response's incremental tokenizer count
+//! ([`super::token_stream`]; possibly 0, the rest counted at the end for the last event).
 
 use super::types::{OutputKind, Signal};
 

@@ -25,6 +25,9 @@ pub(crate) trait Handler: Send {
     /// A whole non-streaming body. Emits no [`Signal::Output`]: a body that arrives at
     /// once has no inter-token timing, only a model, usage and possibly an error.
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>);
+    /// The body ended cleanly, after its last event: what only the end settles (the
+    /// tokens of a tokenizer's pending text). Nothing by default.
+    fn finish(&mut self, _out: &mut Vec<Signal>) {}
 }
 
 /// `text/event-stream`: one [`Handler::event`] per SSE event.
@@ -56,6 +59,7 @@ impl<H: Handler> Decoder for SseStream<H> {
         if self.sse.finish() {
             out.push(Signal::Malformed);
         }
+        self.handler.finish(out);
         Ok(())
     }
 }
@@ -88,6 +92,7 @@ impl<H: Handler> Decoder for NdjsonStream<H> {
         let handler = &mut self.handler;
         self.lines
             .finish(&mut |line: &[u8]| handler.event("", line, out));
+        handler.finish(out);
         Ok(())
     }
 }
@@ -132,6 +137,7 @@ impl<H: Handler> Decoder for ArrayStream<H> {
         let handler = &mut self.handler;
         self.splitter
             .finish(&mut |piece: Piece<'_>| Self::on_piece(handler, piece, out));
+        handler.finish(out);
         Ok(())
     }
 }
@@ -160,6 +166,7 @@ impl<H: Handler> Decoder for JsonBody<H> {
     fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
         let body = self.body.take();
         self.handler.body(&body, out);
+        self.handler.finish(out);
         Ok(())
     }
 }

@@ -28,7 +28,8 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{add, Count, Flag, Fold, Folded, Num, Present, Str, Text};
-use super::tokenize::{count_event, text, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, Tokenizer};
 use super::types::{OutputKind, Signal};
 
 /// Gemini state for one response.
@@ -36,13 +37,15 @@ use super::types::{OutputKind, Signal};
 pub(crate) struct Gemini {
     model_sent: bool,
     tally: Tally,
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl Gemini {
     pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
         Gemini {
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
             ..Gemini::default()
         }
     }
@@ -81,7 +84,7 @@ impl Handler for Gemini {
         let candidates = chunk.candidates.map(|c| c.0).unwrap_or_default();
         match candidates.kind {
             Some(kind) => {
-                let estimate = || count_event(self.tokenizer.as_ref(), data, chunk_texts);
+                let estimate = || count_event(self.tokens.as_mut(), data, chunk_texts);
                 out.push(self.tally.output(kind, candidates.logprobs, now, estimate));
             }
             None => self.tally.report(now),
@@ -112,6 +115,10 @@ impl Handler for Gemini {
                 output_tokens: output,
             });
         }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

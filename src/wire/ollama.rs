@@ -22,7 +22,8 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
-use super::tokenize::{count_event, text, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, Tokenizer};
 use super::types::{OutputKind, Signal};
 
 /// Ollama state for one response.
@@ -30,13 +31,15 @@ use super::types::{OutputKind, Signal};
 pub(crate) struct Ollama {
     model_sent: bool,
     tally: Tally,
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl Ollama {
     pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
         Ollama {
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
             ..Ollama::default()
         }
     }
@@ -76,7 +79,7 @@ impl Handler for Ollama {
         let usage = self.common(&mut line, out);
         if let Some(kind) = line.kind() {
             let entries = line.logprobs.map_or(0, |l| l.0 .0);
-            let estimate = || count_event(self.tokenizer.as_ref(), data, line_texts);
+            let estimate = || count_event(self.tokens.as_mut(), data, line_texts);
             out.push(self.tally.output(kind, entries, None, estimate));
         }
         if let Some(usage) = usage {
@@ -95,6 +98,10 @@ impl Handler for Ollama {
         if let Some(usage) = self.common(&mut line, out) {
             out.push(usage);
         }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

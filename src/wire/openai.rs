@@ -42,7 +42,8 @@ use serde::Deserialize;
 use super::count::{visibility, Tally};
 use super::frame::Handler;
 use super::json::{Count, Fold, Folded, Num, Str, Text};
-use super::tokenize::{count_event, text, SelectTexts, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, SelectTexts, Tokenizer};
 use super::types::{Dialect, OutputKind, Signal};
 
 /// OpenAI-style state for one response, in any framing: [`Handler::event`] reads one
@@ -55,7 +56,9 @@ pub(crate) struct OpenAi {
     model_sent: bool,
     tally: Tally,
     /// Counts a chunk's text when nothing exact does (`observe.tokenizer`).
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl OpenAi {
@@ -64,7 +67,7 @@ impl OpenAi {
             completions: dialect == Dialect::OpenAiCompletions,
             model_sent: false,
             tally: Tally::default(),
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
         }
     }
 
@@ -93,7 +96,7 @@ impl OpenAi {
         };
         match kind {
             Some(kind) => {
-                let estimate = || count_event(self.tokenizer.as_ref(), data, select);
+                let estimate = || count_event(self.tokens.as_mut(), data, select);
                 out.push(self.tally.output(kind, logprobs, reported_output, estimate));
             }
             None => self.tally.report(reported_output),
@@ -129,6 +132,10 @@ impl Handler for OpenAi {
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
         read_body(body, out);
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

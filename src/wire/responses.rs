@@ -28,7 +28,8 @@ use serde::Deserialize;
 use super::count::Tally;
 use super::frame::Handler;
 use super::json::{Count, Folded, Num, Present, Str, Text};
-use super::tokenize::{count_event, text, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, Tokenizer};
 use super::types::{OutputKind, Signal};
 
 /// Responses API state for one response.
@@ -36,13 +37,15 @@ use super::types::{OutputKind, Signal};
 pub(crate) struct Responses {
     model_sent: bool,
     tally: Tally,
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl Responses {
     pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
         Responses {
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
             ..Responses::default()
         }
     }
@@ -106,7 +109,7 @@ impl Handler for Responses {
             if event.delta.0 {
                 let entries = event.logprobs.map_or(0, |l| l.0 .0);
                 let estimate = || {
-                    count_event(self.tokenizer.as_ref(), data, |event, f| {
+                    count_event(self.tokens.as_mut(), data, |event, f| {
                         text::of(event.get("delta"), f)
                     })
                 };
@@ -132,6 +135,10 @@ impl Handler for Responses {
         if response.status.0.as_deref() == Some("failed") {
             out.push(Signal::Error);
         }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

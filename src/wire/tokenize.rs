@@ -27,6 +27,9 @@ use std::sync::{Arc, OnceLock};
 
 use tiktoken_rs::CoreBPE;
 
+use super::token_stream::TokenStream;
+use super::types::Signal;
+
 /// Something that can count the tokens in a piece of text.
 pub trait TokenCounter: Send + Sync {
     /// Tokens `text` encodes to, without any special tokens added around it.
@@ -226,23 +229,37 @@ impl Tokenizer {
 /// Picks the output texts out of one event's JSON, calling back with each.
 pub(crate) type SelectTexts = fn(&serde_json::Value, &mut dyn FnMut(&str));
 
-/// Tokens in the texts `select` finds in one event's JSON `data`, by `tokenizer`; `None`
-/// without a tokenizer (without even parsing), or when the event holds no text that
-/// encodes to a token. Only called when the wire format gave no exact count.
+/// The tokens that the texts `select` finds in one event's JSON `data` settle in the
+/// response's incremental count `tokens` (possibly 0: text a later delta may still join;
+/// see [`TokenStream`]); `None` without a tokenizer (without even parsing), or when the
+/// event holds no text. Only called when the wire format gave no exact count.
 pub(crate) fn count_event(
-    tokenizer: Option<&Tokenizer>,
+    tokens: Option<&mut TokenStream>,
     data: &[u8],
     select: SelectTexts,
 ) -> Option<u64> {
-    let tokenizer = tokenizer?;
+    let tokens = tokens?;
     let value: serde_json::Value = serde_json::from_slice(data).ok()?;
     let mut total = 0u64;
+    let mut any_text = false;
     select(&value, &mut |text: &str| {
         if !text.is_empty() {
-            total = total.saturating_add(tokenizer.count(text));
+            any_text = true;
+            total = total.saturating_add(u64::from(tokens.push(text)));
         }
     });
-    (total > 0).then_some(total)
+    any_text.then_some(total)
+}
+
+/// The response ended: the tokens of the text still pending in `tokens` belong to the
+/// last token-bearing event ([`Signal::TrailingTokens`]).
+pub(crate) fn finish_count(tokens: &mut Option<TokenStream>, out: &mut Vec<Signal>) {
+    if let Some(stream) = tokens.take() {
+        let trailing = stream.finish();
+        if trailing > 0 {
+            out.push(Signal::TrailingTokens(trailing));
+        }
+    }
 }
 
 /// Text helpers for the dialects' `select` functions.
@@ -332,11 +349,31 @@ mod tests {
             "words",
             Arc::new(|t: &str| t.split_whitespace().count()) as Arc<dyn TokenCounter>,
         );
-        assert_eq!(count_event(Some(&words), data, select), Some(3));
-        assert_eq!(count_event(Some(&words), br#"{"text":""}"#, select), None);
-        assert_eq!(count_event(Some(&words), b"not json", select), None);
+        // The event settles "one two"; " three" could still join what follows, so it
+        // is counted at the end, for the last event.
+        let mut tokens = Some(words.stream());
+        assert_eq!(count_event(tokens.as_mut(), data, select), Some(2));
+        assert_eq!(
+            count_event(tokens.as_mut(), br#"{"text":""}"#, select),
+            None
+        );
+        assert_eq!(count_event(tokens.as_mut(), b"not json", select), None);
+        let mut out = Vec::new();
+        finish_count(&mut tokens, &mut out);
+        assert_eq!(out, vec![Signal::TrailingTokens(1)]);
+        assert!(tokens.is_none(), "finished once");
+        // Parts are one text: "a b" then "c" is "a bc", two words (not three).
+        let mut tokens = Some(words.stream());
         let parts = br#"{"text":["a b",{"type":"text","text":"c"},7]}"#;
-        assert_eq!(count_event(Some(&words), parts, select), Some(3));
+        assert_eq!(count_event(tokens.as_mut(), parts, select), Some(1));
+        let mut out = Vec::new();
+        finish_count(&mut tokens, &mut out);
+        assert_eq!(out, vec![Signal::TrailingTokens(1)]);
+        // Nothing pending: nothing at the end.
+        let mut tokens = Some(words.stream());
+        let mut out = Vec::new();
+        finish_count(&mut tokens, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -20,20 +20,23 @@ use serde::Deserialize;
 
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
-use super::tokenize::{count_event, text, Tokenizer};
+use super::token_stream::TokenStream;
+use super::tokenize::{count_event, finish_count, text, Tokenizer};
 use super::types::{OutputKind, Signal};
 
 /// Triton state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Triton {
     model_sent: bool,
-    tokenizer: Option<Tokenizer>,
+    /// This response's incremental count (`observe.tokenizer`): per-event counts that
+    /// add up to the whole text's.
+    tokens: Option<TokenStream>,
 }
 
 impl Triton {
     pub(crate) fn new(tokenizer: Option<Tokenizer>) -> Self {
         Triton {
-            tokenizer,
+            tokens: tokenizer.map(|t| t.stream()),
             ..Triton::default()
         }
     }
@@ -64,7 +67,7 @@ impl Handler for Triton {
             return;
         }
         if self.read(data, out) == Some(true) {
-            let tokens = count_event(self.tokenizer.as_ref(), data, |response, f| {
+            let tokens = count_event(self.tokens.as_mut(), data, |response, f| {
                 text::of(response.get("text_output"), f)
             });
             out.push(Signal::Output {
@@ -77,6 +80,10 @@ impl Handler for Triton {
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
         self.read(body, out);
+    }
+
+    fn finish(&mut self, out: &mut Vec<Signal>) {
+        finish_count(&mut self.tokens, out);
     }
 }
 

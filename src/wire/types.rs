@@ -93,9 +93,10 @@ impl OutputKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Signal {
     /// A token-bearing event is complete (its last byte was in the frame just fed).
-    /// `tokens` is `k_i >= 1`; `exact` says whether the wire format gave the count
+    /// `tokens` is `k_i`; `exact` says whether the wire format gave the count
     /// (logprobs entries, a usage delta, one-token-per-event formats) or it is the
-    /// documented estimate of one token per event.
+    /// documented estimate: one token per event, or what the event's text settled in the
+    /// configured tokenizer's incremental count (possibly 0).
     Output {
         tokens: u32,
         exact: bool,
@@ -114,6 +115,9 @@ pub enum Signal {
     Error,
     /// An event (or line) that could not be understood was skipped; observation goes on.
     Malformed,
+    /// At the clean end of the body: tokens of the configured tokenizer's text that only
+    /// the end settled, which belong to the last token-bearing event (an estimate).
+    TrailingTokens(u32),
     /// The stream's explicit end marker (`data: [DONE]` and the like).
     Done,
 }

@@ -41,6 +41,8 @@ struct Case {
     body: &'static str,
     /// Whether the dialect reports input tokens.
     reports_input: bool,
+    /// Whether the stream reports its output tokens (N) at the end.
+    reports_output: bool,
     /// Whether per-event counts are exact (one token per event, or usage growth).
     exact: bool,
 }
@@ -51,6 +53,7 @@ const STREAMED: &[Case] = &[
         path: "/v1/chat/completions",
         body: r#"{"model":"sim-model","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Why is the sky blue?"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -58,6 +61,7 @@ const STREAMED: &[Case] = &[
         path: "/v1/completions",
         body: r#"{"model":"sim-model","stream":true,"stream_options":{"include_usage":true},"prompt":"Why is the sky blue?"}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -65,6 +69,7 @@ const STREAMED: &[Case] = &[
         path: "/v1/responses",
         body: r#"{"model":"sim-model","stream":true,"input":"Why is the sky blue?"}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -72,6 +77,7 @@ const STREAMED: &[Case] = &[
         path: "/v1/messages",
         body: r#"{"model":"sim-model","stream":true,"max_tokens":1024,"messages":[{"role":"user","content":"Why is the sky blue?"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -79,6 +85,7 @@ const STREAMED: &[Case] = &[
         path: "/v1beta/models/sim-model:streamGenerateContent?alt=sse",
         body: r#"{"contents":[{"role":"user","parts":[{"text":"Why is the sky blue?"}]}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: true,
     },
     Case {
@@ -86,6 +93,7 @@ const STREAMED: &[Case] = &[
         path: "/v1beta/models/sim-model:streamGenerateContent",
         body: r#"{"contents":[{"role":"user","parts":[{"text":"Why is the sky blue?"}]}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: true,
     },
     Case {
@@ -93,6 +101,7 @@ const STREAMED: &[Case] = &[
         path: "/api/chat",
         body: r#"{"model":"sim-model","messages":[{"role":"user","content":"Why is the sky blue?"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -100,6 +109,7 @@ const STREAMED: &[Case] = &[
         path: "/api/generate",
         body: r#"{"model":"sim-model","prompt":"Why is the sky blue?"}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -107,6 +117,7 @@ const STREAMED: &[Case] = &[
         path: "/generate_stream",
         body: r#"{"inputs":"Why is the sky blue?","parameters":{"max_new_tokens":100,"details":true}}"#,
         reports_input: true,
+        reports_output: true,
         exact: true,
     },
     Case {
@@ -114,6 +125,7 @@ const STREAMED: &[Case] = &[
         path: "/v2/models/sim-model/generate_stream",
         body: r#"{"text_input":"Why is the sky blue?","max_tokens":100,"stream":true}"#,
         reports_input: false,
+        reports_output: false,
         exact: false,
     },
 ];
@@ -125,6 +137,7 @@ const WHOLE: &[Case] = &[
         path: "/v1/chat/completions",
         body: r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -132,6 +145,7 @@ const WHOLE: &[Case] = &[
         path: "/v1/responses",
         body: r#"{"model":"sim-model","input":"hi"}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -139,6 +153,7 @@ const WHOLE: &[Case] = &[
         path: "/v1/messages",
         body: r#"{"model":"sim-model","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -146,6 +161,7 @@ const WHOLE: &[Case] = &[
         path: "/v1beta/models/sim-model:generateContent",
         body: r#"{"contents":[{"parts":[{"text":"hi"}]}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -153,6 +169,7 @@ const WHOLE: &[Case] = &[
         path: "/api/chat",
         body: r#"{"model":"sim-model","stream":false,"messages":[{"role":"user","content":"hi"}]}"#,
         reports_input: true,
+        reports_output: true,
         exact: false,
     },
     Case {
@@ -160,6 +177,7 @@ const WHOLE: &[Case] = &[
         path: "/generate",
         body: r#"{"inputs":"hi"}"#,
         reports_input: false,
+        reports_output: true,
         exact: false,
     },
 ];
@@ -368,7 +386,11 @@ async fn streamed(case: &Case, accept_encoding: Option<&str>) {
         (REQUESTS * N) as f64,
         "{name}: output tokens"
     );
-    let accuracy = if case.exact { "exact" } else { "estimated" };
+    let accuracy = match (case.exact, case.reports_output) {
+        (true, _) => "exact",
+        (false, true) => "apportioned",
+        (false, false) => "estimated",
+    };
     assert_eq!(
         m.sum("tokentap_event_tokens_total", &[("accuracy", accuracy)]),
         (REQUESTS * N) as f64,

@@ -13,6 +13,7 @@ mod demo;
 mod dialects;
 mod faults;
 mod fuzz_decoders;
+mod itl;
 mod layering;
 mod lifecycle;
 mod proxy;

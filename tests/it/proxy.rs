@@ -112,7 +112,10 @@ async fn timing_and_token_counts_match_the_scripted_backend() {
     let duration = m.mean("tokentap_request_duration_seconds", &labels);
     assert!(duration >= 0.150 + 0.020 * 39.0, "duration {duration}");
     assert_eq!(
-        m.sum("tokentap_event_tokens_total", &[("accuracy", "estimated")]),
+        m.sum(
+            "tokentap_event_tokens_total",
+            &[("accuracy", "apportioned")]
+        ),
         40.0
     );
     assert_eq!(m.sum("tokentap_streams_in_flight", &[]), 0.0);

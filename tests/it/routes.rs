@@ -80,10 +80,14 @@ routes:
         "{}",
         m.text
     );
-    // Four text deltas, one estimated token each; N from the final message_delta.
+    // Four text deltas, one estimated token each, apportioned from N in the final
+    // message_delta.
     assert_eq!(
-        m.sum("tokentap_event_tokens_total", &[("accuracy", "estimated")]),
-        4.0
+        m.sum(
+            "tokentap_event_tokens_total",
+            &[("accuracy", "apportioned")]
+        ),
+        16.0
     );
     assert_eq!(m.sum("tokentap_output_tokens_total", &labels), 16.0);
     assert_eq!(m.sum("tokentap_input_tokens_total", &labels), 21.0);

@@ -1,6 +1,8 @@
-//! `observe.tokenizer`: with a tokenizer, an event whose wire format gives no exact count
-//! counts as many tokens as its text encodes to (still `exact: false`); exact counts are
-//! left alone; and without one (the default) the decoders do nothing extra.
+//! `observe.tokenizer`: with a tokenizer, the events whose wire format gives no exact
+//! count are counted incrementally (still `exact: false`), so that the counts of one
+//! response (with the tokens only its end settles, for the last event) add up to what its
+//! whole text encodes to; exact counts are left alone; and without one (the default) the
+//! decoders do nothing extra.
 //!
 //! Expected counts are computed here independently of the decoders: the fixture's events
 //! are read with `serde_json`, their output texts picked out per dialect, and encoded with
@@ -184,6 +186,16 @@ fn expected_counts(dialect: Dialect, framing: Framing, body: &[u8], bpe: &CoreBP
         .collect()
 }
 
+/// The tokens of the response's whole text: every event's output texts, in order, as
+/// one text. What the per-event counts of one response add up to.
+fn whole_text_count(dialect: Dialect, framing: Framing, body: &[u8], bpe: &CoreBPE) -> u32 {
+    let text: String = payloads(body, framing)
+        .iter()
+        .flat_map(|event| event_texts(dialect, event))
+        .collect();
+    bpe.encode_ordinary(&text).len() as u32
+}
+
 // ---- decoding ----
 
 fn decode(
@@ -223,10 +235,23 @@ fn outputs(signals: &[Signal]) -> Vec<(u32, bool, OutputKind)> {
         .collect()
 }
 
+/// The per-event counts, with the tokens only the end settled added to the last event
+/// (where the clock puts them).
+fn settled_counts(signals: &[Signal]) -> Vec<u32> {
+    let mut counts: Vec<u32> = outputs(signals).iter().map(|o| o.0).collect();
+    for signal in signals {
+        if let (Signal::TrailingTokens(tokens), Some(last)) = (signal, counts.last_mut()) {
+            *last += tokens;
+        }
+    }
+    counts
+}
+
 /// Everything but the per-event counts: the tokenizer changes nothing else.
 fn without_counts(signals: &[Signal]) -> Vec<Signal> {
     signals
         .iter()
+        .filter(|s| !matches!(s, Signal::TrailingTokens(_)))
         .map(|s| match s {
             Signal::Output { exact, kind, .. } => Signal::Output {
                 tokens: 0,
@@ -322,9 +347,16 @@ fn batched_deltas_count_as_their_encoded_length() {
                 .all(|&(k, exact, _)| k == 1 && !exact),
             "{name}: {plain:?}"
         );
-        let expected = expected_counts(dialect, framing, &body, &bpe);
-        let got: Vec<u32> = outputs(&tokenized).iter().map(|o| o.0).collect();
-        assert_eq!(got, expected, "{name}");
+        // One count per event with text, adding up to the whole text's count (not to
+        // the sum of each delta counted alone).
+        let events = expected_counts(dialect, framing, &body, &bpe).len();
+        let got = settled_counts(&tokenized);
+        assert_eq!(got.len(), events, "{name}");
+        assert_eq!(
+            got.iter().sum::<u32>(),
+            whole_text_count(dialect, framing, &body, &bpe),
+            "{name}: {got:?}"
+        );
         assert!(
             outputs(&tokenized).iter().all(|o| !o.1),
             "{name}: a tokenizer count is an estimate"
@@ -344,18 +376,15 @@ fn cl100k_counts_differ_where_the_encodings_do() {
     let cl100k = Tokenizer::encoding("cl100k_base").expect("cl100k");
     let bpe = tiktoken_rs::cl100k_base().expect("cl100k");
     let body = fixture("ollama/chat_stream.ndjson");
-    let got: Vec<u32> = outputs(&decode(
+    let got = settled_counts(&decode(
         Dialect::Ollama,
         Framing::Ndjson,
         &body,
         Some(&cl100k),
-    ))
-    .iter()
-    .map(|o| o.0)
-    .collect();
+    ));
     assert_eq!(
-        got,
-        expected_counts(Dialect::Ollama, Framing::Ndjson, &body, &bpe)
+        got.iter().sum::<u32>(),
+        whole_text_count(Dialect::Ollama, Framing::Ndjson, &body, &bpe)
     );
 }
 
@@ -405,20 +434,29 @@ fn gemini_without_usage_counts_text_and_function_calls() {
     );
     let tokenizer = Tokenizer::encoding("o200k_base").expect("o200k");
     let bpe = o200k();
-    let got = outputs(&decode(
+    let signals = decode(
         Dialect::Gemini,
         Framing::Sse,
         body.as_bytes(),
         Some(&tokenizer),
-    ));
-    let expected = expected_counts(Dialect::Gemini, Framing::Sse, body.as_bytes(), &bpe);
+    );
+    let got: Vec<(bool, OutputKind)> = outputs(&signals)
+        .iter()
+        .map(|&(_, exact, kind)| (exact, kind))
+        .collect();
     assert_eq!(
         got,
         vec![
-            (expected[0], false, OutputKind::Reasoning),
-            (expected[1], false, OutputKind::ToolCall),
-            (expected[2], false, OutputKind::Content),
+            (false, OutputKind::Reasoning),
+            (false, OutputKind::ToolCall),
+            (false, OutputKind::Content),
         ]
+    );
+    let counts = settled_counts(&signals);
+    assert!(counts.iter().all(|&k| k > 0), "{counts:?}");
+    assert_eq!(
+        counts.iter().sum::<u32>(),
+        whole_text_count(Dialect::Gemini, Framing::Sse, body.as_bytes(), &bpe)
     );
 }
 
@@ -562,16 +600,21 @@ async fn the_configured_tokenizer_counts_through_the_proxy() {
             m.sum("tokentap_requests_total", &[]) >= 1.0
         })
         .await;
+    // The tokenizer's counts are the estimates the reported N is apportioned by.
+    assert!(total > 0);
     assert_eq!(
-        m.sum("tokentap_event_tokens_total", &[("accuracy", "estimated")]),
-        f64::from(total),
+        m.sum(
+            "tokentap_event_tokens_total",
+            &[("accuracy", "apportioned")]
+        ),
+        16.0,
         "{}",
         m.text
     );
-    // ITL is observed once per token after the first event.
+    // ITL is observed once per token after the first event: N - k_1.
     assert_eq!(
         m.sum("tokentap_inter_token_latency_seconds_count", &[]),
-        f64::from(total - counts[0])
+        f64::from(16 - counts[0].max(1))
     );
     // N is still the stream's own usage.
     assert_eq!(m.sum("tokentap_output_tokens_total", &[]), 16.0);

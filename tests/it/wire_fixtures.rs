@@ -188,6 +188,7 @@ fn render(signal: &Signal) -> String {
         Signal::Error => "error".to_owned(),
         Signal::Malformed => "malformed".to_owned(),
         Signal::Done => "done".to_owned(),
+        Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
     }
 }
 
