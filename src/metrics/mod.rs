@@ -21,6 +21,7 @@ mod equivalence;
 mod exposition;
 mod families;
 pub mod labels;
+pub mod native;
 mod outcome;
 mod series;
 pub mod snapshot;
@@ -40,7 +41,7 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Buckets, Labels};
+use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
 use exposition::{Cursor, Family, Pairs};
 use families::{
@@ -48,6 +49,7 @@ use families::{
     PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
+use native::NativeSettings;
 pub use outcome::Outcome;
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
@@ -173,8 +175,18 @@ fn registry_snapshot(family: &proto::MetricFamily) -> Option<FamilySnapshot> {
 }
 
 impl Metrics {
-    /// Build and register every family. Bucket bounds were validated with the config.
+    /// Build and register every family, with the default `metrics.native_histograms`.
+    /// Bucket bounds were validated with the config.
     pub fn new(buckets: &Buckets, labels: &Labels) -> Arc<Metrics> {
+        Metrics::with_native(buckets, &NativeHistograms::default(), labels)
+    }
+
+    /// [`Metrics::new`] with the native histograms (validated) of `native`.
+    pub fn with_native(
+        buckets: &Buckets,
+        native: &NativeHistograms,
+        labels: &Labels,
+    ) -> Arc<Metrics> {
         let mut families: Vec<Family> = PAIR_FAMILIES
             .iter()
             .map(|spec| Family::new(spec, buckets))
@@ -187,6 +199,9 @@ impl Metrics {
             tpot: bounds(&buckets.time_per_output_token_seconds),
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             duration: bounds(&buckets.request_duration_seconds),
+            native: native
+                .enabled
+                .then(|| NativeSettings::new(native.schema, native.max_buckets)),
         };
 
         let label_overflow = counter_vec(&LABEL_OVERFLOW);
