@@ -504,6 +504,12 @@ fn native_histograms_default_to_schema_3_and_take_a_factor_or_a_schema() {
         ("factor: 1", "factor", 4, "greater than 1"),
         ("schema: 9", "schema", 4, "from -4 to 8"),
         ("max_buckets: 0", "max_buckets", 4, "at least 1"),
+        (
+            "enabled: false\n    classic: false",
+            "classic",
+            5,
+            "no buckets",
+        ),
     ] {
         let found = issues(&format!("{base}    {settings}\n"));
         assert_eq!(found.len(), 1, "{settings}: {found:?}");

@@ -298,12 +298,19 @@ fn native_histograms(issues: &mut Issues<'_>, raw: RawNativeHistograms) -> Nativ
             "must be at least 1",
         );
     }
-    NativeHistograms {
+    let native = NativeHistograms {
         enabled: raw.enabled.unwrap_or(defaults.enabled),
         schema,
         max_buckets: max_buckets.max(1),
         classic: raw.classic.unwrap_or(defaults.classic),
+    };
+    if !native.enabled && !native.classic {
+        issues.push(
+            "metrics.native_histograms.classic",
+            "cannot be false while native histograms are disabled (histograms would have no buckets)",
+        );
     }
+    native
 }
 
 impl RawUpstream {

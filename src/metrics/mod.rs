@@ -23,6 +23,7 @@ mod families;
 pub mod labels;
 pub mod native;
 mod outcome;
+pub mod protobuf;
 mod series;
 pub mod snapshot;
 mod text;
@@ -86,6 +87,8 @@ type PairMap = BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<PairSeries>>>;
 pub struct Metrics {
     registry: Registry,
     bounds: Bounds,
+    /// `metrics.native_histograms.classic`: classic buckets in the protobuf exposition.
+    protobuf_classic: bool,
     /// model -> tenant -> series: ordered as the exposition lists them.
     pairs: RwLock<PairMap>,
     /// The per-pair families, sorted by name.
@@ -212,6 +215,7 @@ impl Metrics {
         let metrics = Metrics {
             registry: Registry::new(),
             bounds,
+            protobuf_classic: native.classic,
             pairs: RwLock::new(BTreeMap::new()),
             families,
             streams_in_flight: gauge(&STREAMS_IN_FLIGHT),
@@ -426,6 +430,14 @@ impl Metrics {
         families.extend(self.families.iter().filter_map(|f| f.snapshot(&pairs)));
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
+    }
+
+    /// The Prometheus protobuf exposition of [`Metrics::snapshot`] (see [`protobuf`]):
+    /// histograms with their native buckets, and their classic ones unless
+    /// `metrics.native_histograms.classic` is false. Built whole: per series it is a
+    /// fraction of the text's size.
+    pub fn protobuf(&self) -> Vec<u8> {
+        protobuf::encode(&self.snapshot(), self.protobuf_classic)
     }
 
     /// Distinct `model` and `tenant` values admitted so far.
