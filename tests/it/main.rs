@@ -14,6 +14,7 @@ mod dialects;
 mod faults;
 mod fuzz_decoders;
 mod lifecycle;
+mod native;
 mod proxy;
 mod recording;
 mod reliability;
