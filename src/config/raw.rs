@@ -216,7 +216,7 @@ pub struct RawMetrics {
 )]
 pub struct RawNativeHistograms {
     /// Keep native buckets beside every classic histogram (about 1 KiB per histogram at
-    /// schema 3, 8 KiB per label pair). Default true. When false, the protobuf format
+    /// schema 3, 7 KiB per label pair). Default true. When false, the protobuf format
     /// carries the classic buckets only.
     pub enabled: Option<bool>,
     /// The growth factor from one bucket's bound to the next, greater than 1: the finest
