@@ -16,6 +16,10 @@
 //! `stream_50x200`: the same text as the chunks `/metrics` serves, each dropped once
 //! pulled (as after its socket write).
 //!
+//! And `histogram/observe_classic` vs `histogram/observe_classic_native`: one observation
+//! on a TTFT histogram without and with its native buckets (`metrics.native_histograms.
+//! enabled`), values cycling over the range the buckets cover.
+//!
 //! Run: `cargo bench --bench observe` (add `-- --quick` for a fast pass).
 
 use std::sync::Arc;
@@ -25,7 +29,7 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use tokentap::config::{Config, Overrides};
+use tokentap::config::{Config, NativeHistograms, Overrides};
 use tokentap::metrics::Metrics;
 use tokentap::observe::body::ObservedBody;
 use tokentap::observe::{self, RequestHead, ResponseObserver};
@@ -240,5 +244,34 @@ fn bench_render(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_observe, bench_render);
+/// One histogram observation, classic buckets only and classic + native (schema 3).
+fn bench_histogram_observe(c: &mut Criterion) {
+    let config = config();
+    let values: Vec<f64> = (0..1024).map(|i| 0.005 * 1.01f64.powi(i % 700)).collect();
+    let mut group = c.benchmark_group("histogram");
+    for (name, enabled) in [("observe_classic", false), ("observe_classic_native", true)] {
+        let native = NativeHistograms {
+            enabled,
+            classic: true,
+            ..config.metrics.native_histograms.clone()
+        };
+        let metrics = Metrics::with_native(&config.metrics.buckets, &native, &config.labels);
+        let pair = metrics.stream(Some("m"), Some("t"));
+        let mut i = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) & 1023;
+                pair.ttft.observe(black_box(values[i]));
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_observe,
+    bench_render,
+    bench_histogram_observe
+);
 criterion_main!(benches);

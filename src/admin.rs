@@ -1,5 +1,6 @@
-//! The admin port: `/metrics` (Prometheus text format), `/healthz` (the process is alive)
-//! and `/readyz` (config loaded, listener bound, upstream reachable, not draining).
+//! The admin port: `/metrics` (Prometheus text format, or the protobuf format with native
+//! histograms for a scraper that asks for it), `/healthz` (the process is alive) and
+//! `/readyz` (config loaded, listener bound, upstream reachable, not draining).
 //!
 //! It is a separate listener so that scraping and probes never compete with, or show up
 //! in, proxied traffic.
@@ -7,6 +8,8 @@
 //! `/metrics` is a streamed body rendered a chunk at a time as hyper writes it: with
 //! thousands of label pairs the text is over 100 MB, and rendering it whole took that much
 //! memory per scrape and held a tokio worker (and the proxied streams on it) for 50-130 ms.
+//! The protobuf body is much smaller per series and is encoded whole, from a snapshot, on
+//! tokio's blocking pool so that it holds no worker either.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -24,7 +27,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::metrics::{Exposition, Metrics};
+use crate::metrics::{protobuf, Exposition, Metrics};
 
 /// Prometheus text exposition format 0.0.4.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -74,8 +77,9 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<
         let readiness = readiness.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let response = route(&request, &metrics, &readiness);
-                async move { Ok::<_, Infallible>(response) }
+                let metrics = metrics.clone();
+                let readiness = readiness.clone();
+                async move { Ok::<_, Infallible>(route(&request, &metrics, &readiness).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -86,7 +90,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<
     }
 }
 
-fn route(
+async fn route(
     request: &Request<Incoming>,
     metrics: &Arc<Metrics>,
     readiness: &Readiness,
@@ -95,6 +99,9 @@ fn route(
         return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
     }
     match request.uri().path() {
+        "/metrics" if wants_protobuf(request.headers().get_all(header::ACCEPT)) => {
+            protobuf_metrics(metrics).await
+        }
         "/metrics" => {
             // No content-length (the size is known only at the end): chunked over
             // HTTP/1.1. hyper never polls the body of a HEAD response, so HEAD renders nothing.
@@ -122,6 +129,67 @@ fn route(
             "not found: try /metrics, /healthz, /readyz\n",
         ),
     }
+}
+
+/// Whether a scraper's `Accept` prefers the protobuf exposition: it lists the delimited
+/// `io.prometheus.client.MetricFamily` media type with a `q` above 0 and not below that of
+/// any range the text answers (`text/plain`, `text/*`, `*/*`, and OpenMetrics, which is
+/// served as the Prometheus text today). Anything else, no `Accept` included, gets text.
+fn wants_protobuf(accept: header::GetAll<'_, HeaderValue>) -> bool {
+    let mut protobuf_q: f32 = 0.0;
+    let mut text_q: f32 = 0.0;
+    for range in accept
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+    {
+        let mut parts = range.split(';').map(str::trim);
+        let media_type = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let (mut q, mut proto, mut encoding) = (1.0f32, None, None);
+        for parameter in parts {
+            let Some((name, value)) = parameter.split_once('=') else {
+                continue;
+            };
+            let value = value.trim().trim_matches('"');
+            match name.trim().to_ascii_lowercase().as_str() {
+                "q" => q = value.parse().unwrap_or(0.0),
+                "proto" => proto = Some(value.to_string()),
+                "encoding" => encoding = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        match media_type.as_str() {
+            "application/vnd.google.protobuf"
+                if proto.as_deref() == Some("io.prometheus.client.MetricFamily")
+                    && encoding.as_deref() == Some("delimited") =>
+            {
+                protobuf_q = protobuf_q.max(q);
+            }
+            "text/plain" | "text/*" | "*/*" | "application/openmetrics-text" => {
+                text_q = text_q.max(q);
+            }
+            _ => {}
+        }
+    }
+    protobuf_q > 0.0 && protobuf_q >= text_q
+}
+
+/// `/metrics` in the protobuf format (see [`Metrics::protobuf`]).
+async fn protobuf_metrics(metrics: &Arc<Metrics>) -> Response<AdminBody> {
+    let metrics = metrics.clone();
+    // With thousands of label pairs the snapshot and its encoding take milliseconds.
+    let Ok(body) = tokio::task::spawn_blocking(move || metrics.protobuf()).await else {
+        return plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the protobuf exposition failed\n",
+        );
+    };
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(protobuf::CONTENT_TYPE),
+    );
+    response
 }
 
 fn plain(status: StatusCode, body: &str) -> Response<AdminBody> {
@@ -165,5 +233,46 @@ impl Body for MetricsBody {
 
     fn is_end_stream(&self) -> bool {
         self.exposition.is_complete()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn negotiates_protobuf(accept: &[&str]) -> bool {
+        let mut headers = http::HeaderMap::new();
+        for value in accept {
+            headers.append(header::ACCEPT, HeaderValue::from_str(value).expect("valid"));
+        }
+        wants_protobuf(headers.get_all(header::ACCEPT))
+    }
+
+    #[test]
+    fn protobuf_only_when_the_scraper_prefers_it() {
+        // What Prometheus sends with native histograms enabled.
+        assert!(negotiates_protobuf(&[
+            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+        ]));
+        assert!(negotiates_protobuf(&[protobuf::CONTENT_TYPE]));
+        assert!(negotiates_protobuf(&[
+            "text/plain;q=0.5",
+            "Application/Vnd.Google.Protobuf; proto=\"io.prometheus.client.MetricFamily\"; encoding=delimited",
+        ]));
+
+        for accept in [
+            &[][..],
+            &["text/plain;version=0.0.4"],
+            &["*/*"],
+            // Not the delimited MetricFamily encoding.
+            &["application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text"],
+            &["application/vnd.google.protobuf"],
+            // Text preferred, or protobuf refused.
+            &["application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.2,text/plain;q=0.9"],
+            &["application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0"],
+            &["application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,*/*"],
+        ] {
+            assert!(!negotiates_protobuf(accept), "{accept:?}");
+        }
     }
 }

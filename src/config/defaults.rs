@@ -59,6 +59,10 @@ pub(super) const fn default_label_max_value_len() -> usize {
 pub(super) const fn default_stall_threshold() -> Duration {
     Duration::from_secs(5)
 }
+/// Schema 3: at most ~4.3% relative error on a quantile.
+pub(super) const DEFAULT_NATIVE_FACTOR: f64 = 1.1;
+/// Room for a default family's whole native range at schema 3 (104-144 buckets).
+pub(super) const DEFAULT_NATIVE_MAX_BUCKETS: usize = 160;
 pub(super) const fn default_max_event_bytes() -> usize {
     DecodeLimits::DEFAULT.max_event_bytes
 }

@@ -146,9 +146,33 @@ pub struct Buckets {
     pub request_duration_seconds: Vec<f64>,
 }
 
+/// `metrics.native_histograms`: the native buckets kept beside each classic histogram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NativeHistograms {
+    pub enabled: bool,
+    /// Prometheus schema, -4..=8.
+    pub schema: i8,
+    pub max_buckets: usize,
+    /// Classic buckets in the protobuf exposition too.
+    pub classic: bool,
+}
+
+impl Default for NativeHistograms {
+    /// What an unwritten `metrics.native_histograms` means.
+    fn default() -> NativeHistograms {
+        NativeHistograms {
+            enabled: true,
+            schema: crate::metrics::native::schema_for_factor(defaults::DEFAULT_NATIVE_FACTOR),
+            max_buckets: defaults::DEFAULT_NATIVE_MAX_BUCKETS,
+            classic: true,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct MetricsConfig {
     pub buckets: Buckets,
+    pub native_histograms: NativeHistograms,
     /// An inter-token gap at least this long counts as a stall.
     pub stall_threshold: Duration,
 }

@@ -194,15 +194,44 @@ pub struct RawLabelPolicy {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with `buckets` and `stall_threshold`"
+    expecting = "a mapping with `buckets`, `stall_threshold` and `native_histograms`"
 )]
 pub struct RawMetrics {
     /// Bucket upper bounds per histogram, strictly increasing.
     #[serde(default)]
     pub buckets: RawBuckets,
+    /// Native (sparse exponential) histograms, served in the Prometheus protobuf format to
+    /// scrapers that ask for it.
+    #[serde(default)]
+    pub native_histograms: RawNativeHistograms,
     /// An inter-token gap at least this long is counted in `tokentap_stream_stalls_total`.
     /// Default 5s.
     pub stall_threshold: Option<HumanDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `enabled`, `factor` or `schema`, `max_buckets` and `classic`"
+)]
+pub struct RawNativeHistograms {
+    /// Keep native buckets beside every classic histogram (about 1 KiB per histogram at
+    /// schema 3, 7 KiB per label pair). Default true. When false, the protobuf format
+    /// carries the classic buckets only.
+    pub enabled: Option<bool>,
+    /// The growth factor from one bucket's bound to the next, greater than 1: the finest
+    /// Prometheus schema whose factor `2^(2^-schema)` is at most this is used. Default
+    /// 1.1 (schema 3, factor 1.09, at most ~4.3% relative error on a quantile). Set this
+    /// or `schema`, not both.
+    pub factor: Option<Number>,
+    /// The Prometheus schema itself, -4 (factor 65536) to 8 (factor 1.0027).
+    pub schema: Option<i64>,
+    /// The most populated buckets one histogram exposes: past it the resolution is halved
+    /// (schema - 1, adjacent buckets merged) until it fits, as Prometheus does. Default 160.
+    pub max_buckets: Option<Count>,
+    /// Also expose the classic buckets in the protobuf format, so one scrape serves a
+    /// Prometheus with or without native histograms. Default true.
+    pub classic: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -478,3 +478,43 @@ fn validation_reads_no_tokenizer_file() {
         "{err}"
     );
 }
+
+#[test]
+fn native_histograms_default_to_schema_3_and_take_a_factor_or_a_schema() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    assert_eq!(
+        config.metrics.native_histograms,
+        NativeHistograms {
+            enabled: true,
+            schema: 3,
+            max_buckets: 160,
+            classic: true,
+        }
+    );
+    let base = "upstream: http://a:1\nmetrics:\n  native_histograms:\n";
+    let config = parse(&format!("{base}    factor: 2\n    classic: false\n")).expect("valid");
+    assert_eq!(config.metrics.native_histograms.schema, 0);
+    assert!(!config.metrics.native_histograms.classic);
+    let config = parse(&format!("{base}    schema: -2\n    enabled: false\n")).expect("valid");
+    assert_eq!(config.metrics.native_histograms.schema, -2);
+    assert!(!config.metrics.native_histograms.enabled);
+
+    for (settings, path, line, message) in [
+        ("factor: 1.1\n    schema: 3", "schema", 5, "not both"),
+        ("factor: 1", "factor", 4, "greater than 1"),
+        ("schema: 9", "schema", 4, "from -4 to 8"),
+        ("max_buckets: 0", "max_buckets", 4, "at least 1"),
+        (
+            "enabled: false\n    classic: false",
+            "classic",
+            5,
+            "no buckets",
+        ),
+    ] {
+        let found = issues(&format!("{base}    {settings}\n"));
+        assert_eq!(found.len(), 1, "{settings}: {found:?}");
+        assert_eq!(found[0].path, format!("metrics.native_histograms.{path}"));
+        assert!(found[0].message.contains(message), "{}", found[0].message);
+        assert_eq!(found[0].location.map(|l| l.0), Some(line), "{settings}");
+    }
+}

@@ -176,8 +176,10 @@ impl RawConfig {
                 DURATION_BUCKETS,
             ),
         };
+        let native_histograms = native_histograms(&mut issues, self.metrics.native_histograms);
         let metrics = MetricsConfig {
             buckets,
+            native_histograms,
             stall_threshold: dur(self.metrics.stall_threshold, default_stall_threshold()),
         };
         let observe = Observe {
@@ -259,6 +261,62 @@ fn buckets(
         issues.push(path, "bucket bounds must be strictly increasing");
     }
     bounds
+}
+
+fn native_histograms(issues: &mut Issues<'_>, raw: RawNativeHistograms) -> NativeHistograms {
+    use crate::metrics::native::{schema_for_factor, MAX_SCHEMA, MIN_SCHEMA};
+    let defaults = NativeHistograms::default();
+    let schema = match (raw.factor, raw.schema) {
+        (Some(_), Some(_)) => {
+            issues.push(
+                "metrics.native_histograms.schema",
+                "set `factor` or `schema`, not both",
+            );
+            defaults.schema
+        }
+        (Some(Number(factor)), None) => {
+            if factor.is_finite() && factor > 1.0 {
+                schema_for_factor(factor)
+            } else {
+                issues.push(
+                    "metrics.native_histograms.factor",
+                    "must be a finite number greater than 1",
+                );
+                defaults.schema
+            }
+        }
+        (None, Some(schema)) => match i8::try_from(schema) {
+            Ok(schema) if (MIN_SCHEMA..=MAX_SCHEMA).contains(&schema) => schema,
+            _ => {
+                issues.push(
+                    "metrics.native_histograms.schema",
+                    format!("must be from {MIN_SCHEMA} to {MAX_SCHEMA}"),
+                );
+                defaults.schema
+            }
+        },
+        (None, None) => defaults.schema,
+    };
+    let max_buckets = raw.max_buckets.map_or(defaults.max_buckets, |n| n.0);
+    if max_buckets == 0 {
+        issues.push(
+            "metrics.native_histograms.max_buckets",
+            "must be at least 1",
+        );
+    }
+    let native = NativeHistograms {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        schema,
+        max_buckets: max_buckets.max(1),
+        classic: raw.classic.unwrap_or(defaults.classic),
+    };
+    if !native.enabled && !native.classic {
+        issues.push(
+            "metrics.native_histograms.classic",
+            "cannot be false while native histograms are disabled (histograms would have no buckets)",
+        );
+    }
+    native
 }
 
 impl RawUpstream {

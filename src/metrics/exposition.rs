@@ -405,6 +405,7 @@ impl Family {
                             cumulative_counts,
                             count,
                             sum,
+                            native: histogram.read_native(),
                         },
                     });
                 }

@@ -21,7 +21,9 @@ mod equivalence;
 mod exposition;
 mod families;
 pub mod labels;
+pub mod native;
 mod outcome;
+pub mod protobuf;
 mod series;
 pub mod snapshot;
 mod text;
@@ -40,7 +42,7 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Buckets, Labels};
+use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
 use exposition::{Cursor, Family, Pairs};
 use families::{
@@ -48,6 +50,7 @@ use families::{
     PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
+use native::NativeSettings;
 pub use outcome::Outcome;
 use series::Bounds;
 pub use series::{Counter, Histogram, PairSeries};
@@ -86,6 +89,8 @@ type PairMap = BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<PairSeries>>>;
 pub struct Metrics {
     registry: Registry,
     bounds: Bounds,
+    /// `metrics.native_histograms.classic`: classic buckets in the protobuf exposition.
+    protobuf_classic: bool,
     /// model -> tenant -> series: ordered as the exposition lists them.
     pairs: RwLock<PairMap>,
     /// The per-pair families, sorted by name.
@@ -175,8 +180,18 @@ fn registry_snapshot(family: &proto::MetricFamily) -> Option<FamilySnapshot> {
 }
 
 impl Metrics {
-    /// Build and register every family. Bucket bounds were validated with the config.
+    /// Build and register every family, with the default `metrics.native_histograms`.
+    /// Bucket bounds were validated with the config.
     pub fn new(buckets: &Buckets, labels: &Labels) -> Arc<Metrics> {
+        Metrics::with_native(buckets, &NativeHistograms::default(), labels)
+    }
+
+    /// [`Metrics::new`] with the native histograms (validated) of `native`.
+    pub fn with_native(
+        buckets: &Buckets,
+        native: &NativeHistograms,
+        labels: &Labels,
+    ) -> Arc<Metrics> {
         let mut families: Vec<Family> = PAIR_FAMILIES
             .iter()
             .map(|spec| Family::new(spec, buckets))
@@ -190,6 +205,9 @@ impl Metrics {
             tpot: bounds(&buckets.time_per_output_token_seconds),
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             duration: bounds(&buckets.request_duration_seconds),
+            native: native
+                .enabled
+                .then(|| NativeSettings::new(native.schema, native.max_buckets)),
         };
 
         let label_overflow = counter_vec(&LABEL_OVERFLOW);
@@ -200,6 +218,7 @@ impl Metrics {
         let metrics = Metrics {
             registry: Registry::new(),
             bounds,
+            protobuf_classic: native.classic,
             pairs: RwLock::new(BTreeMap::new()),
             families,
             streams_in_flight: gauge(&STREAMS_IN_FLIGHT),
@@ -422,6 +441,14 @@ impl Metrics {
         families.extend(self.families.iter().filter_map(|f| f.snapshot(&pairs)));
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
+    }
+
+    /// The Prometheus protobuf exposition of [`Metrics::snapshot`] (see [`protobuf`]):
+    /// histograms with their native buckets, and their classic ones unless
+    /// `metrics.native_histograms.classic` is false. Built whole: per series it is a
+    /// fraction of the text's size.
+    pub fn protobuf(&self) -> Vec<u8> {
+        protobuf::encode(&self.snapshot(), self.protobuf_classic)
     }
 
     /// Distinct `model` and `tenant` values admitted so far.

@@ -12,27 +12,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::native::{NativeHistogram, NativeSettings};
 use super::outcome::Outcome;
+use super::snapshot::NativeHistogramSnapshot;
 use super::text::escape_label_value;
 
 /// A classic histogram: a count per bucket (the last slot counts what is above every
 /// bound, NaN included) and the sum of every observed value.
 ///
 /// The total count is the sum of the slots, so `le="+Inf"` and `_count` always agree with
-/// the finite buckets, whenever a scrape happens.
+/// the finite buckets, whenever a scrape happens. With native histograms enabled it also
+/// counts every value in its native buckets.
 pub struct Histogram {
     bounds: Arc<[f64]>,
     counts: Box<[AtomicU64]>,
+    native: Option<NativeHistogram>,
     /// `f64` bits: updated with a CAS loop so the sum is exactly the float sum of the
     /// observed values, in the order they were observed.
     sum: AtomicU64,
 }
 
 impl Histogram {
-    fn new(bounds: &Arc<[f64]>) -> Histogram {
+    fn new(bounds: &Arc<[f64]>, native: Option<&NativeSettings>) -> Histogram {
         Histogram {
             bounds: bounds.clone(),
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            native: native.map(|settings| NativeHistogram::new(settings, bounds)),
             sum: AtomicU64::new(0f64.to_bits()),
         }
     }
@@ -45,6 +50,9 @@ impl Histogram {
             .position(|bound| v <= *bound)
             .unwrap_or(self.bounds.len());
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        if let Some(native) = &self.native {
+            native.observe(v);
+        }
         self.add_to_sum(v);
     }
 
@@ -65,6 +73,9 @@ impl Histogram {
             .position(|bound| v <= *bound)
             .unwrap_or(self.bounds.len());
         self.counts[slot].fetch_add(n, Ordering::Relaxed);
+        if let Some(native) = &self.native {
+            native.observe_n(v, n);
+        }
         self.add_to_sum(v * n as f64);
     }
 
@@ -93,6 +104,11 @@ impl Histogram {
             out.push(n);
         }
         (total, f64::from_bits(self.sum.load(Ordering::Relaxed)))
+    }
+
+    /// The native buckets as they are now, if this histogram keeps them.
+    pub(super) fn read_native(&self) -> Option<NativeHistogramSnapshot> {
+        self.native.as_ref().map(NativeHistogram::read)
     }
 
     pub(super) fn bounds(&self) -> &Arc<[f64]> {
@@ -127,6 +143,8 @@ pub(super) struct Bounds {
     pub tpot: Arc<[f64]>,
     pub tokens_per_second: Arc<[f64]>,
     pub duration: Arc<[f64]>,
+    /// Native buckets beside the classic ones, when enabled.
+    pub native: Option<NativeSettings>,
 }
 
 /// `tokentap_event_tokens_total`'s `accuracy` values, in label-value order.
@@ -168,20 +186,21 @@ impl PairSeries {
         labels.push_str(",tenant=\"");
         escape_label_value(&tenant, &mut labels);
         labels.push('"');
+        let native = bounds.native.as_ref();
         PairSeries {
             model,
             tenant,
             labels: labels.into_boxed_str(),
             tenant_at,
-            ttfb: Histogram::new(&bounds.ttfb),
-            ttft: Histogram::new(&bounds.ttft),
-            ttft_content: Histogram::new(&bounds.ttft),
-            itl: Histogram::new(&bounds.itl),
-            inter_chunk: Histogram::new(&bounds.inter_chunk),
+            ttfb: Histogram::new(&bounds.ttfb, native),
+            ttft: Histogram::new(&bounds.ttft, native),
+            ttft_content: Histogram::new(&bounds.ttft, native),
+            itl: Histogram::new(&bounds.itl, native),
+            inter_chunk: Histogram::new(&bounds.inter_chunk, native),
             stalls: Counter::default(),
-            tpot: Histogram::new(&bounds.tpot),
-            tokens_per_second: Histogram::new(&bounds.tokens_per_second),
-            duration: Histogram::new(&bounds.duration),
+            tpot: Histogram::new(&bounds.tpot, native),
+            tokens_per_second: Histogram::new(&bounds.tokens_per_second, native),
+            duration: Histogram::new(&bounds.duration, native),
             requests: Default::default(),
             output_tokens: Counter::default(),
             input_tokens: Counter::default(),
@@ -216,7 +235,7 @@ mod tests {
     #[test]
     fn buckets_are_upper_inclusive_and_nan_counts_only_in_inf() {
         let bounds: Arc<[f64]> = Arc::from(vec![0.5, 1.0]);
-        let h = Histogram::new(&bounds);
+        let h = Histogram::new(&bounds, None);
         for v in [0.0, 0.5, 0.75, 1.0, 2.0, f64::NAN] {
             h.observe(v);
         }
@@ -225,6 +244,30 @@ mod tests {
         assert_eq!(counts, [2, 2, 2]);
         assert_eq!(total, 6);
         assert!(sum.is_nan());
+    }
+
+    proptest::proptest! {
+        /// The native buckets count exactly the observations the classic ones do.
+        #[test]
+        fn native_and_classic_count_the_same_observations(
+            values in proptest::collection::vec(
+                proptest::prop_oneof![0.0..0.02f64, 0.0..100.0f64, 1e-12..1e9f64],
+                0..200,
+            ),
+            schema in super::super::native::MIN_SCHEMA..=super::super::native::MAX_SCHEMA,
+        ) {
+            let bounds: Arc<[f64]> = Arc::from(crate::metrics::buckets::LATENCY_BUCKETS);
+            let h = Histogram::new(&bounds, Some(&NativeSettings::new(schema, 160)));
+            for v in &values {
+                h.observe(*v);
+            }
+            let (total, sum) = h.read(&mut Vec::new());
+            let native = h.read_native().expect("native buckets enabled");
+            proptest::prop_assert_eq!(native.count(), total);
+            proptest::prop_assert_eq!(total, values.len() as u64);
+            proptest::prop_assert_eq!(sum, values.iter().sum::<f64>());
+            proptest::prop_assert!(native.buckets.len() <= 160);
+        }
     }
 
     #[test]
@@ -238,6 +281,7 @@ mod tests {
             tpot: bounds.clone(),
             tokens_per_second: bounds.clone(),
             duration: bounds,
+            native: None,
         };
         let pair = PairSeries::new(Arc::from("a\"b"), Arc::from("c\\d\ne"), &b);
         assert_eq!(pair.labels(), r#"model="a\"b",tenant="c\\d\ne""#);

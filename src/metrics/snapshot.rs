@@ -92,6 +92,32 @@ pub struct HistogramSnapshot {
     /// Every observation, those above the last bound included.
     pub count: u64,
     pub sum: f64,
+    /// The native (sparse exponential) buckets of the same observations, when
+    /// `metrics.native_histograms.enabled`.
+    pub native: Option<NativeHistogramSnapshot>,
+}
+
+/// A native histogram as read at one instant: Prometheus' sparse exponential buckets,
+/// positive only (bucket `i` holds `(base^(i-1), base^i]`, `base = 2^(2^-schema)`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NativeHistogramSnapshot {
+    pub schema: i32,
+    /// Values at or below it are counted in `zero_count`.
+    pub zero_threshold: f64,
+    pub zero_count: u64,
+    /// `(bucket index, count)` of every populated bucket, index increasing.
+    pub buckets: Vec<(i32, u64)>,
+}
+
+impl NativeHistogramSnapshot {
+    /// Every observation the native buckets hold (the zero bucket's included). Read at
+    /// its own instant, it may differ from the classic [`HistogramSnapshot::count`] by
+    /// observations made while the scrape read the two.
+    pub fn count(&self) -> u64 {
+        self.buckets
+            .iter()
+            .fold(self.zero_count, |total, (_, n)| total.wrapping_add(*n))
+    }
 }
 
 impl HistogramSnapshot {
@@ -139,6 +165,7 @@ mod tests {
             cumulative_counts: buckets.iter().map(|(_, n)| *n).collect(),
             count,
             sum: 0.0,
+            native: None,
         }
     }
 

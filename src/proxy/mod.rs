@@ -109,7 +109,8 @@ impl Proxy {
             || before.admin != config.admin
             || before.tls != config.tls
             || before.limits != config.limits
-            || before.metrics.buckets != config.metrics.buckets;
+            || before.metrics.buckets != config.metrics.buckets
+            || before.metrics.native_histograms != config.metrics.native_histograms;
         self.metrics.set_label_policies(&config.labels);
         *self
             .current

@@ -16,6 +16,7 @@ mod fuzz_decoders;
 mod itl;
 mod layering;
 mod lifecycle;
+mod native;
 mod proxy;
 mod recording;
 mod reliability;
