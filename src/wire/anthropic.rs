@@ -31,10 +31,11 @@
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
+use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{add, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
-use super::tokenize::{count_event, finish_count, text, Tokenizer};
+use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
 
 /// Anthropic Messages state for one response.

@@ -49,6 +49,7 @@
 
 mod buffer;
 mod count;
+mod event_tokens;
 mod frame;
 mod json;
 #[cfg(test)]

@@ -20,10 +20,11 @@
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
+use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
-use super::tokenize::{count_event, finish_count, text, Tokenizer};
+use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
 
 /// Ollama state for one response.

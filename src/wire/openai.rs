@@ -40,10 +40,11 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::count::{visibility, Tally};
+use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
 use super::json::{Count, Fold, Folded, Num, Str, Text};
 use super::token_stream::TokenStream;
-use super::tokenize::{count_event, finish_count, text, SelectTexts, Tokenizer};
+use super::tokenize::Tokenizer;
 use super::types::{Dialect, OutputKind, Signal};
 
 /// OpenAI-style state for one response, in any framing: [`Handler::event`] reads one

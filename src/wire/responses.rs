@@ -26,10 +26,11 @@
 use serde::Deserialize;
 
 use super::count::Tally;
+use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Count, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
-use super::tokenize::{count_event, finish_count, text, Tokenizer};
+use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
 
 /// Responses API state for one response.

@@ -18,10 +18,11 @@
 
 use serde::Deserialize;
 
+use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
 use super::token_stream::TokenStream;
-use super::tokenize::{count_event, finish_count, text, Tokenizer};
+use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
 
 /// Triton state for one response.
