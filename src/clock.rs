@@ -23,7 +23,7 @@
 //! - **Exact** counts (logprobs entries, continuous usage, TGI, Gemini): the gap is
 //!   observed live, `k_i` times with value `g_i / k_i`.
 //! - **Estimated** counts (one per event, or a tokenizer's count of the delta): the gap is
-//!   buffered with its estimate and observed when the request ends ([`TokenClock::finish`]).
+//!   buffered with its estimate and observed when the request ends ([`TokenClock::timings`]).
 //!   If the stream reported N by then, the buffered gaps share exactly
 //!   `N - k_1 - (tokens observed live)` observations whose sum is their total span: each
 //!   gap's integer share is in proportion to its estimate (largest remainder, so the
@@ -296,7 +296,7 @@ impl TokenClock {
     }
 
     /// The response ended (in any way) at `at`.
-    pub fn finish(&self, at: Instant) -> Timings {
+    pub fn timings(&self, at: Instant) -> Timings {
         let output_tokens = self.usage_output.unwrap_or(self.counted_tokens);
         let ttft = self
             .first
@@ -507,7 +507,7 @@ mod tests {
                 }
             );
         }
-        let t = clock.finish(t0 + ms(150 + 20 * 39 + 3));
+        let t = clock.timings(t0 + ms(150 + 20 * 39 + 3));
         assert_eq!(t.ttfb, Some(ms(5)));
         assert_eq!(t.ttft, Some(ms(150)));
         assert_eq!(t.ttft_content, Some(ms(150)));
@@ -538,7 +538,7 @@ mod tests {
                 itl: Some(share(10, 3))
             }
         );
-        let t = clock.finish(t0 + ms(130));
+        let t = clock.timings(t0 + ms(130));
         assert_eq!(t.output_tokens, 5);
         assert_eq!(t.exact_event_tokens, 5);
         assert_eq!(t.estimated_event_tokens, 0);
@@ -558,7 +558,7 @@ mod tests {
         clock.output(t0 + ms(140), 1, false, OutputKind::Content);
         clock.output(t0 + ms(180), 1, false, OutputKind::Content);
         clock.usage(Some(12), Some(9));
-        let t = clock.finish(t0 + ms(200));
+        let t = clock.timings(t0 + ms(200));
         assert_eq!(t.output_tokens, 9);
         assert!(t.output_tokens_reported);
         assert_eq!(t.input_tokens, Some(12));
@@ -579,7 +579,7 @@ mod tests {
         let mut clock = TokenClock::new(t0);
         clock.usage(Some(7), Some(1));
         clock.usage(None, Some(5));
-        let t = clock.finish(t0);
+        let t = clock.timings(t0);
         assert_eq!(t.input_tokens, Some(7));
         assert_eq!(t.output_tokens, 5);
     }
@@ -591,7 +591,7 @@ mod tests {
         clock.output(t0 + ms(50), 1, false, OutputKind::Reasoning);
         clock.output(t0 + ms(60), 1, false, OutputKind::Reasoning);
         clock.output(t0 + ms(90), 1, false, OutputKind::Content);
-        let t = clock.finish(t0 + ms(95));
+        let t = clock.timings(t0 + ms(95));
         assert_eq!(t.ttft, Some(ms(50)));
         assert_eq!(t.ttft_content, Some(ms(90)));
     }
@@ -602,7 +602,7 @@ mod tests {
         let mut clock = TokenClock::new(t0);
         clock.output(t0 + ms(100), 1, false, OutputKind::Content);
         clock.usage(None, Some(40));
-        let t = clock.finish(t0 + ms(100));
+        let t = clock.timings(t0 + ms(100));
         assert_eq!(t.ttft, Some(ms(100)));
         assert_eq!(t.output_tokens, 40);
         assert_eq!(t.mean_itl, None);
@@ -614,7 +614,7 @@ mod tests {
         let t0 = Instant::now();
         let mut clock = TokenClock::new(t0);
         clock.response_head(t0 + ms(3));
-        let t = clock.finish(t0 + ms(10));
+        let t = clock.timings(t0 + ms(10));
         assert_eq!(t.ttfb, Some(ms(3)));
         assert_eq!(t.ttft, None);
         assert_eq!(t.output_tokens, 0);
@@ -636,7 +636,7 @@ mod tests {
             }
         );
         clock.output(at, 1, false, OutputKind::Content);
-        let t = clock.finish(at);
+        let t = clock.timings(at);
         assert_eq!(t.mean_itl, Some(Duration::ZERO));
         // Zero span: a decode rate would be infinite, so it is not defined.
         assert_eq!(t.decode, None);
@@ -654,7 +654,7 @@ mod tests {
     fn buffered_gaps_share_n_minus_k1_in_proportion_to_their_estimates() {
         let (mut clock, _, end) = timeline(1, &[(30, 1, false), (10, 1, false), (60, 2, false)]);
         clock.usage(None, Some(9));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         // Estimates 1, 1, 2 of 8 = N - k_1: shares 2, 2, 4.
         assert_eq!(
             t.deferred_itl,
@@ -670,7 +670,7 @@ mod tests {
     fn shares_are_integers_by_largest_remainder_that_add_up() {
         let (mut clock, _, end) = timeline(1, &[(30, 1, false), (30, 1, false), (30, 1, false)]);
         clock.usage(None, Some(6));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         // 5 over three equal estimates: 5/3 each, the two spare tokens to the first two.
         assert_eq!(
             t.deferred_itl,
@@ -683,7 +683,7 @@ mod tests {
     fn a_zero_token_gap_merges_into_the_next_and_a_trailing_one_into_the_previous() {
         let events = [(10, 0, false), (20, 2, false), (20, 0, false)];
         let (clock, _, end) = timeline(1, &events);
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         // No N: the estimates, with the zero gaps' time in the gap that got tokens.
         assert_eq!(t.deferred_itl, vec![share(25, 2)]);
         assert_eq!(t.counting, Counting::Estimated);
@@ -691,7 +691,7 @@ mod tests {
 
         let (mut clock, _, end) = timeline(1, &events);
         clock.usage(None, Some(5));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         assert_eq!(
             t.deferred_itl,
             vec![ItlShare {
@@ -705,7 +705,7 @@ mod tests {
     fn a_gap_whose_share_rounds_to_zero_merges_into_the_next() {
         let (mut clock, _, end) = timeline(1, &[(5, 1, false), (5, 1, false), (50, 10, false)]);
         clock.usage(None, Some(3));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         // 2 over estimates 1, 1, 10: shares 0, 0, 2 (the remainder goes to the largest).
         assert_eq!(t.deferred_itl, vec![share(30, 2)]);
         assert_eq!(itl_of(&t, &[]), (2, ms(60)));
@@ -727,7 +727,7 @@ mod tests {
         clock.output(t0 + ms(160), 1, false, OutputKind::Content);
         clock.output(t0 + ms(220), 1, false, OutputKind::Content);
         clock.usage(None, Some(11));
-        let t = clock.finish(t0 + ms(220));
+        let t = clock.timings(t0 + ms(220));
         // 11 - 2 - 3 = 6 tokens over the two buffered gaps.
         assert_eq!(t.deferred_itl, vec![share(10, 3), share(20, 3)]);
         assert_eq!(itl_of(&t, &[share(10, 3)]), (9, ms(120)));
@@ -741,7 +741,7 @@ mod tests {
     fn a_usage_report_that_leaves_nothing_keeps_the_estimates() {
         let (mut clock, _, end) = timeline(1, &[(10, 1, false), (10, 1, false)]);
         clock.usage(None, Some(1));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         assert_eq!(t.deferred_itl, vec![share(10, 1), share(10, 1)]);
         assert_eq!(t.counting, Counting::Estimated);
         assert_eq!(t.output_tokens, 1);
@@ -768,7 +768,7 @@ mod tests {
         );
         let n = 1 + 2 * MAX_BUFFERED_GAPS as u64 + 2;
         clock.usage(None, Some(n));
-        let t = clock.finish(at);
+        let t = clock.timings(at);
         // The buffered gaps share what the live ones left: 2 per gap.
         assert_eq!(t.deferred_itl.len(), MAX_BUFFERED_GAPS);
         assert!(t.deferred_itl.iter().all(|s| *s
@@ -789,7 +789,7 @@ mod tests {
     fn a_huge_reported_n_costs_nothing_per_token() {
         let (mut clock, _, end) = timeline(1, &[(1000, 1, false)]);
         clock.usage(None, Some(1 << 40));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         assert_eq!(t.deferred_itl.len(), 1);
         assert_eq!(t.deferred_itl[0].count, (1 << 40) - 1);
     }
@@ -800,19 +800,19 @@ mod tests {
         // the third), and 2 more of the last text only at the end.
         let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
         clock.trailing_tokens(2);
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         assert_eq!(t.estimated_event_tokens, 4, "the counts as settled");
         assert_eq!(t.deferred_itl, vec![share(10, 4)]);
         // With N, k_1 counts as 1: N - 1 observations.
         let (mut clock, _, end) = timeline(0, &[(10, 0, false), (30, 2, false)]);
         clock.trailing_tokens(2);
         clock.usage(None, Some(5));
-        let t = clock.finish(end);
+        let t = clock.timings(end);
         assert_eq!(t.deferred_itl, vec![share(10, 4)]);
         assert_eq!(t.decode.map(|d| d.tpot), Some(ms(10)));
         // After a single event they are the first event's.
         let (mut clock, _, end) = timeline(1, &[]);
         clock.trailing_tokens(3);
-        assert_eq!(clock.finish(end).estimated_event_tokens, 4);
+        assert_eq!(clock.timings(end).estimated_event_tokens, 4);
     }
 }

@@ -148,7 +148,7 @@ impl Reference {
         self.stalls.with_label_values(&pair);
     }
 
-    /// What `Metrics::finish` did.
+    /// What `Metrics::record_request` did.
     fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &RequestFigures) {
         let pair = [model, tenant];
         self.requests
@@ -471,7 +471,7 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
                 tpot: decode.map(|(tpot, _)| tpot),
                 tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
             };
-            metrics.finish(handles, outcome, timings);
+            metrics.record_request(handles, outcome, timings);
             reference.finish(m, t, outcome, &timings);
         }
         if step % 997 == 0 {
@@ -529,7 +529,7 @@ fn extreme_values_match_too() {
         tpot: Some(Duration::from_nanos(1)),
         tokens_per_second: Some(1e15),
     };
-    metrics.finish(&handles, Outcome::Timeout, timings);
+    metrics.record_request(&handles, Outcome::Timeout, timings);
     reference.finish("m", "t", Outcome::Timeout, &timings);
     let text = actual(&metrics);
     assert_same(&text, &expected(&metrics, &reference));

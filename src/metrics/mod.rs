@@ -57,7 +57,7 @@ pub use series::{Counter, Histogram, PairSeries};
 pub use snapshot::Snapshot;
 use snapshot::{FamilySnapshot, Label, Series, Values};
 
-/// The figures of one finished request that [`Metrics::finish`] records: plain values,
+/// The figures of one finished request that [`Metrics::record_request`] records: plain values,
 /// whatever measured them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestFigures {
@@ -362,7 +362,7 @@ impl Metrics {
 
     /// Record the per-request figures of a finished request on its pair (exactly once
     /// per request).
-    pub fn finish(&self, pair: &PairSeries, outcome: Outcome, figures: RequestFigures) {
+    pub fn record_request(&self, pair: &PairSeries, outcome: Outcome, figures: RequestFigures) {
         pair.requests(outcome).inc();
         pair.duration.observe(figures.duration.as_secs_f64());
         if figures.output_tokens > 0 {
@@ -588,7 +588,7 @@ mod tests {
                     tokens_per_second: decode.then_some(50.0),
                 };
                 let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
-                metrics.finish(&stream, outcome, figures);
+                metrics.record_request(&stream, outcome, figures);
             }
         }
         metrics
@@ -675,7 +675,7 @@ mod tests {
     fn the_family_table_is_what_the_exposition_shows() {
         let metrics = populated();
         let pair = metrics.stream(Some("m"), Some("t"));
-        metrics.finish(
+        metrics.record_request(
             &pair,
             Outcome::Completed,
             RequestFigures {

@@ -549,7 +549,7 @@ mod tests {
             }
             stream.observe_itl(Duration::from_millis(23), 7);
             stream.ttfb.observe(0.0);
-            metrics.finish(
+            metrics.record_request(
                 &stream,
                 Outcome::Completed,
                 RequestFigures {

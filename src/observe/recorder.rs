@@ -216,14 +216,14 @@ impl Recorder {
             }
             other => other,
         };
-        let timings = self.clock.finish(at);
+        let timings = self.clock.timings(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
         for share in &timings.deferred_itl {
             handles.observe_itl(share.per_token, share.count);
         }
         self.metrics
-            .finish(handles, outcome, RequestFigures::from(&timings));
+            .record_request(handles, outcome, RequestFigures::from(&timings));
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
 
@@ -252,7 +252,7 @@ impl Recorder {
     }
 }
 
-/// What [`Metrics::finish`] records of the clock's timings.
+/// What [`Metrics::record_request`] records of the clock's timings.
 impl From<&Timings> for RequestFigures {
     fn from(timings: &Timings) -> RequestFigures {
         RequestFigures {

@@ -36,8 +36,8 @@ fn rss() -> u64 {
 fn record(metrics: &Families, model: &str, tenant: &str) {
     let t = Instant::now();
     let stream = metrics.stream(Some(model), Some(tenant));
-    let timings = TokenClock::new(t).finish(t + Duration::from_millis(5));
-    metrics.finish(&stream, Outcome::Completed, (&timings).into());
+    let timings = TokenClock::new(t).timings(t + Duration::from_millis(5));
+    metrics.record_request(&stream, Outcome::Completed, (&timings).into());
 }
 
 /// Distinct values of `label` among the samples of `family` in an exposition.
@@ -138,8 +138,8 @@ fn series_are_bounded_by_the_product_of_the_caps() {
     }
     // Missing values are `unknown`.
     let t = Instant::now();
-    let timings = TokenClock::new(t).finish(t);
-    metrics.finish(
+    let timings = TokenClock::new(t).timings(t);
+    metrics.record_request(
         &metrics.stream(None, None),
         Outcome::Completed,
         (&timings).into(),
