@@ -36,8 +36,11 @@
 //!   after them. If N leaves nothing for the buffered gaps (a usage report smaller than the
 //!   exact counts already seen), they are observed with their estimates.
 //!
-//! The buffer is bounded: at most [`MAX_BUFFERED_GAPS`] gaps of 16 bytes each (64 KiB at
-//! most; a 1,000-token stream buffers at most 999 gaps, under 16 KiB). Past the bound the
+//! The buffer is bounded: at most [`MAX_BUFFERED_GAPS`] gaps of 8 bytes each (32 KiB at
+//! most; a 1,000-token stream buffers at most 999 gaps, 8 KiB). A gap is kept in whole
+//! microseconds, rounded so that the running total stays within half a microsecond of the
+//! true one, so the apportioned observations still add up to `t_E - t_1` to 0.5 µs
+//! however many gaps there are. Past the bound the
 //! remaining estimated gaps are observed live with their estimates, and apportioning
 //! covers the buffered ones only.
 //!
@@ -95,11 +98,12 @@ impl Counting {
     }
 }
 
-/// A buffered estimated gap: 16 bytes.
+/// A buffered estimated gap: 8 bytes. `micros` saturates past 71 minutes and `estimate`
+/// past 65,535 tokens (an idle timeout or the event bound ends a stream long before).
 #[derive(Clone, Copy, Debug)]
 struct BufferedGap {
-    nanos: u64,
-    estimate: u32,
+    micros: u32,
+    estimate: u16,
 }
 
 /// Timeline state of one request.
@@ -123,6 +127,10 @@ pub struct TokenClock {
     /// Part of `live_itl_tokens` that were estimates (observed past the buffer's bound).
     live_estimated_tokens: u64,
     buffered: Vec<BufferedGap>,
+    /// The buffered gaps' true total and the total of their stored microseconds, which
+    /// each new gap's rounding keeps within half a microsecond of each other.
+    buffered_nanos: u64,
+    buffered_micros: u64,
     /// Whether the last event's gap is the last one in `buffered`.
     last_buffered: bool,
     slowest_gap: Option<Duration>,
@@ -187,6 +195,8 @@ impl TokenClock {
             live_itl_tokens: 0,
             live_estimated_tokens: 0,
             buffered: Vec::new(),
+            buffered_nanos: 0,
+            buffered_micros: 0,
             last_buffered: false,
             slowest_gap: None,
             usage_input: None,
@@ -239,9 +249,13 @@ impl TokenClock {
                 let itl = if exact || self.buffered.len() >= MAX_BUFFERED_GAPS {
                     self.live_itl(gap, tokens, exact)
                 } else {
+                    self.buffered_nanos = self.buffered_nanos.saturating_add(nanos(gap));
+                    let total_micros = self.buffered_nanos.saturating_add(500) / 1000;
+                    let micros = total_micros.saturating_sub(self.buffered_micros);
+                    self.buffered_micros = total_micros;
                     self.buffered.push(BufferedGap {
-                        nanos: nanos(gap),
-                        estimate: tokens,
+                        micros: u32::try_from(micros).unwrap_or(u32::MAX),
+                        estimate: u16::try_from(tokens).unwrap_or(u16::MAX),
                     });
                     self.last_buffered = true;
                     None
@@ -276,7 +290,9 @@ impl TokenClock {
         self.counted_tokens += u64::from(tokens);
         if self.last_buffered {
             if let Some(gap) = self.buffered.last_mut() {
-                gap.estimate = gap.estimate.saturating_add(tokens);
+                gap.estimate = gap
+                    .estimate
+                    .saturating_add(u16::try_from(tokens).unwrap_or(u16::MAX));
             }
         } else if self.events == 1 {
             if let Some((_, k1)) = self.first.as_mut() {
@@ -387,7 +403,10 @@ fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
     if gaps.is_empty() || target == 0 {
         return Vec::new();
     }
-    let weighted = merge_empty(gaps.iter().map(|g| (g.nanos, u64::from(g.estimate))));
+    let weighted = merge_empty(
+        gaps.iter()
+            .map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
+    );
     let total: u128 = weighted.iter().map(|(_, w)| u128::from(*w)).sum();
     let mut shares: Vec<(u64, u64)> = Vec::with_capacity(weighted.len());
     let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(weighted.len());
@@ -780,9 +799,35 @@ mod tests {
         assert_eq!(t.apportioned_event_tokens, n - 2);
         assert_eq!(
             std::mem::size_of::<BufferedGap>(),
-            16,
+            8,
             "the documented bound"
         );
+    }
+
+    #[test]
+    fn buffered_gaps_in_microseconds_still_add_up_to_the_decode_span() {
+        // 999 gaps of 1,234.567 µs: each is stored in whole microseconds, rounded so that
+        // the running total never drifts, so the apportioned values add up to the span.
+        let t0 = Instant::now();
+        let mut clock = TokenClock::new(t0);
+        let gap = Duration::from_nanos(1_234_567);
+        let mut at = t0 + ms(100);
+        clock.output(at, 1, false, OutputKind::Content);
+        for _ in 0..999 {
+            at += gap;
+            clock.output(at, 1, false, OutputKind::Content);
+        }
+        clock.usage(None, Some(1000));
+        let t = clock.timings(at);
+        let counted: u64 = t.deferred_itl.iter().map(|s| s.count).sum();
+        assert_eq!(counted, 999);
+        let sum: u128 = t
+            .deferred_itl
+            .iter()
+            .map(|s| s.per_token.as_nanos() * u128::from(s.count))
+            .sum();
+        let span = (gap * 999).as_nanos();
+        assert!(sum.abs_diff(span) <= 500, "sum {sum} ns, span {span} ns");
     }
 
     #[test]
