@@ -44,12 +44,7 @@ impl Histogram {
 
     /// Count `v` in the first bucket whose bound is `>= v`, as the prometheus crate does.
     pub fn observe(&self, v: f64) {
-        let slot = self
-            .bounds
-            .iter()
-            .position(|bound| v <= *bound)
-            .unwrap_or(self.bounds.len());
-        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.counts[self.slot(v)].fetch_add(1, Ordering::Relaxed);
         if let Some(native) = &self.native {
             native.observe(v);
         }
@@ -67,16 +62,20 @@ impl Histogram {
             }
             return;
         }
-        let slot = self
-            .bounds
-            .iter()
-            .position(|bound| v <= *bound)
-            .unwrap_or(self.bounds.len());
-        self.counts[slot].fetch_add(n, Ordering::Relaxed);
+        self.counts[self.slot(v)].fetch_add(n, Ordering::Relaxed);
         if let Some(native) = &self.native {
             native.observe_n(v, n);
         }
         self.add_to_sum(v * n as f64);
+    }
+
+    /// The first bucket whose bound is `>= v`; the last slot for anything above every
+    /// bound (NaN included).
+    fn slot(&self, v: f64) -> usize {
+        self.bounds
+            .iter()
+            .position(|bound| v <= *bound)
+            .unwrap_or(self.bounds.len())
     }
 
     fn add_to_sum(&self, v: f64) {
