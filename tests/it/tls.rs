@@ -36,6 +36,23 @@ impl TestCert {
     }
 }
 
+impl TestCert {
+    /// A client that trusts this certificate and offers only HTTP/1.1 by ALPN.
+    fn http1_connector(&self) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.certified.cert.der().clone()).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    }
+}
+
 impl Drop for TestCert {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -121,7 +138,6 @@ async fn tls_listener_and_https_upstream_with_custom_ca() {
 /// so nothing waits on a sniff without a deadline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_http1_clients_are_served_and_silent_ones_closed() {
-    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let cert = TestCert::new("tls-silent");
@@ -137,17 +153,7 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
     )
     .await;
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.certified.cert.der().clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = cert.http1_connector();
     let connect = || async {
         let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -184,7 +190,6 @@ async fn tls_http1_clients_are_served_and_silent_ones_closed() {
 /// followed by a close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_clients_upgrades_are_not_offered_upstream() {
-    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -221,17 +226,7 @@ async fn tls_clients_upgrades_are_not_offered_upstream() {
         ),
     )
     .await;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.certified.cert.der().clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = cert.http1_connector();
     let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
