@@ -20,8 +20,7 @@ use std::sync::Arc;
 
 use super::families::{PairFamily, PairKind};
 use super::outcome::Outcome;
-use super::series::Counter;
-use super::series::{SeriesSet, ACCURACY};
+use super::series::{Counter, SeriesSet, ACCURACY};
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
 use super::text::{escape_help, escape_label_value, push_count, push_f64};
 use crate::config::Buckets;

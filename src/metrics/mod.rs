@@ -473,9 +473,12 @@ impl Metrics {
         let estimate: usize = self
             .families
             .iter()
-            .map(|f| match f.per_pair {
-                true => f.estimate(pairs, pair_label_bytes),
-                false => f.estimate(models, model_label_bytes),
+            .map(|f| {
+                if f.per_pair {
+                    f.estimate(pairs, pair_label_bytes)
+                } else {
+                    f.estimate(models, model_label_bytes)
+                }
             })
             .sum();
         let previous = self.last_render_bytes.load(Ordering::Relaxed);
