@@ -458,6 +458,53 @@ mod tests {
         assert_eq!(python_strings("OUTCOMES", '(', ')'), outcomes);
     }
 
+    /// Each family's `slot` is the storage its getter reads: a set that keeps that slot
+    /// alone has this family and no other, so `labels.tenant.families` moves exactly the
+    /// families it names.
+    #[test]
+    fn each_family_reads_its_own_slot() {
+        use crate::metrics::series::{Bounds, TenantSlots};
+        use std::sync::Arc;
+        let one: Arc<[f64]> = Arc::from(vec![1.0]);
+        let bounds = Bounds {
+            ttfb: one.clone(),
+            ttft: one.clone(),
+            itl: one.clone(),
+            inter_chunk: one.clone(),
+            tpot: one.clone(),
+            tokens_per_second: one.clone(),
+            duration: one,
+            native: None,
+        };
+        let kept = |family: &PairFamily, set: &SeriesSet| match family.kind {
+            PairKind::Histogram { get, .. } => get(set).is_some(),
+            PairKind::Counter { get, .. } => get(set).is_some(),
+            PairKind::Requests => set.requests.is_some(),
+            PairKind::EventTokens => set.event_tokens.is_some(),
+        };
+        for family in &PAIR_FAMILIES {
+            let mut slots = [false; Slot::COUNT];
+            slots[family.slot as usize] = true;
+            let pair = SeriesSet::new(
+                Arc::from("m"),
+                Some(Arc::from("t")),
+                &bounds,
+                TenantSlots(slots),
+            );
+            for other in &PAIR_FAMILIES {
+                assert_eq!(
+                    kept(other, &pair),
+                    other.name == family.name,
+                    "{} in a set keeping {}'s slot",
+                    other.name,
+                    family.name
+                );
+            }
+            assert!(family.labels.contains(&"model") && family.labels.contains(&"tenant"));
+        }
+        assert_eq!(PAIR_FAMILIES.len(), Slot::COUNT);
+    }
+
     /// The bucket bounds the e2e check expects are the configuration's defaults.
     #[test]
     fn the_ops_contract_buckets_are_the_defaults() {
