@@ -261,7 +261,7 @@ fn bench_histogram_observe(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 i = (i + 1) & 1023;
-                pair.ttft.observe(black_box(values[i]));
+                pair.ttft().observe(black_box(values[i]));
             })
         });
     }

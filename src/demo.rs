@@ -228,8 +228,13 @@ fn key<T>(series: &Series<T>) -> (String, String) {
     (label("model"), label("tenant"))
 }
 
+/// Puts one histogram's figures on a row.
+type SetFigure<'s> = fn(&mut Row<'s>, &'s HistogramSnapshot);
+
 fn summarize<'s>(snapshot: &'s Snapshot) -> BTreeMap<(String, String), Row<'s>> {
     let mut rows: BTreeMap<(String, String), Row<'s>> = BTreeMap::new();
+    // Figures of families that are per model (no `tenant`), shown on each of its rows.
+    let mut per_model: Vec<(String, SetFigure<'s>, &'s HistogramSnapshot)> = Vec::new();
     for family in &snapshot.families {
         match (&*family.name, &family.values) {
             ("tokentap_requests_total", Values::Counter(series)) => {
@@ -238,17 +243,28 @@ fn summarize<'s>(snapshot: &'s Snapshot) -> BTreeMap<(String, String), Row<'s>> 
                 }
             }
             (name, Values::Histogram(series)) => {
-                let set: fn(&mut Row<'s>, &'s HistogramSnapshot) = match name {
+                let set: SetFigure<'s> = match name {
                     "tokentap_time_to_first_token_seconds" => |row, h| row.ttft = Some(h),
                     "tokentap_inter_token_latency_seconds" => |row, h| row.itl = Some(h),
                     "tokentap_output_tokens_per_second" => |row, h| row.tokens_per_second = Some(h),
                     _ => continue,
                 };
                 for s in series {
-                    set(rows.entry(key(s)).or_default(), &s.value);
+                    match s.label("tenant") {
+                        Some(_) => set(rows.entry(key(s)).or_default(), &s.value),
+                        None => per_model.push((key(s).0, set, &s.value)),
+                    }
                 }
             }
             _ => {}
+        }
+    }
+    for (model, set, histogram) in per_model {
+        let of_model = rows
+            .range_mut((model.clone(), String::new())..)
+            .take_while(|((m, _), _)| *m == model);
+        for (_, row) in of_model {
+            set(row, histogram);
         }
     }
     rows

@@ -8,16 +8,22 @@ Checks grafana/dashboards/tokentap.json:
     type prometheus instead), variables datasource / job / model / tenant as agreed;
   * the four rows, unique panel ids, gridPos inside 24 columns with no overlaps;
   * every panel: a description, the `${datasource}` data source, a unit from the
-    agreed set, queries with unique refIds; heatmaps read `_bucket` series in
-    heatmap format;
-  * every selector of a metric that has model/tenant labels filters on
-    $model and $tenant; instance-level metrics filter on $job;
+    agreed set, queries with unique refIds; heatmaps read `_bucket` series by le
+    and the native series, in heatmap format;
+  * every selector of a metric that has model and tenant labels filters on
+    $model and $tenant; of a per-model metric (no `tenant` with the default
+    labels.tenant.families) on $model and never on $tenant (a tenant filter would
+    empty it); instance-level metrics filter on $job;
+  * both kinds of Prometheus: a query that reads a histogram's classic series
+    (`_bucket`, `_sum`, `_count`) also reads its native series, so it returns data
+    on a classic Prometheus and on one that stores native histograms only;
 and grafana/provisioning (data source of type prometheus whose uid is the
 dashboard's default; a file provider into folder "tokentap").
 
 Across dashboard and deploy/prometheus/rules.yaml: every tokentap_* metric named is
-in the contract (scripts/ops/tokentap_contract.py), and every recording rule the
-dashboard reads is defined in rules.yaml.
+in the contract (scripts/ops/tokentap_contract.py), every recording rule the
+dashboard reads is defined in rules.yaml, and every rule reads both kinds of
+histogram as above.
 
 --promql-rules writes every dashboard query (variables resolved) as a recording
 rule into a rules file, so `promtool check rules` can parse-check the PromQL.
@@ -66,6 +72,13 @@ def selectors(expr):
         if name.startswith(("tokentap_", "process_")) or name == "up":
             out.append((name, body))
     return out
+
+
+def classic_without_native(expr):
+    """Histograms whose classic series `expr` reads without reading the native one."""
+    names = {name for name, _ in selectors(expr)}
+    classic = {contract.base_name(n) for n in names if contract.base_name(n) != n}
+    return sorted(classic - names)
 
 
 def check_dashboard(d):
@@ -140,18 +153,29 @@ def check_dashboard(d):
             expr = t.get("expr") or ""
             if not expr.strip():
                 problems.append(f"query {t.get('refId')} has no expr")
-            if p.get("type") == "heatmap" and not (t.get("format") == "heatmap" and "_bucket" in expr and "le" in expr):
-                problems.append("heatmap query must be a `_bucket` series by le in heatmap format")
+            if p.get("type") == "heatmap" and t.get("format") != "heatmap":
+                problems.append(f"heatmap query {t.get('refId')} must be in heatmap format")
+            if p.get("type") != "heatmap" and classic_without_native(expr):
+                problems.append(f"query {t.get('refId')} reads only the classic series of {classic_without_native(expr)}")
             for name, body in selectors(expr):
                 base = contract.base_name(name)
                 labels = contract.METRICS.get(base, ("", ()))[1]
                 if "model" in labels and "tenant" in labels:
                     if 'model=~"$model"' not in body or 'tenant=~"$tenant"' not in body:
                         problems.append(f"{name} not filtered by $model and $tenant")
+                elif "model" in labels:
+                    if 'model=~"$model"' not in body or "tenant" in body:
+                        problems.append(f"{name} (per model) must be filtered by $model and not by tenant")
                 elif base in contract.METRICS or name in contract.PROCESS_METRICS or name == "up":
                     if 'job=~"$job"' not in body:
                         problems.append(f"{name} not filtered by $job")
-        ok(not problems, f"{what}: description, data source, unit, queries, filters", "; ".join(problems))
+        if p.get("type") == "heatmap":
+            exprs = [t.get("expr") or "" for t in targets]
+            classic = [e for e in exprs if "_bucket" in e and "by (le)" in e]
+            native = [e for e in exprs if "_bucket" not in e and "le" not in re.findall(r"by \(([^)]*)\)", e)]
+            if not classic or not native:
+                problems.append("heatmap needs a `_bucket` query by le and a native-series query")
+        ok(not problems, f"{what}: description, data source, unit, queries, filters, both histogram kinds", "; ".join(problems))
 
 
 def check_provisioning(d):
@@ -183,6 +207,15 @@ def check_names(d):
         names = set().union(*(contract.referenced(t) for t in texts))
         unknown = sorted(names - set(contract.METRICS))
         ok(not unknown, f"{where}: every tokentap_* metric is in the contract ({len(names)} referenced)", unknown)
+    classic_only = [(r.get("record") or r.get("alert"), classic_without_native(str(r["expr"])))
+                    for g in rules["groups"] for r in g["rules"] if classic_without_native(str(r["expr"]))]
+    ok(not classic_only, "rules.yaml: every rule that reads classic histogram series reads the native ones too", classic_only)
+    per_model = [(r.get("record") or r.get("alert"), name)
+                 for g in rules["groups"] for r in g["rules"]
+                 for name in contract.referenced(str(r["expr"]))
+                 if "tenant" in str(r["expr"]) and "tenant" not in contract.METRICS.get(name, ("", ("tenant",)))[1]
+                 and "model" in contract.METRICS.get(name, ("", ()))[1]]
+    ok(not per_model, "rules.yaml: no rule groups a per-model family by tenant", per_model)
     used_rules = set()
     for e in dash_exprs:
         used_rules |= set(re.findall(r"\b[a-z_]+:[a-z0-9_:]+\b", e))

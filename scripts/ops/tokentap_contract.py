@@ -12,21 +12,24 @@ reads them.
 """
 import re
 
-# name -> (type, labels)
+# name -> (type, labels), with the default `labels.tenant.families`: `tenant` is on the
+# requests and token counters, TTFT and ITL; every other per-request family is per
+# model (an operator may add `tenant` to any of them, so queries on those aggregate
+# `by (model)` and never filter on tenant).
 METRICS = {
-    "tokentap_time_to_first_byte_seconds": ("histogram", ("model", "tenant")),
+    "tokentap_time_to_first_byte_seconds": ("histogram", ("model",)),
     "tokentap_time_to_first_token_seconds": ("histogram", ("model", "tenant")),
-    "tokentap_time_to_first_content_token_seconds": ("histogram", ("model", "tenant")),
+    "tokentap_time_to_first_content_token_seconds": ("histogram", ("model",)),
     "tokentap_inter_token_latency_seconds": ("histogram", ("model", "tenant")),
-    "tokentap_inter_chunk_latency_seconds": ("histogram", ("model", "tenant")),
-    "tokentap_time_per_output_token_seconds": ("histogram", ("model", "tenant")),
-    "tokentap_output_tokens_per_second": ("histogram", ("model", "tenant")),
-    "tokentap_request_duration_seconds": ("histogram", ("model", "tenant")),
+    "tokentap_inter_chunk_latency_seconds": ("histogram", ("model",)),
+    "tokentap_time_per_output_token_seconds": ("histogram", ("model",)),
+    "tokentap_output_tokens_per_second": ("histogram", ("model",)),
+    "tokentap_request_duration_seconds": ("histogram", ("model",)),
     "tokentap_requests_total": ("counter", ("model", "tenant", "outcome")),
     "tokentap_output_tokens_total": ("counter", ("model", "tenant")),
     "tokentap_input_tokens_total": ("counter", ("model", "tenant")),
     "tokentap_event_tokens_total": ("counter", ("model", "tenant", "accuracy")),
-    "tokentap_stream_stalls_total": ("counter", ("model", "tenant")),
+    "tokentap_stream_stalls_total": ("counter", ("model",)),
     "tokentap_label_overflow_total": ("counter", ("label",)),
     "tokentap_unobserved_responses_total": ("counter", ("reason",)),
     "tokentap_decode_errors_total": ("counter", ("dialect",)),

@@ -15,7 +15,7 @@ mod raw;
 pub mod units;
 mod validate;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -119,6 +119,9 @@ pub struct Labels {
     pub tenant: LabelPolicy,
     /// Distinct (model, tenant) pairs kept; a new pair past it becomes (`other`, `other`).
     pub max_pairs: usize,
+    /// The families that carry `tenant` (`labels.tenant.families`, names from the metric
+    /// table); every other per-pair family is per model.
+    pub tenant_families: BTreeSet<&'static str>,
 }
 
 /// How values of one label are bounded.

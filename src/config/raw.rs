@@ -189,6 +189,21 @@ pub struct RawLabelPolicy {
     pub aliases: BTreeMap<String, String>,
     /// Values longer than this many bytes become `other`. Default 128.
     pub max_value_len: Option<Count>,
+    /// `labels.tenant` only: the metric families that carry `tenant` (one series per
+    /// (model, tenant) pair); every other per-request family is per model (only `model`,
+    /// no `tenant` label), which keeps a scrape of many tenants small. Default:
+    /// `tokentap_requests_total`, `tokentap_output_tokens_total`,
+    /// `tokentap_input_tokens_total`, `tokentap_event_tokens_total`,
+    /// `tokentap_time_to_first_token_seconds` and `tokentap_inter_token_latency_seconds`
+    /// (what per-tenant SLOs and the dashboard's per-tenant panels read). Any of those and
+    /// of `tokentap_time_to_first_byte_seconds`,
+    /// `tokentap_time_to_first_content_token_seconds`,
+    /// `tokentap_inter_chunk_latency_seconds`, `tokentap_time_per_output_token_seconds`,
+    /// `tokentap_output_tokens_per_second`, `tokentap_request_duration_seconds` and
+    /// `tokentap_stream_stalls_total` may be listed; `[]` puts every family per model.
+    /// Read at startup: a reload that changes it keeps the running set and warns that it
+    /// takes effect after a restart.
+    pub families: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -518,3 +518,89 @@ fn native_histograms_default_to_schema_3_and_take_a_factor_or_a_schema() {
         assert_eq!(found[0].location.map(|l| l.0), Some(line), "{settings}");
     }
 }
+
+#[test]
+fn tenant_families_default_to_the_per_tenant_slo_families() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    let expected = BTreeSet::from([
+        "tokentap_requests_total",
+        "tokentap_output_tokens_total",
+        "tokentap_input_tokens_total",
+        "tokentap_event_tokens_total",
+        "tokentap_time_to_first_token_seconds",
+        "tokentap_inter_token_latency_seconds",
+    ]);
+    assert_eq!(config.labels.tenant_families, expected);
+
+    let narrowed = parse(
+        "upstream: http://a:1\nlabels:\n  tenant:\n    max_values: 10\n    families:\n      \
+         - tokentap_requests_total\n      - tokentap_request_duration_seconds\n",
+    )
+    .expect("valid");
+    assert_eq!(
+        narrowed.labels.tenant_families,
+        BTreeSet::from([
+            "tokentap_requests_total",
+            "tokentap_request_duration_seconds"
+        ])
+    );
+    assert_eq!(narrowed.labels.tenant.max_values, Some(10));
+    let none =
+        parse("upstream: http://a:1\nlabels:\n  tenant:\n    families: []\n").expect("valid");
+    assert!(none.labels.tenant_families.is_empty());
+}
+
+#[test]
+fn tenant_families_must_be_per_request_families_named_once() {
+    let text = "\
+upstream: http://a:1
+labels:
+  tenant:
+    families:
+      - tokentap_requests_total
+      - tokentap_request_durations
+      - tokentap_streams_in_flight
+      - tokentap_requests_total
+";
+    let found = issues(text);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found[0].path, "labels.tenant.families.1");
+    assert_eq!(found[0].location, Some((6, 7)), "{}", found[0]);
+    assert!(
+        found[0]
+            .message
+            .contains("`tokentap_request_durations` is not a tokentap metric family")
+            && found[0]
+                .message
+                .contains("`tokentap_request_duration_seconds`"),
+        "{}",
+        found[0]
+    );
+    assert_eq!(found[1].path, "labels.tenant.families.2");
+    assert_eq!(found[1].location.map(|l| l.0), Some(7));
+    assert!(
+        found[1].message.contains("can never carry `tenant`"),
+        "{}",
+        found[1]
+    );
+    assert_eq!(found[2].path, "labels.tenant.families.3");
+    assert_eq!(found[2].location.map(|l| l.0), Some(8));
+    assert!(found[2].message.contains("listed twice"), "{}", found[2]);
+
+    // A flow-style list: located at the key.
+    let found = issues("upstream: http://a:1\nlabels:\n  tenant:\n    families: [tokentap_x]\n");
+    assert_eq!(found[0].path, "labels.tenant.families.0");
+    assert_eq!(found[0].location, Some((4, 5)), "{}", found[0]);
+
+    // `model` is on every family: nothing to choose.
+    let found = issues(
+        "upstream: http://a:1\nlabels:\n  model:\n    families: [tokentap_requests_total]\n",
+    );
+    assert_eq!(found[0].path, "labels.model.families");
+    assert_eq!(found[0].location.map(|l| l.0), Some(4));
+    assert!(
+        found[0].message.contains("labels.tenant.families"),
+        "{}",
+        found[0]
+    );
+}

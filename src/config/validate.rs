@@ -1,7 +1,7 @@
 //! Raw values to the validated [`Config`]: every check, every default applied, and every
 //! issue collected (with its key path and line) rather than stopping at the first.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -32,6 +32,16 @@ impl Issues<'_> {
         });
     }
 
+    /// [`Issues::push`], located at `within` when `path` itself is not found (an item of
+    /// a flow-style list, `[a, b]`).
+    fn push_within(&mut self, path: &str, within: &str, message: impl Into<String>) {
+        self.found.push(ConfigIssue {
+            path: path.to_string(),
+            location: locate(self.text, path).or_else(|| locate(self.text, within)),
+            message: message.into(),
+        });
+    }
+
     /// Where `path` is written, for a check that runs after validation.
     fn written(&self, path: &str) -> Written {
         Written {
@@ -46,7 +56,7 @@ impl RawConfig {
     /// Check every field and build the [`Config`]; returns all issues at once.
     /// `origin` names the text in errors found later ([`Written`]).
     pub fn validate(
-        self,
+        mut self,
         text: &str,
         origin: &str,
         overrides: &Overrides,
@@ -112,6 +122,14 @@ impl RawConfig {
             issues.push("limits.max_header_bytes", "must be at least 8KiB");
         }
         let tenants = self.tenants.validate(&mut issues);
+        if self.labels.model.families.is_some() {
+            issues.push(
+                "labels.model.families",
+                "every per-request family carries `model`; list the families that also \
+                 carry `tenant` in `labels.tenant.families`",
+            );
+        }
+        let tenant_families = tenant_families(&mut issues, self.labels.tenant.families.take());
         let model = self.labels.model.validate(&mut issues, "labels.model");
         let tenant = self.labels.tenant.validate(&mut issues, "labels.tenant");
         // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
@@ -127,6 +145,7 @@ impl RawConfig {
             ),
             model,
             tenant,
+            tenant_families,
         };
         if labels.max_pairs == 0 {
             issues.push("labels.max_pairs", "must be at least 1");
@@ -261,6 +280,48 @@ fn buckets(
         issues.push(path, "bucket bounds must be strictly increasing");
     }
     bounds
+}
+
+impl Labels {
+    /// What an unwritten `labels.tenant.families` means: the metric table's default.
+    pub fn default_tenant_families() -> BTreeSet<&'static str> {
+        crate::metrics::tenant_by_default().collect()
+    }
+}
+
+/// `labels.tenant.families`: names of the metric table's per-request families, each once.
+fn tenant_families(issues: &mut Issues<'_>, raw: Option<Vec<String>>) -> BTreeSet<&'static str> {
+    const KEY: &str = "labels.tenant.families";
+    let Some(names) = raw else {
+        return Labels::default_tenant_families();
+    };
+    let mut families = BTreeSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let path = format!("{KEY}.{i}");
+        match crate::metrics::tenant_capable().find(|f| f == name) {
+            Some(family) if !families.insert(family) => {
+                issues.push_within(&path, KEY, format!("`{name}` is listed twice"));
+            }
+            Some(_) => {}
+            None => {
+                let capable: Vec<String> = crate::metrics::tenant_capable()
+                    .map(|f| format!("`{f}`"))
+                    .collect();
+                let why = if crate::metrics::process_wide().any(|f| f == name) {
+                    "is a family of the whole process (no `model` label): it can never \
+                     carry `tenant`"
+                } else {
+                    "is not a tokentap metric family"
+                };
+                issues.push_within(
+                    &path,
+                    KEY,
+                    format!("`{name}` {why}; one of {}", capable.join(", ")),
+                );
+            }
+        }
+    }
+    families
 }
 
 fn native_histograms(issues: &mut Issues<'_>, raw: RawNativeHistograms) -> NativeHistograms {

@@ -3,7 +3,12 @@
 //! before (same names, help, labels and buckets), and the two expositions must be equal
 //! byte for byte; so must the text the crate writes for [`Metrics::snapshot`] (which
 //! proves the snapshot holds every family, series and value the text shows).
+//!
+//! Both with every family carrying `tenant` (what tokentap exported before
+//! `labels.tenant.families`, which must still render exactly as it did) and with the
+//! default set, where the crate's families that are per model have only `model`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +19,14 @@ use rand::{Rng, SeedableRng};
 
 use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
-use super::{Metrics, Outcome, PairSeries, RequestFigures};
+use super::{Metrics, Outcome, RequestFigures, StreamSeries};
 use crate::config::{Buckets, LabelPolicy, Labels};
 
 /// The families as the prometheus crate held them.
 struct Reference {
     registry: Registry,
+    /// The families that carry `tenant`; the others are per model.
+    tenant_families: BTreeSet<&'static str>,
     ttfb: HistogramVec,
     ttft: HistogramVec,
     ttft_content: HistogramVec,
@@ -35,100 +42,141 @@ struct Reference {
     stalls: IntCounterVec,
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+/// `labels` without `tenant` unless `name` is one of `tenant_families`.
+fn family_labels<'l>(
+    tenant_families: &BTreeSet<&str>,
+    name: &str,
+    labels: &[&'l str],
+) -> Vec<&'l str> {
+    labels
+        .iter()
+        .copied()
+        .filter(|l| *l != "tenant" || tenant_families.contains(name))
+        .collect()
+}
+
+fn histogram(
+    registry: &Registry,
+    tenant_families: &BTreeSet<&str>,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> HistogramVec {
     let h = HistogramVec::new(
         HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        &["model", "tenant"],
+        &family_labels(tenant_families, name, &["model", "tenant"]),
     )
     .unwrap();
     registry.register(Box::new(h.clone())).unwrap();
     h
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).unwrap();
+fn counter(
+    registry: &Registry,
+    tenant_families: &BTreeSet<&str>,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> IntCounterVec {
+    let labels = family_labels(tenant_families, name, labels);
+    let c = IntCounterVec::new(Opts::new(name, help), &labels).unwrap();
     registry.register(Box::new(c.clone())).unwrap();
     c
 }
 
 impl Reference {
-    fn new(b: &Buckets) -> Reference {
+    fn new(b: &Buckets, tenant_families: &BTreeSet<&'static str>) -> Reference {
         let r = Registry::new();
+        let t = tenant_families;
         Reference {
+            tenant_families: tenant_families.clone(),
             ttfb: histogram(
                 &r,
+                t,
                 "tokentap_time_to_first_byte_seconds",
                 "From request head received to upstream response head received.",
                 &b.time_to_first_byte_seconds,
             ),
             ttft: histogram(
                 &r,
+                t,
                 "tokentap_time_to_first_token_seconds",
                 "From request head received to the first token-bearing event (any output, reasoning included).",
                 &b.time_to_first_token_seconds,
             ),
             ttft_content: histogram(
                 &r,
+                t,
                 "tokentap_time_to_first_content_token_seconds",
                 "From request head received to the first event with visible (non-reasoning) output.",
                 &b.time_to_first_token_seconds,
             ),
             itl: histogram(
                 &r,
+                t,
                 "tokentap_inter_token_latency_seconds",
                 "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
                 &b.inter_token_latency_seconds,
             ),
             inter_chunk: histogram(
                 &r,
+                t,
                 "tokentap_inter_chunk_latency_seconds",
                 INTER_CHUNK_HELP,
                 &b.inter_chunk_latency_seconds,
             ),
             tpot: histogram(
                 &r,
+                t,
                 "tokentap_time_per_output_token_seconds",
                 "Per request: (last event - first event) / (output tokens - first event's tokens).",
                 &b.time_per_output_token_seconds,
             ),
             tokens_per_second: histogram(
                 &r,
+                t,
                 "tokentap_output_tokens_per_second",
                 "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
                 &b.output_tokens_per_second,
             ),
             duration: histogram(
                 &r,
+                t,
                 "tokentap_request_duration_seconds",
                 "From request head received to the end of the response (or its failure).",
                 &b.request_duration_seconds,
             ),
             requests: counter(
                 &r,
+                t,
                 "tokentap_requests_total",
                 "Requests on LLM routes by how they ended.",
                 &["model", "tenant", "outcome"],
             ),
             output_tokens: counter(
                 &r,
+                t,
                 "tokentap_output_tokens_total",
                 "Output tokens: the stream's reported usage when present, else counted per event.",
                 &["model", "tenant"],
             ),
             input_tokens: counter(
                 &r,
+                t,
                 "tokentap_input_tokens_total",
                 "Input (prompt) tokens from reported usage.",
                 &["model", "tenant"],
             ),
             token_counts: counter(
                 &r,
+                t,
                 "tokentap_event_tokens_total",
                 "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(
                 &r,
+                t,
                 "tokentap_stream_stalls_total",
                 "Gaps between token-bearing events at least as long as the configured stall threshold.",
                 &["model", "tenant"],
@@ -137,33 +185,56 @@ impl Reference {
         }
     }
 
+    /// The label values of `family`'s series for `model` and `tenant`: both if it
+    /// carries `tenant`, else the model alone (a sub-label's value goes after them).
+    fn pair<'v>(&self, family: &str, model: &'v str, tenant: &'v str) -> Vec<&'v str> {
+        if self.tenant_families.contains(family) {
+            vec![model, tenant]
+        } else {
+            vec![model]
+        }
+    }
+
     /// What `Metrics::stream` did: the children created up front.
     fn stream(&self, model: &str, tenant: &str) {
-        let pair = [model, tenant];
-        self.ttfb.with_label_values(&pair);
-        self.ttft.with_label_values(&pair);
-        self.ttft_content.with_label_values(&pair);
-        self.itl.with_label_values(&pair);
-        self.inter_chunk.with_label_values(&pair);
-        self.stalls.with_label_values(&pair);
+        let v = |name: &str| self.pair(name, model, tenant);
+        self.ttfb
+            .with_label_values(&v("tokentap_time_to_first_byte_seconds"));
+        self.ttft
+            .with_label_values(&v("tokentap_time_to_first_token_seconds"));
+        self.ttft_content
+            .with_label_values(&v("tokentap_time_to_first_content_token_seconds"));
+        self.itl
+            .with_label_values(&v("tokentap_inter_token_latency_seconds"));
+        self.inter_chunk
+            .with_label_values(&v("tokentap_inter_chunk_latency_seconds"));
+        self.stalls
+            .with_label_values(&v("tokentap_stream_stalls_total"));
     }
 
     /// What `Metrics::record_request` did.
     fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &RequestFigures) {
-        let pair = [model, tenant];
+        let v = |name: &str| self.pair(name, model, tenant);
+        let with = |name: &str, extra: &'static str| {
+            let mut values = v(name);
+            values.push(extra);
+            values
+        };
         self.requests
-            .with_label_values(&[model, tenant, outcome.as_str()])
+            .with_label_values(&with("tokentap_requests_total", outcome.as_str()))
             .inc();
         self.duration
-            .with_label_values(&pair)
+            .with_label_values(&v("tokentap_request_duration_seconds"))
             .observe(timings.duration.as_secs_f64());
         if timings.output_tokens > 0 {
             self.output_tokens
-                .with_label_values(&pair)
+                .with_label_values(&v("tokentap_output_tokens_total"))
                 .inc_by(timings.output_tokens);
         }
         if let Some(input) = timings.input_tokens.filter(|n| *n > 0) {
-            self.input_tokens.with_label_values(&pair).inc_by(input);
+            self.input_tokens
+                .with_label_values(&v("tokentap_input_tokens_total"))
+                .inc_by(input);
         }
         for (accuracy, count) in [
             ("exact", timings.exact_event_tokens),
@@ -172,18 +243,18 @@ impl Reference {
         ] {
             if count > 0 {
                 self.token_counts
-                    .with_label_values(&[model, tenant, accuracy])
+                    .with_label_values(&with("tokentap_event_tokens_total", accuracy))
                     .inc_by(count);
             }
         }
         if let Some(tpot) = timings.tpot {
             self.tpot
-                .with_label_values(&pair)
+                .with_label_values(&v("tokentap_time_per_output_token_seconds"))
                 .observe(tpot.as_secs_f64());
         }
         if let Some(tokens_per_second) = timings.tokens_per_second {
             self.tokens_per_second
-                .with_label_values(&pair)
+                .with_label_values(&v("tokentap_output_tokens_per_second"))
                 .observe(tokens_per_second);
         }
     }
@@ -201,7 +272,13 @@ fn buckets() -> Buckets {
     }
 }
 
-fn metrics() -> Arc<Metrics> {
+/// Every family tokentap can put `tenant` on: the label set tokentap exported before
+/// `labels.tenant.families`.
+fn tenant_everywhere() -> BTreeSet<&'static str> {
+    super::tenant_capable().collect()
+}
+
+fn metrics(tenant_families: &BTreeSet<&'static str>) -> Arc<Metrics> {
     let policy = LabelPolicy {
         max_values: None,
         allow: None,
@@ -214,6 +291,7 @@ fn metrics() -> Arc<Metrics> {
             model: policy.clone(),
             tenant: policy,
             max_pairs: usize::MAX,
+            tenant_families: tenant_families.clone(),
         },
     )
 }
@@ -355,8 +433,37 @@ fn gathered(metrics: &Metrics) -> String {
 
 #[test]
 fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
-    let metrics = metrics();
-    let reference = Reference::new(&buckets());
+    let text = same_as_the_prometheus_crate(&tenant_everywhere());
+    assert!(text.contains(r#"model="say \"hi\"""#), "escaped quote");
+    assert!(text.contains(r#"tenant="b\"\\c""#), "escaped backslash");
+    assert!(text.contains(r#"model="multi\nline",tenant="t\n\"x\"""#));
+    assert!(text.contains(r#"le="+Inf""#));
+}
+
+/// The same with the default `labels.tenant.families`: the crate's families that are per
+/// model are built with `model` alone, and tokentap's must render exactly as they do.
+#[test]
+fn the_default_label_set_is_byte_for_byte_what_the_prometheus_crate_writes() {
+    let defaults = Labels::default_tenant_families();
+    assert!(defaults.len() < tenant_everywhere().len());
+    let text = same_as_the_prometheus_crate(&defaults);
+    assert!(text.contains(r#"tokentap_time_to_first_byte_seconds_count{model="say \"hi\""} "#));
+    assert!(text.contains(
+        r#"tokentap_time_to_first_token_seconds_count{model="multi\nline",tenant="t\n\"x\""} "#
+    ));
+    assert!(!text.contains("tokentap_request_duration_seconds_count{model=\"multi\\nline\",tenant"));
+    // No family carries `tenant` at all.
+    let text = same_as_the_prometheus_crate(&BTreeSet::new());
+    assert!(!text.contains("tenant="), "{text}");
+    assert!(text.contains(r#"tokentap_requests_total{model="a",outcome="#));
+}
+
+/// Random observations of every family over many pairs (odd label values among them),
+/// compared with the reference after every few steps; the final text, for the caller's
+/// own checks.
+fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> String {
+    let metrics = metrics(tenant_families);
+    let reference = Reference::new(&buckets(), tenant_families);
     let b = buckets();
     assert_same(&actual(&metrics), &expected(&metrics, &reference));
 
@@ -373,14 +480,14 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
         None,
     ];
     let tenants = [Some("acme"), Some("b\"\\c"), Some("tenant-10"), None];
-    let mut pairs: Vec<(Arc<PairSeries>, Arc<str>, Arc<str>)> = Vec::new();
+    let mut pairs: Vec<(StreamSeries, Arc<str>, Arc<str>)> = Vec::new();
     let newline = metrics.pair(Arc::from("multi\nline"), Arc::from("t\n\"x\""));
     pairs.push((
         newline.clone(),
-        newline.model.clone(),
-        newline.tenant.clone(),
+        newline.model().clone(),
+        newline.tenant().clone(),
     ));
-    reference.stream(&newline.model, &newline.tenant);
+    reference.stream(newline.model(), newline.tenant());
 
     let mut rng = SmallRng::seed_from_u64(0x70c3);
     for step in 0..4000 {
@@ -388,47 +495,64 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
         let tenant = tenants[rng.gen_range(0..tenants.len())];
         let handles = if step % 5 == 0 || pairs.is_empty() {
             let handles = metrics.stream(model, tenant);
-            reference.stream(&handles.model, &handles.tenant);
-            let (m, t) = (handles.model.clone(), handles.tenant.clone());
+            reference.stream(handles.model(), handles.tenant());
+            let (m, t) = (handles.model().clone(), handles.tenant().clone());
             pairs.push((handles, m, t));
             pairs.len() - 1
         } else {
             rng.gen_range(0..pairs.len())
         };
         let (handles, m, t) = &pairs[handles];
-        let pair = [&**m, &**t];
+        let pair = |family: &str| reference.pair(family, m, t);
         if rng.gen_bool(0.7) {
             let v = value(&mut rng, &b.time_to_first_byte_seconds);
-            handles.ttfb.observe(v);
-            reference.ttfb.with_label_values(&pair).observe(v);
+            handles.ttfb().observe(v);
+            reference
+                .ttfb
+                .with_label_values(&pair("tokentap_time_to_first_byte_seconds"))
+                .observe(v);
         }
         if rng.gen_bool(0.6) {
             let v = value(&mut rng, &b.time_to_first_token_seconds);
-            handles.ttft.observe(v);
-            reference.ttft.with_label_values(&pair).observe(v);
+            handles.ttft().observe(v);
+            reference
+                .ttft
+                .with_label_values(&pair("tokentap_time_to_first_token_seconds"))
+                .observe(v);
         }
         if rng.gen_bool(0.3) {
             let v = value(&mut rng, &b.time_to_first_token_seconds);
-            handles.ttft_content.observe(v);
-            reference.ttft_content.with_label_values(&pair).observe(v);
+            handles.ttft_content().observe(v);
+            reference
+                .ttft_content
+                .with_label_values(&pair("tokentap_time_to_first_content_token_seconds"))
+                .observe(v);
         }
         if rng.gen_bool(0.5) {
             let v = value(&mut rng, &b.inter_token_latency_seconds);
             let tokens = rng.gen_range(0..5);
             handles.observe_itl(seconds(v), tokens);
-            let itl = reference.itl.with_label_values(&pair);
+            let itl = reference
+                .itl
+                .with_label_values(&pair("tokentap_inter_token_latency_seconds"));
             for _ in 0..tokens {
                 itl.observe(seconds(v).as_secs_f64());
             }
         }
         if rng.gen_bool(0.4) {
             let v = value(&mut rng, &b.inter_chunk_latency_seconds);
-            handles.inter_chunk.observe(v);
-            reference.inter_chunk.with_label_values(&pair).observe(v);
+            handles.inter_chunk().observe(v);
+            reference
+                .inter_chunk
+                .with_label_values(&pair("tokentap_inter_chunk_latency_seconds"))
+                .observe(v);
         }
         if rng.gen_bool(0.1) {
-            handles.stalls.inc();
-            reference.stalls.with_label_values(&pair).inc();
+            handles.stalls().inc();
+            reference
+                .stalls
+                .with_label_values(&pair("tokentap_stream_stalls_total"))
+                .inc();
         }
         if rng.gen_bool(0.6) {
             let outcome = Outcome::ALL[rng.gen_range(0..Outcome::ALL.len())];
@@ -488,33 +612,31 @@ fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_wrote() {
     metrics.upstream_up.set(1);
 
     let text = actual(&metrics);
-    assert!(text.contains(r#"model="say \"hi\"""#), "escaped quote");
-    assert!(text.contains(r#"tenant="b\"\\c""#), "escaped backslash");
-    assert!(text.contains(r#"model="multi\nline",tenant="t\n\"x\"""#));
-    assert!(text.contains(r#"le="+Inf""#));
     assert_same(&text, &expected(&metrics, &reference));
     assert_same(&gathered(&metrics), &text);
+    text
 }
 
 /// Counters, sums and cumulative counts past 2^53, and sums that are not finite, print as
 /// the crate printed the `f64` it converted them to.
 #[test]
 fn extreme_values_match_too() {
-    let metrics = metrics();
-    let reference = Reference::new(&buckets());
+    let tenant_families = tenant_everywhere();
+    let metrics = metrics(&tenant_families);
+    let reference = Reference::new(&buckets(), &tenant_families);
     let handles = metrics.stream(Some("m"), Some("t"));
     let pair = ["m", "t"];
     reference.stream("m", "t");
     for v in [1e300, 1e300, 5e-324, 0.1, 0.2] {
-        handles.ttfb.observe(v);
+        handles.ttfb().observe(v);
         reference.ttfb.with_label_values(&pair).observe(v);
     }
-    handles.ttft.observe(f64::INFINITY);
+    handles.ttft().observe(f64::INFINITY);
     reference
         .ttft
         .with_label_values(&pair)
         .observe(f64::INFINITY);
-    handles.stalls.inc_by((1 << 53) + 1);
+    handles.stalls().inc_by((1 << 53) + 1);
     reference
         .stalls
         .with_label_values(&pair)

@@ -5,7 +5,8 @@
 //! series (dashboards, alert rules and tests read them): samples ordered by label values,
 //! labels in name order, values formatted as Rust's `f64` `Display` does, `le` bounds as
 //! `f64::to_string`, label values escaped (`\\`, `\"`, `\n`). What is different is the
-//! work: the escaped `model="…",tenant="…"` text is kept with each pair and every
+//! work: the escaped `model="…",tenant="…"` (or `model="…"`) text is kept with each series
+//! set (a pair's, or a model's for the families that are per model) and every
 //! `name_bucket{`, `,le="…"} ` and header string is rendered once per family, so a scrape
 //! only copies those and formats numbers (`itoa`, `ryu`), with no intermediate snapshot.
 //!
@@ -19,15 +20,33 @@ use std::sync::Arc;
 
 use super::families::{PairFamily, PairKind};
 use super::outcome::Outcome;
-use super::series::{PairSeries, ACCURACY};
+use super::series::{Counter, SeriesSet, ACCURACY};
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
 use super::text::{escape_help, escape_label_value, push_count, push_f64};
 use crate::config::Buckets;
 
-/// The pairs of one scrape in label order, and the ranges of pairs sharing a model.
-pub(super) struct Pairs {
-    pub series: Vec<Arc<PairSeries>>,
+/// The series sets of one level for one scrape in label order, and the ranges of sets
+/// sharing a model (one set each in the per-model level).
+pub(super) struct Level {
+    pub series: Vec<Arc<SeriesSet>>,
     pub models: Vec<Range<usize>>,
+}
+
+/// Both levels of one scrape: the (model, tenant) pairs' sets and the models' sets.
+pub(super) struct Pairs {
+    pub pairs: Level,
+    pub models: Level,
+}
+
+impl Pairs {
+    /// The level whose sets keep a family: the pairs' if it carries `tenant`.
+    fn level(&self, per_pair: bool) -> &Level {
+        if per_pair {
+            &self.pairs
+        } else {
+            &self.models
+        }
+    }
 }
 
 /// Where a family's text stopped: it can be written in parts (one or more per chunk of a
@@ -47,6 +66,8 @@ pub(super) struct Cursor {
 pub(super) struct Family {
     pub name: &'static str,
     spec: &'static PairFamily,
+    /// Whether the family carries `tenant` (its series are the pairs'), else per model.
+    pub per_pair: bool,
     /// `# HELP` and `# TYPE` lines.
     header: Box<[u8]>,
     /// `name{` (counters) or `name_bucket{` (histograms).
@@ -77,8 +98,9 @@ const POSITIVE_INF: &str = "+Inf";
 const READ_AHEAD: usize = 32;
 
 impl Family {
-    /// The family of `spec`, with histogram bounds taken from `buckets`.
-    pub fn new(spec: &'static PairFamily, buckets: &Buckets) -> Family {
+    /// The family of `spec`, with histogram bounds taken from `buckets`, per (model,
+    /// tenant) pair if `per_pair`, else per model.
+    pub fn new(spec: &'static PairFamily, buckets: &Buckets, per_pair: bool) -> Family {
         let name = spec.name;
         let mut header = String::new();
         if !spec.help.is_empty() {
@@ -88,6 +110,7 @@ impl Family {
         let mut family = Family {
             name,
             spec,
+            per_pair,
             header: header.into_bytes().into(),
             prefix: format!("{name}{{").into_bytes().into(),
             sum_prefix: Box::default(),
@@ -141,7 +164,7 @@ impl Family {
         family
     }
 
-    /// Roughly the bytes this family writes for `pairs` pairs whose label texts add up to
+    /// Roughly the bytes this family writes for `pairs` sets whose label texts add up to
     /// `label_bytes` (to size the buffer once).
     pub fn estimate(&self, pairs: usize, label_bytes: usize) -> usize {
         let (lines, overhead) = match self.spec.kind {
@@ -155,7 +178,7 @@ impl Family {
     /// How many runs of pairs this family's samples come in: one for histograms and
     /// counters, one per (model, outcome) for requests (ordered by model, then outcome,
     /// then tenant), one per accuracy for event tokens.
-    fn runs(&self, pairs: &Pairs) -> usize {
+    fn runs(&self, pairs: &Level) -> usize {
         match self.spec.kind {
             PairKind::Histogram { .. } | PairKind::Counter { .. } => 1,
             PairKind::Requests => pairs.models.len() * self.sub_labels.len(),
@@ -164,7 +187,7 @@ impl Family {
     }
 
     /// The pairs of run `run` and the index of the sub-label its samples carry.
-    fn run<'s>(&self, pairs: &'s Pairs, run: usize) -> (&'s [Arc<PairSeries>], usize) {
+    fn run<'s>(&self, pairs: &'s Level, run: usize) -> (&'s [Arc<SeriesSet>], usize) {
         match self.spec.kind {
             PairKind::Histogram { .. } | PairKind::Counter { .. } => (&pairs.series, 0),
             PairKind::Requests => {
@@ -188,6 +211,7 @@ impl Family {
         limit: usize,
         counts: &mut Vec<u64>,
     ) -> bool {
+        let pairs = pairs.level(self.per_pair);
         let start = out.len();
         if !at.started {
             out.extend_from_slice(&self.header);
@@ -230,7 +254,7 @@ impl Family {
     /// takes `out` to `limit`: returns how many pairs were done and whether it stopped.
     fn rows(
         &self,
-        pairs: &[Arc<PairSeries>],
+        pairs: &[Arc<SeriesSet>],
         sub: usize,
         out: &mut Vec<u8>,
         limit: usize,
@@ -243,11 +267,16 @@ impl Family {
                 let slots = self.le.len();
                 let mut totals = [(0u64, 0f64); READ_AHEAD];
                 for (total, pair) in totals.iter_mut().zip(pairs) {
-                    *total = get(pair).read(counts);
+                    match get(pair) {
+                        Some(histogram) => *total = histogram.read(counts),
+                        // Not kept by this set (every set of the family's level keeps
+                        // it): room in `counts`, and no line below.
+                        None => counts.resize(counts.len() + slots, 0),
+                    }
                 }
                 let rows = pairs.iter().zip(&totals).zip(counts.chunks_exact(slots));
                 for (i, ((pair, (total, sum)), counts)) in rows.enumerate() {
-                    if always || *total > 0 {
+                    if get(pair).is_some() && (always || *total > 0) {
                         let before = out.len();
                         let labels = pair.labels().as_bytes();
                         self.histogram_lines(labels, counts, *total, *sum, out);
@@ -260,7 +289,7 @@ impl Family {
                 (pairs.len(), false)
             }
             PairKind::Counter { get, always } => {
-                counts.extend(pairs.iter().map(|pair| get(pair).get()));
+                counts.extend(pairs.iter().map(|pair| get(pair).map_or(0, Counter::get)));
                 self.counter_rows(
                     pairs,
                     counts,
@@ -275,7 +304,11 @@ impl Family {
             }
             PairKind::Requests => {
                 let outcome = &self.sub_labels[sub];
-                counts.extend(pairs.iter().map(|pair| pair.requests[outcome.index].get()));
+                counts.extend(
+                    pairs
+                        .iter()
+                        .map(|pair| pair.requests.as_ref().map_or(0, |r| r[outcome.index].get())),
+                );
                 self.counter_rows(
                     pairs,
                     counts,
@@ -292,11 +325,11 @@ impl Family {
             }
             PairKind::EventTokens => {
                 let accuracy = &self.sub_labels[sub];
-                counts.extend(
-                    pairs
-                        .iter()
-                        .map(|pair| pair.event_tokens[accuracy.index].get()),
-                );
+                counts.extend(pairs.iter().map(|pair| {
+                    pair.event_tokens
+                        .as_ref()
+                        .map_or(0, |e| e[accuracy.index].get())
+                }));
                 self.counter_rows(
                     pairs,
                     counts,
@@ -317,13 +350,13 @@ impl Family {
     #[allow(clippy::too_many_arguments)]
     fn counter_rows(
         &self,
-        pairs: &[Arc<PairSeries>],
+        pairs: &[Arc<SeriesSet>],
         values: &[u64],
         always: bool,
         out: &mut Vec<u8>,
         limit: usize,
         pair_bytes: &mut usize,
-        line: impl Fn(&mut Vec<u8>, &PairSeries, u64),
+        line: impl Fn(&mut Vec<u8>, &SeriesSet, u64),
     ) -> (usize, bool) {
         for (i, (pair, n)) in pairs.iter().zip(values).enumerate() {
             if always || *n > 0 {
@@ -378,12 +411,15 @@ impl Family {
     /// This family's series as they are now, labels in name order and series in the
     /// order of the text; `None` if it has none (as the text then leaves it out).
     pub fn snapshot(&self, pairs: &Pairs) -> Option<FamilySnapshot> {
+        let pairs = pairs.level(self.per_pair);
         let values = match self.spec.kind {
             PairKind::Histogram { get, always, .. } => {
                 let mut counts = Vec::new();
                 let mut series = Vec::new();
                 for pair in &pairs.series {
-                    let histogram = get(pair);
+                    let Some(histogram) = get(pair) else {
+                        continue;
+                    };
                     counts.clear();
                     let (count, sum) = histogram.read(&mut counts);
                     if !(always || count > 0) {
@@ -415,7 +451,7 @@ impl Family {
                 pairs
                     .series
                     .iter()
-                    .map(|pair| (pair, get(pair).get()))
+                    .filter_map(|pair| Some((pair, get(pair)?.get())))
                     .filter(|(_, n)| always || *n > 0)
                     .map(|(pair, n)| counter(self.series_labels(pair, None), n))
                     .collect(),
@@ -425,7 +461,7 @@ impl Family {
                 for models in &pairs.models {
                     for outcome in &self.sub_labels {
                         for pair in &pairs.series[models.clone()] {
-                            let n = pair.requests[outcome.index].get();
+                            let n = pair.requests.as_ref().map_or(0, |r| r[outcome.index].get());
                             if n > 0 {
                                 series.push(counter(self.series_labels(pair, Some(outcome)), n));
                             }
@@ -438,7 +474,10 @@ impl Family {
                 let mut series = Vec::new();
                 for accuracy in &self.sub_labels {
                     for pair in &pairs.series {
-                        let n = pair.event_tokens[accuracy.index].get();
+                        let n = pair
+                            .event_tokens
+                            .as_ref()
+                            .map_or(0, |e| e[accuracy.index].get());
                         if n > 0 {
                             series.push(counter(self.series_labels(pair, Some(accuracy)), n));
                         }
@@ -454,25 +493,26 @@ impl Family {
         })
     }
 
-    /// The labels of a pair's series, named and ordered as the family's spec lists them:
-    /// `model` and `tenant` from the pair, the other one from the sub-label.
-    fn series_labels(&self, pair: &PairSeries, sub: Option<&SubLabel>) -> Vec<Label> {
+    /// The labels of a set's series, named and ordered as the family's spec lists them:
+    /// `model` and `tenant` from the set (a model's set has no `tenant`), the other one
+    /// from the sub-label.
+    fn series_labels(&self, pair: &SeriesSet, sub: Option<&SubLabel>) -> Vec<Label> {
         self.spec
             .labels
             .iter()
-            .map(|&name| {
+            .filter_map(|&name| {
                 let value = match name {
                     "model" => pair.model.clone(),
-                    "tenant" => pair.tenant.clone(),
+                    "tenant" => pair.tenant.clone()?,
                     _ => sub
                         .expect("only families with a sub-label have a third label")
                         .value
                         .clone(),
                 };
-                Label {
+                Some(Label {
                     name: Cow::Borrowed(name),
                     value,
-                }
+                })
             })
             .collect()
     }

@@ -2,37 +2,51 @@
 //! its values come from), which [`Metrics::new`] iterates to build the families.
 //!
 //! Dashboards, alert rules, the e2e checks and the README rely on these names, labels and
-//! base units; `scripts/ops/tokentap_contract.py` states the same contract for the ops
-//! scripts, and a test here fails if the two differ.
+//! base units; `scripts/ops/tokentap_contract.py` states the same contract (with the
+//! default `labels.tenant.families`) for the ops scripts, and a test here fails if the two
+//! differ.
+//!
+//! Which of the per-pair families carry `tenant` is configuration (`labels.tenant.families`):
+//! the table says which do by default, and every other one is then per model. The default
+//! keeps what per-tenant SLOs and panels read (requests, tokens, TTFT, ITL) and leaves the
+//! rest per model, so that 50 models x 200 tenants is 10,000 series of six families, not
+//! of thirteen.
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
-use super::series::{Counter, Histogram, PairSeries};
+use super::series::{Counter, Histogram, SeriesSet, Slot};
 use crate::config::Buckets;
 
-/// A family with one series per (model, tenant) pair (or per pair and sub-label), kept
-/// in [`PairSeries`] atomics and written by tokentap's own encoder.
+/// A family with one series per (model, tenant) pair, or per model when it does not carry
+/// `tenant` (and per sub-label), kept in [`SeriesSet`] atomics and written by tokentap's own
+/// encoder.
 pub(super) struct PairFamily {
     pub name: &'static str,
     pub help: &'static str,
-    /// Label names, sorted (the order of a series' labels in the text and the snapshot).
+    /// Label names, sorted (the order of a series' labels in the text and the snapshot),
+    /// `tenant` included: a series of a family that is per model leaves it out.
     pub labels: &'static [&'static str],
+    /// Whether the family carries `tenant` when `labels.tenant.families` is not written.
+    pub tenant_by_default: bool,
+    /// Which storage of a [`SeriesSet`] holds the family.
+    pub slot: Slot,
     pub kind: PairKind,
 }
 
-/// What a per-pair family reads from each pair.
+/// What a per-pair family reads from each series set (`None` from a set of the other
+/// level: a per-model family is not kept in a pair's set, nor the reverse).
 pub(super) enum PairKind {
     /// A histogram with the bucket bounds `buckets` selects from the config; `always`:
-    /// the series exists as soon as the pair does (a request's handles are taken at
+    /// the series exists as soon as its set does (a request's handles are taken at
     /// `Metrics::stream`), else only once something was observed.
     Histogram {
         buckets: fn(&Buckets) -> &[f64],
-        get: fn(&PairSeries) -> &Histogram,
+        get: fn(&SeriesSet) -> Option<&Histogram>,
         always: bool,
     },
     /// A counter; `always` as for histograms.
     Counter {
-        get: fn(&PairSeries) -> &Counter,
+        get: fn(&SeriesSet) -> Option<&Counter>,
         always: bool,
     },
     /// `tokentap_requests_total`: one series per outcome that happened.
@@ -62,9 +76,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_time_to_first_byte_seconds",
         help: "From request head received to upstream response head received.",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::Ttfb,
         kind: PairKind::Histogram {
             buckets: |b| &b.time_to_first_byte_seconds,
-            get: |p| &p.ttfb,
+            get: |s| s.ttfb.as_deref(),
             always: true,
         },
     },
@@ -72,9 +88,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_time_to_first_token_seconds",
         help: "From request head received to the first token-bearing event (any output, reasoning included).",
         labels: PAIR,
+        tenant_by_default: true,
+        slot: Slot::Ttft,
         kind: PairKind::Histogram {
             buckets: |b| &b.time_to_first_token_seconds,
-            get: |p| &p.ttft,
+            get: |s| s.ttft.as_deref(),
             always: true,
         },
     },
@@ -82,9 +100,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_time_to_first_content_token_seconds",
         help: "From request head received to the first event with visible (non-reasoning) output.",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::TtftContent,
         kind: PairKind::Histogram {
             buckets: |b| &b.time_to_first_token_seconds,
-            get: |p| &p.ttft_content,
+            get: |s| s.ttft_content.as_deref(),
             always: true,
         },
     },
@@ -92,9 +112,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_inter_token_latency_seconds",
         help: "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
         labels: PAIR,
+        tenant_by_default: true,
+        slot: Slot::Itl,
         kind: PairKind::Histogram {
             buckets: |b| &b.inter_token_latency_seconds,
-            get: |p| &p.itl,
+            get: |s| s.itl.as_deref(),
             always: true,
         },
     },
@@ -102,9 +124,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_inter_chunk_latency_seconds",
         help: INTER_CHUNK_HELP,
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::InterChunk,
         kind: PairKind::Histogram {
             buckets: |b| &b.inter_chunk_latency_seconds,
-            get: |p| &p.inter_chunk,
+            get: |s| s.inter_chunk.as_deref(),
             always: true,
         },
     },
@@ -112,9 +136,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_time_per_output_token_seconds",
         help: "Per request: (last event - first event) / (output tokens - first event's tokens).",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::Tpot,
         kind: PairKind::Histogram {
             buckets: |b| &b.time_per_output_token_seconds,
-            get: |p| &p.tpot,
+            get: |s| s.tpot.as_deref(),
             always: false,
         },
     },
@@ -122,9 +148,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_output_tokens_per_second",
         help: "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::TokensPerSecond,
         kind: PairKind::Histogram {
             buckets: |b| &b.output_tokens_per_second,
-            get: |p| &p.tokens_per_second,
+            get: |s| s.tokens_per_second.as_deref(),
             always: false,
         },
     },
@@ -132,9 +160,11 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_request_duration_seconds",
         help: "From request head received to the end of the response (or its failure).",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::Duration,
         kind: PairKind::Histogram {
             buckets: |b| &b.request_duration_seconds,
-            get: |p| &p.duration,
+            get: |s| s.duration.as_deref(),
             always: false,
         },
     },
@@ -142,14 +172,18 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_requests_total",
         help: "Requests on LLM routes by how they ended.",
         labels: &["model", "outcome", "tenant"],
+        tenant_by_default: true,
+        slot: Slot::Requests,
         kind: PairKind::Requests,
     },
     PairFamily {
         name: "tokentap_output_tokens_total",
         help: "Output tokens: the stream's reported usage when present, else counted per event.",
         labels: PAIR,
+        tenant_by_default: true,
+        slot: Slot::OutputTokens,
         kind: PairKind::Counter {
-            get: |p| &p.output_tokens,
+            get: |s| s.output_tokens.as_deref(),
             always: false,
         },
     },
@@ -157,8 +191,10 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_input_tokens_total",
         help: "Input (prompt) tokens from reported usage.",
         labels: PAIR,
+        tenant_by_default: true,
+        slot: Slot::InputTokens,
         kind: PairKind::Counter {
-            get: |p| &p.input_tokens,
+            get: |s| s.input_tokens.as_deref(),
             always: false,
         },
     },
@@ -166,14 +202,18 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         name: "tokentap_event_tokens_total",
         help: "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
         labels: &["accuracy", "model", "tenant"],
+        tenant_by_default: true,
+        slot: Slot::EventTokens,
         kind: PairKind::EventTokens,
     },
     PairFamily {
         name: "tokentap_stream_stalls_total",
         help: "Gaps between token-bearing events at least as long as the configured stall threshold.",
         labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::Stalls,
         kind: PairKind::Counter {
-            get: |p| &p.stalls,
+            get: |s| s.stalls.as_deref(),
             always: true,
         },
     },
@@ -262,7 +302,6 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 };
 
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-#[cfg(test)]
 static REGISTRY_FAMILIES: [&RegistryFamily; 8] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
@@ -274,18 +313,45 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 8] = [
     &BUILD_INFO,
 ];
 
-/// `(name, type, labels)` of every family tokentap defines (the process collector's
-/// `process_*` families aside).
-#[cfg(test)]
-pub(super) fn contract(
-) -> impl Iterator<Item = (&'static str, &'static str, &'static [&'static str])> {
+/// Every family that can carry `tenant` (the per-pair ones), in table order: what
+/// `labels.tenant.families` may list.
+pub fn tenant_capable() -> impl Iterator<Item = &'static str> {
+    PAIR_FAMILIES.iter().map(|f| f.name)
+}
+
+/// The families that carry `tenant` when `labels.tenant.families` is not written.
+pub fn tenant_by_default() -> impl Iterator<Item = &'static str> {
     PAIR_FAMILIES
         .iter()
-        .map(|f| (f.name, f.kind.type_name(), f.labels))
+        .filter(|f| f.tenant_by_default)
+        .map(|f| f.name)
+}
+
+/// The families of the whole process (no `model`, no `tenant`): they can never carry
+/// `tenant`.
+pub fn process_wide() -> impl Iterator<Item = &'static str> {
+    REGISTRY_FAMILIES.iter().map(|f| f.name)
+}
+
+/// `(name, type, labels)` of every family tokentap defines (the process collector's
+/// `process_*` families aside), with the labels of the default `labels.tenant.families`.
+#[cfg(test)]
+pub(super) fn contract() -> impl Iterator<Item = (&'static str, &'static str, Vec<&'static str>)> {
+    PAIR_FAMILIES
+        .iter()
+        .map(|f| {
+            let labels = f
+                .labels
+                .iter()
+                .copied()
+                .filter(|l| f.tenant_by_default || *l != "tenant")
+                .collect();
+            (f.name, f.kind.type_name(), labels)
+        })
         .chain(
             REGISTRY_FAMILIES
                 .iter()
-                .map(|f| (f.name, f.kind.type_name(), f.labels)),
+                .map(|f| (f.name, f.kind.type_name(), f.labels.to_vec())),
         )
 }
 
@@ -390,6 +456,53 @@ mod tests {
         }
         let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(python_strings("OUTCOMES", '(', ')'), outcomes);
+    }
+
+    /// Each family's `slot` is the storage its getter reads: a set that keeps that slot
+    /// alone has this family and no other, so `labels.tenant.families` moves exactly the
+    /// families it names.
+    #[test]
+    fn each_family_reads_its_own_slot() {
+        use crate::metrics::series::{Bounds, TenantSlots};
+        use std::sync::Arc;
+        let one: Arc<[f64]> = Arc::from(vec![1.0]);
+        let bounds = Bounds {
+            ttfb: one.clone(),
+            ttft: one.clone(),
+            itl: one.clone(),
+            inter_chunk: one.clone(),
+            tpot: one.clone(),
+            tokens_per_second: one.clone(),
+            duration: one,
+            native: None,
+        };
+        let kept = |family: &PairFamily, set: &SeriesSet| match family.kind {
+            PairKind::Histogram { get, .. } => get(set).is_some(),
+            PairKind::Counter { get, .. } => get(set).is_some(),
+            PairKind::Requests => set.requests.is_some(),
+            PairKind::EventTokens => set.event_tokens.is_some(),
+        };
+        for family in &PAIR_FAMILIES {
+            let mut slots = [false; Slot::COUNT];
+            slots[family.slot as usize] = true;
+            let pair = SeriesSet::new(
+                Arc::from("m"),
+                Some(Arc::from("t")),
+                &bounds,
+                TenantSlots(slots),
+            );
+            for other in &PAIR_FAMILIES {
+                assert_eq!(
+                    kept(other, &pair),
+                    other.name == family.name,
+                    "{} in a set keeping {}'s slot",
+                    other.name,
+                    family.name
+                );
+            }
+            assert!(family.labels.contains(&"model") && family.labels.contains(&"tenant"));
+        }
+        assert_eq!(PAIR_FAMILIES.len(), Slot::COUNT);
     }
 
     /// The bucket bounds the e2e check expects are the configuration's defaults.

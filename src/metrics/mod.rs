@@ -4,8 +4,9 @@
 //! Names, labels and base units (`families`, the contract as a table) are shared with the
 //! dashboards, the alert rules and the README; change them only together.
 //!
-//! The per-(model, tenant) families are kept in tokentap's own atomics (`series`) and
-//! written straight to text (`exposition`): with thousands of label pairs the prometheus
+//! The per-(model, tenant) families are kept in tokentap's own atomics (`series`), per
+//! pair for the families that carry `tenant` and per model for the rest
+//! (`labels.tenant.families`), and written straight to text (`exposition`): with thousands of label pairs the prometheus
 //! crate's snapshot-then-encode made each scrape take most of a second. The text is the
 //! same byte for byte (`equivalence` proves it against the crate). The few small families
 //! (gauges, per-reason counters, build info, the process collector's `process_*`) stay on
@@ -44,7 +45,8 @@ use prometheus::{
 
 use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
-use exposition::{Cursor, Family, Pairs};
+use exposition::{Cursor, Family, Level, Pairs};
+pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
     PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
@@ -52,8 +54,8 @@ use families::{
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
 pub use outcome::Outcome;
-use series::Bounds;
-pub use series::{Counter, Histogram, PairSeries};
+use series::{Bounds, Slot, TenantSlots};
+pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
 pub use snapshot::Snapshot;
 use snapshot::{FamilySnapshot, Label, Series, Values};
 
@@ -79,20 +81,30 @@ pub struct RequestFigures {
     pub tokens_per_second: Option<f64>,
 }
 
-/// model -> tenant -> series.
-type PairMap = BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<PairSeries>>>;
+/// Every series set, in the order the exposition lists them.
+#[derive(Default)]
+struct Sets {
+    /// model -> tenant -> the pair's set (the families that carry `tenant`).
+    pairs: BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<SeriesSet>>>,
+    /// model -> the model's set (the families that are per model).
+    models: BTreeMap<Arc<str>, Arc<SeriesSet>>,
+}
 
 /// Every metric family tokentap exports.
 ///
-/// The per-(model, tenant) families live in [`PairSeries`] (one per pair, written straight
-/// to text by `exposition`); the few small families stay on a prometheus registry.
+/// The per-(model, tenant) families live in [`SeriesSet`]s (one per pair for the families
+/// that carry `tenant`, one per model for the rest, written straight to text by
+/// `exposition`); the few small families stay on a prometheus registry.
 pub struct Metrics {
     registry: Registry,
     bounds: Bounds,
     /// `metrics.native_histograms.classic`: classic buckets in the protobuf exposition.
     protobuf_classic: bool,
-    /// model -> tenant -> series: ordered as the exposition lists them.
-    pairs: RwLock<PairMap>,
+    /// Every pair's and every model's series set.
+    sets: RwLock<Sets>,
+    /// Which families a pair's set keeps (`labels.tenant.families`); a model's set keeps
+    /// the others.
+    tenant_slots: TenantSlots,
     /// The per-pair families, sorted by name.
     families: Vec<Family>,
     /// Requests in flight on LLM routes.
@@ -192,11 +204,16 @@ impl Metrics {
         native: &NativeHistograms,
         labels: &Labels,
     ) -> Arc<Metrics> {
+        let per_pair = |name: &str| labels.tenant_families.contains(name);
         let mut families: Vec<Family> = PAIR_FAMILIES
             .iter()
-            .map(|spec| Family::new(spec, buckets))
+            .map(|spec| Family::new(spec, buckets, per_pair(spec.name)))
             .collect();
         families.sort_by_key(|f| f.name);
+        let mut tenant_slots = [false; Slot::COUNT];
+        for spec in &PAIR_FAMILIES {
+            tenant_slots[spec.slot as usize] = per_pair(spec.name);
+        }
         let bounds = Bounds {
             ttfb: bounds(&buckets.time_to_first_byte_seconds),
             ttft: bounds(&buckets.time_to_first_token_seconds),
@@ -219,7 +236,8 @@ impl Metrics {
             registry: Registry::new(),
             bounds,
             protobuf_classic: native.classic,
-            pairs: RwLock::new(BTreeMap::new()),
+            sets: RwLock::new(Sets::default()),
+            tenant_slots: TenantSlots(tenant_slots),
             families,
             streams_in_flight: gauge(&STREAMS_IN_FLIGHT),
             upstream_up: gauge(&UPSTREAM_UP),
@@ -267,10 +285,11 @@ impl Metrics {
         Arc::new(metrics)
     }
 
-    /// The series of one request's label pair, resolved through the label policies: the
-    /// handles its per-event path observes through. The pair's series exist from here on
-    /// (TTFB, TTFT, ITL and stalls even if never observed).
-    pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> Arc<PairSeries> {
+    /// The series of one request, resolved through the label policies: the handles its
+    /// per-event path observes through, its (model, tenant) pair's set and its model's.
+    /// Both exist from here on (TTFB, TTFT, ITL, inter-chunk and stalls series even if
+    /// never observed).
+    pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> StreamSeries {
         let model = self.models.resolve(model);
         let tenant = self.tenants.resolve(tenant);
         self.pair(model, tenant)
@@ -278,58 +297,100 @@ impl Metrics {
 
     /// [`Metrics::stream`] for a request whose `model` was too long to be read: the model
     /// label is `other`, counted in `tokentap_label_overflow_total{label="model"}`.
-    pub fn stream_with_model_too_long(&self, tenant: Option<&str>) -> Arc<PairSeries> {
+    pub fn stream_with_model_too_long(&self, tenant: Option<&str>) -> StreamSeries {
         let model = self.models.resolve_too_long();
         let tenant = self.tenants.resolve(tenant);
         self.pair(model, tenant)
     }
 
-    /// The series of a pair of (already resolved) label values, created on first use.
-    fn pair(&self, model: Arc<str>, tenant: Arc<str>) -> Arc<PairSeries> {
-        if let Some(found) = self.read_pairs().get(&*model).and_then(|t| t.get(&*tenant)) {
-            return found.clone();
+    /// The sets of a pair of (already resolved) label values, created on first use. The
+    /// pair cap bounds the pairs only: a pair past it is (`other`, `other`), while the
+    /// per-model families keep the request's model (the model cap bounds those).
+    fn pair(&self, model: Arc<str>, tenant: Arc<str>) -> StreamSeries {
+        {
+            let sets = self.read_sets();
+            let pair = sets.pairs.get(&*model).and_then(|t| t.get(&*tenant));
+            if let (Some(pair), Some(of_model)) = (pair, sets.models.get(&*model)) {
+                return StreamSeries {
+                    pair: pair.clone(),
+                    model: of_model.clone(),
+                };
+            }
         }
-        let mut pairs = self
-            .pairs
+        let mut sets = self
+            .sets
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(found) = pairs.get(&*model).and_then(|t| t.get(&*tenant)) {
-            return found.clone();
+        let Sets { pairs, models } = &mut *sets;
+        let of_model = models
+            .entry(model.clone())
+            .or_insert_with(|| {
+                Arc::new(SeriesSet::new(
+                    model.clone(),
+                    None,
+                    &self.bounds,
+                    self.tenant_slots,
+                ))
+            })
+            .clone();
+        if let Some(pair) = pairs.get(&*model).and_then(|t| t.get(&*tenant)) {
+            return StreamSeries {
+                pair: pair.clone(),
+                model: of_model,
+            };
         }
         let (model, tenant) = if self.pair_cap.admit() {
             (model, tenant)
         } else {
             (Arc::from(labels::OTHER), Arc::from(labels::OTHER))
         };
-        pairs
+        let pair = pairs
             .entry(model.clone())
             .or_default()
             .entry(tenant.clone())
-            .or_insert_with(|| Arc::new(PairSeries::new(model, tenant, &self.bounds)))
-            .clone()
+            .or_insert_with(|| {
+                Arc::new(SeriesSet::new(
+                    model,
+                    Some(tenant),
+                    &self.bounds,
+                    self.tenant_slots,
+                ))
+            })
+            .clone();
+        StreamSeries {
+            pair,
+            model: of_model,
+        }
     }
 
-    fn read_pairs(&self) -> RwLockReadGuard<'_, PairMap> {
-        self.pairs
+    fn read_sets(&self) -> RwLockReadGuard<'_, Sets> {
+        self.sets
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Every pair, in label order, taken under the lock once per scrape; the encoding
+    /// Every set, in label order, taken under the lock once per scrape; the encoding
     /// then runs without it.
     fn pairs(&self) -> Pairs {
-        let map = self.read_pairs();
-        let mut series = Vec::with_capacity(map.values().map(BTreeMap::len).sum());
-        let mut models = Vec::with_capacity(map.len());
-        for tenants in map.values() {
+        let sets = self.read_sets();
+        let mut series = Vec::with_capacity(sets.pairs.values().map(BTreeMap::len).sum());
+        let mut models = Vec::with_capacity(sets.pairs.len());
+        for tenants in sets.pairs.values() {
             let start = series.len();
             series.extend(tenants.values().cloned());
             models.push(start..series.len());
         }
-        Pairs { series, models }
+        let pairs = Level { series, models };
+        let series: Vec<Arc<SeriesSet>> = sets.models.values().cloned().collect();
+        let models = (0..series.len()).map(|i| i..i + 1).collect();
+        Pairs {
+            pairs,
+            models: Level { series, models },
+        }
     }
 
-    /// Apply new label policies (config reload).
+    /// Apply new label policies (config reload). Which families carry `tenant` is fixed
+    /// when the families are built: `labels.tenant.families` takes effect at a restart.
     pub fn set_label_policies(&self, labels: &Labels) {
         self.models.set_policy(labels.model.clone());
         self.tenants.set_policy(labels.tenant.clone());
@@ -360,19 +421,19 @@ impl Metrics {
         self.passthrough.inc();
     }
 
-    /// Record the per-request figures of a finished request on its pair (exactly once
+    /// Record the per-request figures of a finished request on its series (exactly once
     /// per request).
-    pub fn record_request(&self, pair: &PairSeries, outcome: Outcome, figures: RequestFigures) {
-        pair.requests(outcome).inc();
-        pair.duration.observe(figures.duration.as_secs_f64());
+    pub fn record_request(&self, stream: &StreamSeries, outcome: Outcome, figures: RequestFigures) {
+        stream.requests(outcome).inc();
+        stream.duration().observe(figures.duration.as_secs_f64());
         if figures.output_tokens > 0 {
-            pair.output_tokens.inc_by(figures.output_tokens);
+            stream.output_tokens().inc_by(figures.output_tokens);
         }
         if let Some(input) = figures.input_tokens.filter(|n| *n > 0) {
-            pair.input_tokens.inc_by(input);
+            stream.input_tokens().inc_by(input);
         }
         // Indexed like `series::ACCURACY`.
-        for (counter, count) in pair.event_tokens.iter().zip([
+        for (counter, count) in stream.event_tokens().iter().zip([
             figures.apportioned_event_tokens,
             figures.estimated_event_tokens,
             figures.exact_event_tokens,
@@ -382,10 +443,10 @@ impl Metrics {
             }
         }
         if let Some(tpot) = figures.tpot {
-            pair.tpot.observe(tpot.as_secs_f64());
+            stream.tpot().observe(tpot.as_secs_f64());
         }
         if let Some(tokens_per_second) = figures.tokens_per_second {
-            pair.tokens_per_second.observe(tokens_per_second);
+            stream.tokens_per_second().observe(tokens_per_second);
         }
     }
 
@@ -403,12 +464,22 @@ impl Metrics {
         let mut render = Render::new(self);
         // One allocation: with many label pairs the text is megabytes, and growing a
         // buffer would copy it over and over.
-        let pairs = &render.pairs.series;
-        let label_bytes = pairs.iter().map(|p| p.labels().len()).sum();
+        let level = |sets: &[Arc<SeriesSet>]| {
+            let label_bytes: usize = sets.iter().map(|p| p.labels().len()).sum();
+            (sets.len(), label_bytes)
+        };
+        let (pairs, pair_label_bytes) = level(&render.pairs.pairs.series);
+        let (models, model_label_bytes) = level(&render.pairs.models.series);
         let estimate: usize = self
             .families
             .iter()
-            .map(|f| f.estimate(pairs.len(), label_bytes))
+            .map(|f| {
+                if f.per_pair {
+                    f.estimate(pairs, pair_label_bytes)
+                } else {
+                    f.estimate(models, model_label_bytes)
+                }
+            })
             .sum();
         let previous = self.last_render_bytes.load(Ordering::Relaxed);
         out.reserve(estimate.max(previous + (previous >> 4)) + (64 << 10));
@@ -570,8 +641,8 @@ mod tests {
             for t in 0..9u32 {
                 let (model, tenant) = (format!("model-{m}"), format!("tenant \"{t}\""));
                 let stream = metrics.stream(Some(&model), Some(&tenant));
-                stream.ttfb.observe(0.001 * f64::from(m * t));
-                stream.ttft.observe(0.3);
+                stream.ttfb().observe(0.001 * f64::from(m * t));
+                stream.ttft().observe(0.3);
                 stream.observe_itl(Duration::from_millis(u64::from(t)), 3);
                 if (m + t) % 4 == 0 {
                     continue;
@@ -667,6 +738,40 @@ mod tests {
                 chunk.len()
             );
         }
+    }
+
+    /// Past `labels.max_pairs` a new pair's families that carry `tenant` go to (`other`,
+    /// `other`), while its per-model families keep the model (bounded by the model cap);
+    /// a request with no labels is `unknown` in both.
+    #[test]
+    fn the_pair_cap_folds_the_tenant_families_and_the_model_families_keep_the_model() {
+        let mut config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        config.labels.max_pairs = 2;
+        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        for (model, tenant) in [(Some("a"), Some("x")), (None, None), (Some("b"), Some("y"))] {
+            let stream = metrics.stream(model, tenant);
+            metrics.record_request(&stream, Outcome::Completed, RequestFigures::default());
+        }
+        let text = without_process(&metrics.render());
+        for line in [
+            r#"tokentap_requests_total{model="a",outcome="completed",tenant="x"} 1"#,
+            r#"tokentap_requests_total{model="unknown",outcome="completed",tenant="unknown"} 1"#,
+            r#"tokentap_requests_total{model="other",outcome="completed",tenant="other"} 1"#,
+            r#"tokentap_time_to_first_token_seconds_count{model="other",tenant="other"} 0"#,
+            r#"tokentap_request_duration_seconds_count{model="a"} 1"#,
+            r#"tokentap_request_duration_seconds_count{model="b"} 1"#,
+            r#"tokentap_request_duration_seconds_count{model="unknown"} 1"#,
+            r#"tokentap_time_to_first_byte_seconds_count{model="b"} 0"#,
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+        }
+        assert!(!text.contains(r#"tokentap_request_duration_seconds_count{model="other""#));
+        assert!(!text.contains(r#"tokentap_time_to_first_byte_seconds_count{model="a",tenant"#));
+        assert!(text.contains("tokentap_label_overflow_total{label=\"pair\"} 1\n"));
     }
 
     /// The family table is what a scrape shows: every family tokentap defines, with the

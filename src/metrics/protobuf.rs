@@ -545,10 +545,10 @@ mod tests {
         for (m, t) in [("a", "x"), ("a", "y"), ("b", "x")] {
             let stream = metrics.stream(Some(m), Some(t));
             for i in 0..50u32 {
-                stream.ttft.observe(0.08 + 0.002 * f64::from(i));
+                stream.ttft().observe(0.08 + 0.002 * f64::from(i));
             }
             stream.observe_itl(Duration::from_millis(23), 7);
-            stream.ttfb.observe(0.0);
+            stream.ttfb().observe(0.0);
             metrics.record_request(
                 &stream,
                 Outcome::Completed,

@@ -1,12 +1,14 @@
-//! Storage for the per-(model, tenant) families: one [`PairSeries`] per label pair holds
-//! every histogram and counter of that pair as plain atomics, and is the handle a request
-//! observes through (resolved once per request by `Metrics::stream`).
+//! Storage for the per-(model, tenant) families: one [`SeriesSet`] per label pair holds
+//! the histograms and counters of the families that carry `tenant`, one per model those
+//! of the families that are per model (`labels.tenant.families`), all as plain atomics. A
+//! request observes through a [`StreamSeries`], its pair's set and its model's, resolved
+//! once per request by `Metrics::stream`.
 //!
 //! Why not the prometheus crate's vectors: its `gather()` copies every series into an owned
 //! protobuf snapshot before encoding, which with 10,000 pairs made `/metrics` take most of
-//! a second. A pair is created once (the first request that carries it) and shared by the
-//! streams as an `Arc`, so the per-event path touches only atomics, and the text encoder
-//! (`exposition`) reads them in place.
+//! a second. Why two levels: a pair's set allocates nothing for a per-model family (a
+//! native histogram is about 1 KiB), so 10,000 pairs cost only what the families that
+//! carry `tenant` need.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -149,81 +151,210 @@ pub(super) struct Bounds {
 /// `tokentap_event_tokens_total`'s `accuracy` values, in label-value order.
 pub(super) const ACCURACY: [&str; 3] = ["apportioned", "estimated", "exact"];
 
-/// Every series of one (model, tenant) pair.
-pub struct PairSeries {
-    pub model: Arc<str>,
-    pub tenant: Arc<str>,
-    /// `model="…",tenant="…"`, escaped for the exposition once.
-    labels: Box<str>,
-    /// Where `,tenant=` starts in `labels` (`outcome` sorts between the two).
-    tenant_at: usize,
-    pub ttfb: Histogram,
-    pub ttft: Histogram,
-    pub ttft_content: Histogram,
-    pub itl: Histogram,
-    /// Every gap between consecutive token-bearing events, once each, live.
-    pub inter_chunk: Histogram,
-    pub stalls: Counter,
-    pub(super) tpot: Histogram,
-    pub(super) tokens_per_second: Histogram,
-    pub(super) duration: Histogram,
-    /// Indexed by `Outcome as usize`.
-    pub(super) requests: [Counter; Outcome::ALL.len()],
-    pub(super) output_tokens: Counter,
-    pub(super) input_tokens: Counter,
-    /// Indexed like [`ACCURACY`].
-    pub(super) event_tokens: [Counter; 3],
+/// The storage of one per-pair family in a [`SeriesSet`]: every family has its own, and
+/// a set allocates only those of the families kept at its level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    Ttfb,
+    Ttft,
+    TtftContent,
+    Itl,
+    InterChunk,
+    Tpot,
+    TokensPerSecond,
+    Duration,
+    Requests,
+    OutputTokens,
+    InputTokens,
+    EventTokens,
+    Stalls,
 }
 
-impl PairSeries {
-    pub(super) fn new(model: Arc<str>, tenant: Arc<str>, bounds: &Bounds) -> PairSeries {
-        let mut labels = String::with_capacity(model.len() + tenant.len() + 20);
+impl Slot {
+    pub const COUNT: usize = 13;
+}
+
+/// Which slots a set of each level holds: `true` for the families that carry `tenant`
+/// (kept in the (model, tenant) pair's set), `false` for those kept per model.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TenantSlots(pub [bool; Slot::COUNT]);
+
+/// A family's storage, allocated only in the sets of its level (a pointer when absent).
+type Kept<T> = Option<Box<T>>;
+
+/// The series of one label set: a (model, tenant) pair, holding the families that carry
+/// `tenant`, or a model, holding the families that are per model. Created once (by the
+/// first request that carries it) and shared as an `Arc` by the streams, so the per-event
+/// path touches only atomics, and the text encoder (`exposition`) reads them in place.
+pub struct SeriesSet {
+    pub(super) model: Arc<str>,
+    /// `None` in a per-model set.
+    pub(super) tenant: Option<Arc<str>>,
+    /// `model="…",tenant="…"` (or `model="…"`), escaped for the exposition once.
+    labels: Box<str>,
+    /// Where `,tenant=` starts in `labels` (`outcome` sorts between the two); the end of
+    /// `labels` in a per-model set.
+    tenant_at: usize,
+    pub(super) ttfb: Kept<Histogram>,
+    pub(super) ttft: Kept<Histogram>,
+    pub(super) ttft_content: Kept<Histogram>,
+    pub(super) itl: Kept<Histogram>,
+    /// Every gap between consecutive token-bearing events, once each, live.
+    pub(super) inter_chunk: Kept<Histogram>,
+    pub(super) stalls: Kept<Counter>,
+    pub(super) tpot: Kept<Histogram>,
+    pub(super) tokens_per_second: Kept<Histogram>,
+    pub(super) duration: Kept<Histogram>,
+    /// Indexed by `Outcome as usize`.
+    pub(super) requests: Kept<[Counter; Outcome::ALL.len()]>,
+    pub(super) output_tokens: Kept<Counter>,
+    pub(super) input_tokens: Kept<Counter>,
+    /// Indexed like [`ACCURACY`].
+    pub(super) event_tokens: Kept<[Counter; 3]>,
+}
+
+impl SeriesSet {
+    /// The set of a (model, tenant) pair (`tenant` given) or of a model: with the
+    /// storage of the slots `tenant_slots` puts at its level, and no other.
+    pub(super) fn new(
+        model: Arc<str>,
+        tenant: Option<Arc<str>>,
+        bounds: &Bounds,
+        tenant_slots: TenantSlots,
+    ) -> SeriesSet {
+        let mut labels = String::with_capacity(model.len() + 20);
         labels.push_str("model=\"");
         escape_label_value(&model, &mut labels);
         labels.push('"');
         let tenant_at = labels.len();
-        labels.push_str(",tenant=\"");
-        escape_label_value(&tenant, &mut labels);
-        labels.push('"');
+        if let Some(tenant) = &tenant {
+            labels.push_str(",tenant=\"");
+            escape_label_value(tenant, &mut labels);
+            labels.push('"');
+        }
+        let per_pair = tenant.is_some();
+        let kept = |slot: Slot| tenant_slots.0[slot as usize] == per_pair;
         let native = bounds.native.as_ref();
-        PairSeries {
+        let histogram = |slot: Slot, bounds: &Arc<[f64]>| {
+            kept(slot).then(|| Box::new(Histogram::new(bounds, native)))
+        };
+        let counter = |slot: Slot| kept(slot).then(Box::<Counter>::default);
+        SeriesSet {
+            ttfb: histogram(Slot::Ttfb, &bounds.ttfb),
+            ttft: histogram(Slot::Ttft, &bounds.ttft),
+            ttft_content: histogram(Slot::TtftContent, &bounds.ttft),
+            itl: histogram(Slot::Itl, &bounds.itl),
+            inter_chunk: histogram(Slot::InterChunk, &bounds.inter_chunk),
+            stalls: counter(Slot::Stalls),
+            tpot: histogram(Slot::Tpot, &bounds.tpot),
+            tokens_per_second: histogram(Slot::TokensPerSecond, &bounds.tokens_per_second),
+            duration: histogram(Slot::Duration, &bounds.duration),
+            requests: kept(Slot::Requests).then(Box::default),
+            output_tokens: counter(Slot::OutputTokens),
+            input_tokens: counter(Slot::InputTokens),
+            event_tokens: kept(Slot::EventTokens).then(Box::default),
             model,
             tenant,
             labels: labels.into_boxed_str(),
             tenant_at,
-            ttfb: Histogram::new(&bounds.ttfb, native),
-            ttft: Histogram::new(&bounds.ttft, native),
-            ttft_content: Histogram::new(&bounds.ttft, native),
-            itl: Histogram::new(&bounds.itl, native),
-            inter_chunk: Histogram::new(&bounds.inter_chunk, native),
-            stalls: Counter::default(),
-            tpot: Histogram::new(&bounds.tpot, native),
-            tokens_per_second: Histogram::new(&bounds.tokens_per_second, native),
-            duration: Histogram::new(&bounds.duration, native),
-            requests: Default::default(),
-            output_tokens: Counter::default(),
-            input_tokens: Counter::default(),
-            event_tokens: Default::default(),
         }
     }
 
-    /// Observe `tokens` ITL samples of `per_token` each (one per token).
-    pub fn observe_itl(&self, per_token: Duration, tokens: u64) {
-        self.itl.observe_many(per_token.as_secs_f64(), tokens);
-    }
-
-    /// `model="…",tenant="…"`.
+    /// `model="…",tenant="…"` (a pair's) or `model="…"` (a model's).
     pub(super) fn labels(&self) -> &str {
         &self.labels
     }
 
-    /// `model="…"` and `,tenant="…"`.
+    /// `model="…"` and `,tenant="…"` (empty in a model's set).
     pub(super) fn split_labels(&self) -> (&str, &str) {
         self.labels.split_at(self.tenant_at)
     }
+}
+
+/// The series one request observes through, resolved once by `Metrics::stream`: its
+/// (model, tenant) pair's set and its model's. Each accessor picks the set that keeps
+/// the family, so the per-event path does no lookup.
+#[derive(Clone)]
+pub struct StreamSeries {
+    pub(super) pair: Arc<SeriesSet>,
+    pub(super) model: Arc<SeriesSet>,
+}
+
+/// The one of `pair` and `model` that is kept: exactly one is, as `SeriesSet::new` gives
+/// a pair's set and a model's set complementary slots from the same [`TenantSlots`].
+fn kept<'s, T>(pair: &'s Kept<T>, model: &'s Kept<T>) -> &'s T {
+    pair.as_deref()
+        .or(model.as_deref())
+        .expect("every family is kept in the pair's set or in the model's")
+}
+
+impl StreamSeries {
+    /// The `model` label of the request's pair (`other` if the pair cap folded it).
+    pub fn model(&self) -> &Arc<str> {
+        &self.pair.model
+    }
+
+    /// The `tenant` label of the request's pair.
+    pub fn tenant(&self) -> &Arc<str> {
+        self.pair
+            .tenant
+            .as_ref()
+            .expect("a pair's set has a tenant")
+    }
+
+    pub fn ttfb(&self) -> &Histogram {
+        kept(&self.pair.ttfb, &self.model.ttfb)
+    }
+
+    pub fn ttft(&self) -> &Histogram {
+        kept(&self.pair.ttft, &self.model.ttft)
+    }
+
+    pub fn ttft_content(&self) -> &Histogram {
+        kept(&self.pair.ttft_content, &self.model.ttft_content)
+    }
+
+    /// Every gap between consecutive token-bearing events, once each, live.
+    pub fn inter_chunk(&self) -> &Histogram {
+        kept(&self.pair.inter_chunk, &self.model.inter_chunk)
+    }
+
+    pub fn stalls(&self) -> &Counter {
+        kept(&self.pair.stalls, &self.model.stalls)
+    }
+
+    /// Observe `tokens` ITL samples of `per_token` each (one per token).
+    pub fn observe_itl(&self, per_token: Duration, tokens: u64) {
+        kept(&self.pair.itl, &self.model.itl).observe_many(per_token.as_secs_f64(), tokens);
+    }
+
+    pub(super) fn tpot(&self) -> &Histogram {
+        kept(&self.pair.tpot, &self.model.tpot)
+    }
+
+    pub(super) fn tokens_per_second(&self) -> &Histogram {
+        kept(&self.pair.tokens_per_second, &self.model.tokens_per_second)
+    }
+
+    pub(super) fn duration(&self) -> &Histogram {
+        kept(&self.pair.duration, &self.model.duration)
+    }
 
     pub(super) fn requests(&self, outcome: Outcome) -> &Counter {
-        &self.requests[outcome as usize]
+        &kept(&self.pair.requests, &self.model.requests)[outcome as usize]
+    }
+
+    pub(super) fn output_tokens(&self) -> &Counter {
+        kept(&self.pair.output_tokens, &self.model.output_tokens)
+    }
+
+    pub(super) fn input_tokens(&self) -> &Counter {
+        kept(&self.pair.input_tokens, &self.model.input_tokens)
+    }
+
+    /// Indexed like [`ACCURACY`].
+    pub(super) fn event_tokens(&self) -> &[Counter; 3] {
+        kept(&self.pair.event_tokens, &self.model.event_tokens)
     }
 }
 
@@ -282,11 +413,78 @@ mod tests {
             duration: bounds,
             native: None,
         };
-        let pair = PairSeries::new(Arc::from("a\"b"), Arc::from("c\\d\ne"), &b);
+        let pair = SeriesSet::new(
+            Arc::from("a\"b"),
+            Some(Arc::from("c\\d\ne")),
+            &b,
+            TenantSlots([true; Slot::COUNT]),
+        );
         assert_eq!(pair.labels(), r#"model="a\"b",tenant="c\\d\ne""#);
         assert_eq!(
             pair.split_labels(),
             (r#"model="a\"b""#, r#",tenant="c\\d\ne""#)
         );
+        let model = SeriesSet::new(
+            Arc::from("a\"b"),
+            None,
+            &b,
+            TenantSlots([true; Slot::COUNT]),
+        );
+        assert_eq!(model.labels(), r#"model="a\"b""#);
+        assert_eq!(model.split_labels(), (r#"model="a\"b""#, ""));
+    }
+
+    /// A pair's set and a model's set hold complementary families: a family is kept at
+    /// one level only, and nothing of the other level's is allocated.
+    #[test]
+    fn a_pair_and_its_model_keep_complementary_families() {
+        let bounds: Arc<[f64]> = Arc::from(vec![1.0]);
+        let b = Bounds {
+            ttfb: bounds.clone(),
+            ttft: bounds.clone(),
+            itl: bounds.clone(),
+            inter_chunk: bounds.clone(),
+            tpot: bounds.clone(),
+            tokens_per_second: bounds.clone(),
+            duration: bounds,
+            native: None,
+        };
+        let mut slots = [false; Slot::COUNT];
+        slots[Slot::Ttft as usize] = true;
+        slots[Slot::Requests as usize] = true;
+        let slots = TenantSlots(slots);
+        let stream = StreamSeries {
+            pair: Arc::new(SeriesSet::new(
+                Arc::from("m"),
+                Some(Arc::from("t")),
+                &b,
+                slots,
+            )),
+            model: Arc::new(SeriesSet::new(Arc::from("m"), None, &b, slots)),
+        };
+        assert!(stream.pair.ttft.is_some() && stream.model.ttft.is_none());
+        assert!(stream.pair.requests.is_some() && stream.model.requests.is_none());
+        assert!(stream.pair.ttfb.is_none() && stream.model.ttfb.is_some());
+        assert!(stream.pair.stalls.is_none() && stream.model.stalls.is_some());
+        stream.ttft().observe(0.5);
+        stream.ttfb().observe(0.5);
+        stream.requests(Outcome::Completed).inc();
+        assert_eq!(
+            stream
+                .pair
+                .ttft
+                .as_deref()
+                .map(|h| h.read(&mut Vec::new()).0),
+            Some(1)
+        );
+        assert_eq!(
+            stream
+                .model
+                .ttfb
+                .as_deref()
+                .map(|h| h.read(&mut Vec::new()).0),
+            Some(1)
+        );
+        assert_eq!(&**stream.tenant(), "t");
     }
 }

@@ -207,6 +207,7 @@ mod tests {
                 model: policy.clone(),
                 tenant: policy,
                 max_pairs: 100,
+                tenant_families: Labels::default_tenant_families(),
             },
         )
     }

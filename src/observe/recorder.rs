@@ -13,7 +13,7 @@ use http::StatusCode;
 use prometheus::IntGauge;
 
 use crate::clock::{Stamp, Timings, TokenClock};
-use crate::metrics::{Metrics, Outcome, PairSeries, RequestFigures};
+use crate::metrics::{Metrics, Outcome, RequestFigures, StreamSeries};
 use crate::wire::{Dialect, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
@@ -74,7 +74,7 @@ pub struct Recorder {
     clock: TokenClock,
     facts: Arc<RequestFacts>,
     response_model: Option<String>,
-    handles: Option<Arc<PairSeries>>,
+    handles: Option<StreamSeries>,
     status: Option<StatusCode>,
     stall_threshold: Duration,
     stream_error: bool,
@@ -143,21 +143,21 @@ impl Recorder {
                     let stall_threshold = self.stall_threshold;
                     let handles = self.handles();
                     match stamp {
-                        Stamp::First { ttft } => handles.ttft.observe(ttft.as_secs_f64()),
+                        Stamp::First { ttft } => handles.ttft().observe(ttft.as_secs_f64()),
                         Stamp::Next { gap, itl } => {
                             if let Some(share) = itl {
                                 handles.observe_itl(share.per_token, share.count);
                             }
-                            handles.inter_chunk.observe(gap.as_secs_f64());
+                            handles.inter_chunk().observe(gap.as_secs_f64());
                             if gap >= stall_threshold {
-                                handles.stalls.inc();
+                                handles.stalls().inc();
                             }
                         }
                     }
                     if content_pending {
                         if let Some(ttft_content) = self.clock.ttft_content() {
                             self.handles()
-                                .ttft_content
+                                .ttft_content()
                                 .observe(ttft_content.as_secs_f64());
                         }
                     }
@@ -180,7 +180,7 @@ impl Recorder {
     }
 
     /// The request's metric handles, resolved on first use.
-    fn handles(&mut self) -> &Arc<PairSeries> {
+    fn handles(&mut self) -> &StreamSeries {
         if self.handles.is_none() {
             let request_model = self.facts.model.get().map(String::as_str);
             let tenant = self.facts.tenant.as_deref();
@@ -193,7 +193,7 @@ impl Recorder {
                 self.metrics.stream(model, tenant)
             };
             if let Some(ttfb) = self.clock.ttfb() {
-                handles.ttfb.observe(ttfb.as_secs_f64());
+                handles.ttfb().observe(ttfb.as_secs_f64());
             }
             self.handles = Some(handles);
         }
@@ -233,8 +233,8 @@ impl Recorder {
             method = %self.facts.method,
             path = %self.facts.path,
             dialect = self.facts.dialect.as_str(),
-            model = %handles.model,
-            tenant = %handles.tenant,
+            model = %handles.model(),
+            tenant = %handles.tenant(),
             status = self.status.map(|s| s.as_u16()),
             outcome = outcome.as_str(),
             stream = self.facts.stream.get().copied(),
@@ -332,7 +332,7 @@ mod tests {
         assert_eq!(chunks.count, 3);
         assert!((chunks.sum - 6.01).abs() < 1e-9, "{}", chunks.sum);
         let pair = metrics.stream(Some("m"), Some("t"));
-        assert_eq!(pair.stalls.get(), 1);
+        assert_eq!(pair.stalls().get(), 1);
         recorder.record(t0 + ms(6120), Outcome::Completed);
         assert_eq!(
             histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,

@@ -60,8 +60,8 @@ pub struct ActiveConfig {
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
 /// in-flight semaphore or already registered metric families).
-const RESTART_ONLY: &str =
-    "listen, admin, tls, limits and metrics.buckets changes take effect after a restart";
+const RESTART_ONLY: &str = "listen, admin, tls, limits, metrics.buckets, \
+     metrics.native_histograms and labels.tenant.families changes take effect after a restart";
 
 impl Proxy {
     pub fn new(
@@ -110,7 +110,8 @@ impl Proxy {
             || before.tls != config.tls
             || before.limits != config.limits
             || before.metrics.buckets != config.metrics.buckets
-            || before.metrics.native_histograms != config.metrics.native_histograms;
+            || before.metrics.native_histograms != config.metrics.native_histograms
+            || before.labels.tenant_families != config.labels.tenant_families;
         self.metrics.set_label_policies(&config.labels);
         *self
             .current

@@ -21,6 +21,7 @@ mod proxy;
 mod recording;
 mod reliability;
 mod routes;
+mod tenant_families;
 mod tls;
 mod token_stream;
 mod tokenizer;

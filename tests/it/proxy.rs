@@ -76,6 +76,8 @@ async fn timing_and_token_counts_match_the_scripted_backend() {
     assert_eq!(completion_tokens, 40.0);
 
     let labels = [("model", "llama-3-8b"), ("tenant", "team-a")];
+    // The families that are per model by default (`labels.tenant.families`).
+    let model = &labels[..1];
     let m = proxy
         .wait_metrics("the request to be recorded", |m| {
             m.sum("tokentap_requests_total", &labels) >= 1.0
@@ -99,17 +101,17 @@ async fn timing_and_token_counts_match_the_scripted_backend() {
     );
     let ttft = m.mean("tokentap_time_to_first_token_seconds", &labels);
     assert!((0.150..0.190).contains(&ttft), "TTFT {ttft}");
-    let ttft_content = m.mean("tokentap_time_to_first_content_token_seconds", &labels);
+    let ttft_content = m.mean("tokentap_time_to_first_content_token_seconds", model);
     assert_eq!(ttft_content, ttft, "the first token is visible content");
     let itl = m.mean("tokentap_inter_token_latency_seconds", &labels);
     assert!((itl - 0.020).abs() < 0.0015, "mean ITL {itl}");
-    let tpot = m.mean("tokentap_time_per_output_token_seconds", &labels);
+    let tpot = m.mean("tokentap_time_per_output_token_seconds", model);
     assert!((tpot - 0.020).abs() < 0.0015, "TPOT {tpot}");
-    let rate = m.mean("tokentap_output_tokens_per_second", &labels);
+    let rate = m.mean("tokentap_output_tokens_per_second", model);
     assert!((rate - 50.0).abs() < 4.0, "tokens/s {rate}");
-    let ttfb = m.mean("tokentap_time_to_first_byte_seconds", &labels);
+    let ttfb = m.mean("tokentap_time_to_first_byte_seconds", model);
     assert!(ttfb < ttft, "TTFB {ttfb} comes before TTFT {ttft}");
-    let duration = m.mean("tokentap_request_duration_seconds", &labels);
+    let duration = m.mean("tokentap_request_duration_seconds", model);
     assert!(duration >= 0.150 + 0.020 * 39.0, "duration {duration}");
     assert_eq!(
         m.sum(
@@ -529,6 +531,8 @@ async fn non_streaming_response_records_usage_and_duration() {
     assert_eq!(response.headers()["content-type"], "application/json");
     let body: serde_json::Value = serde_json::from_slice(&collect(response).await).unwrap();
     let labels = [("model", "m"), ("tenant", "t")];
+    // The families that are per model by default (`labels.tenant.families`).
+    let model = &labels[..1];
     let m = proxy
         .wait_metrics("the request", |m| {
             m.sum("tokentap_requests_total", &[]) >= 1.0
@@ -539,12 +543,9 @@ async fn non_streaming_response_records_usage_and_duration() {
         m.sum("tokentap_input_tokens_total", &labels),
         body["usage"]["prompt_tokens"].as_f64().unwrap()
     );
+    assert_eq!(m.sum("tokentap_request_duration_seconds_count", model), 1.0);
     assert_eq!(
-        m.sum("tokentap_request_duration_seconds_count", &labels),
-        1.0
-    );
-    assert_eq!(
-        m.sum("tokentap_time_to_first_byte_seconds_count", &labels),
+        m.sum("tokentap_time_to_first_byte_seconds_count", model),
         1.0
     );
     // No token events in a non-streamed body: no TTFT is invented.
