@@ -499,12 +499,19 @@ def check_exemplars(prom, a, inst):
                           ("tokentap_inter_token_latency_seconds", "slowest_gap_ms")):
         want = line.get(field)
         query = f'{{__name__=~"{family}(_bucket)?", instance="{urllib.parse.urlparse(admin).netloc}"}}'
-        data, err = prom_query(prom, query, path="/api/v1/query_exemplars", start=now - 3600, end=now + 60)
+        # Prometheus has scraped the final state by now; a few seconds more in case the
+        # exemplar came with a later scrape than the series it belongs to.
+        deadline = time.time() + 10
+        while True:
+            data, err = prom_query(prom, query, path="/api/v1/query_exemplars", start=now - 3600, end=time.time() + 60)
+            found = [] if err else [e for series in data for e in series.get("exemplars", [])
+                                    if trace_id in (e.get("labels") or {}).values()]
+            if found or err or time.time() > deadline:
+                break
+            time.sleep(0.5)
         if err:
             ok(False, f"exemplars of {family} can be queried", err)
             continue
-        found = [e for series in data for e in series.get("exemplars", [])
-                 if trace_id in (e.get("labels") or {}).values()]
         if not ok(bool(found), f"exemplars: {family} has one with the traced request's trace id {trace_id}",
                   f"{sum(len(x.get('exemplars', [])) for x in data)} exemplars, none with it"):
             continue
