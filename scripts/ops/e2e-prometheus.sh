@@ -207,12 +207,12 @@ prom_flags() {
 for kind in $KINDS; do
   case "$kind" in classic|native) ;; *) die "unknown Prometheus kind $kind (E2E_KINDS: classic, native)" ;; esac
 done
+declare -A PROM_PORT=([classic]=$P_PROM_CLASSIC [native]=$P_PROM_NATIVE)
 for kind in $KINDS; do
-  port_var=P_PROM_${kind^^}
-  PROM_OF[$kind]=http://$H:${!port_var}
+  PROM_OF[$kind]=http://$H:${PROM_PORT[$kind]}
   # shellcheck disable=SC2046  # the flags are words
   start "prometheus-$kind" "$PROMETHEUS" --config.file="$TMP/prometheus.yaml" --storage.tsdb.path="$TMP/tsdb-$kind" \
-    --web.listen-address="$H:${!port_var}" --storage.tsdb.retention.time=1h --log.level=warn $(prom_flags "$kind")
+    --web.listen-address="$H:${PROM_PORT[$kind]}" --storage.tsdb.retention.time=1h --log.level=warn $(prom_flags "$kind")
 done
 for kind in $KINDS; do
   PROM=${PROM_OF[$kind]}
