@@ -382,3 +382,103 @@ pub fn render_table(rows: &[SummaryRow]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::metrics::snapshot::{FamilySnapshot, Label, NativeHistogramSnapshot};
+
+    fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
+        pairs
+            .iter()
+            .map(|(name, value)| Label {
+                name: Cow::Borrowed(*name),
+                value: Arc::from(*value),
+            })
+            .collect()
+    }
+
+    /// Ten observations in the classic bucket (0.1, 0.2] and in the schema-0 native
+    /// bucket (0.125, 0.25] (index -2): the two estimates differ, so a row shows which
+    /// one it read.
+    fn histogram(with_native: bool) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: Arc::from([0.1, 0.2]),
+            cumulative_counts: vec![0, 10],
+            count: 10,
+            sum: 1.5,
+            native: with_native.then(|| NativeHistogramSnapshot {
+                schema: 0,
+                zero_threshold: 0.001,
+                zero_count: 0,
+                buckets: vec![(-2, 10)],
+            }),
+        }
+    }
+
+    fn family(name: &'static str, values: Values) -> FamilySnapshot {
+        FamilySnapshot {
+            name: Cow::Borrowed(name),
+            help: Cow::Borrowed(""),
+            values,
+        }
+    }
+
+    #[test]
+    fn rows_read_native_buckets_and_share_a_per_model_family_with_every_tenant() {
+        let requests = |tenant| Series {
+            labels: labels(&[("model", "m"), ("outcome", "completed"), ("tenant", tenant)]),
+            value: 3.0,
+        };
+        let snapshot = Snapshot {
+            families: vec![
+                family(
+                    "tokentap_output_tokens_per_second",
+                    // Per model (no `tenant`), and classic only.
+                    Values::Histogram(vec![Series {
+                        labels: labels(&[("model", "m")]),
+                        value: histogram(false),
+                    }]),
+                ),
+                family(
+                    "tokentap_requests_total",
+                    Values::Counter(vec![requests("a"), requests("b")]),
+                ),
+                family(
+                    "tokentap_time_to_first_token_seconds",
+                    Values::Histogram(vec![Series {
+                        labels: labels(&[("model", "m"), ("tenant", "a")]),
+                        value: histogram(true),
+                    }]),
+                ),
+            ],
+        };
+        let rows = summarize(&snapshot);
+        assert_eq!(rows.len(), 2);
+        let (a, b) = (&rows[0], &rows[1]);
+        assert_eq!(
+            (&*a.tenant, a.requests, &*b.tenant, b.requests),
+            ("a", 3, "b", 3)
+        );
+        // p50 of ten in (0.125, 0.25]: half-way, from the native bucket; the classic
+        // estimate is half-way through (0.1, 0.2].
+        assert_eq!(a.ttft_p50, Some(0.1875));
+        let classic = a.classic_ttft_p99.expect("classic p99");
+        assert!((classic - 0.199).abs() < 1e-12, "{classic}");
+        // Tenant b has no TTFT of its own.
+        assert_eq!((b.ttft_p50, b.classic_ttft_p99), (None, None));
+        // The per-model tokens/s (classic only) is every tenant's.
+        for row in [a, b] {
+            let p50 = row.tokens_per_second_p50.expect("tokens/s p50");
+            assert!((p50 - 0.15).abs() < 1e-12, "{p50}");
+        }
+        let table = render_table(&rows);
+        assert!(
+            table.contains("187.5") && table.contains("199.0"),
+            "{table}"
+        );
+    }
+}
