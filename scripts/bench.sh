@@ -15,6 +15,8 @@
 #   --hold N                   streams held open in the held-streams test, default 10000
 #   --targets "direct tokentap nginx envoy"
 #   --skip "latency steps hold fidelity scrape"   phases to leave out
+#   --only "scrape"            run only these phases (the rest are skipped; without a
+#                              latency, steps or hold phase no peer is started)
 #   --no-build --no-install    use what is there
 #   --debug                    use the debug binaries `cargo test` leaves (CI smoke; the
 #                              figures then say nothing about release performance)
@@ -40,6 +42,8 @@ STEP_DURATION=5s
 HOLD=10000
 TARGETS="direct tokentap nginx envoy"
 SKIP=""
+ONLY=""
+PHASES="latency steps hold fidelity scrape"
 BUILD=1
 PROFILE=release
 INSTALL=1
@@ -60,6 +64,7 @@ while [ $# -gt 0 ]; do
         --hold) HOLD=$2; shift ;;
         --targets) TARGETS=$2; shift ;;
         --skip) SKIP=$2; shift ;;
+        --only) ONLY=$2; shift ;;
         --no-build) BUILD=0 ;;
         --debug) PROFILE=debug ;;
         --no-install) INSTALL=0 ;;
@@ -69,6 +74,17 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+
+if [ -n "$ONLY" ]; then
+    for phase in $ONLY; do
+        case " $PHASES " in *" $phase "*) ;; *) echo "bench.sh: unknown phase $phase (phases: $PHASES)" >&2; exit 2 ;; esac
+    done
+    SKIP=""
+    for phase in $PHASES; do
+        case " $ONLY " in *" $phase "*) ;; *) SKIP="$SKIP $phase" ;; esac
+    done
+    case " $ONLY " in *" latency "*|*" steps "*|*" hold "*) ;; *) TARGETS="tokentap" ;; esac
+fi
 
 if [ "$SMOKE" = 1 ]; then
     CONCURRENCY="10"
@@ -80,7 +96,7 @@ if [ "$SMOKE" = 1 ]; then
     TOKENS=20
     STEPS=""
     HOLD=200
-    TARGETS="direct tokentap"
+    [ -z "$ONLY" ] && TARGETS="direct tokentap"
     INSTALL=0
 fi
 
@@ -386,25 +402,77 @@ if has_target tokentap && ! skip fidelity; then
     done
 fi
 
-# --- phase 3: /metrics render time with 50 models x 200 tenants -----------------------
+# --- phase 3: /metrics size and full GET time with 50 models x 200 tenants -------------
+# One drive of the same traffic into each of three tokentap configurations, then full
+# GETs of /metrics in each exposition format a scraper can ask for:
+#   today      tenant on every per-pair family (every contract family with `model`,
+#              listed in labels.tenant.families): the baseline, text format;
+#   default    the default label set: text; protobuf (native + classic buckets);
+#              OpenMetrics text (informational);
+#   native     metrics.native_histograms.classic: false: protobuf, native buckets only.
+# Each row: body bytes, median full-GET time of 5, ratio to the baseline's bytes.
+PROTOBUF_ACCEPT='application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited'
+OPENMETRICS_ACCEPT='application/openmetrics-text; version=1.0.0'
+scrape_variant() { # variant label-yaml format accept
+    local variant=$1 yaml=$2 format=$3 accept=$4 out
+    local cmd=("$BENCH" scrape --url "http://127.0.0.1:$TT_ADMIN/metrics" --repeat 5)
+    [ -n "$accept" ] && cmd+=(--accept "$accept")
+    printf '%q ' "${cmd[@]}" | sed 's/ $//' >> "$COMMANDS"; echo >> "$COMMANDS"
+    out=$("${cmd[@]}")
+    record "{\"phase\":\"scrape\",\"variant\":\"$variant\",\"format\":\"$format\",\"config\":$(printf '%s' "$yaml" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))'),\"models\":$M,\"tenants\":$T,\"request_series\":$series,\"drive\":$drove,\"scrape\":$out,\"rss_kib\":$(rss_kib tokentap)}"
+    log "scrape $variant/$format: $out"
+}
 if has_target tokentap && ! skip scrape; then
     M=50; T=200; N=10000
     [ "$SMOKE" = 1 ] && { M=2; T=5; N=10; }
     log "phase: /metrics with $M models x $T tenants"
-    start_sim --ttft 1ms --itl 1ms --tokens 4 --models "$(seq -s, -f 'm%g' 0 $((M - 1)))"
-    write_tokentap_config "$RUN/tokentap-scrape.yaml" "labels:
+    MODELS_LIST=$(seq -s, -f 'm%g' 0 $((M - 1)))
+    start_sim --ttft 1ms --itl 1ms --tokens 4 --models "$MODELS_LIST"
+    # Today's label set, read from the contract (so it follows the contract file): every
+    # family that carries `model` carries `tenant` too.
+    ALL_PAIR_FAMILIES=$(python3 -c 'import sys; sys.path.insert(0, "scripts/ops"); import tokentap_contract as c
+print(", ".join(n for n, (_, labels) in c.METRICS.items() if "model" in labels))')
+    TODAY_YAML="labels:
+  tenant:
+    max_values: 1000
+    families: [$ALL_PAIR_FAMILIES]"
+    DEFAULT_YAML="labels:
   tenant:
     max_values: 1000"
-    start_tokentap "$RUN/tokentap-scrape.yaml"
-    drive=("$BENCH" run --url "$(url_of tokentap)" -c 100 --requests "$N" --duration 120s
-        --models "$(seq -s, -f 'm%g' 0 $((M - 1)))" --tenants "$T" --label scrape-drive)
-    echo "${drive[*]}" >> "$COMMANDS"
-    drove=$("${drive[@]}")
-    scrape=$("$BENCH" scrape --url "http://127.0.0.1:$TT_ADMIN/metrics" --repeat 5)
-    echo "$BENCH scrape --url http://127.0.0.1:$TT_ADMIN/metrics --repeat 5" >> "$COMMANDS"
-    series=$(curl -s "http://127.0.0.1:$TT_ADMIN/metrics" | grep -c '^tokentap_requests_total{' || true)
-    record "{\"phase\":\"scrape\",\"target\":\"tokentap\",\"models\":$M,\"tenants\":$T,\"request_series\":$series,\"drive\":$drove,\"scrape\":$scrape,\"rss_kib\":$(rss_kib tokentap)}"
-    log "scrape: $scrape ($series requests_total series)"
+    NATIVE_YAML="$DEFAULT_YAML
+metrics:
+  native_histograms:
+    classic: false"
+    write_tokentap_config "$RUN/tokentap-scrape-today.yaml" "$TODAY_YAML"
+    if ! refused=$("$TT" check-config "$RUN/tokentap-scrape-today.yaml" 2>&1); then
+        # A build without labels.tenant.families puts tenant on every family already.
+        log "scrape: this build refuses labels.tenant.families ($(echo "$refused" | head -n 3 | tr '\n' ' '));" \
+            "the baseline runs with its default label set, today's before issue 14 item 3"
+        TODAY_YAML=$DEFAULT_YAML
+    fi
+    for variant in today default native; do
+        case $variant in
+            today) yaml=$TODAY_YAML ;;
+            default) yaml=$DEFAULT_YAML ;;
+            native) yaml=$NATIVE_YAML ;;
+        esac
+        write_tokentap_config "$RUN/tokentap-scrape-$variant.yaml" "$yaml"
+        start_tokentap "$RUN/tokentap-scrape-$variant.yaml"
+        drive=("$BENCH" run --url "$(url_of tokentap)" -c 100 --requests "$N" --duration 120s
+            --models "$MODELS_LIST" --tenants "$T" --label "scrape-drive/$variant")
+        echo "${drive[*]}" >> "$COMMANDS"
+        drove=$("${drive[@]}")
+        series=$(curl -s "http://127.0.0.1:$TT_ADMIN/metrics" | grep -c '^tokentap_requests_total{' || true)
+        case $variant in
+            today) scrape_variant today "$yaml" text "" ;;
+            default)
+                scrape_variant default "$yaml" text ""
+                scrape_variant default "$yaml" protobuf "$PROTOBUF_ACCEPT"
+                scrape_variant default "$yaml" openmetrics "$OPENMETRICS_ACCEPT" ;;
+            native) scrape_variant native "$yaml" protobuf "$PROTOBUF_ACCEPT" ;;
+        esac
+        stop_pid "${PID[tokentap]}"; PID[tokentap]=""
+    done
     stop_targets
 fi
 

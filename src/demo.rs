@@ -3,8 +3,9 @@
 //! Starts the simulator with three models of different speeds, tokentap in front of it,
 //! and a small traffic generator that streams chat completions as three tenants. Every
 //! few seconds it prints tokentap's own view, read from a snapshot of its metric families:
-//! per model and tenant, requests, TTFT and ITL p50/p99 and decode tokens/s, interpolated
-//! from the histograms exactly as Prometheus' `histogram_quantile` would.
+//! per model and tenant, requests, TTFT and ITL p50/p99 and decode tokens/s, read from the
+//! native histograms exactly as Prometheus' `histogram_quantile` would (each p99 with the
+//! classic buckets' coarser estimate beside it).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -209,17 +210,39 @@ async fn traffic(
     }
 }
 
-/// Per (model, tenant): requests, histogram snapshots.
-#[derive(Default)]
-struct Row<'a> {
-    requests: u64,
-    ttft: Option<&'a HistogramSnapshot>,
-    itl: Option<&'a HistogramSnapshot>,
-    tokens_per_second: Option<&'a HistogramSnapshot>,
+/// The demo's figures for one (model, tenant) pair, from tokentap's own histograms.
+///
+/// Quantiles come from the native (sparse exponential) buckets, as `histogram_quantile`
+/// reads a native histogram, so they are within a few percent of the exact quantile;
+/// the `classic_*` figures are the same quantile interpolated from the classic buckets,
+/// shown beside them for comparison (their error is up to a bucket's width). A figure
+/// is `None` while the pair has no observation of it. In seconds, tokens/s for
+/// `tokens_per_second_p50`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SummaryRow {
+    pub model: String,
+    pub tenant: String,
+    pub requests: u64,
+    pub ttft_p50: Option<f64>,
+    pub ttft_p99: Option<f64>,
+    pub classic_ttft_p99: Option<f64>,
+    pub itl_p50: Option<f64>,
+    pub itl_p99: Option<f64>,
+    pub classic_itl_p99: Option<f64>,
+    pub tokens_per_second_p50: Option<f64>,
 }
 
-/// The `q`-quantile of a histogram the row may not have (yet).
+/// The `q`-quantile of a histogram the pair may not have (yet): from its native buckets
+/// when it keeps them, else from the classic ones.
 fn quantile(histogram: Option<&HistogramSnapshot>, q: f64) -> Option<f64> {
+    let histogram = histogram?;
+    match &histogram.native {
+        Some(native) => native.quantile(q),
+        None => histogram.quantile(q),
+    }
+}
+
+fn classic_quantile(histogram: Option<&HistogramSnapshot>, q: f64) -> Option<f64> {
     histogram.and_then(|h| h.quantile(q))
 }
 
@@ -228,52 +251,76 @@ fn key<T>(series: &Series<T>) -> (String, String) {
     (label("model"), label("tenant"))
 }
 
-/// Puts one histogram's figures on a row.
-type SetFigure<'s> = fn(&mut Row<'s>, &'s HistogramSnapshot);
+/// Per (model, tenant): requests, histogram snapshots.
+#[derive(Default)]
+struct Pair<'a> {
+    requests: u64,
+    ttft: Option<&'a HistogramSnapshot>,
+    itl: Option<&'a HistogramSnapshot>,
+    tokens_per_second: Option<&'a HistogramSnapshot>,
+}
 
-fn summarize<'s>(snapshot: &'s Snapshot) -> BTreeMap<(String, String), Row<'s>> {
-    let mut rows: BTreeMap<(String, String), Row<'s>> = BTreeMap::new();
-    // Figures of families that are per model (no `tenant`), shown on each of its rows.
-    let mut per_model: Vec<(String, SetFigure<'s>, &'s HistogramSnapshot)> = Vec::new();
+/// The summary table's rows, one per (model, tenant) pair in name order. A family
+/// without `tenant` (see `labels.tenant.families`) gives its per-model figures to
+/// every tenant row of that model.
+pub fn summarize(snapshot: &Snapshot) -> Vec<SummaryRow> {
+    let mut pairs: BTreeMap<(String, String), Pair<'_>> = BTreeMap::new();
+    let mut per_model: BTreeMap<String, Pair<'_>> = BTreeMap::new();
     for family in &snapshot.families {
         match (&*family.name, &family.values) {
             ("tokentap_requests_total", Values::Counter(series)) => {
                 for s in series {
-                    rows.entry(key(s)).or_default().requests += s.value as u64;
+                    pairs.entry(key(s)).or_default().requests += s.value as u64;
                 }
             }
             (name, Values::Histogram(series)) => {
-                let set: SetFigure<'s> = match name {
-                    "tokentap_time_to_first_token_seconds" => |row, h| row.ttft = Some(h),
-                    "tokentap_inter_token_latency_seconds" => |row, h| row.itl = Some(h),
-                    "tokentap_output_tokens_per_second" => |row, h| row.tokens_per_second = Some(h),
+                let set: for<'h> fn(&mut Pair<'h>, &'h HistogramSnapshot) = match name {
+                    "tokentap_time_to_first_token_seconds" => |pair, h| pair.ttft = Some(h),
+                    "tokentap_inter_token_latency_seconds" => |pair, h| pair.itl = Some(h),
+                    "tokentap_output_tokens_per_second" => {
+                        |pair, h| pair.tokens_per_second = Some(h)
+                    }
                     _ => continue,
                 };
                 for s in series {
-                    match s.label("tenant") {
-                        Some(_) => set(rows.entry(key(s)).or_default(), &s.value),
-                        None => per_model.push((key(s).0, set, &s.value)),
+                    let (model, tenant) = key(s);
+                    if s.label("tenant").is_some() {
+                        set(pairs.entry((model, tenant)).or_default(), &s.value);
+                    } else {
+                        set(per_model.entry(model).or_default(), &s.value);
                     }
                 }
             }
             _ => {}
         }
     }
-    for (model, set, histogram) in per_model {
-        let of_model = rows
-            .range_mut((model.clone(), String::new())..)
-            .take_while(|((m, _), _)| *m == model);
-        for (_, row) in of_model {
-            set(row, histogram);
-        }
-    }
-    rows
+    pairs
+        .into_iter()
+        .map(|((model, tenant), pair)| {
+            let model_wide = per_model.get(&model);
+            let ttft = pair.ttft.or(model_wide.and_then(|m| m.ttft));
+            let itl = pair.itl.or(model_wide.and_then(|m| m.itl));
+            let tokens_per_second = pair
+                .tokens_per_second
+                .or(model_wide.and_then(|m| m.tokens_per_second));
+            SummaryRow {
+                requests: pair.requests,
+                ttft_p50: quantile(ttft, 0.5),
+                ttft_p99: quantile(ttft, 0.99),
+                classic_ttft_p99: classic_quantile(ttft, 0.99),
+                itl_p50: quantile(itl, 0.5),
+                itl_p99: quantile(itl, 0.99),
+                classic_itl_p99: classic_quantile(itl, 0.99),
+                tokens_per_second_p50: quantile(tokens_per_second, 0.5),
+                model,
+                tenant,
+            }
+        })
+        .collect()
 }
 
 fn print_summary(metrics: &Metrics, sent: u64) {
-    let snapshot = metrics.snapshot();
-    let rows = summarize(&snapshot);
-    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v * 1e3));
+    let rows = summarize(&metrics.snapshot());
     let mut out = String::new();
     if std::io::stdout().is_terminal() {
         out.push_str("\x1b[2J\x1b[H");
@@ -281,30 +328,157 @@ fn print_summary(metrics: &Metrics, sent: u64) {
     out.push_str(&format!(
         "tokentap demo: {sent} streams completed by the client; tokentap's own figures:\n\n"
     ));
-    out.push_str(&format!(
-        "{:<14} {:<12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>10}\n",
-        "model", "tenant", "requests", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "tok/s p50"
-    ));
-    out.push_str(&format!(
-        "{:<14} {:<12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>10}\n",
-        "", "", "", "ms", "ms", "ms", "ms", ""
-    ));
-    for ((model, tenant), row) in &rows {
-        out.push_str(&format!(
-            "{:<14} {:<12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>10}\n",
-            model,
-            tenant,
-            row.requests,
-            ms(quantile(row.ttft, 0.5)),
-            ms(quantile(row.ttft, 0.99)),
-            ms(quantile(row.itl, 0.5)),
-            ms(quantile(row.itl, 0.99)),
-            quantile(row.tokens_per_second, 0.5).map_or("-".to_string(), |v| format!("{v:.0}")),
-        ));
-    }
+    out.push_str(&render_table(&rows));
     if rows.is_empty() {
         out.push_str("(waiting for the first streams to finish...)\n");
     }
     print!("{out}");
     let _ = std::io::stdout().flush();
+}
+
+/// The summary as a text table: quantiles from the native histograms, each p99 with the
+/// classic buckets' estimate beside it in the `classic` column.
+pub fn render_table(rows: &[SummaryRow]) -> String {
+    fn line(cells: [&str; 10]) -> String {
+        let [model, tenant, requests, ttft_p50, ttft_p99, ttft_classic, itl_p50, itl_p99, itl_classic, tokens] =
+            cells;
+        format!(
+            "{model:<14} {tenant:<12} {requests:>8} {ttft_p50:>9} {ttft_p99:>9} {ttft_classic:>8} \
+             {itl_p50:>8} {itl_p99:>8} {itl_classic:>8} {tokens:>10}\n"
+        )
+    }
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v * 1e3));
+    let mut out = line([
+        "model",
+        "tenant",
+        "requests",
+        "TTFT p50",
+        "TTFT p99",
+        "classic",
+        "ITL p50",
+        "ITL p99",
+        "classic",
+        "tok/s p50",
+    ]);
+    out.push_str(&line([
+        "", "", "", "ms", "ms", "p99 ms", "ms", "ms", "p99 ms", "",
+    ]));
+    for row in rows {
+        let tokens_per_second = row
+            .tokens_per_second_p50
+            .map_or("-".to_string(), |v| format!("{v:.0}"));
+        out.push_str(&line([
+            &row.model,
+            &row.tenant,
+            &row.requests.to_string(),
+            &ms(row.ttft_p50),
+            &ms(row.ttft_p99),
+            &ms(row.classic_ttft_p99),
+            &ms(row.itl_p50),
+            &ms(row.itl_p99),
+            &ms(row.classic_itl_p99),
+            &tokens_per_second,
+        ]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::metrics::snapshot::{FamilySnapshot, Label, NativeHistogramSnapshot};
+
+    fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
+        pairs
+            .iter()
+            .map(|(name, value)| Label {
+                name: Cow::Borrowed(*name),
+                value: Arc::from(*value),
+            })
+            .collect()
+    }
+
+    /// Ten observations in the classic bucket (0.1, 0.2] and in the schema-0 native
+    /// bucket (0.125, 0.25] (index -2): the two estimates differ, so a row shows which
+    /// one it read.
+    fn histogram(with_native: bool) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: Arc::from([0.1, 0.2]),
+            cumulative_counts: vec![0, 10],
+            count: 10,
+            sum: 1.5,
+            native: with_native.then(|| NativeHistogramSnapshot {
+                schema: 0,
+                zero_threshold: 0.001,
+                zero_count: 0,
+                buckets: vec![(-2, 10)],
+            }),
+        }
+    }
+
+    fn family(name: &'static str, values: Values) -> FamilySnapshot {
+        FamilySnapshot {
+            name: Cow::Borrowed(name),
+            help: Cow::Borrowed(""),
+            values,
+        }
+    }
+
+    #[test]
+    fn rows_read_native_buckets_and_share_a_per_model_family_with_every_tenant() {
+        let requests = |tenant| Series {
+            labels: labels(&[("model", "m"), ("outcome", "completed"), ("tenant", tenant)]),
+            value: 3.0,
+        };
+        let snapshot = Snapshot {
+            families: vec![
+                family(
+                    "tokentap_output_tokens_per_second",
+                    // Per model (no `tenant`), and classic only.
+                    Values::Histogram(vec![Series {
+                        labels: labels(&[("model", "m")]),
+                        value: histogram(false),
+                    }]),
+                ),
+                family(
+                    "tokentap_requests_total",
+                    Values::Counter(vec![requests("a"), requests("b")]),
+                ),
+                family(
+                    "tokentap_time_to_first_token_seconds",
+                    Values::Histogram(vec![Series {
+                        labels: labels(&[("model", "m"), ("tenant", "a")]),
+                        value: histogram(true),
+                    }]),
+                ),
+            ],
+        };
+        let rows = summarize(&snapshot);
+        assert_eq!(rows.len(), 2);
+        let (a, b) = (&rows[0], &rows[1]);
+        assert_eq!(
+            (&*a.tenant, a.requests, &*b.tenant, b.requests),
+            ("a", 3, "b", 3)
+        );
+        // p50 of ten in (0.125, 0.25]: half-way, from the native bucket; the classic
+        // estimate is half-way through (0.1, 0.2].
+        assert_eq!(a.ttft_p50, Some(0.1875));
+        let classic = a.classic_ttft_p99.expect("classic p99");
+        assert!((classic - 0.199).abs() < 1e-12, "{classic}");
+        // Tenant b has no TTFT of its own.
+        assert_eq!((b.ttft_p50, b.classic_ttft_p99), (None, None));
+        // The per-model tokens/s (classic only) is every tenant's.
+        for row in [a, b] {
+            let p50 = row.tokens_per_second_p50.expect("tokens/s p50");
+            assert!((p50 - 0.15).abs() < 1e-12, "{p50}");
+        }
+        let table = render_table(&rows);
+        assert!(
+            table.contains("187.5") && table.contains("199.0"),
+            "{table}"
+        );
+    }
 }

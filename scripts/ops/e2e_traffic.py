@@ -3,6 +3,8 @@
 
     e2e_traffic.py --main URL --models m1,m2 [--stall URL --stall-model M]
                    [--timeout URL --timeout-model M] [--dead URL] [--odd URL]
+                   [--traceparent TP] [--quantiles URL --quantile-model M
+                   --quantile-requests N --quantile-log FILE]
                    [--requests 48] [--concurrency 4] [--cancels 4] [--deadline 120]
 
 Sends, through tokentap:
@@ -11,9 +13,17 @@ Sends, through tokentap:
            non-streaming ones, and --cancels streams the client abandons after the
            first token (-> outcome cancelled); one GET /v1/models (passthrough);
   stall    2 streams to a slow backend whose token gap exceeds the stall threshold;
+           with --traceparent, the first carries that W3C `traceparent` and tenant
+           `traced` (so its access-log line can be found): a deliberately slow request
+           whose exemplars the e2e looks for;
   timeout  2 streams to a slow backend behind a short upstream idle timeout;
   dead     3 requests to a tokentap whose upstream is not listening;
-  odd      a text/plain answer and a stream with a malformed event (e2e_odd_backend.py).
+  odd      a text/plain answer and a stream with a malformed event (e2e_odd_backend.py);
+  quantiles  --quantile-requests streams (8 at a time, tenant `quantiles`) to a simulator
+           started with `--stamp`: for each, the gaps between the send times the
+           simulator stamped on consecutive token-bearing chunks go to --quantile-log,
+           one JSON line per request (`{"gaps": [seconds...]}`): the exact inter-token
+           values tokentap measured on that stream, but for loopback delivery.
 Every socket has a timeout and the whole run a deadline. Only loopback URLs are
 accepted. Prints a JSON summary on stdout (what the client observed).
 """
@@ -37,8 +47,10 @@ def loopback(url):
     return url
 
 
-def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=False, timeout=30):
-    """One request; returns what the client saw."""
+def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=False, timeout=30,
+            extra_headers=None, sent_stamps=None):
+    """One request; returns what the client saw. With `sent_stamps` (a list), the
+    simulator's `sim_sent_unix_ns` of every token-bearing chunk is appended to it."""
     u = urlparse(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
@@ -52,6 +64,7 @@ def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=Fa
     headers = {"content-type": "application/json"}
     if tenant:
         headers["x-tenant-id"] = tenant
+    headers.update(extra_headers or {})
     out = {"model": model, "tenant": tenant, "kind": kind, "stream": stream, "cancel": cancel_after_first,
            "status": None, "done": False, "events": 0, "error": None}
     try:
@@ -76,6 +89,12 @@ def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=Fa
                     resp.read()
                     break
                 out["events"] += 1
+                if sent_stamps is not None:
+                    chunk = json.loads(payload)
+                    choice = (chunk.get("choices") or [{}])[0]
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text")
+                    if text and "sim_sent_unix_ns" in chunk:
+                        sent_stamps.append(chunk["sim_sent_unix_ns"])
                 if cancel_after_first and (b'"content"' in payload or b'"text"' in payload):
                     # Abandon the stream mid-way: shut the socket down under the response.
                     if conn.sock is not None:
@@ -99,12 +118,17 @@ def main():
     ap.add_argument("--timeout-model", default="slow-model")
     ap.add_argument("--dead")
     ap.add_argument("--odd", help="tokentap in front of e2e_odd_backend.py")
+    ap.add_argument("--traceparent", help="W3C traceparent for the first stall stream")
+    ap.add_argument("--quantiles", help="tokentap in front of a `tokentap sim --stamp`")
+    ap.add_argument("--quantile-model", default="e2e-quantiles")
+    ap.add_argument("--quantile-requests", type=int, default=200)
+    ap.add_argument("--quantile-log")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--cancels", type=int, default=4)
     ap.add_argument("--deadline", type=float, default=120)
     a = ap.parse_args()
-    for u in (a.main, a.stall, a.timeout, a.dead, a.odd):
+    for u in (a.main, a.stall, a.timeout, a.dead, a.odd, a.quantiles):
         if u:
             loopback(u)
     models = a.models.split(",")
@@ -115,7 +139,9 @@ def main():
     slow = []
     bg = cf.ThreadPoolExecutor(max_workers=4)
     if a.stall:
-        slow += [("stall", bg.submit(request, a.stall, a.stall_model, "acme", "chat", True, False, 40)) for _ in range(2)]
+        traced = ("traced", {"traceparent": a.traceparent}) if a.traceparent else ("acme", {})
+        for tenant, headers in (traced, ("acme", {})):
+            slow.append(("stall", bg.submit(request, a.stall, a.stall_model, tenant, "chat", True, False, 40, headers)))
     if a.timeout:
         slow += [("timeout", bg.submit(request, a.timeout, a.timeout_model, "acme", "chat", True, False, 40)) for _ in range(2)]
 
@@ -130,6 +156,14 @@ def main():
         c.close()
     except (OSError, http.client.HTTPException) as e:
         results["models_status"] = f"{type(e).__name__}: {e}"
+
+    quantile_streams = []
+    qpool = cf.ThreadPoolExecutor(max_workers=8)
+    if a.quantiles:
+        for _ in range(a.quantile_requests):
+            stamps = []
+            quantile_streams.append((stamps, qpool.submit(request, a.quantiles, a.quantile_model, "quantiles", "chat",
+                                                          True, False, 30, None, stamps)))
 
     jobs = []
     for i in range(a.requests):
@@ -148,6 +182,15 @@ def main():
     if a.odd:
         for m in ("odd-plain", "odd-malformed"):
             results["odd"].append(request(a.odd, m, "acme", "chat", True, False, 10))
+    quantiles = []
+    for stamps, f in quantile_streams:
+        left = a.deadline - (time.monotonic() - started)
+        quantiles.append((f.result(timeout=max(left, 1)), stamps))
+    qpool.shutdown(wait=True)
+    if a.quantile_log:
+        with open(a.quantile_log, "w") as log:
+            for _, stamps in quantiles:
+                log.write(json.dumps({"gaps": [(b - a_) / 1e9 for a_, b in zip(stamps, stamps[1:])]}) + "\n")
     for kind, f in slow:
         left = a.deadline - (time.monotonic() - started)
         results[kind].append(f.result(timeout=max(left, 1)))
@@ -166,6 +209,9 @@ def main():
         "dead_statuses": [r["status"] or r["error"] for r in results["dead"]],
         "odd": [{"model": r["model"], "status": r["status"], "done": r["done"], "error": r["error"]} for r in results["odd"]],
         "models_status": results["models_status"],
+        "quantile_sent": len(quantiles),
+        "quantile_completed": sum(1 for r, _ in quantiles if r["done"]),
+        "quantile_errors": [r for r, _ in quantiles if r["error"] or r["status"] != 200][:3],
         "models": models,
         "tenants": sorted({r["tenant"] or "unknown" for r in main}),
     }

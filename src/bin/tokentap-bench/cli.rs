@@ -111,4 +111,10 @@ pub(crate) struct ScrapeArgs {
     /// Timed repeats (after one untimed warm-up GET).
     #[arg(long, default_value_t = 5)]
     pub(crate) repeat: usize,
+    /// The `Accept` header to send, which picks the exposition format, e.g.
+    /// `application/openmetrics-text` or the Prometheus protobuf format
+    /// (`application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily;
+    /// encoding=delimited`). None by default: the text format.
+    #[arg(long)]
+    pub(crate) accept: Option<String>,
 }
