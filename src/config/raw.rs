@@ -252,8 +252,9 @@ pub struct RawExemplars {
     /// all zero; a later version is read by its first four fields as the W3C spec says);
     /// anything else gives none, and the request is never modified. Exemplars are shown
     /// in the OpenMetrics text and protobuf formats, never in the Prometheus text one.
-    /// Storage is taken per histogram on its first exemplar (about 50 bytes a classic
-    /// bucket). Default true.
+    /// Storage is taken per histogram on its first exemplar (48 bytes per classic bucket
+    /// and per native slot: about 4.7 KiB per label pair with the default buckets).
+    /// Default true.
     pub enabled: Option<bool>,
     /// The request header holding the `traceparent`-formatted trace context. Default
     /// `traceparent`.

@@ -275,6 +275,40 @@ mod tests {
         assert_eq!(parse_traceparent(&[0u8; 55]), None);
     }
 
+    /// What an accepted value says back: its ids, in the places the spec puts them.
+    fn ids_round_trip(value: &[u8], trace: TraceContext) -> bool {
+        value[3..35] == *trace.trace_id_hex().as_bytes()
+            && value[36..52] == *trace.span_id_hex().as_bytes()
+    }
+
+    proptest::proptest! {
+        /// Any bytes: no panic, and whatever is accepted holds exactly the ids returned.
+        #[test]
+        fn any_bytes_parse_without_panic(value in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            if let Some(trace) = parse_traceparent(&value) {
+                proptest::prop_assert!(ids_round_trip(&value, trace));
+            }
+        }
+
+        /// A valid value with one byte changed: accepted only if still a valid value.
+        #[test]
+        fn one_changed_byte_is_caught(at in 0usize..55, byte in proptest::num::u8::ANY) {
+            let mut value = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec();
+            value[at] = byte;
+            let lower_hex = byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
+            let still_valid = match at {
+                2 | 35 | 52 => byte == b'-',
+                0 | 1 => lower_hex && value[..2] != *b"ff",
+                _ => lower_hex,
+            };
+            let parsed = parse_traceparent(&value);
+            proptest::prop_assert_eq!(parsed.is_some(), still_valid, "{:?}", String::from_utf8_lossy(&value));
+            if let Some(trace) = parsed {
+                proptest::prop_assert!(ids_round_trip(&value, trace));
+            }
+        }
+    }
+
     #[test]
     fn trace_context_from_the_configured_header_once() {
         let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
