@@ -38,17 +38,32 @@ pub(super) fn push_openmetrics_f64(out: &mut Vec<u8>, v: f64) {
     }
 }
 
-/// A bucket bound as OpenMetrics' canonical `le` value (what Prometheus itself writes for
-/// a bound read from the protobuf format, so both formats name the same series): the
-/// shortest round-trip digits with `.0` on an integer, `+Inf` for infinity.
+/// A bucket bound as OpenMetrics' canonical `le` value, exactly as Prometheus writes a
+/// bound it reads from the protobuf format (Go's `%g` with the shortest digits, `.0`
+/// added to an integer), so that both formats name the same series: `1.0`, `0.005`,
+/// `2000.0`, `1e+06`, `1e-05`, `+Inf`.
 pub(super) fn openmetrics_le(bound: f64) -> String {
     if bound.is_infinite() {
         return if bound > 0.0 { "+Inf" } else { "-Inf" }.to_string();
     }
+    if bound.is_nan() {
+        return "NaN".to_string();
+    }
+    // Rust's `{:e}` has the same shortest digits: `d[.ddd]e<exp>`.
+    let scientific = format!("{bound:e}");
+    let (mantissa, exponent): (&str, i32) = scientific
+        .split_once('e')
+        .map_or((scientific.as_str(), 0), |(m, e)| {
+            (m, e.parse().unwrap_or(0))
+        });
+    if !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs());
+    }
     let mut out = Vec::new();
     push_f64(&mut out, bound);
     let mut text = String::from_utf8_lossy(&out).into_owned();
-    if bound.is_finite() && !text.contains('.') {
+    if !text.contains('.') {
         text.push_str(".0");
     }
     text
@@ -264,11 +279,20 @@ mod tests {
             push_openmetrics_f64(&mut out, v);
             assert_eq!(String::from_utf8(out).unwrap(), text);
         }
+        // What Go's `strconv.FormatFloat(f, 'g', -1, 64)` (plus `.0`) gives.
         for (bound, le) in [
             (1.0, "1.0"),
+            (0.0, "0.0"),
             (300.0, "300.0"),
             (0.005, "0.005"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
             (2.5, "2.5"),
+            (123456.0, "123456.0"),
+            (1e6, "1e+06"),
+            (1.25e6, "1.25e+06"),
+            (1e100, "1e+100"),
             (f64::INFINITY, "+Inf"),
         ] {
             assert_eq!(openmetrics_le(bound), le);
