@@ -20,6 +20,11 @@
 //! on a TTFT histogram without and with its native buckets (`metrics.native_histograms.
 //! enabled`), values cycling over the range the buckets cover.
 //!
+//! And `record_request/untraced` vs `record_request/traced`: one request's record
+//! (`Metrics::record_request`: counters, duration, TPOT, tokens/s) without and with a trace
+//! context, whose four exemplars (TTFT, ITL, TPOT, duration) are the difference. Plus
+//! `metrics/stream_openmetrics_50x200`: `/metrics` as Prometheus asks for it by default.
+//!
 //! Run: `cargo bench --bench observe` (add `-- --quick` for a fast pass).
 
 use std::sync::Arc;
@@ -30,7 +35,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, NativeHistograms, Overrides};
-use tokentap::metrics::Metrics;
+use tokentap::metrics::exemplar::TraceContext;
+use tokentap::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures};
 use tokentap::observe::body::ObservedBody;
 use tokentap::observe::{self, RequestHead, ResponseObserver};
 use tokentap::proxy::limits::LimitedBody;
@@ -238,6 +244,16 @@ fn bench_render(c: &mut Criterion) {
     group.bench_function("stream_50x200", |b| {
         b.iter(|| black_box(metrics.exposition().map(|chunk| chunk.len()).sum::<usize>()))
     });
+    group.bench_function("stream_openmetrics_50x200", |b| {
+        b.iter(|| {
+            black_box(
+                metrics
+                    .openmetrics_exposition()
+                    .map(|chunk| chunk.len())
+                    .sum::<usize>(),
+            )
+        })
+    });
     group.bench_function("snapshot_50x200", |b| {
         b.iter(|| black_box(metrics.snapshot().families.len()))
     });
@@ -268,10 +284,46 @@ fn bench_histogram_observe(c: &mut Criterion) {
     group.finish();
 }
 
+/// One request's record, without and with the exemplars of a trace context.
+fn bench_record_request(c: &mut Criterion) {
+    let config = config();
+    let metrics = metrics(&config);
+    let pair = metrics.stream(Some("m"), Some("t"));
+    let untraced = RequestFigures {
+        duration: Duration::from_millis(1500),
+        output_tokens: 40,
+        input_tokens: Some(12),
+        apportioned_event_tokens: 40,
+        tpot: Some(Duration::from_millis(21)),
+        tokens_per_second: Some(47.0),
+        ..RequestFigures::default()
+    };
+    let traced = RequestFigures {
+        exemplar: Some(RequestExemplar {
+            trace: TraceContext {
+                trace_id: [0x4b; 16],
+                span_id: [0x07; 8],
+            },
+            at: std::time::SystemTime::now(),
+            ttft: Some(Duration::from_millis(120)),
+            slowest_itl: Some(Duration::from_millis(35)),
+        }),
+        ..untraced
+    };
+    let mut group = c.benchmark_group("record_request");
+    for (name, figures) in [("untraced", untraced), ("traced", traced)] {
+        group.bench_function(name, |b| {
+            b.iter(|| metrics.record_request(&pair, Outcome::Completed, black_box(figures)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_observe,
     bench_render,
-    bench_histogram_observe
+    bench_histogram_observe,
+    bench_record_request
 );
 criterion_main!(benches);

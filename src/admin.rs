@@ -1,11 +1,13 @@
-//! The admin port: `/metrics` (Prometheus text format, or the protobuf format with native
-//! histograms for a scraper that asks for it), `/healthz` (the process is alive) and
+//! The admin port: `/metrics` (Prometheus text format by default; the OpenMetrics text
+//! with exemplars, or the protobuf format with native histograms and exemplars, for a
+//! scraper that asks for it), `/healthz` (the process is alive) and
 //! `/readyz` (config loaded, listener bound, upstream reachable, not draining).
 //!
 //! It is a separate listener so that scraping and probes never compete with, or show up
 //! in, proxied traffic.
 //!
-//! `/metrics` is a streamed body rendered a chunk at a time as hyper writes it: with
+//! `/metrics` text (either kind) is a streamed body rendered a chunk at a time as hyper
+//! writes it: with
 //! thousands of label pairs the text is over 100 MB, and rendering it whole took that much
 //! memory per scrape and held a tokio worker (and the proxied streams on it) for 50-130 ms.
 //! The protobuf body is much smaller per series and is encoded whole, from a snapshot, on
@@ -31,6 +33,9 @@ use crate::metrics::{protobuf, Exposition, Metrics};
 
 /// Prometheus text exposition format 0.0.4.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// OpenMetrics text exposition format 1.0.0.
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Chunks rendered in one poll of the connection task before it yields (about 200 KiB,
 /// well under a millisecond): hyper keeps polling a body that is always ready until its
@@ -99,23 +104,13 @@ async fn route(
         return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
     }
     match request.uri().path() {
-        "/metrics" if wants_protobuf(request.headers().get_all(header::ACCEPT)) => {
-            protobuf_metrics(metrics).await
-        }
-        "/metrics" => {
-            // No content-length (the size is known only at the end): chunked over
-            // HTTP/1.1. hyper never polls the body of a HEAD response, so HEAD renders nothing.
-            let body = MetricsBody {
-                exposition: metrics.exposition(),
-                chunks: 0,
-            };
-            let mut response = Response::new(Either::Right(body));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(METRICS_CONTENT_TYPE),
-            );
-            response
-        }
+        "/metrics" => match negotiate(request.headers().get_all(header::ACCEPT)) {
+            Format::Protobuf => protobuf_metrics(metrics).await,
+            Format::OpenMetrics => {
+                text_metrics(metrics.openmetrics_exposition(), OPENMETRICS_CONTENT_TYPE)
+            }
+            Format::Text => text_metrics(metrics.exposition(), METRICS_CONTENT_TYPE),
+        },
         "/healthz" => plain(StatusCode::OK, "ok\n"),
         "/readyz" => match readiness.check() {
             Ok(()) => plain(StatusCode::OK, "ready\n"),
@@ -131,12 +126,27 @@ async fn route(
     }
 }
 
-/// Whether a scraper's `Accept` prefers the protobuf exposition: it lists the delimited
-/// `io.prometheus.client.MetricFamily` media type with a `q` above 0 and not below that of
-/// any range the text answers (`text/plain`, `text/*`, `*/*`, and OpenMetrics, which is
-/// served as the Prometheus text today). Anything else, no `Accept` included, gets text.
-fn wants_protobuf(accept: header::GetAll<'_, HeaderValue>) -> bool {
+/// The exposition formats `/metrics` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Text,
+    OpenMetrics,
+    Protobuf,
+}
+
+/// The format a scraper's `Accept` prefers, by the highest `q` each format is given: the
+/// protobuf one for the delimited `io.prometheus.client.MetricFamily` media type,
+/// OpenMetrics for `application/openmetrics-text` (any version: 1.0.0 is served), and the
+/// Prometheus text for `text/plain`, `text/*` and `*/*`. A format must have a `q` above 0;
+/// a tie goes to the richer format (protobuf, then OpenMetrics). Anything else, no
+/// `Accept` included, gets the Prometheus text.
+///
+/// Prometheus sends `application/openmetrics-text;version=1.0.0,…;q=0.75,text/plain;
+/// version=0.0.4;q=0.5,*/*;q=0.1` by default, so its scrapes get OpenMetrics, and with
+/// native histograms enabled it puts protobuf first.
+fn negotiate(accept: header::GetAll<'_, HeaderValue>) -> Format {
     let mut protobuf_q: f32 = 0.0;
+    let mut openmetrics_q: f32 = 0.0;
     let mut text_q: f32 = 0.0;
     for range in accept
         .iter()
@@ -165,13 +175,33 @@ fn wants_protobuf(accept: header::GetAll<'_, HeaderValue>) -> bool {
             {
                 protobuf_q = protobuf_q.max(q);
             }
-            "text/plain" | "text/*" | "*/*" | "application/openmetrics-text" => {
-                text_q = text_q.max(q);
-            }
+            "application/openmetrics-text" => openmetrics_q = openmetrics_q.max(q),
+            "text/plain" | "text/*" | "*/*" => text_q = text_q.max(q),
             _ => {}
         }
     }
-    protobuf_q > 0.0 && protobuf_q >= text_q
+    if protobuf_q > 0.0 && protobuf_q >= openmetrics_q && protobuf_q >= text_q {
+        Format::Protobuf
+    } else if openmetrics_q > 0.0 && openmetrics_q >= text_q {
+        Format::OpenMetrics
+    } else {
+        Format::Text
+    }
+}
+
+/// `/metrics` as streamed text. No content-length (the size is known only at the end):
+/// chunked over HTTP/1.1. hyper never polls the body of a HEAD response, so HEAD renders
+/// nothing.
+fn text_metrics(exposition: Exposition, content_type: &'static str) -> Response<AdminBody> {
+    let body = MetricsBody {
+        exposition,
+        chunks: 0,
+    };
+    let mut response = Response::new(Either::Right(body));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 /// `/metrics` in the protobuf format (see [`Metrics::protobuf`]).
@@ -240,12 +270,45 @@ impl Body for MetricsBody {
 mod tests {
     use super::*;
 
-    fn negotiates_protobuf(accept: &[&str]) -> bool {
+    fn negotiated(accept: &[&str]) -> Format {
         let mut headers = http::HeaderMap::new();
         for value in accept {
             headers.append(header::ACCEPT, HeaderValue::from_str(value).expect("valid"));
         }
-        wants_protobuf(headers.get_all(header::ACCEPT))
+        negotiate(headers.get_all(header::ACCEPT))
+    }
+
+    fn negotiates_protobuf(accept: &[&str]) -> bool {
+        negotiated(accept) == Format::Protobuf
+    }
+
+    #[test]
+    fn openmetrics_when_the_scraper_prefers_it() {
+        // What Prometheus 2.42 sends by default, and with native histograms enabled.
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(negotiated(&[prometheus]), Format::OpenMetrics);
+        let native = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(negotiated(&[native]), Format::Protobuf);
+        assert_eq!(
+            negotiated(&["Application/OpenMetrics-Text; version=0.0.1"]),
+            Format::OpenMetrics
+        );
+        for (accept, format) in [
+            (&[][..], Format::Text),
+            (&["application/openmetrics-text;q=0"], Format::Text),
+            (
+                &["application/openmetrics-text;q=0.4,text/plain;q=0.5"],
+                Format::Text,
+            ),
+            (
+                &["application/openmetrics-text;q=0.5,*/*;q=0.5"],
+                Format::OpenMetrics,
+            ),
+            (&["application/openmetrics-text;q=0.5", "*/*"], Format::Text),
+            (&["application/json"], Format::Text),
+        ] {
+            assert_eq!(negotiated(accept), format, "{accept:?}");
+        }
     }
 
     #[test]

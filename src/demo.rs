@@ -416,6 +416,8 @@ mod tests {
                 zero_count: 0,
                 buckets: vec![(-2, 10)],
             }),
+            exemplars: Vec::new(),
+            native_exemplars: Vec::new(),
         }
     }
 

@@ -63,6 +63,8 @@ pub(super) const fn default_stall_threshold() -> Duration {
 pub(super) const DEFAULT_NATIVE_FACTOR: f64 = 1.1;
 /// Room for a default family's whole native range at schema 3 (104-144 buckets).
 pub(super) const DEFAULT_NATIVE_MAX_BUCKETS: usize = 160;
+/// The W3C Trace Context header.
+pub(super) const DEFAULT_EXEMPLAR_HEADER: &str = "traceparent";
 pub(super) const fn default_max_event_bytes() -> usize {
     DecodeLimits::DEFAULT.max_event_bytes
 }

@@ -172,10 +172,29 @@ impl Default for NativeHistograms {
     }
 }
 
+/// `metrics.exemplars`: which request header's trace context becomes exemplars.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exemplars {
+    pub enabled: bool,
+    /// Read as a W3C `traceparent` value.
+    pub header: http::HeaderName,
+}
+
+impl Default for Exemplars {
+    /// What an unwritten `metrics.exemplars` means.
+    fn default() -> Exemplars {
+        Exemplars {
+            enabled: true,
+            header: http::HeaderName::from_static(defaults::DEFAULT_EXEMPLAR_HEADER),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct MetricsConfig {
     pub buckets: Buckets,
     pub native_histograms: NativeHistograms,
+    pub exemplars: Exemplars,
     /// An inter-token gap at least this long counts as a stall.
     pub stall_threshold: Duration,
 }

@@ -209,7 +209,7 @@ pub struct RawLabelPolicy {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with `buckets`, `stall_threshold` and `native_histograms`"
+    expecting = "a mapping with `buckets`, `stall_threshold`, `native_histograms` and `exemplars`"
 )]
 pub struct RawMetrics {
     /// Bucket upper bounds per histogram, strictly increasing.
@@ -219,6 +219,10 @@ pub struct RawMetrics {
     /// scrapers that ask for it.
     #[serde(default)]
     pub native_histograms: RawNativeHistograms,
+    /// Trace exemplars: a request's W3C trace context on its TTFT, ITL, TPOT and duration
+    /// histograms, served in the OpenMetrics text and protobuf formats.
+    #[serde(default)]
+    pub exemplars: RawExemplars,
     /// An inter-token gap at least this long is counted in `tokentap_stream_stalls_total`.
     /// Default 5s.
     pub stall_threshold: Option<HumanDuration>,
@@ -247,6 +251,29 @@ pub struct RawNativeHistograms {
     /// Also expose the classic buckets in the protobuf format, so one scrape serves a
     /// Prometheus with or without native histograms. Default true.
     pub classic: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `enabled` and `header`"
+)]
+pub struct RawExemplars {
+    /// Read each measured request's trace context and keep it as an exemplar: at most one
+    /// per histogram per request, on TTFT (its value), ITL (its slowest per-token value),
+    /// TPOT and duration, with the labels `trace_id` and `span_id`. Only a valid W3C
+    /// `traceparent` value becomes an exemplar (version `00`: exactly
+    /// `00-<32 lower-case hex trace id>-<16 lower-case hex span id>-<2 hex flags>`, ids not
+    /// all zero; a later version is read by its first four fields as the W3C spec says);
+    /// anything else gives none, and the request is never modified. Exemplars are shown
+    /// in the OpenMetrics text and protobuf formats, never in the Prometheus text one.
+    /// Storage is taken per histogram on its first exemplar (48 bytes per classic bucket
+    /// and per native slot: about 4.7 KiB per label pair with the default buckets).
+    /// Default true.
+    pub enabled: Option<bool>,
+    /// The request header holding the `traceparent`-formatted trace context. Default
+    /// `traceparent`.
+    pub header: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -604,3 +604,32 @@ labels:
         found[0]
     );
 }
+
+#[test]
+fn exemplars_read_traceparent_by_default_and_take_a_valid_header_name() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    assert_eq!(config.metrics.exemplars, Exemplars::default());
+    assert!(config.metrics.exemplars.enabled);
+    assert_eq!(config.metrics.exemplars.header.as_str(), "traceparent");
+    let base = "upstream: http://a:1\nmetrics:\n  exemplars:\n";
+    let config = parse(&format!(
+        "{base}    enabled: false\n    header: X-B3-Parent\n"
+    ))
+    .expect("valid");
+    assert!(!config.metrics.exemplars.enabled);
+    assert_eq!(config.metrics.exemplars.header.as_str(), "x-b3-parent");
+
+    let found = issues(&format!(
+        "{base}    enabled: true\n    header: \"bad header\"\n"
+    ));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].path, "metrics.exemplars.header");
+    assert!(
+        found[0].message.contains("not a valid header name"),
+        "{}",
+        found[0].message
+    );
+    assert_eq!(found[0].location.map(|l| l.0), Some(5));
+    let found = issues(&format!("{base}    sample_rate: 1\n"));
+    assert_eq!(found.len(), 1, "unknown key: {found:?}");
+}

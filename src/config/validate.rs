@@ -196,9 +196,11 @@ impl RawConfig {
             ),
         };
         let native_histograms = native_histograms(&mut issues, self.metrics.native_histograms);
+        let exemplars = exemplars(&mut issues, self.metrics.exemplars);
         let metrics = MetricsConfig {
             buckets,
             native_histograms,
+            exemplars,
             stall_threshold: dur(self.metrics.stall_threshold, default_stall_threshold()),
         };
         let observe = Observe {
@@ -378,6 +380,24 @@ fn native_histograms(issues: &mut Issues<'_>, raw: RawNativeHistograms) -> Nativ
         );
     }
     native
+}
+
+fn exemplars(issues: &mut Issues<'_>, raw: RawExemplars) -> Exemplars {
+    let defaults = Exemplars::default();
+    let header = match raw.header {
+        None => defaults.header,
+        Some(name) => http::HeaderName::try_from(name.as_str()).unwrap_or_else(|_| {
+            issues.push(
+                "metrics.exemplars.header",
+                format!("`{name}` is not a valid header name"),
+            );
+            defaults.header
+        }),
+    };
+    Exemplars {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        header,
+    }
 }
 
 impl RawUpstream {

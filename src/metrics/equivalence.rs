@@ -594,6 +594,7 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
                 },
                 tpot: decode.map(|(tpot, _)| tpot),
                 tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
+                exemplar: None,
             };
             metrics.record_request(handles, outcome, timings);
             reference.finish(m, t, outcome, &timings);
@@ -650,6 +651,7 @@ fn extreme_values_match_too() {
         input_tokens: Some(u64::MAX - 1),
         tpot: Some(Duration::from_nanos(1)),
         tokens_per_second: Some(1e15),
+        exemplar: None,
     };
     metrics.record_request(&handles, Outcome::Timeout, timings);
     reference.finish("m", "t", Outcome::Timeout, &timings);

@@ -10,6 +10,12 @@
 //! `name_bucket{`, `,le="…"} ` and header string is rendered once per family, so a scrape
 //! only copies those and formats numbers (`itoa`, `ryu`), with no intermediate snapshot.
 //!
+//! The same walk writes the OpenMetrics text (1.0.0, [`TextFormat::OpenMetrics`]), which
+//! differs only in its family headers (a counter family is named without `_total`; help
+//! escapes `"` too), its canonical `le` values (`1.0`, not `1`), `+Inf` for an infinite sum,
+//! and the exemplar after a bucket's count (` # {trace_id="…",span_id="…"} value time`).
+//! The small registry families are translated to it by [`registry_family_openmetrics`].
+//!
 //! A family can be written in parts (`Family::render_part`, resumed with a `Cursor`), so
 //! that `/metrics` is streamed in chunks of bounded size rather than built as one buffer
 //! of 150 MB when there are 10,000 label pairs.
@@ -18,11 +24,17 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
+use prometheus::proto;
+
+use super::exemplar::Exemplar;
 use super::families::{PairFamily, PairKind};
 use super::outcome::Outcome;
 use super::series::{Counter, SeriesSet, ACCURACY};
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
-use super::text::{escape_help, escape_label_value, push_count, push_f64};
+use super::text::{
+    escape_help, escape_label_value, escape_openmetrics_help, openmetrics_le, push_count, push_f64,
+    push_openmetrics_f64,
+};
 use crate::config::Buckets;
 
 /// The series sets of one level for one scrape in label order, and the ranges of sets
@@ -49,6 +61,34 @@ impl Pairs {
     }
 }
 
+/// Which text exposition a scrape gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TextFormat {
+    /// The Prometheus text format 0.0.4: no exemplars.
+    Prometheus,
+    /// OpenMetrics text 1.0.0: exemplars on histogram buckets, `# EOF` at the end.
+    OpenMetrics,
+}
+
+/// How one scrape writes its text, with the buffers its families reuse.
+pub(super) struct Writer {
+    pub format: TextFormat,
+    /// Per-slot bucket counts of the pairs being written.
+    counts: Vec<u64>,
+    /// One pair's bucket exemplars (OpenMetrics only).
+    exemplars: Vec<Option<Exemplar>>,
+}
+
+impl Writer {
+    pub fn new(format: TextFormat) -> Writer {
+        Writer {
+            format,
+            counts: Vec::new(),
+            exemplars: Vec::new(),
+        }
+    }
+}
+
 /// Where a family's text stopped: it can be written in parts (one or more per chunk of a
 /// streamed `/metrics` body), each resuming at the next pair.
 #[derive(Default)]
@@ -70,6 +110,8 @@ pub(super) struct Family {
     pub per_pair: bool,
     /// `# HELP` and `# TYPE` lines.
     header: Box<[u8]>,
+    /// The same in OpenMetrics.
+    openmetrics_header: Box<[u8]>,
     /// `name{` (counters) or `name_bucket{` (histograms).
     prefix: Box<[u8]>,
     /// Histograms: `name_sum{` and `name_count{`.
@@ -77,6 +119,8 @@ pub(super) struct Family {
     count_prefix: Box<[u8]>,
     /// Histograms: `,le="…"} ` for each finite bound, then for `+Inf`.
     le: Vec<Box<[u8]>>,
+    /// The same with OpenMetrics' canonical bounds.
+    openmetrics_le: Vec<Box<[u8]>>,
     /// Requests: outcomes in label-value order; event tokens: accuracies.
     sub_labels: Vec<SubLabel>,
 }
@@ -112,10 +156,12 @@ impl Family {
             spec,
             per_pair,
             header: header.into_bytes().into(),
+            openmetrics_header: openmetrics_header(name, spec.help, spec.kind.type_name()),
             prefix: format!("{name}{{").into_bytes().into(),
             sum_prefix: Box::default(),
             count_prefix: Box::default(),
             le: Vec::new(),
+            openmetrics_le: Vec::new(),
             sub_labels: Vec::new(),
         };
         match spec.kind {
@@ -125,15 +171,23 @@ impl Family {
                 family.prefix = format!("{name}_bucket{{").into_bytes().into();
                 family.sum_prefix = format!("{name}_sum{{").into_bytes().into();
                 family.count_prefix = format!("{name}_count{{").into_bytes().into();
-                family.le = bounds(buckets)
+                let le_text = |le: String| -> Box<[u8]> {
+                    let mut escaped = String::new();
+                    escape_label_value(&le, &mut escaped);
+                    format!(",le=\"{escaped}\"}} ").into_bytes().into()
+                };
+                let bounds = bounds(buckets);
+                family.le = bounds
                     .iter()
                     .map(|b| b.to_string())
                     .chain([POSITIVE_INF.to_string()])
-                    .map(|le| {
-                        let mut escaped = String::new();
-                        escape_label_value(&le, &mut escaped);
-                        format!(",le=\"{escaped}\"}} ").into_bytes().into()
-                    })
+                    .map(le_text)
+                    .collect();
+                family.openmetrics_le = bounds
+                    .iter()
+                    .copied()
+                    .chain([f64::INFINITY])
+                    .map(|b| le_text(openmetrics_le(b)))
                     .collect();
             }
             PairKind::Counter { .. } => {}
@@ -209,12 +263,15 @@ impl Family {
         at: &mut Cursor,
         out: &mut Vec<u8>,
         limit: usize,
-        counts: &mut Vec<u64>,
+        writer: &mut Writer,
     ) -> bool {
         let pairs = pairs.level(self.per_pair);
         let start = out.len();
         if !at.started {
-            out.extend_from_slice(&self.header);
+            out.extend_from_slice(match writer.format {
+                TextFormat::Prometheus => &self.header,
+                TextFormat::OpenMetrics => &self.openmetrics_header,
+            });
         }
         let body = out.len();
         let runs = self.runs(pairs);
@@ -230,7 +287,7 @@ impl Family {
                     bytes => (room / bytes).min(READ_AHEAD - 1) + 1,
                 };
                 let batch = &pairs[at.pair..pairs.len().min(at.pair + ahead)];
-                let (used, full) = self.rows(batch, sub, out, limit, &mut at.pair_bytes, counts);
+                let (used, full) = self.rows(batch, sub, out, limit, &mut at.pair_bytes, writer);
                 at.pair += used;
                 if full {
                     complete = at.pair == pairs.len() && at.run + 1 == runs;
@@ -259,8 +316,9 @@ impl Family {
         out: &mut Vec<u8>,
         limit: usize,
         pair_bytes: &mut usize,
-        counts: &mut Vec<u64>,
+        writer: &mut Writer,
     ) -> (usize, bool) {
+        let counts = &mut writer.counts;
         counts.clear();
         match self.spec.kind {
             PairKind::Histogram { get, always, .. } => {
@@ -274,12 +332,29 @@ impl Family {
                         None => counts.resize(counts.len() + slots, 0),
                     }
                 }
+                let (le, openmetrics) = match writer.format {
+                    TextFormat::Prometheus => (&self.le, false),
+                    TextFormat::OpenMetrics => (&self.openmetrics_le, true),
+                };
                 let rows = pairs.iter().zip(&totals).zip(counts.chunks_exact(slots));
                 for (i, ((pair, (total, sum)), counts)) in rows.enumerate() {
                     if get(pair).is_some() && (always || *total > 0) {
                         let before = out.len();
                         let labels = pair.labels().as_bytes();
-                        self.histogram_lines(labels, counts, *total, *sum, out);
+                        let exemplars = &mut writer.exemplars;
+                        exemplars.clear();
+                        if let (true, Some(histogram)) = (openmetrics, get(pair)) {
+                            histogram.read_exemplars(exemplars);
+                        }
+                        let lines = HistogramLines {
+                            le,
+                            counts,
+                            total: *total,
+                            sum: *sum,
+                            exemplars,
+                            openmetrics,
+                        };
+                        self.histogram_lines(labels, &lines, out);
                         *pair_bytes = out.len() - before;
                         if out.len() >= limit {
                             return (i + 1, true);
@@ -371,40 +446,45 @@ impl Family {
         (pairs.len(), false)
     }
 
-    fn histogram_lines(
-        &self,
-        labels: &[u8],
-        counts: &[u64],
-        total: u64,
-        sum: f64,
-        out: &mut Vec<u8>,
-    ) {
+    fn histogram_lines(&self, labels: &[u8], lines: &HistogramLines<'_>, out: &mut Vec<u8>) {
+        let le = lines.le;
+        let exemplar = |slot: usize| lines.exemplars.get(slot).copied().flatten();
         let mut cumulative = 0u64;
         // `counts` has one slot more than there are bounds: above the last one.
-        for (count, le) in counts.iter().zip(&self.le[..self.le.len() - 1]) {
+        for (slot, (count, le)) in lines.counts.iter().zip(&le[..le.len() - 1]).enumerate() {
             cumulative = cumulative.wrapping_add(*count);
             out.extend_from_slice(&self.prefix);
             out.extend_from_slice(labels);
             out.extend_from_slice(le);
             push_count(out, cumulative);
+            if let Some(exemplar) = exemplar(slot) {
+                push_exemplar(out, &exemplar);
+            }
             out.push(b'\n');
         }
         out.extend_from_slice(&self.prefix);
         out.extend_from_slice(labels);
-        out.extend_from_slice(&self.le[self.le.len() - 1]);
-        push_count(out, total);
+        out.extend_from_slice(&le[le.len() - 1]);
+        push_count(out, lines.total);
+        if let Some(exemplar) = exemplar(le.len() - 1) {
+            push_exemplar(out, &exemplar);
+        }
         out.push(b'\n');
 
         out.extend_from_slice(&self.sum_prefix);
         out.extend_from_slice(labels);
         out.extend_from_slice(b"} ");
-        push_f64(out, sum);
+        if lines.openmetrics {
+            push_openmetrics_f64(out, lines.sum);
+        } else {
+            push_f64(out, lines.sum);
+        }
         out.push(b'\n');
 
         out.extend_from_slice(&self.count_prefix);
         out.extend_from_slice(labels);
         out.extend_from_slice(b"} ");
-        push_count(out, total);
+        push_count(out, lines.total);
         out.push(b'\n');
     }
 
@@ -434,6 +514,8 @@ impl Family {
                             cumulative
                         })
                         .collect();
+                    let mut exemplars = Vec::new();
+                    histogram.read_exemplars(&mut exemplars);
                     series.push(Series {
                         labels: self.series_labels(pair, None),
                         value: HistogramSnapshot {
@@ -442,6 +524,8 @@ impl Family {
                             count,
                             sum,
                             native: histogram.read_native(),
+                            exemplars,
+                            native_exemplars: histogram.read_native_exemplars(),
                         },
                     });
                 }
@@ -535,4 +619,99 @@ fn sample(out: &mut Vec<u8>, prefix: &[u8], labels: &[&[u8]], n: u64) {
     out.extend_from_slice(b"} ");
     push_count(out, n);
     out.push(b'\n');
+}
+
+/// One pair's histogram values, as [`Family::histogram_lines`] writes them.
+struct HistogramLines<'a> {
+    /// `,le="…"} ` per slot, in the scrape's format.
+    le: &'a [Box<[u8]>],
+    /// Per slot, the last one above every bound.
+    counts: &'a [u64],
+    total: u64,
+    sum: f64,
+    /// Per slot (or empty): each bucket's exemplar.
+    exemplars: &'a [Option<Exemplar>],
+    openmetrics: bool,
+}
+
+/// `# HELP` and `# TYPE` in OpenMetrics: a counter family is named without its samples'
+/// `_total`.
+fn openmetrics_header(name: &str, help: &str, type_name: &str) -> Box<[u8]> {
+    let family = match type_name {
+        "counter" => name.strip_suffix("_total").unwrap_or(name),
+        _ => name,
+    };
+    let mut header = String::new();
+    if !help.is_empty() {
+        let help = escape_openmetrics_help(help);
+        header.push_str(&format!("# HELP {family} {help}\n"));
+    }
+    header.push_str(&format!("# TYPE {family} {type_name}\n"));
+    header.into_bytes().into()
+}
+
+/// ` # {trace_id="…",span_id="…"} value timestamp`: what follows a bucket's count.
+fn push_exemplar(out: &mut Vec<u8>, exemplar: &Exemplar) {
+    out.extend_from_slice(b" # {trace_id=\"");
+    push_hex(out, &exemplar.trace.trace_id);
+    out.extend_from_slice(b"\",span_id=\"");
+    push_hex(out, &exemplar.trace.span_id);
+    out.extend_from_slice(b"\"} ");
+    push_openmetrics_f64(out, exemplar.value);
+    out.push(b' ');
+    // Seconds with millisecond precision (what Prometheus stores).
+    let at = exemplar.timestamp;
+    out.extend_from_slice(itoa::Buffer::new().format(at.as_secs()).as_bytes());
+    let millis = at.subsec_millis();
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (millis / 100) as u8,
+        b'0' + (millis / 10 % 10) as u8,
+        b'0' + (millis % 10) as u8,
+    ]);
+}
+
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)]);
+        out.push(DIGITS[usize::from(byte & 0xf)]);
+    }
+}
+
+/// A small family gathered from the prometheus registry (counters and gauges: all it
+/// holds), written as OpenMetrics text: the crate has no OpenMetrics encoder.
+pub(super) fn registry_family_openmetrics(family: &proto::MetricFamily, out: &mut Vec<u8>) {
+    let (type_name, value): (&str, fn(&proto::Metric) -> f64) = match family.get_field_type() {
+        proto::MetricType::COUNTER => ("counter", |m| m.get_counter().get_value()),
+        proto::MetricType::GAUGE => ("gauge", |m| m.get_gauge().get_value()),
+        // As in `registry_snapshot`: the registry holds no other type.
+        _ => return,
+    };
+    if family.get_metric().is_empty() {
+        return;
+    }
+    let name = family.name();
+    out.extend_from_slice(&openmetrics_header(name, family.help(), type_name));
+    for metric in family.get_metric() {
+        out.extend_from_slice(name.as_bytes());
+        let labels = metric.get_label();
+        if !labels.is_empty() {
+            let mut text = String::from("{");
+            for (i, label) in labels.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(label.name());
+                text.push_str("=\"");
+                escape_label_value(label.value(), &mut text);
+                text.push('"');
+            }
+            text.push('}');
+            out.extend_from_slice(text.as_bytes());
+        }
+        out.push(b' ');
+        push_openmetrics_f64(out, value(metric));
+        out.push(b'\n');
+    }
 }

@@ -19,6 +19,7 @@
 pub mod buckets;
 #[cfg(test)]
 mod equivalence;
+pub mod exemplar;
 mod exposition;
 mod families;
 pub mod labels;
@@ -34,7 +35,7 @@ use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use prometheus::core::Collector;
@@ -45,7 +46,8 @@ use prometheus::{
 
 use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
-use exposition::{Cursor, Family, Level, Pairs};
+use exemplar::{Exemplar, TraceContext};
+use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, TextFormat, Writer};
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
@@ -79,6 +81,23 @@ pub struct RequestFigures {
     pub tpot: Option<Duration>,
     /// Decode tokens per second after the first event, where defined.
     pub tokens_per_second: Option<f64>,
+    /// What the request's exemplars carry, when it came with a valid trace context.
+    pub exemplar: Option<RequestExemplar>,
+}
+
+/// A traced request's exemplar figures: its trace context, when it was recorded, and the
+/// values of its exemplars that [`RequestFigures`] does not hold already (TPOT and
+/// duration are there).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestExemplar {
+    pub trace: TraceContext,
+    /// Wall-clock time of recording: every exemplar's timestamp.
+    pub at: SystemTime,
+    /// The request's TTFT, observed when its first token came.
+    pub ttft: Option<Duration>,
+    /// The largest per-token value the request put into the ITL histogram (its slowest
+    /// gap's share per token).
+    pub slowest_itl: Option<Duration>,
 }
 
 /// Every series set, in the order the exposition lists them.
@@ -448,6 +467,20 @@ impl Metrics {
         if let Some(tokens_per_second) = figures.tokens_per_second {
             stream.tokens_per_second().observe(tokens_per_second);
         }
+        if let Some(exemplar) = figures.exemplar {
+            let of =
+                |value: Duration| Exemplar::new(exemplar.trace, value.as_secs_f64(), exemplar.at);
+            stream.duration().exemplar(of(figures.duration));
+            if let Some(ttft) = exemplar.ttft {
+                stream.ttft().exemplar(of(ttft));
+            }
+            if let Some(itl) = exemplar.slowest_itl {
+                stream.itl().exemplar(of(itl));
+            }
+            if let Some(tpot) = figures.tpot {
+                stream.tpot().exemplar(of(tpot));
+            }
+        }
     }
 
     /// The Prometheus text exposition of every family, sorted by family name, in one
@@ -461,7 +494,21 @@ impl Metrics {
 
     /// [`Metrics::render`], appended to `out`.
     pub fn render_into(&self, out: &mut Vec<u8>) {
-        let mut render = Render::new(self);
+        self.render_format_into(out, TextFormat::Prometheus);
+    }
+
+    /// The OpenMetrics text exposition (1.0.0) of every family, in one buffer: the
+    /// families of [`Metrics::render`] with OpenMetrics' headers, the histograms' bucket
+    /// exemplars, and `# EOF`. `/metrics` streams it as
+    /// [`Metrics::openmetrics_exposition`] chunks instead.
+    pub fn render_openmetrics(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.render_format_into(&mut out, TextFormat::OpenMetrics);
+        out
+    }
+
+    fn render_format_into(&self, out: &mut Vec<u8>, format: TextFormat) {
+        let mut render = Render::new(self, format);
         // One allocation: with many label pairs the text is megabytes, and growing a
         // buffer would copy it over and over.
         let level = |sets: &[Arc<SeriesSet>]| {
@@ -494,7 +541,15 @@ impl Metrics {
     /// once, here; their values are read as each chunk is rendered.
     pub fn exposition(self: &Arc<Self>) -> Exposition {
         Exposition {
-            render: Some(Render::new(self)),
+            render: Some(Render::new(self, TextFormat::Prometheus)),
+            metrics: self.clone(),
+        }
+    }
+
+    /// The text of [`Metrics::render_openmetrics`] as chunks, like [`Metrics::exposition`].
+    pub fn openmetrics_exposition(self: &Arc<Self>) -> Exposition {
+        Exposition {
+            render: Some(Render::new(self, TextFormat::OpenMetrics)),
             metrics: self.clone(),
         }
     }
@@ -582,23 +637,32 @@ struct Render {
     /// The next per-pair family and where its text stopped.
     family: usize,
     cursor: Cursor,
-    counts: Vec<u64>,
+    writer: Writer,
 }
 
 impl Render {
-    fn new(metrics: &Metrics) -> Render {
+    fn new(metrics: &Metrics, format: TextFormat) -> Render {
         Render {
             small: metrics.registry.gather().into_iter().peekable(),
             pairs: metrics.pairs(),
             family: 0,
             cursor: Cursor::default(),
-            counts: Vec::new(),
+            writer: Writer::new(format),
         }
     }
 
     /// Append text to `out` until it holds `limit` bytes or more (see
-    /// [`Family::render_part`]) or the exposition is complete; true if it is.
+    /// [`Family::render_part`]) or the exposition is complete; true if it is (the
+    /// OpenMetrics text then ends with its `# EOF`).
     fn fill(&mut self, metrics: &Metrics, out: &mut Vec<u8>, limit: usize) -> bool {
+        let complete = self.fill_families(metrics, out, limit);
+        if complete && self.writer.format == TextFormat::OpenMetrics {
+            out.extend_from_slice(b"# EOF\n");
+        }
+        complete
+    }
+
+    fn fill_families(&mut self, metrics: &Metrics, out: &mut Vec<u8>, limit: usize) -> bool {
         let encoder = TextEncoder::new();
         while out.len() < limit {
             let family = metrics.families.get(self.family);
@@ -606,15 +670,20 @@ impl Render {
                 .small
                 .next_if(|mf| family.is_none_or(|f| mf.name() < f.name));
             if let Some(mf) = next {
-                // Encoding into a Vec cannot fail for a gathered (non-empty) family.
-                let _ = encoder.encode(std::slice::from_ref(&mf), out);
+                match self.writer.format {
+                    // Encoding into a Vec cannot fail for a gathered (non-empty) family.
+                    TextFormat::Prometheus => {
+                        let _ = encoder.encode(std::slice::from_ref(&mf), out);
+                    }
+                    TextFormat::OpenMetrics => registry_family_openmetrics(&mf, out),
+                }
                 continue;
             }
             let Some(family) = family else {
                 return true;
             };
-            let counts = &mut self.counts;
-            if family.render_part(&self.pairs, &mut self.cursor, out, limit, counts) {
+            let writer = &mut self.writer;
+            if family.render_part(&self.pairs, &mut self.cursor, out, limit, writer) {
                 self.family += 1;
                 self.cursor = Cursor::default();
             }
@@ -657,6 +726,7 @@ mod tests {
                     estimated_event_tokens: 4,
                     tpot: decode.then_some(Duration::from_millis(20)),
                     tokens_per_second: decode.then_some(50.0),
+                    exemplar: None,
                 };
                 let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
                 metrics.record_request(&stream, outcome, figures);
@@ -823,5 +893,225 @@ mod tests {
             })
             .collect();
         assert_eq!(shown, table);
+    }
+
+    const TRACE: TraceContext = TraceContext {
+        trace_id: [0xab; 16],
+        span_id: [0x01; 8],
+    };
+
+    /// A traced request's figures on pair (`m`, `t`) recorded at a known wall-clock time.
+    fn traced(metrics: &Metrics, ttft: f64, itl: Duration) -> SystemTime {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_733_100_000_123);
+        let pair = metrics.stream(Some("m"), Some("t"));
+        pair.ttft().observe(ttft);
+        pair.observe_itl(itl, 2);
+        metrics.record_request(
+            &pair,
+            Outcome::Completed,
+            RequestFigures {
+                duration: Duration::from_millis(700),
+                output_tokens: 3,
+                tpot: Some(itl),
+                tokens_per_second: Some(40.0),
+                exemplar: Some(RequestExemplar {
+                    trace: TRACE,
+                    at,
+                    ttft: Some(Duration::from_secs_f64(ttft)),
+                    slowest_itl: Some(itl),
+                }),
+                ..RequestFigures::default()
+            },
+        );
+        at
+    }
+
+    /// The OpenMetrics text is the Prometheus text with OpenMetrics' headers and `le`
+    /// spellings, the bucket exemplars, and `# EOF`; streamed, its chunks add up to it.
+    #[test]
+    fn openmetrics_is_the_text_with_its_headers_exemplars_and_eof() {
+        let metrics = populated();
+        metrics.decode_errors("openai_chat", 1);
+        metrics.unobserved(Unobservable::ContentType);
+        traced(&metrics, 0.093, Duration::from_millis(21));
+        let openmetrics = without_process(&metrics.render_openmetrics());
+        let text = without_process(&metrics.render());
+        assert!(openmetrics.ends_with("\n# EOF\n"));
+        assert_eq!(openmetrics.matches("# EOF").count(), 1);
+
+        let chunks: Vec<u8> = metrics
+            .openmetrics_exposition()
+            .flat_map(|chunk| chunk.to_vec())
+            .collect();
+        assert_eq!(without_process(&chunks), openmetrics);
+
+        let expected: String = text
+            .lines()
+            .map(|line| {
+                let mut line = line.to_string();
+                if let Some(rest) = line.strip_prefix("# TYPE ") {
+                    if let Some(name) = rest.strip_suffix("_total counter") {
+                        line = format!("# TYPE {name} counter");
+                    }
+                } else if let Some(rest) = line.strip_prefix("# HELP ") {
+                    let (name, help) = rest.split_once(' ').expect("# HELP name text");
+                    let name = name.strip_suffix("_total").unwrap_or(name);
+                    line = format!("# HELP {name} {}", help.replace('"', "\\\""));
+                } else if let Some((head, rest)) = line.split_once(",le=\"") {
+                    let (le, tail) = rest.split_once('"').expect("le closes");
+                    let canonical = match le {
+                        "+Inf" => le.to_string(),
+                        le => text::openmetrics_le(le.parse().expect("a bound")),
+                    };
+                    line = format!("{head},le=\"{canonical}\"{tail}");
+                }
+                line + "\n"
+            })
+            .collect::<String>()
+            + "# EOF\n";
+        let without_exemplars: String = openmetrics
+            .lines()
+            .map(|line| line.split(" # {").next().unwrap_or(line).to_string() + "\n")
+            .collect();
+        assert_eq!(without_exemplars, expected);
+        assert!(openmetrics.contains("# TYPE tokentap_requests counter\n"));
+        assert!(openmetrics.contains("le=\"1.0\"} "));
+        assert!(
+            text.contains("le=\"1\"} "),
+            "the Prometheus text is unchanged"
+        );
+
+        let trace = format!(
+            "trace_id=\"{}\",span_id=\"{}\"",
+            "ab".repeat(16),
+            "01".repeat(8)
+        );
+        let exemplar_lines: Vec<&str> =
+            openmetrics.lines().filter(|l| l.contains(" # {")).collect();
+        assert!(
+            !text.contains(" # {"),
+            "no exemplars in the Prometheus text"
+        );
+        for (family, le, value) in [
+            ("tokentap_time_to_first_token_seconds", "0.1", "0.093"),
+            ("tokentap_inter_token_latency_seconds", "0.025", "0.021"),
+            ("tokentap_time_per_output_token_seconds", "0.025", "0.021"),
+            ("tokentap_request_duration_seconds", "1.0", "0.7"),
+        ] {
+            // TPOT and duration are per model by default (`labels.tenant.families`).
+            let tenant = if tenant_by_default().any(|f| f == family) {
+                ",tenant=\"t\""
+            } else {
+                ""
+            };
+            let line = format!("{family}_bucket{{model=\"m\"{tenant},le=\"{le}\"}}");
+            let found: Vec<&&str> = exemplar_lines
+                .iter()
+                .filter(|l| l.starts_with(&line))
+                .collect();
+            assert_eq!(found.len(), 1, "{family}: {exemplar_lines:#?}");
+            assert!(
+                found[0].ends_with(&format!(" # {{{trace}}} {value} 1733100000.123")),
+                "{}",
+                found[0]
+            );
+        }
+        assert_eq!(exemplar_lines.len(), 4, "one per traced histogram");
+    }
+
+    /// The protobuf body carries the same exemplars: classic buckets' and the native list.
+    #[test]
+    fn protobuf_carries_the_exemplars() {
+        use prost::Message;
+        let metrics = populated();
+        let at = traced(&metrics, 0.093, Duration::from_millis(21));
+        let mut body = &metrics.protobuf()[..];
+        let mut found = 0;
+        while !body.is_empty() {
+            let family =
+                protobuf::MetricFamily::decode_length_delimited(&mut body).expect("a family");
+            for metric in &family.metric {
+                let Some(h) = &metric.histogram else { continue };
+                let labels: Vec<(&str, &str)> =
+                    metric.label.iter().map(|l| (l.name(), l.value())).collect();
+                // The traced request's series: its pair's, or its model's for a family
+                // that is per model by default (TPOT, duration).
+                let traced_pair = if tenant_by_default().any(|f| f == family.name()) {
+                    labels == [("model", "m"), ("tenant", "t")]
+                } else {
+                    labels == [("model", "m")]
+                };
+                let bucket_exemplars: Vec<&protobuf::Exemplar> = h
+                    .bucket
+                    .iter()
+                    .filter_map(|b| b.exemplar.as_ref())
+                    .collect();
+                if !traced_pair {
+                    assert!(bucket_exemplars.is_empty() && h.exemplars.is_empty());
+                    continue;
+                }
+                let expected = match family.name() {
+                    "tokentap_time_to_first_token_seconds" => 0.093,
+                    "tokentap_inter_token_latency_seconds" => 0.021,
+                    "tokentap_time_per_output_token_seconds" => 0.021,
+                    "tokentap_request_duration_seconds" => 0.7,
+                    _ => {
+                        assert!(bucket_exemplars.is_empty() && h.exemplars.is_empty());
+                        continue;
+                    }
+                };
+                found += 1;
+                assert_eq!(bucket_exemplars.len(), 1, "{}", family.name());
+                assert_eq!(h.exemplars.len(), 1, "{}", family.name());
+                for exemplar in [bucket_exemplars[0], &h.exemplars[0]] {
+                    assert_eq!(exemplar.value, Some(expected));
+                    let labels: Vec<(&str, &str)> = exemplar
+                        .label
+                        .iter()
+                        .map(|l| (l.name(), l.value()))
+                        .collect();
+                    let (trace, span) = (TRACE.trace_id_hex(), TRACE.span_id_hex());
+                    assert_eq!(labels, [("trace_id", &*trace), ("span_id", &*span)]);
+                    let since = at.duration_since(SystemTime::UNIX_EPOCH).expect("after");
+                    let ts = exemplar.timestamp.as_ref().expect("timestamp");
+                    assert_eq!(
+                        (ts.seconds as u64, ts.nanos as u32),
+                        (since.as_secs(), since.subsec_nanos())
+                    );
+                }
+                let bucket = h.bucket.iter().find(|b| b.exemplar.is_some()).expect("one");
+                let upper = bucket.upper_bound();
+                let lower = h
+                    .bucket
+                    .iter()
+                    .map(|b| b.upper_bound())
+                    .filter(|b| *b < upper)
+                    .fold(0.0, f64::max);
+                assert!(
+                    lower < expected && expected <= upper,
+                    "{lower} < {expected} <= {upper}"
+                );
+            }
+        }
+        assert_eq!(found, 4);
+    }
+
+    /// A request without a trace context leaves no exemplar; a later traced one replaces
+    /// the bucket's earlier exemplar.
+    #[test]
+    fn untraced_requests_leave_none_and_the_latest_exemplar_wins() {
+        let metrics = populated();
+        assert!(!String::from_utf8_lossy(&metrics.render_openmetrics()).contains(" # {"));
+        traced(&metrics, 0.093, Duration::from_millis(21));
+        traced(&metrics, 0.094, Duration::from_millis(22));
+        let text = String::from_utf8(metrics.render_openmetrics()).expect("UTF-8");
+        let ttft: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tokentap_time_to_first_token_seconds_bucket") && l.contains(" # {")
+            })
+            .collect();
+        assert_eq!(ttft.len(), 1, "{ttft:?}");
+        assert!(ttft[0].contains("} 0.094 "), "{}", ttft[0]);
     }
 }

@@ -13,9 +13,15 @@
 //! classic` is false. Its `sample_count` is the native buckets' total: Prometheus rejects a
 //! native histogram whose count differs from its buckets', while the classic buckets,
 //! read a moment apart, may differ from it by the observations made in between.
+//!
+//! Exemplars: each classic bucket carries its latest one (`Bucket.exemplar`; the implicit
+//! `+Inf` bucket is not written, so an exemplar above every bound is carried by the native
+//! list only), and a native histogram its latest few (`Histogram.exemplars`), each with
+//! its `trace_id` and `span_id` labels and its timestamp.
 
 use super::snapshot::{
-    FamilySnapshot, HistogramSnapshot, Label, NativeHistogramSnapshot, Series, Snapshot, Values,
+    Exemplar as ExemplarSnapshot, FamilySnapshot, HistogramSnapshot, Label,
+    NativeHistogramSnapshot, Series, Snapshot, Values,
 };
 
 /// The `Content-Type` of the exposition (and what a scraper's `Accept` names to get it).
@@ -241,19 +247,41 @@ fn histogram(h: &HistogramSnapshot, classic: bool) -> Metric {
     if classic {
         message.bucket = h
             .buckets()
-            .map(|(upper_bound, cumulative)| Bucket {
+            .enumerate()
+            .map(|(slot, (upper_bound, cumulative))| Bucket {
                 cumulative_count: Some(cumulative),
                 upper_bound: Some(upper_bound),
+                exemplar: h.exemplars.get(slot).copied().flatten().map(exemplar),
                 ..Bucket::default()
             })
             .collect();
     }
     if let Some(native) = &h.native {
         native_part(native, &mut message);
+        message.exemplars = h.native_exemplars.iter().copied().map(exemplar).collect();
     }
     Metric {
         histogram: Some(message),
         ..Metric::default()
+    }
+}
+
+fn exemplar(e: ExemplarSnapshot) -> Exemplar {
+    let label = |name: &str, value: String| LabelPair {
+        name: Some(name.to_string()),
+        value: Some(value),
+    };
+    Exemplar {
+        label: vec![
+            label("trace_id", e.trace.trace_id_hex()),
+            label("span_id", e.trace.span_id_hex()),
+        ],
+        value: Some(e.value),
+        timestamp: Some(Timestamp {
+            seconds: i64::try_from(e.timestamp.as_secs()).unwrap_or(i64::MAX),
+            // Below 10^9: it fits.
+            nanos: e.timestamp.subsec_nanos() as i32,
+        }),
     }
 }
 
@@ -357,6 +385,8 @@ mod tests {
                                 zero_count: 1,
                                 buckets: vec![(-20, 1), (-19, 3), (-2, 1)],
                             }),
+                            exemplars: Vec::new(),
+                            native_exemplars: Vec::new(),
                         },
                     }]),
                 },
@@ -453,6 +483,44 @@ mod tests {
         }
     }
 
+    /// A decoded exemplar as the snapshot's.
+    fn exemplar_of(e: &Exemplar) -> ExemplarSnapshot {
+        let label = |name: &str| {
+            let value = e
+                .label
+                .iter()
+                .find(|l| l.name() == name)
+                .expect(name)
+                .value();
+            hex::decode(value).expect("hex")
+        };
+        let timestamp = e.timestamp.as_ref().expect("a timestamp");
+        ExemplarSnapshot {
+            trace: crate::metrics::snapshot::TraceContext {
+                trace_id: label("trace_id").try_into().expect("16 bytes"),
+                span_id: label("span_id").try_into().expect("8 bytes"),
+            },
+            value: e.value(),
+            timestamp: std::time::Duration::new(
+                u64::try_from(timestamp.seconds).expect("after the epoch"),
+                u32::try_from(timestamp.nanos).expect("nanos"),
+            ),
+        }
+    }
+
+    /// A decoded histogram's classic bucket exemplars as the snapshot holds them: one per
+    /// bound and `+Inf` (which the body does not carry), or none at all.
+    fn exemplars_of(h: &Histogram) -> Vec<Option<ExemplarSnapshot>> {
+        if h.bucket.iter().all(|b| b.exemplar.is_none()) {
+            return Vec::new();
+        }
+        h.bucket
+            .iter()
+            .map(|b| b.exemplar.as_ref().map(exemplar_of))
+            .chain([None])
+            .collect()
+    }
+
     /// A decoded body as the snapshot it was encoded from.
     fn to_snapshot(families: &[MetricFamily]) -> Snapshot {
         let series = |metric: &Metric| -> Vec<Label> {
@@ -513,6 +581,12 @@ mod tests {
                                         count: h.sample_count(),
                                         sum: h.sample_sum(),
                                         native,
+                                        exemplars: exemplars_of(h),
+                                        native_exemplars: h
+                                            .exemplars
+                                            .iter()
+                                            .map(exemplar_of)
+                                            .collect(),
                                     },
                                 }
                             })
@@ -596,6 +670,8 @@ mod tests {
                 zero_count: 0,
                 buckets: Vec::new(),
             }),
+            exemplars: Vec::new(),
+            native_exemplars: Vec::new(),
         };
         let metric = histogram(&h, false);
         let encoded = metric.encode_to_vec();

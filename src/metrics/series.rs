@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::exemplar::{Exemplar, ExemplarSlots};
 use super::native::{NativeHistogram, NativeSettings};
 use super::outcome::Outcome;
 use super::snapshot::NativeHistogramSnapshot;
@@ -24,11 +25,12 @@ use super::text::escape_label_value;
 ///
 /// The total count is the sum of the slots, so `le="+Inf"` and `_count` always agree with
 /// the finite buckets, whenever a scrape happens. With native histograms enabled it also
-/// counts every value in its native buckets.
+/// counts every value in its native buckets, and it keeps the exemplars requests leave.
 pub struct Histogram {
     bounds: Arc<[f64]>,
     counts: Box<[AtomicU64]>,
     native: Option<NativeHistogram>,
+    exemplars: ExemplarSlots,
     /// `f64` bits: updated with a CAS loop so the sum is exactly the float sum of the
     /// observed values, in the order they were observed.
     sum: AtomicU64,
@@ -40,6 +42,7 @@ impl Histogram {
             bounds: bounds.clone(),
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             native: native.map(|settings| NativeHistogram::new(settings, bounds)),
+            exemplars: ExemplarSlots::default(),
             sum: AtomicU64::new(0f64.to_bits()),
         }
     }
@@ -69,6 +72,15 @@ impl Histogram {
             native.observe_n(v, n);
         }
         self.add_to_sum(v * n as f64);
+    }
+
+    /// Keep `exemplar` for the observation of its value (made already, or made with it):
+    /// as the latest of the classic bucket the value falls in, and among the native
+    /// histogram's latest. Once per request, never per token: it takes a lock, and
+    /// allocates this histogram's exemplar storage the first time.
+    pub fn exemplar(&self, exemplar: Exemplar) {
+        self.exemplars
+            .record(self.counts.len(), self.slot(exemplar.value), exemplar);
     }
 
     /// The first bucket whose bound is `>= v`; the last slot for anything above every
@@ -105,6 +117,21 @@ impl Histogram {
             out.push(n);
         }
         (total, f64::from_bits(self.sum.load(Ordering::Relaxed)))
+    }
+
+    /// Each classic bucket's latest exemplar (one per slot, `+Inf` last) appended to
+    /// `out`; nothing if this histogram never had one.
+    pub(super) fn read_exemplars(&self, out: &mut Vec<Option<Exemplar>>) {
+        self.exemplars.read_buckets(out);
+    }
+
+    /// The native histogram's latest exemplars, oldest first (none without native
+    /// buckets).
+    pub(super) fn read_native_exemplars(&self) -> Vec<Exemplar> {
+        if self.native.is_none() {
+            return Vec::new();
+        }
+        self.exemplars.read_recent()
     }
 
     /// The native buckets as they are now, if this histogram keeps them.
@@ -325,7 +352,11 @@ impl StreamSeries {
 
     /// Observe `tokens` ITL samples of `per_token` each (one per token).
     pub fn observe_itl(&self, per_token: Duration, tokens: u64) {
-        kept(&self.pair.itl, &self.model.itl).observe_many(per_token.as_secs_f64(), tokens);
+        self.itl().observe_many(per_token.as_secs_f64(), tokens);
+    }
+
+    pub(super) fn itl(&self) -> &Histogram {
+        kept(&self.pair.itl, &self.model.itl)
     }
 
     pub(super) fn tpot(&self) -> &Histogram {
@@ -398,6 +429,32 @@ mod tests {
             proptest::prop_assert_eq!(sum, values.iter().sum::<f64>());
             proptest::prop_assert!(native.buckets.len() <= 160);
         }
+    }
+
+    #[test]
+    fn an_exemplar_lands_in_the_bucket_of_its_value() {
+        use super::super::exemplar::TraceContext;
+        let bounds: Arc<[f64]> = Arc::from(vec![0.5, 1.0]);
+        let h = Histogram::new(&bounds, None);
+        let mut out = Vec::new();
+        h.read_exemplars(&mut out);
+        assert!(out.is_empty(), "no storage before the first exemplar");
+        let trace = TraceContext {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+        };
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_733_100_000_123);
+        for v in [0.75, 2.0, 1.0] {
+            h.observe(v);
+            h.exemplar(Exemplar::new(trace, v, at));
+        }
+        h.read_exemplars(&mut out);
+        let values: Vec<Option<f64>> = out.iter().map(|e| e.map(|e| e.value)).collect();
+        assert_eq!(values, [None, Some(1.0), Some(2.0)]);
+        assert!(h.read_native_exemplars().is_empty(), "no native buckets");
+        let native = Histogram::new(&bounds, Some(&NativeSettings::new(3, 160)));
+        native.exemplar(Exemplar::new(trace, 0.1, at));
+        assert_eq!(native.read_native_exemplars().len(), 1);
     }
 
     #[test]

@@ -4,14 +4,17 @@
 //! thousands of label pairs a copy would cost most of a scrape; everything else that reads
 //! the families as values (the demo's summary, tests, an encoder of another exposition
 //! format) reads this instead: plain owned data, families in name order, each series with
-//! its labels in name order, histograms as their classic buckets, sum and count. A leaf:
-//! it imports nothing from the rest of `metrics`, so an encoder built on it depends on
-//! nothing else.
+//! its labels in name order, histograms as their classic buckets, sum and count (and
+//! native buckets and exemplars where kept). Nearly a leaf: it imports only the exemplar
+//! data type (itself a leaf) from the rest of `metrics`, so an encoder built on it
+//! depends on nothing else.
 //!
 //! [`Metrics::snapshot`]: super::Metrics::snapshot
 
 use std::borrow::Cow;
 use std::sync::Arc;
+
+pub use super::exemplar::{Exemplar, TraceContext};
 
 /// Every family with at least one series, sorted by name (the order of the text
 /// exposition), the process collector's included.
@@ -95,6 +98,12 @@ pub struct HistogramSnapshot {
     /// The native (sparse exponential) buckets of the same observations, when
     /// `metrics.native_histograms.enabled`.
     pub native: Option<NativeHistogramSnapshot>,
+    /// Each classic bucket's latest exemplar, one per bound and then one for `+Inf`;
+    /// empty when the histogram never had one.
+    pub exemplars: Vec<Option<Exemplar>>,
+    /// The native histogram's latest exemplars, oldest first (none without native
+    /// buckets).
+    pub native_exemplars: Vec<Exemplar>,
 }
 
 /// A native histogram as read at one instant: Prometheus' sparse exponential buckets,
@@ -195,6 +204,8 @@ mod tests {
             count,
             sum: 0.0,
             native: None,
+            exemplars: Vec::new(),
+            native_exemplars: Vec::new(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! Primitives of the Prometheus text format (0.0.4) shared by the per-pair encoder
 //! (`exposition`) and the per-pair storage (`series`, which escapes its label text once):
 //! label and help escaping, and numbers printed exactly as the prometheus crate printed
-//! them. A leaf: it imports nothing from the rest of `metrics`.
+//! them; and where the OpenMetrics text (1.0.0) differs: its help escaping, its spelling of
+//! infinities, and its canonical `le` values. A leaf: it imports nothing from the rest of
+//! `metrics`.
 
 /// Escape a label value as the exposition format (and the prometheus crate) does.
 pub(super) fn escape_label_value(value: &str, out: &mut String) {
@@ -18,6 +20,53 @@ pub(super) fn escape_label_value(value: &str, out: &mut String) {
 /// Escape a HELP text (backslash and newline only).
 pub(super) fn escape_help(help: &str) -> String {
     help.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Escape an OpenMetrics HELP text: backslash, newline and double quote.
+pub(super) fn escape_openmetrics_help(help: &str) -> String {
+    help.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('"', "\\\"")
+}
+
+/// `v` as [`push_f64`] prints it, but with OpenMetrics' `+Inf` and `-Inf`.
+pub(super) fn push_openmetrics_f64(out: &mut Vec<u8>, v: f64) {
+    if v.is_infinite() {
+        out.extend_from_slice(if v > 0.0 { b"+Inf" } else { b"-Inf" });
+    } else {
+        push_f64(out, v);
+    }
+}
+
+/// A bucket bound as OpenMetrics' canonical `le` value, exactly as Prometheus writes a
+/// bound it reads from the protobuf format (Go's `%g` with the shortest digits, `.0`
+/// added to an integer), so that both formats name the same series: `1.0`, `0.005`,
+/// `2000.0`, `1e+06`, `1e-05`, `+Inf`.
+pub(super) fn openmetrics_le(bound: f64) -> String {
+    if bound.is_infinite() {
+        return if bound > 0.0 { "+Inf" } else { "-Inf" }.to_string();
+    }
+    if bound.is_nan() {
+        return "NaN".to_string();
+    }
+    // Rust's `{:e}` has the same shortest digits: `d[.ddd]e<exp>`.
+    let scientific = format!("{bound:e}");
+    let (mantissa, exponent): (&str, i32) = scientific
+        .split_once('e')
+        .map_or((scientific.as_str(), 0), |(m, e)| {
+            (m, e.parse().unwrap_or(0))
+        });
+    if !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs());
+    }
+    let mut out = Vec::new();
+    push_f64(&mut out, bound);
+    let mut text = String::from_utf8_lossy(&out).into_owned();
+    if !text.contains('.') {
+        text.push_str(".0");
+    }
+    text
 }
 
 /// Integers up to 2^53 are exact in an `f64`: above, the crate printed the rounded float.
@@ -212,6 +261,41 @@ mod tests {
             assert_eq!(f64_text(dyadic), dyadic.to_string(), "{dyadic:e}");
             let scaled = dyadic * 2f64.powi(rng.gen_range(-80..80));
             assert_eq!(f64_text(scaled), scaled.to_string(), "{scaled:e}");
+        }
+    }
+
+    #[test]
+    fn openmetrics_spellings() {
+        assert_eq!(
+            escape_openmetrics_help("a \\ \"b\"\nc"),
+            "a \\\\ \\\"b\\\"\\nc"
+        );
+        for (v, text) in [
+            (f64::INFINITY, "+Inf"),
+            (f64::NEG_INFINITY, "-Inf"),
+            (0.25, "0.25"),
+        ] {
+            let mut out = Vec::new();
+            push_openmetrics_f64(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), text);
+        }
+        // What Go's `strconv.FormatFloat(f, 'g', -1, 64)` (plus `.0`) gives.
+        for (bound, le) in [
+            (1.0, "1.0"),
+            (0.0, "0.0"),
+            (300.0, "300.0"),
+            (0.005, "0.005"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (2.5, "2.5"),
+            (123456.0, "123456.0"),
+            (1e6, "1e+06"),
+            (1.25e6, "1.25e+06"),
+            (1e100, "1e+100"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            assert_eq!(openmetrics_le(bound), le);
         }
     }
 

@@ -1,15 +1,18 @@
-//! Request inspection: which API a request speaks (so whether it is measured at all) and
-//! which tenant sent it, from the request head alone (the model comes from the body,
+//! Request inspection: which API a request speaks (so whether it is measured at all),
+//! which tenant sent it and which trace it belongs to, from the request head alone (the model comes from the body,
 //! scanned as it streams upstream). It lives in `observe` because it decides what is
 //! measured; the proxy only routes bytes.
 //!
 //! Nothing read here is stored raw: the tenant passes the label policy before it becomes
-//! a label, and API keys are only ever hashed.
+//! a label, API keys are only ever hashed, and a trace context is kept only as the two
+//! ids of a valid W3C `traceparent` (never any other header text, which could be a
+//! secret or unbounded).
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Route, TenantSource};
+use crate::metrics::exemplar::TraceContext;
 use crate::wire::{self, Dialect};
 
 /// The dialect of a request. The first route whose prefix matches the path decides:
@@ -51,6 +54,69 @@ pub fn tenant_for(headers: &HeaderMap, sources: &[TenantSource]) -> Option<Strin
             by_hash.get(&digest).cloned()
         }
     })
+}
+
+/// The trace context of a request whose `header` holds a valid W3C `traceparent` value
+/// (see [`parse_traceparent`]); `None` for a missing, repeated or malformed one.
+pub fn trace_context(headers: &HeaderMap, header: &HeaderName) -> Option<TraceContext> {
+    let mut values = headers.get_all(header).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        // `traceparent` is a single value, not a list: two of them name no one trace.
+        return None;
+    }
+    parse_traceparent(value.as_bytes())
+}
+
+/// Length of a version-`00` `traceparent`: `00-` + 32 + `-` + 16 + `-` + 2.
+const TRACEPARENT_LEN: usize = 55;
+
+/// A W3C Trace Context `traceparent` value's trace and span (parent) ids, as the spec
+/// (Trace Context Level 1, section 3.2) reads them:
+/// - `version-trace_id-parent_id-flags`, every field lower-case hex (upper case is
+///   invalid), version 2 digits, trace id 32, parent id 16, flags 2;
+/// - version `ff` is invalid; version `00` is exactly 55 bytes;
+/// - a later version is read by its first four fields: at least 55 bytes, and byte 55 (if
+///   any) must be `-` (what follows belongs to that version and is ignored);
+/// - an all-zero trace id or parent id is invalid.
+pub fn parse_traceparent(value: &[u8]) -> Option<TraceContext> {
+    if value.len() < TRACEPARENT_LEN {
+        return None;
+    }
+    let [version] = lower_hex::<1>(&value[0..2])?;
+    match version {
+        0xff => return None,
+        0 if value.len() != TRACEPARENT_LEN => return None,
+        _ if value.len() > TRACEPARENT_LEN && value[TRACEPARENT_LEN] != b'-' => return None,
+        _ => {}
+    }
+    if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+        return None;
+    }
+    let trace_id = lower_hex::<16>(&value[3..35])?;
+    let span_id = lower_hex::<8>(&value[36..52])?;
+    lower_hex::<1>(&value[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(TraceContext { trace_id, span_id })
+}
+
+/// `2 * N` lower-case hex digits as `N` bytes.
+fn lower_hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
 }
 
 /// The API key a client presented: `Authorization: Bearer`, `x-api-key` (Anthropic) or
@@ -144,6 +210,122 @@ mod tests {
         );
         assert_eq!(at(&post, "/api/chat", None), Some(Dialect::Ollama));
         assert_eq!(at(&post, "/my/llmx", None), None);
+    }
+
+    /// Every way a `traceparent` can be wrong gives no trace context; the valid ones give
+    /// exactly their ids.
+    #[test]
+    fn traceparent_hostile_cases() {
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        const SPAN: &str = "00f067aa0ba902b7";
+        let valid = format!("00-{TRACE}-{SPAN}-01");
+        let expected = TraceContext {
+            trace_id: hex::decode(TRACE).unwrap().try_into().unwrap(),
+            span_id: hex::decode(SPAN).unwrap().try_into().unwrap(),
+        };
+        for good in [
+            valid.clone(),
+            format!("00-{TRACE}-{SPAN}-00"),
+            format!("00-{TRACE}-{SPAN}-ff"),
+            // A later version: its first four fields, anything after a dash ignored.
+            format!("01-{TRACE}-{SPAN}-01"),
+            format!("cc-{TRACE}-{SPAN}-01-what-the-future-holds"),
+            format!("fe-{TRACE}-{SPAN}-09-"),
+        ] {
+            assert_eq!(parse_traceparent(good.as_bytes()), Some(expected), "{good}");
+        }
+        let upper = |s: &str| s.to_ascii_uppercase();
+        let hostile = [
+            String::new(),
+            "00".into(),
+            valid[..54].to_string(),
+            format!("{valid}-"),
+            format!("{valid} "),
+            format!(" {valid}"),
+            format!("{valid},{valid}"),
+            format!("00-{}-{SPAN}-01", upper(TRACE)),
+            format!("00-{TRACE}-{}-01", upper(SPAN)),
+            format!("00-{TRACE}-{SPAN}-0A"),
+            format!("0A-{TRACE}-{SPAN}-01"),
+            format!("ff-{TRACE}-{SPAN}-01"),
+            format!("01-{TRACE}-{SPAN}-01x"),
+            format!("00-{}-{SPAN}-01", "0".repeat(32)),
+            format!("00-{TRACE}-{}-01", "0".repeat(16)),
+            format!("00_{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}_{SPAN}-01"),
+            format!("00-{TRACE}-{SPAN}_01"),
+            format!("00-{}g-{SPAN}-01", &TRACE[..31]),
+            format!("00-{TRACE}-{}+-01", &SPAN[..15]),
+            format!("00-{TRACE}-{SPAN}-+1"),
+            format!("00-{TRACE}0-{}-01", &SPAN[..15]),
+            format!("0-0{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}-{SPAN}-1"),
+            "00-0x1f2f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            "\u{e9}".repeat(55),
+            "-".repeat(55),
+            format!("00-{TRACE}-{SPAN}-01").replace('a', "\u{e1}"),
+        ];
+        for bad in &hostile {
+            assert_eq!(parse_traceparent(bad.as_bytes()), None, "{bad:?}");
+        }
+        // Bytes that are no text at all.
+        let mut binary = valid.clone().into_bytes();
+        binary[10] = 0xff;
+        assert_eq!(parse_traceparent(&binary), None);
+        assert_eq!(parse_traceparent(&[0u8; 55]), None);
+    }
+
+    /// What an accepted value says back: its ids, in the places the spec puts them.
+    fn ids_round_trip(value: &[u8], trace: TraceContext) -> bool {
+        value[3..35] == *trace.trace_id_hex().as_bytes()
+            && value[36..52] == *trace.span_id_hex().as_bytes()
+    }
+
+    proptest::proptest! {
+        /// Any bytes: no panic, and whatever is accepted holds exactly the ids returned.
+        #[test]
+        fn any_bytes_parse_without_panic(value in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            if let Some(trace) = parse_traceparent(&value) {
+                proptest::prop_assert!(ids_round_trip(&value, trace));
+            }
+        }
+
+        /// A valid value with one byte changed: accepted only if still a valid value.
+        #[test]
+        fn one_changed_byte_is_caught(at in 0usize..55, byte in proptest::num::u8::ANY) {
+            let mut value = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec();
+            value[at] = byte;
+            let lower_hex = byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
+            let still_valid = match at {
+                2 | 35 | 52 => byte == b'-',
+                0 | 1 => lower_hex && value[..2] != *b"ff",
+                _ => lower_hex,
+            };
+            let parsed = parse_traceparent(&value);
+            proptest::prop_assert_eq!(parsed.is_some(), still_valid, "{:?}", String::from_utf8_lossy(&value));
+            if let Some(trace) = parsed {
+                proptest::prop_assert!(ids_round_trip(&value, trace));
+            }
+        }
+    }
+
+    #[test]
+    fn trace_context_from_the_configured_header_once() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traceparent = HeaderName::from_static("traceparent");
+        let mut headers = HeaderMap::new();
+        assert_eq!(trace_context(&headers, &traceparent), None);
+        headers.insert("x-trace", valid.parse().unwrap());
+        assert_eq!(trace_context(&headers, &traceparent), None);
+        let custom = HeaderName::from_static("x-trace");
+        assert!(trace_context(&headers, &custom).is_some());
+        headers.insert("traceparent", valid.parse().unwrap());
+        assert_eq!(
+            trace_context(&headers, &traceparent).map(|t| t.span_id_hex()),
+            Some("00f067aa0ba902b7".to_string())
+        );
+        headers.append("traceparent", valid.parse().unwrap());
+        assert_eq!(trace_context(&headers, &traceparent), None, "two values");
     }
 
     #[test]

@@ -76,12 +76,17 @@ pub fn start(
         }));
         return (RequestScan::inactive(), pending);
     };
-    let facts = Arc::new(RequestFacts::new(
+    let mut facts = RequestFacts::new(
         head.method.clone(),
         path.to_string(),
         dialect,
         inspect::tenant_for(head.headers, &config.tenants),
-    ));
+    );
+    let exemplars = &config.metrics.exemplars;
+    if exemplars.enabled {
+        facts.trace = inspect::trace_context(head.headers, &exemplars.header);
+    }
+    let facts = Arc::new(facts);
     let recorder = Recorder::new(
         metrics.clone(),
         t_req,

@@ -7,13 +7,14 @@
 //! is called on every exit, including a drop.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 use prometheus::IntGauge;
 
 use crate::clock::{Stamp, Timings, TokenClock};
-use crate::metrics::{Metrics, Outcome, RequestFigures, StreamSeries};
+use crate::metrics::exemplar::TraceContext;
+use crate::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures, StreamSeries};
 use crate::wire::{Dialect, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
@@ -26,6 +27,8 @@ pub struct RequestFacts {
     pub path: String,
     pub dialect: Dialect,
     pub tenant: Option<String>,
+    /// The request's valid W3C trace context, when exemplars are on and it carried one.
+    pub trace: Option<TraceContext>,
     pub model: OnceLock<String>,
     /// Set when the body's `model` was too long for the request scanner to read.
     pub model_too_long: OnceLock<()>,
@@ -45,6 +48,7 @@ impl RequestFacts {
             path,
             dialect,
             tenant,
+            trace: None,
             model: OnceLock::new(),
             model_too_long: OnceLock::new(),
             stream: OnceLock::new(),
@@ -81,6 +85,8 @@ pub struct Recorder {
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
+    /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
+    slowest_itl: Option<Duration>,
     _in_flight: InFlight,
 }
 
@@ -103,6 +109,7 @@ impl Recorder {
             stream_error: false,
             end_marker: false,
             malformed: 0,
+            slowest_itl: None,
             _in_flight: in_flight,
         }
     }
@@ -141,6 +148,14 @@ impl Recorder {
                     let content_pending = self.clock.ttft_content().is_none();
                     let stamp = self.clock.output(at, *tokens, *exact, *kind);
                     let stall_threshold = self.stall_threshold;
+                    if let Stamp::Next {
+                        itl: Some(share), ..
+                    } = stamp
+                    {
+                        if share.count > 0 {
+                            self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
+                        }
+                    }
                     let handles = self.handles();
                     match stamp {
                         Stamp::First { ttft } => handles.ttft().observe(ttft.as_secs_f64()),
@@ -221,9 +236,18 @@ impl Recorder {
         let handles = self.handles.as_ref().expect("resolved just above");
         for share in &timings.deferred_itl {
             handles.observe_itl(share.per_token, share.count);
+            if share.count > 0 {
+                self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
+            }
         }
-        self.metrics
-            .record_request(handles, outcome, RequestFigures::from(&timings));
+        let mut figures = RequestFigures::from(&timings);
+        figures.exemplar = self.facts.trace.map(|trace| RequestExemplar {
+            trace,
+            at: SystemTime::now(),
+            ttft: timings.ttft,
+            slowest_itl: self.slowest_itl,
+        });
+        self.metrics.record_request(handles, outcome, figures);
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
 
@@ -264,6 +288,7 @@ impl From<&Timings> for RequestFigures {
             estimated_event_tokens: timings.estimated_event_tokens,
             tpot: timings.decode.map(|d| d.tpot),
             tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
+            exemplar: None,
         }
     }
 }

@@ -11,6 +11,7 @@ mod cardinality;
 mod configs;
 mod demo;
 mod dialects;
+mod exemplars;
 mod faults;
 mod fuzz_decoders;
 mod itl;
