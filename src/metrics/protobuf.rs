@@ -15,9 +15,10 @@
 //! read a moment apart, may differ from it by the observations made in between.
 //!
 //! Exemplars: each classic bucket carries its latest one (`Bucket.exemplar`; the implicit
-//! `+Inf` bucket is not written, so an exemplar above every bound is carried by the native
-//! list only), and a native histogram its latest few (`Histogram.exemplars`), each with
-//! its `trace_id` and `span_id` labels and its timestamp.
+//! `+Inf` bucket is written explicitly only when it has one, since Prometheus 2.42 reads
+//! exemplars from the classic buckets and ignores the native list), and a native histogram
+//! its latest few (`Histogram.exemplars`), each with its `trace_id` and `span_id` labels
+//! and its timestamp. With `classic: false` only the native list carries them.
 
 use super::snapshot::{
     Exemplar as ExemplarSnapshot, FamilySnapshot, HistogramSnapshot, Label,
@@ -255,6 +256,17 @@ fn histogram(h: &HistogramSnapshot, classic: bool) -> Metric {
                 ..Bucket::default()
             })
             .collect();
+        // An exemplar above every bound belongs to the implicit `+Inf` bucket, which is
+        // then written explicitly (as client_golang does): Prometheus 2.42 reads the
+        // exemplars of a protobuf scrape from its classic buckets only.
+        if let Some(above) = h.exemplars.get(h.bounds.len()).copied().flatten() {
+            message.bucket.push(Bucket {
+                cumulative_count: Some(h.count),
+                upper_bound: Some(f64::INFINITY),
+                exemplar: Some(exemplar(above)),
+                ..Bucket::default()
+            });
+        }
     }
     if let Some(native) = &h.native {
         native_part(native, &mut message);
@@ -508,16 +520,26 @@ mod tests {
         }
     }
 
+    /// A decoded histogram's finite classic buckets (an explicit `+Inf` bucket is the
+    /// snapshot's implicit one).
+    fn finite_buckets(h: &Histogram) -> impl Iterator<Item = &Bucket> {
+        h.bucket.iter().filter(|b| b.upper_bound().is_finite())
+    }
+
     /// A decoded histogram's classic bucket exemplars as the snapshot holds them: one per
-    /// bound and `+Inf` (which the body does not carry), or none at all.
+    /// bound and `+Inf` (whose bucket the body carries only with an exemplar), or none.
     fn exemplars_of(h: &Histogram) -> Vec<Option<ExemplarSnapshot>> {
         if h.bucket.iter().all(|b| b.exemplar.is_none()) {
             return Vec::new();
         }
-        h.bucket
+        let above = h
+            .bucket
             .iter()
+            .find(|b| b.upper_bound() == f64::INFINITY)
+            .and_then(|b| b.exemplar.as_ref().map(exemplar_of));
+        finite_buckets(h)
             .map(|b| b.exemplar.as_ref().map(exemplar_of))
-            .chain([None])
+            .chain([above])
             .collect()
     }
 
@@ -572,10 +594,10 @@ mod tests {
                                 Series {
                                     labels: series(m),
                                     value: HistogramSnapshot {
-                                        bounds: h.bucket.iter().map(|b| b.upper_bound()).collect(),
-                                        cumulative_counts: h
-                                            .bucket
-                                            .iter()
+                                        bounds: finite_buckets(h)
+                                            .map(|b| b.upper_bound())
+                                            .collect(),
+                                        cumulative_counts: finite_buckets(h)
                                             .map(|b| b.cumulative_count())
                                             .collect(),
                                         count: h.sample_count(),
@@ -686,5 +708,59 @@ mod tests {
         );
         assert!(h.positive_delta.is_empty() && h.bucket.is_empty());
         assert_eq!(h.sample_count, Some(0));
+    }
+
+    /// An exemplar above every classic bound travels in an explicit `+Inf` bucket (the
+    /// one place Prometheus 2.42 reads a protobuf scrape's exemplars from), which is
+    /// written only then.
+    #[test]
+    fn an_exemplar_above_every_bound_gets_an_explicit_inf_bucket() {
+        let above = ExemplarSnapshot {
+            trace: crate::metrics::exemplar::TraceContext {
+                trace_id: [0xab; 16],
+                span_id: [0x01; 8],
+            },
+            value: 5.5,
+            timestamp: std::time::Duration::from_secs(1_733_100_000),
+        };
+        let with = |exemplars: Vec<Option<ExemplarSnapshot>>| HistogramSnapshot {
+            bounds: Arc::from(vec![0.1, 1.0]),
+            cumulative_counts: vec![1, 5],
+            count: 6,
+            sum: 9.0,
+            native: None,
+            exemplars,
+            native_exemplars: Vec::new(),
+        };
+        let buckets = |h: &HistogramSnapshot| {
+            let metric = Metric::decode(&histogram(h, true).encode_to_vec()[..]).expect("decodes");
+            metric.histogram.expect("a histogram").bucket
+        };
+
+        let plain = buckets(&with(Vec::new()));
+        assert_eq!(plain.len(), 2, "no exemplar: no +Inf bucket");
+        let in_bucket = buckets(&with(vec![None, Some(above), None]));
+        assert_eq!(
+            in_bucket.len(),
+            2,
+            "an exemplar within the bounds: no +Inf bucket"
+        );
+        assert!(in_bucket[1].exemplar.is_some());
+
+        let inf = buckets(&with(vec![None, None, Some(above)]));
+        assert_eq!(inf.len(), 3);
+        assert_eq!(inf[2].upper_bound(), f64::INFINITY);
+        assert_eq!(
+            inf[2].cumulative_count(),
+            6,
+            "the +Inf bucket counts everything"
+        );
+        assert_eq!(inf[2].exemplar.as_ref().map(exemplar_of), Some(above));
+        assert!(inf[..2].iter().all(|b| b.exemplar.is_none()));
+        let h = Histogram {
+            bucket: inf,
+            ..Histogram::default()
+        };
+        assert_eq!(exemplars_of(&h), [None, None, Some(above)]);
     }
 }
