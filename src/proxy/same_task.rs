@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use super::transport::{error_chain, UpstreamBody, UpstreamError};
 
 /// Largest read buffer (and response head) of an upstream connection.
-pub const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
+const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
 
 /// How often idle connections are checked for a close by the upstream or for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);

@@ -63,14 +63,6 @@ impl TokensPerEvent {
         }
     }
 
-    pub const fn min(self) -> u32 {
-        self.min
-    }
-
-    pub const fn max(self) -> u32 {
-        self.max
-    }
-
     /// The size of the next event, at most `left` tokens (and at least 1).
     pub(super) fn draw(self, rng: &mut SmallRng, left: u32) -> u32 {
         let k = if self.min == self.max {
