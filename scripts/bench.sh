@@ -13,8 +13,10 @@
 #   --steps "1000 1250 ..."    concurrencies of the sustained-rate step test
 #   --fidelity "100 1000"      concurrencies of the fidelity runs
 #   --hold N                   streams held open in the held-streams test, default 10000
+#   --hold-buffered N          1,000-token streams held at their end (gaps buffered), default
+#                              2000 (10000 takes ~12 min per run on 2 cores)
 #   --targets "direct tokentap nginx envoy"
-#   --skip "latency steps hold fidelity scrape"   phases to leave out
+#   --skip "latency steps hold hold-buffered fidelity scrape"   phases to leave out
 #   --only "scrape"            run only these phases (the rest are skipped; without a
 #                              latency, steps or hold phase no peer is started)
 #   --no-build --no-install    use what is there
@@ -40,10 +42,11 @@ TOKENS=40
 STEPS="1000 1250 1500 1750 2000 2500 3000"
 STEP_DURATION=5s
 HOLD=10000
+HOLD_BUFFERED=2000
 TARGETS="direct tokentap nginx envoy"
 SKIP=""
 ONLY=""
-PHASES="latency steps hold fidelity scrape"
+PHASES="latency steps hold hold-buffered fidelity scrape"
 BUILD=1
 PROFILE=release
 INSTALL=1
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
         --tokens) TOKENS=$2; shift ;;
         --steps) STEPS=$2; shift ;;
         --hold) HOLD=$2; shift ;;
+        --hold-buffered) HOLD_BUFFERED=$2; shift ;;
         --targets) TARGETS=$2; shift ;;
         --skip) SKIP=$2; shift ;;
         --only) ONLY=$2; shift ;;
@@ -69,7 +73,7 @@ while [ $# -gt 0 ]; do
         --debug) PROFILE=debug ;;
         --no-install) INSTALL=0 ;;
         --out) OUT=$2; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -476,8 +480,8 @@ metrics:
     stop_targets
 fi
 
-# Run a held-streams client ("$2"...) in the background, wait until it reports every
-# stream open, then read target $1's RSS. Sets HELD_OUT (the client's JSON result) and
+# Run a held-streams client ("$2"...) in the background, wait (up to HOLD_WAIT_S seconds,
+# default 60) until it reports every stream ready, then read target $1's RSS. Sets HELD_OUT (the client's JSON result) and
 # HELD_PEAK (KiB; 0 if the streams never all opened).
 hold_and_measure() {
     local target=$1; shift
@@ -487,7 +491,7 @@ hold_and_measure() {
     local bpid=$!
     STARTED+=("$bpid")
     HELD_PEAK=0
-    for _ in $(seq 1 600); do
+    for _ in $(seq 1 $((${HOLD_WAIT_S:-60} * 10))); do
         [ -f "$RUN/hold.ready" ] && break
         kill -0 "$bpid" 2>/dev/null || break
         sleep 0.1
@@ -544,6 +548,39 @@ if ! skip hold; then
         echo "$HELD_OUT" | brief '{run: .label, established, errors, error_kinds}' >&2
     fi
     stop_targets
+fi
+
+# --- phase 4b: 1,000-token streams held at their end (issue 13's memory target) ---------
+# Each stream gets its BUF_TOKENS tokens one per event as fast as the machine delivers them
+# (ITL 0), counted as estimates (no logprobs), so tokentap buffers every gap for
+# apportioning; then the simulator holds it open before its finish and usage. RSS is read
+# once every stream has all its tokens: the gap buffers at their fullest. The same streams
+# with continuous usage (exact counts, nothing buffered) show what the buffer costs.
+if has_target tokentap && ! skip hold-buffered; then
+    # 2 cores deliver ~15,000 such events/s through tokentap with h2c clients, so the
+    # streams are ramped at 20 a second (a million events every 50 s).
+    # BUF_SLACK: how long after the ramp the last streams may take to get their tokens.
+    BUF_TOKENS=1000; BUF_N=$HOLD_BUFFERED; BUF_RAMP=$((HOLD_BUFFERED / 20)); BUF_SLACK=40
+    [ "$SMOKE" = 1 ] && { BUF_TOKENS=100; BUF_N=200; BUF_RAMP=1; BUF_SLACK=8; }
+    # Client side h2c, as the 10,000-stream case needs here (descriptors).
+    BUF_ARGS=(--http2 --h2-connections 20)
+    for usage in always continuous; do
+        log "phase: $BUF_N held streams of $BUF_TOKENS tokens, usage $usage"
+        start_sim --ttft 100ms --itl 0s --tokens "$BUF_TOKENS" --hold-before-end 300s \
+            --usage "$usage" --models sim-model
+        write_tokentap_config "$RUN/tokentap-hold-buffered.yaml" ""
+        # The first streams wait for the last ones longer than the default 120 s idle timeout.
+        sed -i "s#^  url: http://127.0.0.1:$SIM_PORT\$#&\n  idle_timeout: 600s#" "$RUN/tokentap-hold-buffered.yaml"
+        start_tokentap "$RUN/tokentap-hold-buffered.yaml"
+        idle=$(rss_kib tokentap)
+        HOLD_WAIT_S=$((BUF_RAMP + BUF_SLACK)) hold_and_measure tokentap "$BENCH" run --url "$(url_of tokentap)" \
+            -c "$BUF_N" --hold --duration "$((BUF_RAMP + BUF_SLACK))s" --warmup 0s --ramp "${BUF_RAMP}s" \
+            --ready-after-events "$BUF_TOKENS" --ready-file "$RUN/hold.ready" \
+            --label "hold-buffered/$usage" "${BUF_ARGS[@]}"
+        record "{\"phase\":\"hold-buffered\",\"target\":\"tokentap\",\"concurrency\":$BUF_N,\"tokens\":$BUF_TOKENS,\"usage\":\"$usage\",\"client_proto\":\"h2c\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$HELD_PEAK,\"bench\":$HELD_OUT}"
+        echo "$HELD_OUT" | brief '{run: .label, established, ready, errors, error_kinds}' >&2
+        stop_targets
+    done
 fi
 
 # --- the table -------------------------------------------------------------------------

@@ -27,7 +27,7 @@ use crate::config::{Config, ConfigError, Overrides};
 use crate::metrics::snapshot::{HistogramSnapshot, Series, Values};
 use crate::metrics::{Metrics, Snapshot};
 use crate::server::{ServeError, Server};
-use crate::sim::{ModelProfile, Sim, SimConfig, UsageMode};
+use crate::sim::{ModelProfile, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 /// Demo settings (all have defaults that work on a fresh machine).
 #[derive(Clone, Debug)]
@@ -64,12 +64,15 @@ pub enum DemoError {
     Serve(#[from] ServeError),
 }
 
-/// The simulated models: a small fast one, a big slow one, and one in between.
+/// The simulated models: a small fast one, a big slow one, and one in between. The two
+/// fast ones batch tokens into events as real servers do, so their ITL is apportioned
+/// from the reported usage; the slow one sends a token per event.
 pub fn demo_models() -> Vec<ModelProfile> {
     let ms = Duration::from_millis;
     vec![
         ModelProfile {
             jitter: 0.3,
+            tokens_per_event: TokensPerEvent::range(1, 3).unwrap_or(TokensPerEvent::ONE),
             ..ModelProfile::new("llama-3.1-8b", ms(120), ms(15), 60)
         },
         ModelProfile {
@@ -78,6 +81,7 @@ pub fn demo_models() -> Vec<ModelProfile> {
         },
         ModelProfile {
             jitter: 0.3,
+            tokens_per_event: TokensPerEvent::range(1, 4).unwrap_or(TokensPerEvent::ONE),
             ..ModelProfile::new("mistral-7b", ms(90), ms(12), 80)
         },
     ]

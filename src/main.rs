@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
 use tokentap::server::load_tokenizer;
-use tokentap::sim::{ModelProfile, Sim, SimConfig, UsageMode};
+use tokentap::sim::{ModelProfile, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 /// tokentap: a transparent proxy that measures how fast LLMs stream (TTFT, inter-token
 /// latency, tokens/s) and exports Prometheus metrics.
@@ -81,6 +81,14 @@ struct SimArgs {
     /// Output tokens per response (a request's max_tokens caps it).
     #[arg(long, default_value_t = 40)]
     tokens: u32,
+    /// Tokens per streamed event: N, or MIN-MAX drawn per event (e.g. 1-5). An event of k
+    /// tokens comes k inter-token latencies after the previous one; usage reports the
+    /// true total. TGI streams stay one token per event.
+    #[arg(long, default_value = "1")]
+    tokens_per_event: TokensPerEvent,
+    /// Wait this long after a stream's last token before its finish, usage and end.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    hold_before_end: Duration,
     /// Usage reporting: requested (stream_options.include_usage), always, never, continuous.
     #[arg(long, default_value = "requested")]
     usage: UsageMode,
@@ -271,6 +279,8 @@ async fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         .iter()
         .map(|name| ModelProfile {
             jitter: args.jitter.clamp(0.0, 1.0),
+            tokens_per_event: args.tokens_per_event,
+            hold_before_end: args.hold_before_end,
             ..ModelProfile::new(name, args.ttft, args.itl, args.tokens)
         })
         .collect();

@@ -41,7 +41,7 @@ def main():
     targets = []
     for r in rows:
         t = r.get("target")
-        if t and t not in targets and r["phase"] in ("latency", "hold", "fidelity"):
+        if t and t not in targets and r["phase"] in ("latency", "hold", "hold-buffered", "fidelity"):
             targets.append(t)
     peers = [t for t in targets if t != "direct"]
     cols = targets
@@ -196,6 +196,23 @@ def main():
                                             f"{fmt(per, 1)} KiB/stream")
         row(f"{n:,} streams held, HTTP/1.1 on both sides (2 fds per stream; hard fd limit)", "no errors", vals,
             "yes" if b.get("errors") == 0 and b.get("established") == n else "no")
+
+    # 1,000-token streams held at their end: estimated counts (gaps buffered) against
+    # continuous usage (exact counts, nothing buffered).
+    for r in sorted((r for r in rows if r["phase"] == "hold-buffered"), key=lambda r: r["usage"]):
+        b = r["bench"]
+        n = r["concurrency"]
+        per = (r["rss_held_kib"] - r["rss_idle_kib"]) / n if r.get("rss_held_kib") else None
+        what = "gaps buffered (usage at the end)" if r["usage"] == "always" else "exact counts, nothing buffered (continuous usage)"
+        vals = ["" for _ in cols]
+        if "tokentap" in cols:
+            vals[cols.index("tokentap")] = (f"{b.get('ready', 0):,} with all tokens, {b.get('errors', '?')} errors; "
+                                            + (f"{fmt(r['rss_held_kib'] / 1024, 1)} MiB, {fmt(per, 1)} KiB/stream" if per else "not all ready"))
+        ok = b.get("errors") == 0 and b.get("ready") == n and per is not None
+        row(f"{n:,} streams of {r['tokens']:,} tokens held at their end, {what} ({r.get('client_proto')})",
+            "< 32 KiB per stream", vals, ("yes" if ok and per < 32 else "no"))
+        if not ok:
+            failures.append(f"hold-buffered/{r['usage']}: {b.get('ready', 0)} of {n} ready, {b.get('error_kinds')}")
 
     floors = {r["concurrency"]: r["fidelity"]["sim_ttft_abs_diff_ms"] for r in rows if r["phase"] == "fidelity-floor"}
     for fr in sorted((r for r in rows if r["phase"] == "fidelity-pairs"), key=lambda r: r["concurrency"]):

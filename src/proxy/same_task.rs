@@ -34,6 +34,9 @@ use tokio::net::TcpStream;
 
 use super::transport::{error_chain, UpstreamBody, UpstreamError};
 
+/// Largest read buffer (and response head) of an upstream connection.
+const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
+
 /// How often idle connections are checked for a close by the upstream or for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
@@ -122,6 +125,11 @@ impl SameTaskPool {
     ) -> SameTaskPool {
         let mut builder = http1::Builder::new();
         builder.preserve_header_case(true);
+        // hyper grows a connection's read buffer while reads fill it (up to ~400 KiB) and
+        // never shrinks it: one burst from the upstream (a backlog, a large JSON body)
+        // would make every kept connection hold that much. 16 KiB reads still carry ~80
+        // events each; a response head is bounded by it too (nginx's default: 4-8 KiB).
+        builder.max_buf_size(UPSTREAM_READ_BUFFER_MAX);
         SameTaskPool {
             inner: Arc::new(PoolInner {
                 host: host.trim_matches(['[', ']']).to_string(),

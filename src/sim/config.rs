@@ -4,6 +4,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rand::rngs::SmallRng;
+use rand::Rng;
+
 /// Timing and length of one simulated model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelProfile {
@@ -16,6 +19,13 @@ pub struct ModelProfile {
     pub jitter: f64,
     /// Output tokens per response (a request's `max_tokens` caps it).
     pub tokens: u32,
+    /// Tokens each streamed event carries (the stream's usage still reports the true N).
+    /// An event of `k` tokens comes `k` inter-token latencies after the previous one, so
+    /// the per-token latency stays [`ModelProfile::itl`] and the gap between events grows.
+    pub tokens_per_event: TokensPerEvent,
+    /// How long a stream waits after its last token before its finish, usage and end
+    /// (0: none). Keeps many finished-but-open streams around, their usage not yet sent.
+    pub hold_before_end: Duration,
 }
 
 impl ModelProfile {
@@ -26,6 +36,71 @@ impl ModelProfile {
             itl,
             jitter: 0.0,
             tokens,
+            tokens_per_event: TokensPerEvent::ONE,
+            hold_before_end: Duration::ZERO,
+        }
+    }
+}
+
+/// How many tokens one streamed event carries: a fixed number, or drawn uniformly from
+/// `min..=max` per event (the last event of a response carries what is left).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokensPerEvent {
+    min: u32,
+    max: u32,
+}
+
+impl TokensPerEvent {
+    /// One token per event: every dialect's usual shape, and the default.
+    pub const ONE: TokensPerEvent = TokensPerEvent { min: 1, max: 1 };
+
+    /// `min..=max` tokens per event; `None` unless `1 <= min <= max`.
+    pub const fn range(min: u32, max: u32) -> Option<TokensPerEvent> {
+        if min >= 1 && min <= max {
+            Some(TokensPerEvent { min, max })
+        } else {
+            None
+        }
+    }
+
+    /// The size of the next event, at most `left` tokens (and at least 1).
+    pub(super) fn draw(self, rng: &mut SmallRng, left: u32) -> u32 {
+        let k = if self.min == self.max {
+            self.min
+        } else {
+            rng.gen_range(self.min..=self.max)
+        };
+        k.min(left).max(1)
+    }
+}
+
+impl std::str::FromStr for TokensPerEvent {
+    type Err = String;
+    /// `N` or `MIN-MAX`, e.g. `3` or `1-5`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let number = |v: &str| {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("`{s}` is not N or MIN-MAX (e.g. 3 or 1-5)"))
+        };
+        let (min, max) = match s.split_once('-') {
+            Some((min, max)) => (number(min)?, number(max)?),
+            None => {
+                let n = number(s)?;
+                (n, n)
+            }
+        };
+        TokensPerEvent::range(min, max)
+            .ok_or_else(|| format!("`{s}`: tokens per event need 1 <= MIN <= MAX"))
+    }
+}
+
+impl std::fmt::Display for TokensPerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
         }
     }
 }
@@ -115,6 +190,17 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The token count the fault strikes at (no event of the stream straddles it).
+    pub(super) const fn after_tokens(self) -> Option<u32> {
+        match self {
+            Fault::ResetAfter(n)
+            | Fault::StallAfter(n)
+            | Fault::ErrorAfter(n)
+            | Fault::EndAfter(n) => Some(n),
+            Fault::Status(_) => None,
+        }
+    }
+
     pub(super) fn parse(value: &str) -> Option<Fault> {
         let (name, n) = value.split_once('=')?;
         let n: u32 = n.trim().parse().ok()?;

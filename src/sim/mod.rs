@@ -6,8 +6,11 @@
 //! stream) with absolute deadlines, so a stream's timing does not drift and ten thousand
 //! open streams cost little.
 //!
-//! Every dialect is served at once, on its native path, with the same timing: one event
-//! per token at the profile's deadlines, and each dialect's own framing, preamble, usage
+//! Every dialect is served at once, on its native path, with the same timing: token
+//! events at the profile's deadlines, one token each or several
+//! ([`ModelProfile::tokens_per_event`]: the usage still reports the true N, so tokentap's
+//! apportioned ITL can be checked against it), an optional hold after the last token
+//! ([`ModelProfile::hold_before_end`]), and each dialect's own framing, preamble, usage
 //! and end (see `render.rs`):
 //!
 //! | path | dialect | streamed when |
@@ -51,7 +54,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use compress::{Coding, Encoder};
-pub use config::{unix_ns, Fault, ModelProfile, SimConfig, UsageMode};
+pub use config::{unix_ns, Fault, ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 use render::{Api, Script};
 use stream::{Schedule, SimStream};
 
@@ -203,13 +206,19 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
     let script = script(&state.config, &llm, profile, n, received_unix_ns);
-    let mut rng =
-        SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let schedule = Schedule::new(start, profile, script.tokens, &mut rng);
+    let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    // A TGI event is one token by its format (its `token` object).
+    let per_event = if api == Api::Tgi {
+        TokensPerEvent::ONE
+    } else {
+        profile.tokens_per_event
+    };
+    let cut = llm.fault.and_then(Fault::after_tokens);
+    let schedule = Schedule::new(start, profile, per_event, script.tokens, cut, rng);
     if request::streams(api, &path, &llm.json) {
         streamed_response(script, schedule, coding, state.open_streams.clone())
     } else {
-        whole_response(&script, &schedule, coding).await
+        whole_response(&script, schedule, coding).await
     }
 }
 
@@ -354,10 +363,10 @@ fn streamed_response(
 /// A whole response, sent when its last token is due.
 async fn whole_response(
     script: &Script,
-    schedule: &Schedule,
+    schedule: Schedule,
     coding: Option<Coding>,
 ) -> Response<SimBody> {
-    tokio::time::sleep_until(schedule.at(script.tokens - 1)).await;
+    tokio::time::sleep_until(schedule.last_deadline()).await;
     let body = script.whole_response();
     let Some(coding) = coding else {
         return json(StatusCode::OK, body);

@@ -2,10 +2,11 @@
 //! response (preamble, one event per token, finish, usage, end marker, error) and of a
 //! whole response, shaped as each real server shapes them.
 //!
-//! Kept apart from the timing machinery in `sim.rs` so that a dialect is one `match` arm
-//! per step here. Every dialect reports the same truth (the model's profile): N output
-//! tokens, one per token event, and `prompt_tokens` input tokens, in whichever fields that
-//! dialect uses, so the integration tests can check tokentap's figures against it.
+//! Kept apart from the timing machinery in `stream.rs` so that a dialect is one `match`
+//! arm per step here. Every dialect reports the same truth (the model's profile): N output
+//! tokens, in token events of one or more tokens each ([`TokenEvent`]), and
+//! `prompt_tokens` input tokens, in whichever fields that dialect uses, so the integration
+//! tests can check tokentap's figures against it.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -29,6 +30,15 @@ pub(super) enum Api {
     },
     Tgi,
     Triton,
+}
+
+/// One token-bearing event of a response: the `index`-th, carrying tokens
+/// `first..first + tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct TokenEvent {
+    pub(super) index: u32,
+    pub(super) first: u32,
+    pub(super) tokens: u32,
 }
 
 /// Everything needed to produce one response.
@@ -292,10 +302,14 @@ impl Script {
         }
     }
 
-    /// The event carrying token `i` (`first`: nothing was sent before it).
-    pub(super) fn token(&self, i: u32, first: bool) -> Bytes {
-        let word = Self::word(i);
-        let n = u64::from(i) + 1;
+    /// The token-bearing event `event` (`first`: nothing was sent before it).
+    pub(super) fn token(&self, event: TokenEvent, first: bool) -> Bytes {
+        let text: String = (event.first..event.first + event.tokens)
+            .map(Self::word)
+            .collect();
+        let word = text.as_str();
+        let i = event.first;
+        let n = u64::from(event.first + event.tokens);
         match self.api {
             Api::Chat => self.chunk(
                 Some(json!({"index": 0, "delta": {"content": word}, "logprobs": null, "finish_reason": null})),
@@ -307,7 +321,7 @@ impl Script {
             ),
             Api::Responses => sse(
                 "response.output_text.delta",
-                &json!({"type": "response.output_text.delta", "sequence_number": 4 + i,
+                &json!({"type": "response.output_text.delta", "sequence_number": 4 + event.index,
                         "item_id": format!("msg_{}", self.id), "output_index": 0, "content_index": 0,
                         "delta": word, "logprobs": []}),
             ),
@@ -316,9 +330,12 @@ impl Script {
                 &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}),
             ),
             Api::Gemini { .. } => self.gemini(&self.gemini_chunk(word, n, false), first),
-            Api::Ollama { .. } => Bytes::from(format!("{}\n", self.ollama_line(i, word, false))),
+            Api::Ollama { .. } => Bytes::from(format!(
+                "{}\n",
+                self.ollama_line(i + event.tokens - 1, word, false)
+            )),
             Api::Tgi => {
-                let last = i + 1 == self.tokens;
+                let last = n == u64::from(self.tokens);
                 let event = json!({
                     "index": n,
                     "token": {"id": 1000 + i, "text": word, "logprob": -0.25, "special": false},
@@ -338,8 +355,9 @@ impl Script {
         }
     }
 
-    /// Sent after the last token (`first`: no token was sent).
-    pub(super) fn finish(&self, first: bool) -> Option<Bytes> {
+    /// Sent after the last token (`first`: nothing was sent; `events`: token-bearing
+    /// events sent).
+    pub(super) fn finish(&self, first: bool, events: u32) -> Option<Bytes> {
         let tokens = u64::from(self.tokens);
         match self.api {
             Api::Chat => Some(self.chunk(
@@ -355,7 +373,7 @@ impl Script {
                 let text = self.text();
                 let part =
                     json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text});
-                let seq = 4 + self.tokens;
+                let seq = 4 + events;
                 let mut out = Vec::new();
                 for (k, (kind, body)) in [
                     (
@@ -433,8 +451,9 @@ impl Script {
         }
     }
 
-    /// The dialect's mid-stream error report, ending the stream.
-    pub(super) fn error(&self, first: bool) -> Bytes {
+    /// The dialect's mid-stream error report, ending the stream (`events`: token-bearing
+    /// events sent before it).
+    pub(super) fn error(&self, first: bool, events: u32) -> Bytes {
         match self.api {
             Api::Chat | Api::Completions => {
                 data(&json!({"error": {"message": FAILURE, "type": "server_error", "code": 500}}))
@@ -444,7 +463,7 @@ impl Script {
                 response["error"] = json!({"code": "server_error", "message": FAILURE});
                 sse(
                     "response.failed",
-                    &json!({"type": "response.failed", "sequence_number": 4 + self.tokens, "response": response}),
+                    &json!({"type": "response.failed", "sequence_number": 4 + events, "response": response}),
                 )
             }
             Api::Anthropic => sse(
@@ -536,6 +555,12 @@ fn civil_from_days(days: u64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
 
+    const ONE_TOKEN: TokenEvent = TokenEvent {
+        index: 0,
+        first: 0,
+        tokens: 1,
+    };
+
     /// `--stamp` chunks carry the request's arrival and their own send time, from which the
     /// benchmark reads the simulator's own TTFT.
     #[test]
@@ -556,7 +581,7 @@ mod tests {
             ttft_ns: 0,
             itl_ns: 0,
         };
-        let chunk = script.token(0, true);
+        let chunk = script.token(ONE_TOKEN, true);
         let text = std::str::from_utf8(&chunk).unwrap();
         let json: Value =
             serde_json::from_str(text.trim().strip_prefix("data: ").unwrap()).unwrap();
@@ -572,7 +597,7 @@ mod tests {
             stamp: None,
             ..script
         };
-        let text = String::from_utf8(unstamped.token(0, true).to_vec()).unwrap();
+        let text = String::from_utf8(unstamped.token(ONE_TOKEN, true).to_vec()).unwrap();
         assert!(!text.contains("sim_"), "{text}");
     }
 

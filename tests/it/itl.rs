@@ -9,15 +9,19 @@
 //! - ITL sum = the requests' decode spans `t_E - t_1` (within 1 ms per request), which is
 //!   also the sum of the inter-chunk gaps;
 //! - inter-chunk count = events - 1 per request.
+//!
+//! The same holds with `tokentap sim` batching 1-5 tokens into each event
+//! (`ModelProfile::tokens_per_event`): the last test.
 
 use crate::common;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{body_text, client, Metrics, Proxy, ScriptedBackend, Step};
+use common::{body_text, client, Metrics, Proxy, ScriptedBackend, SimHandle, Step};
 use http::{Request, StatusCode};
 use http_body_util::Full;
+use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 /// Tokens in each event of a response: 1 first, then 1-5.
 const TOKENS: [u32; 10] = [1, 3, 1, 5, 2, 4, 1, 2, 5, 3];
@@ -228,4 +232,103 @@ async fn anthropic_itl_is_per_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ollama_itl_is_per_token() {
     check(&OLLAMA, &run(&OLLAMA).await);
+}
+
+/// Content chunks of an OpenAI chat stream and the reported `completion_tokens`.
+fn chat_chunks(body: &str) -> (u64, u64) {
+    let mut chunks = 0;
+    let mut usage = 0;
+    for data in body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<serde_json::Value>(data) else {
+            continue;
+        };
+        let content = chunk.pointer("/choices/0/delta/content");
+        if content
+            .and_then(|c| c.as_str())
+            .is_some_and(|c| !c.is_empty())
+        {
+            chunks += 1;
+        }
+        if let Some(n) = chunk
+            .pointer("/usage/completion_tokens")
+            .and_then(|n| n.as_u64())
+        {
+            usage = n;
+        }
+    }
+    (chunks, usage)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_batching_tokens_gives_n_minus_k1_itl_observations() {
+    const TOKENS: u32 = 60;
+    let sim = SimHandle::start(SimConfig {
+        models: vec![ModelProfile {
+            tokens_per_event: TokensPerEvent::range(1, 5).expect("a range"),
+            ..ModelProfile::new(
+                "m",
+                Duration::from_millis(5),
+                Duration::from_millis(1),
+                TOKENS,
+            )
+        }],
+        usage: UsageMode::Always,
+        ..SimConfig::default()
+    })
+    .await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    let mut events = 0;
+    for _ in 0..REQUESTS {
+        let request = Request::post(proxy.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .expect("request");
+        let response = client().request(request).await.expect("response");
+        assert_eq!(response.status(), StatusCode::OK);
+        let (chunks, usage) = chat_chunks(&body_text(response).await);
+        assert_eq!(usage, u64::from(TOKENS), "the sim reports the true N");
+        assert!(
+            chunks < u64::from(TOKENS),
+            "{chunks} events: tokens were batched"
+        );
+        events += chunks;
+    }
+    let requests = f64::from(REQUESTS);
+    let m = proxy
+        .wait_metrics("every request recorded", |m| {
+            m.sum("tokentap_requests_total", &[("outcome", "completed")]) >= requests
+        })
+        .await;
+    assert_eq!(
+        m.sum("tokentap_output_tokens_total", &[]),
+        requests * f64::from(TOKENS)
+    );
+    // tokentap estimates one token per event, so its k_1 is 1 whatever the sim put in
+    // the first event: N - 1 observations per request, apportioned from the usage.
+    assert_eq!(
+        m.sum("tokentap_inter_token_latency_seconds_count", &[]),
+        requests * f64::from(TOKENS - 1),
+        "{}",
+        m.text
+    );
+    assert_eq!(
+        m.sum("tokentap_inter_chunk_latency_seconds_count", &[]),
+        events as f64 - requests,
+        "one inter-chunk observation per gap between the events the client saw"
+    );
+    let itl_sum = m.sum("tokentap_inter_token_latency_seconds_sum", &[]);
+    let spans = m.sum("tokentap_inter_chunk_latency_seconds_sum", &[]);
+    assert!(
+        (itl_sum - spans).abs() < 0.001 * requests,
+        "ITL sum {itl_sum} is the decode spans {spans}"
+    );
+    assert_eq!(
+        m.sum(
+            "tokentap_event_tokens_total",
+            &[("accuracy", "apportioned")]
+        ),
+        requests * f64::from(TOKENS)
+    );
 }

@@ -75,9 +75,16 @@ pub(crate) struct RunArgs {
     /// warm-up + duration; a stream that ends or fails before that is an error.
     #[arg(long)]
     pub(crate) hold: bool,
-    /// In hold mode, create this file once every stream has received its first event.
+    /// In hold mode, create this file once every stream is ready (see
+    /// `--ready-after-events`).
     #[arg(long)]
     pub(crate) ready_file: Option<PathBuf>,
+    /// In hold mode, a stream is ready once it has received this many token-bearing
+    /// events (0: once it has received its first event of any kind). With a simulator
+    /// that holds each stream open after its last token (`--hold-before-end`), the ready
+    /// file then marks the moment every stream has all its tokens and none has ended.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) ready_after_events: u64,
     /// Per-request timeout (streams longer than this count as errors).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub(crate) timeout: Duration,

@@ -72,6 +72,8 @@ struct Shared {
     open: AtomicUsize,
     open_max: AtomicUsize,
     established: AtomicUsize,
+    /// Hold mode: streams that have received `--ready-after-events` token events.
+    ready: AtomicUsize,
     all_ready: AtomicBool,
     log: Mutex<Vec<String>>,
     stamp: memmem::Finder<'static>,
@@ -142,6 +144,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         open: AtomicUsize::new(0),
         open_max: AtomicUsize::new(0),
         established: AtomicUsize::new(0),
+        ready: AtomicUsize::new(0),
         all_ready: AtomicBool::new(false),
         log: Mutex::new(Vec::new()),
         stamp: memmem::Finder::new(b"\"sim_sent_unix_ns\":"),
@@ -187,12 +190,16 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         let watcher = shared.clone();
         tokio::spawn(async move {
             loop {
-                if watcher.established.load(Ordering::Relaxed) >= watcher.args.concurrency {
+                if watcher.ready.load(Ordering::Relaxed) >= watcher.args.concurrency {
                     watcher.all_ready.store(true, Ordering::Relaxed);
                     let _ = std::fs::write(&path, b"ready\n");
                     eprintln!(
-                        "tokentap-bench: all {} streams open",
-                        watcher.args.concurrency
+                        "tokentap-bench: all {} streams open{}",
+                        watcher.args.concurrency,
+                        match watcher.args.ready_after_events {
+                            0 => String::new(),
+                            n => format!(", {n} token events each"),
+                        }
                     );
                     return;
                 }
@@ -255,6 +262,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
             "stream_error": e.stream_error.load(Ordering::Relaxed),
         },
         "established": shared.established.load(Ordering::Relaxed),
+        "ready": shared.ready.load(Ordering::Relaxed),
         "open_max": shared.open_max.load(Ordering::Relaxed),
         "all_open": shared.all_ready.load(Ordering::Relaxed)
             || shared.established.load(Ordering::Relaxed) >= n,

@@ -68,7 +68,6 @@ struct StreamStats {
     tokens: u64,
     usage_tokens: Option<u64>,
     stream_error: bool,
-    first_event: bool,
 }
 
 enum Failure {
@@ -82,7 +81,7 @@ async fn one_request(
     shared: &Shared,
     sender: &mut Sender,
     i: u64,
-    on_first_event: &mut (dyn FnMut() + Send),
+    on_event: &mut (dyn FnMut(u64) + Send),
 ) -> Result<(), Failure> {
     let http2 = matches!(sender, Sender::H2(_));
     let (request, tenant) = build_request(shared, i, http2);
@@ -108,48 +107,8 @@ async fn one_request(
             shared.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
         let mut fed = |ev: SseEvent<'_>| {
-            let d = ev.data;
-            if !st.first_event {
-                st.first_event = true;
-                on_first_event();
-            }
-            if d.starts_with(b"{\"error\"") || ev.event == "error" {
-                st.stream_error = true;
-                return;
-            }
-            let sent = shared
-                .stamp
-                .find(d)
-                .map(|pos| parse_u64(&d[pos + shared.stamp.needle().len()..]));
-            if let Some(sent) = sent {
-                shared.events_all.fetch_add(1, Ordering::Relaxed);
-                if recording {
-                    shared.events.fetch_add(1, Ordering::Relaxed);
-                    shared.latency.record(arrived_wall.saturating_sub(sent));
-                }
-            }
-            if let Some(pos) = shared.content.find(d) {
-                if d.get(pos + shared.content.needle().len()) != Some(&b'"') {
-                    st.tokens += 1;
-                    if st.first_token.is_none() {
-                        st.first_token = Some(arrived);
-                        let received = shared
-                            .received
-                            .find(d)
-                            .map(|pos| parse_u64(&d[pos + shared.received.needle().len()..]));
-                        if let (Some(sent), Some(received)) = (sent, received) {
-                            st.sim_ttft_ns = Some(sent.saturating_sub(received));
-                        }
-                    }
-                    st.last_token = Some(arrived);
-                    if recording {
-                        shared.token_events.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            if let Some(pos) = shared.completion.find(d) {
-                st.usage_tokens = Some(parse_u64(&d[pos + shared.completion.needle().len()..]));
-            }
+            count_event(shared, &mut st, ev, arrived, arrived_wall, recording);
+            on_event(st.tokens);
         };
         if sse.feed(&data, &mut fed).is_err() {
             return Err(Failure::Body);
@@ -192,6 +151,56 @@ async fn one_request(
         }
     }
     Ok(())
+}
+
+/// Record one event of a stream: its latency from the simulator's stamp, and whether it
+/// is a token event (content), the first (TTFT), the usage report or an error.
+fn count_event(
+    shared: &Shared,
+    st: &mut StreamStats,
+    ev: SseEvent<'_>,
+    arrived: Instant,
+    arrived_wall: u64,
+    recording: bool,
+) {
+    let d = ev.data;
+    if d.starts_with(b"{\"error\"") || ev.event == "error" {
+        st.stream_error = true;
+        return;
+    }
+    let sent = shared
+        .stamp
+        .find(d)
+        .map(|pos| parse_u64(&d[pos + shared.stamp.needle().len()..]));
+    if let Some(sent) = sent {
+        shared.events_all.fetch_add(1, Ordering::Relaxed);
+        if recording {
+            shared.events.fetch_add(1, Ordering::Relaxed);
+            shared.latency.record(arrived_wall.saturating_sub(sent));
+        }
+    }
+    if let Some(pos) = shared.content.find(d) {
+        if d.get(pos + shared.content.needle().len()) != Some(&b'"') {
+            st.tokens += 1;
+            if st.first_token.is_none() {
+                st.first_token = Some(arrived);
+                let received = shared
+                    .received
+                    .find(d)
+                    .map(|pos| parse_u64(&d[pos + shared.received.needle().len()..]));
+                if let (Some(sent), Some(received)) = (sent, received) {
+                    st.sim_ttft_ns = Some(sent.saturating_sub(received));
+                }
+            }
+            st.last_token = Some(arrived);
+            if recording {
+                shared.token_events.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if let Some(pos) = shared.completion.find(d) {
+        st.usage_tokens = Some(parse_u64(&d[pos + shared.completion.needle().len()..]));
+    }
 }
 
 fn parse_u64(bytes: &[u8]) -> u64 {
@@ -251,7 +260,7 @@ pub(super) async fn stream_slot(shared: &Shared, h2: Option<H2Sender>) {
         let deadline = (Instant::now() + shared.args.timeout).min(shared.end);
         let outcome = tokio::time::timeout_at(
             deadline.into(),
-            one_request(shared, &mut current, i, &mut || {}),
+            one_request(shared, &mut current, i, &mut |_| {}),
         )
         .await;
         match outcome {
@@ -291,15 +300,22 @@ pub(super) async fn hold_slot(shared: &Shared, h2: Option<Sender>) {
     };
     let i = shared.issued.fetch_add(1, Ordering::Relaxed);
     let mut opened = false;
-    let mut on_first = || {
-        opened = true;
-        shared.established.fetch_add(1, Ordering::Relaxed);
-        let open = shared.open.fetch_add(1, Ordering::Relaxed) + 1;
-        shared.open_max.fetch_max(open, Ordering::Relaxed);
+    let mut ready = false;
+    let mut on_event = |token_events: u64| {
+        if !opened {
+            opened = true;
+            shared.established.fetch_add(1, Ordering::Relaxed);
+            let open = shared.open.fetch_add(1, Ordering::Relaxed) + 1;
+            shared.open_max.fetch_max(open, Ordering::Relaxed);
+        }
+        if !ready && token_events >= shared.args.ready_after_events {
+            ready = true;
+            shared.ready.fetch_add(1, Ordering::Relaxed);
+        }
     };
     let outcome = tokio::time::timeout_at(
         shared.end.into(),
-        one_request(shared, &mut sender, i, &mut on_first),
+        one_request(shared, &mut sender, i, &mut on_event),
     )
     .await;
     match outcome {
