@@ -15,6 +15,8 @@
 #   --hold N                   streams held open in the held-streams test, default 10000
 #   --hold-buffered N          1,000-token streams held at their end (gaps buffered), default
 #                              2000 (10000 takes ~12 min per run on 2 cores)
+#   --hold-buffered-itl MS     their inter-token gap in ms, default 0 (a burst: as fast as the
+#                              machine delivers); e.g. 250 paces them as a live model would
 #   --targets "direct tokentap nginx envoy"
 #   --skip "latency steps hold hold-buffered fidelity scrape"   phases to leave out
 #   --only "scrape"            run only these phases (the rest are skipped; without a
@@ -43,6 +45,7 @@ STEPS="1000 1250 1500 1750 2000 2500 3000"
 STEP_DURATION=5s
 HOLD=10000
 HOLD_BUFFERED=2000
+HOLD_BUFFERED_ITL_MS=0
 TARGETS="direct tokentap nginx envoy"
 SKIP=""
 ONLY=""
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
         --steps) STEPS=$2; shift ;;
         --hold) HOLD=$2; shift ;;
         --hold-buffered) HOLD_BUFFERED=$2; shift ;;
+        --hold-buffered-itl) HOLD_BUFFERED_ITL_MS=$2; shift ;;
         --targets) TARGETS=$2; shift ;;
         --skip) SKIP=$2; shift ;;
         --only) ONLY=$2; shift ;;
@@ -562,11 +566,13 @@ if has_target tokentap && ! skip hold-buffered; then
     # BUF_SLACK: how long after the ramp the last streams may take to get their tokens.
     BUF_TOKENS=1000; BUF_N=$HOLD_BUFFERED; BUF_RAMP=$((HOLD_BUFFERED / 20)); BUF_SLACK=40
     [ "$SMOKE" = 1 ] && { BUF_TOKENS=100; BUF_N=200; BUF_RAMP=1; BUF_SLACK=8; }
+    # Paced streams (--hold-buffered-itl) take their tokens' time on top.
+    BUF_SLACK=$((BUF_SLACK + BUF_TOKENS * HOLD_BUFFERED_ITL_MS / 1000))
     # Client side h2c, as the 10,000-stream case needs here (descriptors).
     BUF_ARGS=(--http2 --h2-connections 20)
     for usage in always continuous; do
         log "phase: $BUF_N held streams of $BUF_TOKENS tokens, usage $usage"
-        start_sim --ttft 100ms --itl 0s --tokens "$BUF_TOKENS" --hold-before-end 300s \
+        start_sim --ttft 100ms --itl "${HOLD_BUFFERED_ITL_MS}ms" --tokens "$BUF_TOKENS" --hold-before-end 300s \
             --usage "$usage" --models sim-model
         write_tokentap_config "$RUN/tokentap-hold-buffered.yaml" ""
         # The first streams wait for the last ones longer than the default 120 s idle timeout.
@@ -577,7 +583,7 @@ if has_target tokentap && ! skip hold-buffered; then
             -c "$BUF_N" --hold --duration "$((BUF_RAMP + BUF_SLACK))s" --warmup 0s --ramp "${BUF_RAMP}s" \
             --ready-after-events "$BUF_TOKENS" --ready-file "$RUN/hold.ready" \
             --label "hold-buffered/$usage" "${BUF_ARGS[@]}"
-        record "{\"phase\":\"hold-buffered\",\"target\":\"tokentap\",\"concurrency\":$BUF_N,\"tokens\":$BUF_TOKENS,\"usage\":\"$usage\",\"client_proto\":\"h2c\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$HELD_PEAK,\"bench\":$HELD_OUT}"
+        record "{\"phase\":\"hold-buffered\",\"target\":\"tokentap\",\"concurrency\":$BUF_N,\"tokens\":$BUF_TOKENS,\"itl_ms\":$HOLD_BUFFERED_ITL_MS,\"usage\":\"$usage\",\"client_proto\":\"h2c\",\"rss_idle_kib\":$idle,\"rss_held_kib\":$HELD_PEAK,\"bench\":$HELD_OUT}"
         echo "$HELD_OUT" | brief '{run: .label, established, ready, errors, error_kinds}' >&2
         stop_targets
     done

@@ -209,7 +209,8 @@ def main():
             vals[cols.index("tokentap")] = (f"{b.get('ready', 0):,} with all tokens, {b.get('errors', '?')} errors; "
                                             + (f"{fmt(r['rss_held_kib'] / 1024, 1)} MiB, {fmt(per, 1)} KiB/stream" if per else "not all ready"))
         ok = b.get("errors") == 0 and b.get("ready") == n and per is not None
-        row(f"{n:,} streams of {r['tokens']:,} tokens held at their end, {what} ({r.get('client_proto')})",
+        pace = f"{r['itl_ms']} ms apart" if r.get("itl_ms") else "in a burst"
+        row(f"{n:,} streams of {r['tokens']:,} tokens ({pace}) held at their end, {what} ({r.get('client_proto')})",
             "< 32 KiB per stream", vals, ("yes" if ok and per < 32 else "no"))
         if not ok:
             failures.append(f"hold-buffered/{r['usage']}: {b.get('ready', 0)} of {n} ready, {b.get('error_kinds')}")
