@@ -15,3 +15,6 @@
 pub mod chunked;
 pub mod request_head;
 pub mod response;
+
+#[cfg(test)]
+mod hyper_agrees;

@@ -10,7 +10,10 @@
 //! beside `Transfer-Encoding`, more than one `Content-Length`, a missing or repeated
 //! `Host`, a target that is not origin-form, bare LF line ends, control bytes, and heads
 //! longer than the limit. What `httparse` itself refuses (obs-fold, whitespace before a
-//! colon, invalid bytes) is rejected with the status hyper sends for it.
+//! colon, invalid bytes) is rejected with the status and bytes hyper sends for it, at the
+//! moment hyper would notice: within the first 24 bytes (what hyper-util's protocol sniff
+//! hands hyper first), or once the head's end has arrived (hyper parses a partial head
+//! again only then).
 //!
 //! The head sent upstream is rebuilt from the parsed one, `name: value` per field in the
 //! client's order and case: nothing a lenient parser might read differently (extra
@@ -20,6 +23,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 
 /// The HTTP/2 connection preface starts like this: such a connection is h2c.
 const H2_PREFACE_START: &[u8] = b"PRI ";
+/// How many bytes hyper-util reads to tell h2c from HTTP/1 before hyper parses them.
+const H2_PREFACE_LEN: usize = 24;
 /// hyper's longest request target; longer ones get its `414`.
 const MAX_TARGET_LEN: usize = u16::MAX as usize - 1;
 
@@ -133,19 +138,27 @@ pub fn read(input: &[u8], rules: &HeadRules<'_>) -> Decision {
     let mut fields = vec![httparse::EMPTY_HEADER; rules.max_headers];
     let mut request = httparse::Request::new(&mut fields);
     let head_len = match request.parse(input) {
-        Ok(httparse::Status::Partial) if input.len() >= rules.max_header_bytes => {
-            return Decision::HandOff(HandOff::HeadTooLarge)
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) | Err(_) if input.len() >= rules.max_header_bytes => {
+            // hyper's server would have stopped reading at its buffer limit.
+            return Decision::HandOff(HandOff::HeadTooLarge);
         }
         Ok(httparse::Status::Partial) => return Decision::NeedMore,
-        // hyper's server would have stopped reading at its buffer limit first.
-        Err(_) if input.len() >= rules.max_header_bytes => {
-            return Decision::HandOff(HandOff::HeadTooLarge)
+        Err(err) => {
+            // hyper parses the first bytes its protocol sniff read (the h2 preface's
+            // length) on their own; after a partial parse it parses again only once a
+            // head end has arrived. Until then it waits, and so does the fast path.
+            let sniffed = &input[..input.len().min(H2_PREFACE_LEN)];
+            let mut fields = vec![httparse::EMPTY_HEADER; rules.max_headers];
+            let early = httparse::Request::new(&mut fields).parse(sniffed).err();
+            if early.is_none() && !has_head_end(input) {
+                return Decision::NeedMore;
+            }
+            return Decision::Reject(match early.unwrap_or(err) {
+                httparse::Error::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                _ => StatusCode::BAD_REQUEST,
+            });
         }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Decision::Reject(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-        }
-        Err(_) => return Decision::Reject(StatusCode::BAD_REQUEST),
-        Ok(httparse::Status::Complete(len)) => len,
     };
     if head_len > rules.max_header_bytes {
         return Decision::HandOff(HandOff::HeadTooLarge);
@@ -157,6 +170,17 @@ pub fn read(input: &[u8], rules: &HeadRules<'_>) -> Decision {
         }
         Err(reason) => Decision::HandOff(reason),
     }
+}
+
+/// The answer to a rejected head, byte for byte what hyper's server sends (it then
+/// closes the connection).
+pub fn rejection(status: StatusCode) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {} {}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or_default()
+    )
+    .into_bytes()
 }
 
 /// The checks and rewrite of a complete, parsed head.
@@ -294,6 +318,12 @@ fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Whether `input` holds what hyper's quick scan takes for the end of a head (CRLFCRLF,
+/// LFLF or LFCRLF), after which it parses the head again.
+fn has_head_end(input: &[u8]) -> bool {
+    input.windows(2).any(|w| w == b"\n\n") || input.windows(3).any(|w| w == b"\n\r\n")
+}
+
 /// Every line ends in CRLF, and nothing else in the head is a control byte.
 fn check_line_ends(head: &[u8]) -> Result<(), HandOff> {
     for (at, &byte) in head.iter().enumerate() {
@@ -410,6 +440,11 @@ pub(crate) mod tests {
             ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Reject(400)),
             ("G(T / HTTP/1.1\r\nHost: a\r\n\r\n", Reject(400)),
             ("GET /\x01 HTTP/1.1\r\nHost: a\r\n\r\n", Reject(400)),
+            // hyper sees an error in its first 24 bytes at once, a later one only when
+            // the head has ended.
+            ("G(T / HTTP/1.1\r\n", Reject(400)),
+            ("GET /v1/chat HTTP/1.1\r\nX-D: a\x01b\r\n", NeedMore),
+            ("GET /v1/chat HTTP/1.1\r\nX-D: a\x01b\r\n\n", Reject(400)),
             // Anything else unusual goes to hyper.
             ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", ToHyper(HandOff::H2Preface)),
             ("GET / HTTP/1.0\r\nHost: a\r\n\r\n", ToHyper(HandOff::NotHttp11)),

@@ -267,7 +267,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
 /// half-closed clients answered, bounded request heads.
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
