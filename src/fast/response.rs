@@ -141,7 +141,8 @@ impl ResponseReader {
     /// Read the next bytes from the upstream. Returns how many of `input` were used:
     /// all of them, except when a head is not complete yet (keep the rest and call again
     /// with more after it) or when the response ended (the rest is not part of it).
-    /// What was found is pushed onto `out`.
+    /// What was found is pushed onto `out`, also when an error stops the reading (the
+    /// data before a broken chunk is still data).
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<Piece>) -> Result<usize, ResponseError> {
         let mut at = 0;
         loop {
@@ -169,15 +170,15 @@ impl ResponseReader {
                         break;
                     }
                     let mut ranges = Vec::new();
-                    let took = reader.feed(&input[at..], &mut ranges)?;
-                    let done = reader.is_done();
+                    let fed = reader.feed(&input[at..], &mut ranges);
                     out.extend(
                         ranges
                             .into_iter()
                             .filter(|range| !range.is_empty())
                             .map(|range| Piece::Data(at + range.start..at + range.end)),
                     );
-                    at += took;
+                    at += fed?;
+                    let done = reader.is_done();
                     if done {
                         self.finish(out);
                     }

@@ -13,6 +13,7 @@ mod demo;
 mod dialects;
 mod faults;
 mod fuzz_decoders;
+mod fuzz_fast_path;
 mod itl;
 mod layering;
 mod lifecycle;
