@@ -518,3 +518,14 @@ fn native_histograms_default_to_schema_3_and_take_a_factor_or_a_schema() {
         assert_eq!(found[0].location.map(|l| l.0), Some(line), "{settings}");
     }
 }
+
+#[test]
+fn the_http1_fast_path_is_off_unless_switched_on() {
+    let base = "upstream: http://127.0.0.1:8000\n";
+    assert!(!parse(base).expect("valid").proxy.http1_fast_path);
+    let on = parse(&format!("{base}proxy:\n  http1_fast_path: true\n")).expect("valid");
+    assert!(on.proxy.http1_fast_path);
+    let found = issues(&format!("{base}proxy:\n  http1_fastpath: true\n"));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].path.starts_with("proxy"), "{}", found[0].path);
+}

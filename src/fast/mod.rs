@@ -11,10 +11,16 @@
 //! - [`chunked`]: the chunked transfer coding, read strictly, telling where the data is.
 //! - [`response`]: an upstream response's heads and framing, telling the observer where
 //!   the body data is while every byte is relayed as it came.
+//!
+//! On a connection (with `proxy.http1_fast_path`), [`first_head`] reads the first request
+//! head and either answers it or hands the connection to hyper through a [`rewind`]
+//! wrapper that replays what was read.
 
 pub mod chunked;
+pub mod first_head;
 pub mod request_head;
 pub mod response;
+pub mod rewind;
 
 #[cfg(test)]
 mod hyper_agrees;

@@ -11,6 +11,7 @@ mod cardinality;
 mod configs;
 mod demo;
 mod dialects;
+mod fast_path;
 mod faults;
 mod fuzz_decoders;
 mod fuzz_fast_path;
