@@ -468,3 +468,44 @@ proptest! {
         })?;
     }
 }
+
+// --- what the hyper path does, pinned for the fast path's relay to match ---------------
+
+/// hyper's client skips informational heads: a `103` from the upstream never reaches the
+/// client; hyper's server answers a client's `Connection: close` with its own
+/// `connection: close` after the upstream's fields; and the request head reaches the
+/// upstream with `Host` moved to the end (the hop-by-hop edits remove and insert it
+/// again) and the other fields in the client's case. Both paths agree today; the relay
+/// must keep it so.
+#[tokio::test]
+async fn interim_heads_are_dropped_and_host_goes_last() {
+    let backend = common::ScriptedBackend::start(vec![Step::Write(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            .to_vec(),
+    )])
+    .await;
+    let yaml = |switch: bool| {
+        format!("proxy:\n  http1_fast_path: {switch}\nupstream:\n  host_header: preserve\n")
+    };
+    for switch in [false, true] {
+        let proxy = common::Proxy::start(&backend.url(), &yaml(switch)).await;
+        let answer = exchange(
+            &proxy,
+            b"GET /v1/models HTTP/1.1\r\nHost: client.example\r\nX-First: 1\r\nX-Second: 2\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(
+            String::from_utf8_lossy(&answer),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok",
+            "switch {switch}"
+        );
+    }
+    let requests = backend.requests.lock().expect("lock").clone();
+    assert_eq!(requests.len(), 2);
+    for request in requests {
+        assert_eq!(
+            String::from_utf8_lossy(&request),
+            "GET /v1/models HTTP/1.1\r\nX-Second: 2\r\nX-First: 1\r\nHost: client.example\r\n\r\n"
+        );
+    }
+}
