@@ -236,7 +236,11 @@ fn mutated() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Table heads with one byte changed: wherever the fast path decides, hyper agrees.
     #[test]
