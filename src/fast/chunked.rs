@@ -321,6 +321,9 @@ mod tests {
             (b"5\r\nhello\r\n", Ok((10, b"hello", false))),
             (b"0\r\n\r", Ok((4, b"", false))),
             (b"\r\n", Err(ChunkedError::InvalidSize)),
+            // The malformed sizes hyper's path answers with 400 (docs/RELIABILITY.md).
+            (b" 5\r\nhello\r\n0\r\n\r\n", Err(ChunkedError::InvalidSize)),
+            (b"FFFFFFFFFFFFFFFFFF\r\n", Err(ChunkedError::SizeOverflow)),
             (b"x\r\n", Err(ChunkedError::InvalidSize)),
             (b"-1\r\n", Err(ChunkedError::InvalidSize)),
             (b"+1\r\n", Err(ChunkedError::InvalidSize)),

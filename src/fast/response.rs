@@ -28,8 +28,10 @@ pub struct ResponseRules {
     pub max_headers: usize,
 }
 
-/// Why a response cannot be relayed (before its head: the client gets a `502`; after it:
-/// the exchange ends as an upstream error).
+/// Why a response cannot be relayed. What the hyper path does in each case (and so what
+/// the relay must do; docs/RELIABILITY.md): before the final head, tokentap answers `502`
+/// and records `upstream_error`; after it, the stream breaks and is recorded as
+/// `upstream_error` with the tokens that arrived measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseError {
     #[error("invalid response head: {0}")]
