@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::request_head::tests::{check, table, RULES};
-use super::request_head::{read, rejection, Decision};
+use super::request_head::{read, rejection, Decision, HeadRules};
 use crate::config::{Config, Overrides};
 
 /// What hyper's server did with one connection's bytes.
@@ -32,9 +32,14 @@ enum HyperSaw {
 }
 
 fn config() -> Config {
+    config_for(&RULES)
+}
+
+/// tokentap's configuration with the limits of `rules`.
+fn config_for(rules: &HeadRules<'_>) -> Config {
     let yaml = format!(
         "upstream: http://127.0.0.1:1\nlimits:\n  max_headers: {}\n  max_header_bytes: {}\n",
-        RULES.max_headers, RULES.max_header_bytes
+        rules.max_headers, rules.max_header_bytes
     );
     Config::from_yaml(&yaml, "test.yaml", &Overrides::default()).expect("valid config")
 }
@@ -77,8 +82,12 @@ async fn through_hyper(config: &Config, input: &[u8]) -> HyperSaw {
 
 /// The fast path's decision on `input` agrees with what hyper did.
 fn agrees(input: &[u8], saw: &HyperSaw) -> Result<(), String> {
+    agrees_under(input, saw, &RULES)
+}
+
+fn agrees_under(input: &[u8], saw: &HyperSaw, rules: &HeadRules<'_>) -> Result<(), String> {
     let shown = String::from_utf8_lossy(input);
-    match (read(input, &RULES), saw) {
+    match (read(input, rules), saw) {
         (Decision::HandOff(_), _) => Ok(()),
         (Decision::Forward(head), HyperSaw::Accepted(method, uri, headers)) => {
             if (&head.method, &head.uri, &head.headers) == (method, uri, headers) {
@@ -121,6 +130,32 @@ fn every_table_row_agrees_with_hyper() {
         }
     }
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+}
+
+/// Too many fields: hyper's `431`, at the same count.
+#[test]
+fn too_many_fields_agree_with_hyper() {
+    let rules = HeadRules {
+        max_headers: 3,
+        ..RULES
+    };
+    let config = config_for(&rules);
+    let runtime = runtime();
+    let mut seen_431 = false;
+    for fields in 1..6 {
+        let mut input = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n".to_vec();
+        for i in 1..fields {
+            input.extend_from_slice(format!("X-{i}: {i}\r\n").as_bytes());
+        }
+        input.extend_from_slice(b"\r\n");
+        seen_431 |=
+            matches!(read(&input, &rules), Decision::Reject(status) if status.as_u16() == 431);
+        let saw = runtime.block_on(through_hyper(&config, &input));
+        if let Err(err) = agrees_under(&input, &saw, &rules) {
+            panic!("{err}");
+        }
+    }
+    assert!(seen_431, "no head had too many fields");
 }
 
 /// Pieces of request heads, ordinary and hostile, that the generator strings together.
