@@ -1,8 +1,8 @@
 //! The fast path's entry on a plain HTTP/1.1 connection: tokentap reads the first request
-//! head itself ([`request_head`](super::request_head)) and answers a head that `httparse`
-//! refuses with hyper's own bytes; every other connection is handed to hyper with what
-//! was read ([`Rewind`](super::rewind::Rewind)), so hyper serves it exactly as if it had
-//! read every byte itself. Heads the fast path could forward are handed over too, until
+//! head itself ([`request_head`]) and answers a head that `httparse` refuses with hyper's
+//! own bytes; every other connection is handed to hyper with what was read
+//! ([`Rewind`](super::rewind::Rewind)), so hyper serves it exactly as if it had read every
+//! byte itself. Heads the fast path could forward are handed over too, until
 //! the fast path relays requests itself (issue 15).
 
 use std::io;
