@@ -73,6 +73,25 @@ fn check_request(input: &[u8], seed: u8, rules: &HeadRules<'_>) {
             other => panic!("a prefix was decided differently: {other:?}"),
         }
     }
+    // Arriving in pieces, the head is decided the same when its end has arrived.
+    let mut reader = request_head::HeadReader::new();
+    let mut decided = false;
+    for cut in cuts(input.len(), seed) {
+        match reader.decide(&input[..cut], rules) {
+            Decision::NeedMore => assert!(cut < input.len() || cut < len, "never decided"),
+            Decision::Forward(again) => {
+                assert!(cut >= len, "forwarded before the head's end");
+                assert_eq!(again.upstream_head, head.upstream_head);
+                decided = true;
+                break;
+            }
+            other => panic!("decided differently in pieces: {other:?}"),
+        }
+    }
+    assert!(
+        decided || input.is_empty(),
+        "a forwarded head never decided in pieces"
+    );
     // What goes upstream is one strict head, with the same framing.
     let upstream = &head.upstream_head;
     let mut fields = vec![httparse::EMPTY_HEADER; rules.max_headers + 1];

@@ -10,7 +10,7 @@ use std::io;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::request_head::{self, Decision, HeadRules};
+use super::request_head::{self, Decision, HeadReader, HeadRules};
 use crate::config::{Config, HostHeader};
 
 /// How much is read from the connection at a time while its head is incomplete.
@@ -68,6 +68,7 @@ pub enum FirstHead {
 pub async fn read(stream: &mut TcpStream, rules: &FirstHeadRules) -> io::Result<FirstHead> {
     let rules = rules.rules();
     let mut input = Vec::with_capacity(READ_CHUNK);
+    let mut reader = HeadReader::new();
     loop {
         if input.capacity() - input.len() < READ_CHUNK / 2 {
             input.reserve(READ_CHUNK);
@@ -75,7 +76,7 @@ pub async fn read(stream: &mut TcpStream, rules: &FirstHeadRules) -> io::Result<
         if stream.read_buf(&mut input).await? == 0 {
             return Ok(FirstHead::Done);
         }
-        match request_head::read(&input, &rules) {
+        match reader.decide(&input, &rules) {
             Decision::NeedMore => {}
             Decision::Reject(status) => {
                 stream.write_all(&request_head::rejection(status)).await?;

@@ -1,5 +1,5 @@
 //! The request head reader against hyper's own server, configured as tokentap's is: for
-//! every head the fast path does not hand off, hyper accepts it (and parses the same
+//! every head (sent in one write) the fast path does not hand off, hyper accepts it (and parses the same
 //! method, target and fields) exactly when the fast path forwards it, answers exactly
 //! what the fast path's rejection is when it rejects it, and waits for more exactly when
 //! the fast path does.
@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::request_head::tests::{check, table, RULES};
-use super::request_head::{read, rejection, Decision, HeadRules};
+use super::request_head::{rejection, Decision, HeadReader, HeadRules};
 use crate::config::{Config, Overrides};
 
 /// What hyper's server did with one connection's bytes.
@@ -87,7 +87,7 @@ fn agrees(input: &[u8], saw: &HyperSaw) -> Result<(), String> {
 
 fn agrees_under(input: &[u8], saw: &HyperSaw, rules: &HeadRules<'_>) -> Result<(), String> {
     let shown = String::from_utf8_lossy(input);
-    match (read(input, rules), saw) {
+    match (HeadReader::new().decide(input, rules), saw) {
         (Decision::HandOff(_), _) => Ok(()),
         (Decision::Forward(head), HyperSaw::Accepted(method, uri, headers)) => {
             if (&head.method, &head.uri, &head.headers) == (method, uri, headers) {
@@ -148,8 +148,7 @@ fn too_many_fields_agree_with_hyper() {
             input.extend_from_slice(format!("X-{i}: {i}\r\n").as_bytes());
         }
         input.extend_from_slice(b"\r\n");
-        seen_431 |=
-            matches!(read(&input, &rules), Decision::Reject(status) if status.as_u16() == 431);
+        seen_431 |= matches!(HeadReader::new().decide(&input, &rules), Decision::Reject(status) if status.as_u16() == 431);
         let saw = runtime.block_on(through_hyper(&config, &input));
         if let Err(err) = agrees_under(&input, &saw, &rules) {
             panic!("{err}");

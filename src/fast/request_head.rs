@@ -11,9 +11,9 @@
 //! `Host`, a target that is not origin-form, bare LF line ends, control bytes, and heads
 //! longer than the limit. What `httparse` itself refuses (obs-fold, whitespace before a
 //! colon, invalid bytes) is rejected with the status and bytes hyper sends for it, at the
-//! moment hyper would notice: within the first 24 bytes (what hyper-util's protocol sniff
-//! hands hyper first), or once the head's end has arrived (hyper parses a partial head
-//! again only then).
+//! moment hyper would notice ([`HeadReader`]): in the first read (at most 24 bytes: what
+//! hyper-util's protocol sniff hands hyper first), or once the head's end has arrived
+//! (hyper parses a partial head again only then).
 //!
 //! The head sent upstream is rebuilt from the parsed one, `name: value` per field in the
 //! client's order and case: nothing a lenient parser might read differently (extra
@@ -23,8 +23,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 
 /// The HTTP/2 connection preface starts like this: such a connection is h2c.
 const H2_PREFACE_START: &[u8] = b"PRI ";
-/// How many bytes hyper-util reads to tell h2c from HTTP/1 before hyper parses them.
-const H2_PREFACE_LEN: usize = 24;
+/// The most hyper-util's protocol sniff reads (the h2 preface's length) before hyper
+/// parses those bytes on their own.
+const SNIFF_LEN: usize = 24;
 /// hyper's longest request target; longer ones get its `414`.
 const MAX_TARGET_LEN: usize = u16::MAX as usize - 1;
 
@@ -130,7 +131,53 @@ const HOP_BY_HOP: [&str; 4] = [
     "proxy-authorization",
 ];
 
-/// Read the request head at the start of `input`.
+/// Reads one connection's request head as it arrives, parsing when hyper's server would:
+/// the bytes of the first read (at most 24, what hyper-util's protocol sniff reads) on
+/// their own, then again only once a head end (`\r\n\r\n`, `\n\n`, `\n\r\n`) has
+/// arrived, as hyper's quick scan decides. So an invalid byte past the first read is
+/// answered when the head ends, as hyper answers it, and a head sent a byte at a time
+/// costs a scan of each new byte, not a parse of the whole head each time.
+#[derive(Debug, Default)]
+pub struct HeadReader {
+    /// How much of the input had been looked at by the last call (`None` before the first).
+    checked: Option<usize>,
+}
+
+impl HeadReader {
+    pub fn new() -> HeadReader {
+        HeadReader::default()
+    }
+
+    /// Decide on `input`, every byte read from the connection so far (the previous call's
+    /// input and what the last read added).
+    pub fn decide(&mut self, input: &[u8], rules: &HeadRules<'_>) -> Decision {
+        let checked = match self.checked {
+            Some(checked) => checked,
+            None => {
+                let first = &input[..input.len().min(SNIFF_LEN)];
+                match read(first, rules) {
+                    Decision::NeedMore => first.len(),
+                    decided => return decided,
+                }
+            }
+        };
+        self.checked = Some(input.len());
+        if input.len() <= checked {
+            return Decision::NeedMore;
+        }
+        if has_head_end(&input[checked.saturating_sub(3)..]) {
+            return read(input, rules);
+        }
+        if input.len() >= rules.max_header_bytes {
+            // hyper's server would have stopped reading at its buffer limit.
+            return Decision::HandOff(HandOff::HeadTooLarge);
+        }
+        Decision::NeedMore
+    }
+}
+
+/// Read the request head at the start of `input`, all of it at once (see [`HeadReader`]
+/// for a head that arrives in pieces).
 pub fn read(input: &[u8], rules: &HeadRules<'_>) -> Decision {
     if input.starts_with(H2_PREFACE_START) {
         return Decision::HandOff(HandOff::H2Preface);
@@ -144,21 +191,10 @@ pub fn read(input: &[u8], rules: &HeadRules<'_>) -> Decision {
             return Decision::HandOff(HandOff::HeadTooLarge);
         }
         Ok(httparse::Status::Partial) => return Decision::NeedMore,
-        Err(err) => {
-            // hyper parses the first bytes its protocol sniff read (the h2 preface's
-            // length) on their own; after a partial parse it parses again only once a
-            // head end has arrived. Until then it waits, and so does the fast path.
-            let sniffed = &input[..input.len().min(H2_PREFACE_LEN)];
-            let mut fields = vec![httparse::EMPTY_HEADER; rules.max_headers];
-            let early = httparse::Request::new(&mut fields).parse(sniffed).err();
-            if early.is_none() && !has_head_end(input) {
-                return Decision::NeedMore;
-            }
-            return Decision::Reject(match early.unwrap_or(err) {
-                httparse::Error::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                _ => StatusCode::BAD_REQUEST,
-            });
+        Err(httparse::Error::TooManyHeaders) => {
+            return Decision::Reject(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
         }
+        Err(_) => return Decision::Reject(StatusCode::BAD_REQUEST),
     };
     if head_len > rules.max_header_bytes {
         return Decision::HandOff(HandOff::HeadTooLarge);
@@ -528,7 +564,7 @@ pub(crate) mod tests {
 
     pub(crate) fn check(input: &[u8], expected: &Expect) {
         let shown = String::from_utf8_lossy(input);
-        match (read(input, &RULES), expected) {
+        match (HeadReader::new().decide(input, &RULES), expected) {
             (Decision::Forward(head), Expect::Forward(framing, upstream, keep_alive)) => {
                 assert_eq!(head.framing, *framing, "{shown:?}");
                 assert_eq!(
@@ -555,6 +591,50 @@ pub(crate) mod tests {
         for (input, expected) in table() {
             check(input.as_bytes(), &expected);
         }
+    }
+
+    /// Fed a byte at a time, a head is parsed only when its end arrives, and is decided
+    /// as when it came in one read; an error in the first byte is answered at once, a later
+    /// one at the head's end (as hyper, whose first parse is of its first read).
+    #[test]
+    fn a_head_arriving_a_byte_at_a_time_is_decided_at_its_end() {
+        let by_bytes = |input: &[u8]| {
+            let mut reader = HeadReader::new();
+            (1..=input.len())
+                .map(|end| reader.decide(&input[..end], &RULES))
+                .collect::<Vec<_>>()
+        };
+        let valid = b"POST /v1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n";
+        let decisions = by_bytes(valid);
+        let (last, before) = decisions.split_last().expect("decisions");
+        assert!(
+            before.iter().all(|d| matches!(d, Decision::NeedMore)),
+            "{before:?}"
+        );
+        let (Decision::Forward(split), Decision::Forward(whole)) =
+            (last, HeadReader::new().decide(valid, &RULES))
+        else {
+            panic!("not forwarded: {last:?}");
+        };
+        assert_eq!(split.upstream_head, whole.upstream_head);
+
+        let late_error = b"GET /v1 HTTP/1.1\r\nX: a\x01b\r\n\r\n";
+        let decisions = by_bytes(late_error);
+        let (last, before) = decisions.split_last().expect("decisions");
+        assert!(
+            before.iter().all(|d| matches!(d, Decision::NeedMore)),
+            "{before:?}"
+        );
+        assert!(
+            matches!(last, Decision::Reject(StatusCode::BAD_REQUEST)),
+            "{last:?}"
+        );
+
+        let first_byte = by_bytes(b"(GET / HTTP/1.1\r\n");
+        assert!(matches!(
+            first_byte[0],
+            Decision::Reject(StatusCode::BAD_REQUEST)
+        ));
     }
 
     #[test]
