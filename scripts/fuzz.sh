@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of every decoder and of the request scanner (cargo-fuzz,
-# libFuzzer), each target for a fixed time budget. The checks are in fuzz/src/lib.rs:
-# whole vs split decoding must agree, nothing may panic, and the request scanner must
-# agree with serde_json. A fixed-budget proptest run of the same checks is part of
-# `cargo test` (tests/it/fuzz_decoders.rs); this is the deeper, coverage-guided run.
+# Coverage-guided fuzzing of every decoder, of the request scanner and of the HTTP/1.1
+# fast path's readers (cargo-fuzz, libFuzzer), each target for a fixed time budget. The
+# checks are in fuzz/src/lib.rs: whole vs split decoding must agree, nothing may panic,
+# the request scanner must agree with serde_json, and the fast path never forwards an
+# ambiguous request (fuzz/src/fast_path.rs). A fixed-budget proptest run of the same
+# checks is part of `cargo test` (tests/it/fuzz_decoders.rs, tests/it/fuzz_fast_path.rs);
+# this is the deeper, coverage-guided run.
 #
 #   scripts/fuzz.sh [--seconds N] [--target NAME]... [--jobs N] [--list]
 #
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
         --target) only+=("$2"); shift 2 ;;
         --jobs) jobs="$2"; shift 2 ;;
         --list) list=1; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -144,6 +146,20 @@ for body in \
     printf '%s' "$body" | seed_file fuzz/corpus/request_scanner "seed$(printf '%s' "$body" | cksum | cut -d' ' -f1)" 7
 done
 
+# The fast path's readers: `[selector, split seed, bytes...]` (fuzz/src/fast_path.rs).
+fast_seed=0
+for message in \
+    'GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n' \
+    'POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}' \
+    'POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2;x=y\r\n{}\r\n0\r\nX-T: 1\r\n\r\n' \
+    'GET / HTTP/1.1\r\nHost: a\r\nConnection: close, x-a\r\nX-A: 1\r\nTE: trailers\r\n\r\n' \
+    'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello' \
+    'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n' \
+    'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: {}\n\n'; do
+    fast_seed=$((fast_seed + 1))
+    printf '%b' "$message" | seed_file fuzz/corpus/fast_path "seed$fast_seed" $((fast_seed % 4)) 7
+done
+
 # --- run ------------------------------------------------------------------------------
 passed=0
 failed=0
@@ -151,6 +167,7 @@ printf '\n%-28s %8s %12s %10s %8s %10s  %s\n' target seconds executions exec/s c
 for target in "${targets[@]}"; do
     dict=fuzz/dicts/wire.dict
     [ "$target" = request_scanner ] && dict=fuzz/dicts/request.dict
+    [ "$target" = fast_path ] && dict=fuzz/dicts/http.dict
     mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
     log="/tmp/tokentap-fuzz-$target.log"
     start=$(date +%s)

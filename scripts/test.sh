@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, every Rust test, the checks of the shipped deploy files, and an
-# end-to-end run of tokentap under a real Prometheus with the dashboard's queries.
+# formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
+# fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
+# under a real Prometheus with the dashboard's queries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,9 @@ step "cargo test (unit, fixtures, property tests, integration)"
 cargo test --all-targets 2>&1 | tee /tmp/tokentap-cargo-test.log
 # Doc tests run separately (all-targets skips them).
 cargo test --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+# The integration suite once more with `proxy.http1_fast_path` on (about a minute and a
+# half): every test then goes through the fast path's first-head reader.
+TOKENTAP_IT_FAST_PATH=1 cargo test --test it 2>&1 | tee -a /tmp/tokentap-cargo-test.log
 
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')

@@ -41,6 +41,9 @@ pub(super) const DEFAULT_MAX_PAIRS: usize = 2000;
 pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
+pub(super) const fn default_http1_fast_path() -> bool {
+    false
+}
 pub(super) const fn default_max_headers() -> usize {
     100
 }

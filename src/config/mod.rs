@@ -37,6 +37,7 @@ pub struct Config {
     pub upstream: Upstream,
     pub tls: Option<ListenerTls>,
     pub shutdown: Shutdown,
+    pub proxy: ProxySettings,
     pub limits: Limits,
     pub tenants: Vec<TenantSource>,
     pub labels: Labels,
@@ -87,6 +88,13 @@ pub enum HostHeader {
 pub struct ListenerTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+}
+
+/// How the proxy port serves HTTP/1.1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxySettings {
+    /// `proxy.http1_fast_path`.
+    pub http1_fast_path: bool,
 }
 
 #[derive(Clone, Copy, Debug)]

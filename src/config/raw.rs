@@ -30,6 +30,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub shutdown: RawShutdown,
     #[serde(default)]
+    pub proxy: RawProxy,
+    #[serde(default)]
     pub limits: RawLimits,
     #[serde(default)]
     pub tenants: RawTenants,
@@ -106,6 +108,19 @@ pub struct RawTls {
     pub cert_file: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+}
+
+/// How the proxy port serves HTTP/1.1.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `http1_fast_path`")]
+pub struct RawProxy {
+    /// Read each plain (not TLS) HTTP/1.1 connection's first request head with
+    /// tokentap's own reader instead of hyper's: a head that `httparse` refuses is answered
+    /// with hyper's `400`/`431` bytes, and every other connection is handed to hyper with
+    /// the bytes read so far, which serves it exactly as when this is off. This is the
+    /// entry of the HTTP/1.1 fast path (issue 15), whose relay is not yet in. Applies to
+    /// connections accepted after a reload. Default false.
+    pub http1_fast_path: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -633,3 +633,14 @@ fn exemplars_read_traceparent_by_default_and_take_a_valid_header_name() {
     let found = issues(&format!("{base}    sample_rate: 1\n"));
     assert_eq!(found.len(), 1, "unknown key: {found:?}");
 }
+
+#[test]
+fn the_http1_fast_path_is_off_unless_switched_on() {
+    let base = "upstream: http://127.0.0.1:8000\n";
+    assert!(!parse(base).expect("valid").proxy.http1_fast_path);
+    let on = parse(&format!("{base}proxy:\n  http1_fast_path: true\n")).expect("valid");
+    assert!(on.proxy.http1_fast_path);
+    let found = issues(&format!("{base}proxy:\n  http1_fastpath: true\n"));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].path.starts_with("proxy"), "{}", found[0].path);
+}

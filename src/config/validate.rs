@@ -89,6 +89,12 @@ impl RawConfig {
         let shutdown = Shutdown {
             drain_timeout: dur(self.shutdown.drain_timeout, default_drain_timeout()),
         };
+        let proxy = ProxySettings {
+            http1_fast_path: self
+                .proxy
+                .http1_fast_path
+                .unwrap_or(default_http1_fast_path()),
+        };
         let limits = Limits {
             max_in_flight: self
                 .limits
@@ -228,6 +234,7 @@ impl RawConfig {
                 upstream,
                 tls,
                 shutdown,
+                proxy,
                 limits,
                 tenants,
                 labels,

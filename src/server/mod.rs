@@ -7,7 +7,9 @@
 //! deadline.
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
-//! connection is handed to one of the [`workers`].
+//! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path`, a plain
+//! connection's first request head is read by the [`fast`](crate::fast) path before hyper
+//! gets the connection.
 //!
 //! On shutdown a connection that has not yet delivered one whole request (it sent
 //! nothing, half a head, half an h2 preface) is closed at once: it has nothing to drain,
@@ -31,6 +33,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
+use crate::fast::first_head::{self, FirstHead, FirstHeadRules};
+use crate::fast::rewind::Rewind;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
@@ -228,7 +232,16 @@ impl Server {
             match &tls {
                 None => {
                     let header_read_timeout = config.limits.header_read_timeout;
-                    workers.dispatch(move || serve_plain(stream, connection, header_read_timeout))
+                    // Per connection, so that a reload switches new connections over.
+                    let active = proxy.active();
+                    let fast = active
+                        .config
+                        .proxy
+                        .http1_fast_path
+                        .then(|| FirstHeadRules::new(&active.config));
+                    workers.dispatch(move || {
+                        serve_plain(stream, connection, header_read_timeout, fast)
+                    })
                 }
                 Some(acceptor) => {
                     let acceptor = acceptor.clone();
@@ -267,7 +280,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
 /// half-closed clients answered, bounded request heads.
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -332,21 +345,24 @@ impl Connection {
 // connections are separate futures (a TLS session takes no room in a plain one), and hyper's
 // connection borrows the builder where `into_owned` would copy it.
 
-/// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker.
+/// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker; with `fast`
+/// (`proxy.http1_fast_path`), its first request head is read by [`first_head`].
 async fn serve_plain(
     stream: std::net::TcpStream,
     connection: Connection,
     header_read_timeout: Duration,
+    fast: Option<FirstHeadRules>,
 ) {
-    let Some(stream) = connection.register(stream) else {
+    let Some(mut stream) = connection.register(stream) else {
         return;
     };
     // hyper's header_read_timeout starts only once the protocol is known, and hyper-util
     // waits for that without a deadline: bound it here, so a client that connects and
     // says nothing cannot hold a descriptor forever.
+    let deadline = tokio::time::Instant::now() + header_read_timeout;
     let mut closing = connection.closing.clone();
     tokio::select! {
-        known = tokio::time::timeout(header_read_timeout, protocol_known(&stream)) => {
+        known = tokio::time::timeout_at(deadline, protocol_known(&stream)) => {
             if known.is_err() {
                 tracing::debug!(peer = %connection.peer, "closing a connection that sent no request");
                 return;
@@ -354,11 +370,32 @@ async fn serve_plain(
         }
         _ = shutting_down(&mut closing) => return,
     }
+    let read_already = match fast {
+        None => Vec::new(),
+        Some(rules) => {
+            let first = tokio::select! {
+                first = tokio::time::timeout_at(deadline, first_head::read(&mut stream, &rules)) => first,
+                _ = shutting_down(&mut closing) => return,
+            };
+            match first {
+                Ok(Ok(FirstHead::HandOff(read_already))) => read_already,
+                Ok(Ok(FirstHead::Done)) => return,
+                Ok(Err(err)) => {
+                    tracing::debug!(peer = %connection.peer, error = %err, "connection failed before its first head");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(peer = %connection.peer, "closing a connection whose first head did not arrive in time");
+                    return;
+                }
+            }
+        }
+    };
     let (service, first_request) = FirstRequest::wrap(connection.service, true);
     // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.
     let http = connection
         .builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        .serve_connection_with_upgrades(TokioIo::new(Rewind::new(read_already, stream)), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
         connection_ended(connection.peer, result);

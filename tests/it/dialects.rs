@@ -220,9 +220,9 @@ async fn stack() -> Stack {
         admin: Some("127.0.0.1:0".into()),
         ..Overrides::default()
     };
-    let server = Server::bind(Config::from_overrides(&overrides).expect("config"))
-        .await
-        .expect("bind tokentap");
+    let mut config = Config::from_overrides(&overrides).expect("config");
+    crate::common::fast_path_from_env(&mut config);
+    let server = Server::bind(config).await.expect("bind tokentap");
     let (proxy, admin) = (server.proxy_addr(), server.admin_addr());
     tokio::spawn(server.run(stopped(rx)));
     Stack {

@@ -62,6 +62,40 @@ fn the_sans_io_core_imports_no_layer_above_it() {
 }
 
 #[test]
+fn the_fast_path_readers_are_sans_io() {
+    // `fast`'s head and framing readers take bytes and plain rules, like the core.
+    let graph = Graph::read(&src_dir());
+    let readers = ["request_head", "chunked", "response"];
+    for reader in readers {
+        let module = vec!["fast".to_string(), reader.to_string()];
+        assert!(
+            graph.edges.contains_key(&module),
+            "fast::{reader} not found"
+        );
+    }
+    let mut reached = Vec::new();
+    for (from, targets) in &graph.edges {
+        let is_reader = from.len() == 2 && from[0] == "fast" && readers.contains(&from[1].as_str());
+        if !is_reader {
+            continue;
+        }
+        for to in targets {
+            if to
+                .first()
+                .is_some_and(|top| ABOVE_THE_CORE.contains(&top.as_str()))
+            {
+                reached.push(format!("{} -> {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(
+        reached.is_empty(),
+        "fast path readers reach up:\n{}",
+        reached.join("\n")
+    );
+}
+
+#[test]
 fn metrics_takes_plain_values() {
     // `Metrics::finish` takes plain figures: metrics knows nothing of how they were measured.
     let graph = Graph::read(&src_dir());

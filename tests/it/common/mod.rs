@@ -72,6 +72,14 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
+/// With `TOKENTAP_IT_FAST_PATH=1`, turn `proxy.http1_fast_path` on: `scripts/test.sh`
+/// runs the integration suite once per path. A test that sets the key itself keeps it on.
+pub fn fast_path_from_env(config: &mut Config) {
+    if std::env::var("TOKENTAP_IT_FAST_PATH").is_ok_and(|value| value == "1") {
+        config.proxy.http1_fast_path = true;
+    }
+}
+
 /// A running tokentap.
 pub struct Proxy {
     pub addr: SocketAddr,
@@ -91,7 +99,8 @@ impl Proxy {
             ..Overrides::default()
         };
         let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
-        let config = Config::from_yaml(yaml, "test", &overrides).expect("valid test config");
+        let mut config = Config::from_yaml(yaml, "test", &overrides).expect("valid test config");
+        fast_path_from_env(&mut config);
         // Two workers whatever the machine, so every test crosses the hand-off from the
         // accept loop to a worker and runs with more than one upstream pool shard.
         let server = Server::bind(config)

@@ -1,0 +1,825 @@
+//! An upstream's HTTP/1.1 response, read as its bytes arrive: its head (parsed with
+//! `httparse`, and rebuilt for the client with the hop-by-hop edits), then its body,
+//! with the reader saying which of the relayed bytes are body data (for the observer)
+//! and where the response ends (so the upstream connection can be reused, and the next
+//! response is never taken for part of this one).
+//!
+//! The framing follows RFC 9112 6.3 as hyper's client reads it: no body after a `HEAD`
+//! request or in a `204` or `304`; `Transfer-Encoding: chunked` (which wins over a
+//! `Content-Length`); a `Content-Length` (repeated only with one value); else the body
+//! runs until the upstream closes. Informational heads (`100`, `103`, ...) are skipped,
+//! as hyper's client skips them; a `101` is an error (the fast path forwards no upgrade),
+//! as are a transfer coding other than `chunked` (which the hyper path refuses with a
+//! `502`), an unreadable head and broken chunked framing. An upstream that closes before
+//! the end is told apart from one that closes where a close-delimited body ends.
+
+use std::ops::Range;
+
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::chunked::{ChunkedError, ChunkedReader};
+
+/// What a response is read with.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseRules {
+    /// The longest head (and trailer section) accepted.
+    pub max_header_bytes: usize,
+    /// The most fields in a head.
+    pub max_headers: usize,
+}
+
+/// Why a response cannot be relayed. What the hyper path does in each case (and so what
+/// the relay must do; docs/RELIABILITY.md): before the final head, tokentap answers `502`
+/// and records `upstream_error`; after it, the stream breaks and is recorded as
+/// `upstream_error` with the tokens that arrived measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    #[error("invalid response head: {0}")]
+    Head(&'static str),
+    #[error("response head larger than its limit")]
+    HeadTooLarge,
+    #[error("101 Switching Protocols to a request that asked for no upgrade")]
+    UnexpectedSwitch,
+    #[error("unsupported transfer coding (only chunked can be forwarded)")]
+    TransferCoding,
+    #[error("invalid Content-Length")]
+    ContentLength,
+    #[error("chunked body: {0}")]
+    Chunked(#[from] ChunkedError),
+    #[error("upstream closed the connection before the response head")]
+    ClosedBeforeHead,
+    #[error("upstream closed the connection before the end of the body")]
+    ClosedInBody,
+}
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    ContentLength(u64),
+    /// The chunked coding.
+    Chunked,
+    /// Until the upstream closes the connection.
+    UntilClose,
+}
+
+/// A final response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Where the head is in the input it arrived in.
+    pub range: Range<usize>,
+    pub status: StatusCode,
+    /// Every field as the upstream sent it (for observation).
+    pub headers: HeaderMap,
+    pub framing: BodyFraming,
+    /// Whether the upstream connection may carry another request after this response.
+    pub reusable: bool,
+    /// The head to send the client: the upstream's status line (as HTTP/1.1) and fields
+    /// in order and case, without hop-by-hop fields; the body's own framing fields stay,
+    /// as the body is relayed as it came.
+    pub client_head: Vec<u8>,
+}
+
+/// What one call to [`ResponseReader::feed`] found, in order.
+#[derive(Debug)]
+pub enum Piece {
+    /// An informational head at this range (not relayed: hyper's client skips them).
+    Interim(Range<usize>),
+    /// The final head.
+    Head(Box<ResponseHead>),
+    /// Body data at this range of the input.
+    Data(Range<usize>),
+    /// The response is complete.
+    End,
+}
+
+#[derive(Debug)]
+enum State {
+    Head,
+    Length { remaining: u64 },
+    Chunked(ChunkedReader),
+    UntilClose,
+    Done,
+}
+
+/// Reads one response to one request.
+#[derive(Debug)]
+pub struct ResponseReader {
+    state: State,
+    /// The request was `HEAD`: the response has no body whatever its head says.
+    head_request: bool,
+    rules: ResponseRules,
+}
+
+/// Fields that describe one connection, removed before the head reaches the client, as
+/// [`strip_hop_by_hop`](crate::proxy::upstream::strip_hop_by_hop) does (but
+/// `Transfer-Encoding`, which frames the relayed body, stays).
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "upgrade",
+];
+
+impl ResponseReader {
+    /// A reader for the response to a request; `head_request` if its method was `HEAD`.
+    pub fn new(head_request: bool, rules: ResponseRules) -> ResponseReader {
+        ResponseReader {
+            state: State::Head,
+            head_request,
+            rules,
+        }
+    }
+
+    /// Whether the response is complete.
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// Read the next bytes from the upstream. Returns how many of `input` were used:
+    /// all of them, except when a head is not complete yet (keep the rest and call again
+    /// with more after it) or when the response ended (the rest is not part of it).
+    /// What was found is pushed onto `out`, also when an error stops the reading (the
+    /// data before a broken chunk is still data).
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<Piece>) -> Result<usize, ResponseError> {
+        let mut at = 0;
+        loop {
+            match &mut self.state {
+                State::Done => break,
+                State::Head => match self.head(input, at, out)? {
+                    Some(len) => at += len,
+                    None => break,
+                },
+                State::Length { remaining } => {
+                    if at == input.len() {
+                        break;
+                    }
+                    let available = input.len() - at;
+                    let take = usize::try_from(*remaining).map_or(available, |r| r.min(available));
+                    out.push(Piece::Data(at..at + take));
+                    at += take;
+                    *remaining -= take as u64;
+                    if *remaining == 0 {
+                        self.finish(out);
+                    }
+                }
+                State::Chunked(reader) => {
+                    if at == input.len() {
+                        break;
+                    }
+                    let mut ranges = Vec::new();
+                    let fed = reader.feed(&input[at..], &mut ranges);
+                    out.extend(
+                        ranges
+                            .into_iter()
+                            .filter(|range| !range.is_empty())
+                            .map(|range| Piece::Data(at + range.start..at + range.end)),
+                    );
+                    at += fed?;
+                    let done = reader.is_done();
+                    if done {
+                        self.finish(out);
+                    }
+                }
+                State::UntilClose => {
+                    if at < input.len() {
+                        out.push(Piece::Data(at..input.len()));
+                    }
+                    at = input.len();
+                    break;
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    /// The upstream closed the connection: where that leaves the response.
+    pub fn closed(&mut self, out: &mut Vec<Piece>) -> Result<(), ResponseError> {
+        match self.state {
+            State::Done => Ok(()),
+            State::UntilClose => {
+                self.finish(out);
+                Ok(())
+            }
+            State::Head => Err(ResponseError::ClosedBeforeHead),
+            State::Length { .. } | State::Chunked(_) => Err(ResponseError::ClosedInBody),
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Piece>) {
+        self.state = State::Done;
+        out.push(Piece::End);
+    }
+
+    /// Parse a head at `input[at..]`: its length, or `None` if it is not complete yet.
+    fn head(
+        &mut self,
+        input: &[u8],
+        at: usize,
+        out: &mut Vec<Piece>,
+    ) -> Result<Option<usize>, ResponseError> {
+        let rest = &input[at..];
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let mut fields = vec![httparse::EMPTY_HEADER; self.rules.max_headers];
+        let mut response = httparse::Response::new(&mut fields);
+        let len = match response.parse(rest) {
+            Ok(httparse::Status::Partial) if rest.len() >= self.rules.max_header_bytes => {
+                return Err(ResponseError::HeadTooLarge)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(ResponseError::HeadTooLarge),
+            Err(err) => return Err(ResponseError::Head(parse_error(err))),
+            Ok(httparse::Status::Complete(len)) => len,
+        };
+        if len > self.rules.max_header_bytes {
+            return Err(ResponseError::HeadTooLarge);
+        }
+        let code = response.code.unwrap_or_default();
+        let status = StatusCode::from_u16(code).map_err(|_| ResponseError::Head("status"))?;
+        let range = at..at + len;
+        match code {
+            101 => return Err(ResponseError::UnexpectedSwitch),
+            100..=199 => {
+                out.push(Piece::Interim(range));
+                return Ok(Some(len));
+            }
+            _ => {}
+        }
+        let head = self.final_head(&response, status, range)?;
+        self.state = match head.framing {
+            BodyFraming::Empty => State::Done,
+            BodyFraming::ContentLength(0) => State::Done,
+            BodyFraming::ContentLength(n) => State::Length { remaining: n },
+            BodyFraming::Chunked => State::Chunked(ChunkedReader::new(self.rules.max_header_bytes)),
+            BodyFraming::UntilClose => State::UntilClose,
+        };
+        out.push(Piece::Head(Box::new(head)));
+        if matches!(self.state, State::Done) {
+            out.push(Piece::End);
+        }
+        Ok(Some(len))
+    }
+
+    fn final_head(
+        &self,
+        response: &httparse::Response<'_, '_>,
+        status: StatusCode,
+        range: Range<usize>,
+    ) -> Result<ResponseHead, ResponseError> {
+        let http11 = response.version == Some(1);
+        let mut headers = HeaderMap::with_capacity(response.headers.len());
+        let mut close = false;
+        let mut keep_alive_token = false;
+        let mut codings = 0;
+        let mut chunked = false;
+        let mut length: Option<Option<u64>> = None;
+        let mut named: Vec<Vec<u8>> = Vec::new();
+        let mut te_trailers = None;
+        for field in response.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| ResponseError::Head("field name"))?;
+            let value = HeaderValue::from_bytes(field.value)
+                .map_err(|_| ResponseError::Head("field value"))?;
+            match name.as_str() {
+                "transfer-encoding" => {
+                    codings += 1;
+                    chunked = field.value.eq_ignore_ascii_case(b"chunked");
+                }
+                "content-length" => {
+                    length = Some(same_lengths(length, field.value));
+                }
+                "connection" => {
+                    for token in field.value.split(|&b| b == b',') {
+                        let token = token.trim_ascii();
+                        close |= token.eq_ignore_ascii_case(b"close");
+                        keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                        named.push(token.to_ascii_lowercase());
+                    }
+                }
+                "te" => {
+                    let trailers = field
+                        .value
+                        .split(|&b| b == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+                    if trailers && te_trailers.is_none() {
+                        te_trailers = Some(field.name);
+                    }
+                }
+                _ => {}
+            }
+            headers.append(name, value);
+        }
+        let bodiless = self.head_request || matches!(status.as_u16(), 204 | 304);
+        let framing = if bodiless {
+            BodyFraming::Empty
+        } else if codings > 0 {
+            if !http11 || codings > 1 || !chunked {
+                return Err(ResponseError::TransferCoding);
+            }
+            BodyFraming::Chunked
+        } else {
+            match length {
+                None => BodyFraming::UntilClose,
+                Some(None) => return Err(ResponseError::ContentLength),
+                Some(Some(n)) => BodyFraming::ContentLength(n),
+            }
+        };
+        let reusable = framing != BodyFraming::UntilClose && !close && (http11 || keep_alive_token);
+
+        // A chunked body is relayed chunked, so a `Content-Length` beside it goes (RFC
+        // 9112 6.3: the coding wins, and an intermediary removes the length).
+        let drop_length = framing == BodyFraming::Chunked;
+        let mut client_head = Vec::with_capacity(range.len() + 16);
+        client_head.extend_from_slice(b"HTTP/1.1 ");
+        client_head.extend_from_slice(status.as_str().as_bytes());
+        client_head.push(b' ');
+        let reason = response.reason.unwrap_or_default();
+        let reason = if reason.is_empty() {
+            status.canonical_reason().unwrap_or_default()
+        } else {
+            reason
+        };
+        client_head.extend_from_slice(reason.as_bytes());
+        client_head.extend_from_slice(b"\r\n");
+        for field in response.headers.iter() {
+            let lower = field.name.to_ascii_lowercase();
+            if HOP_BY_HOP.contains(&lower.as_str())
+                || lower == "te"
+                || (drop_length && lower == "content-length")
+                || named.iter().any(|n| n == lower.as_bytes())
+            {
+                continue;
+            }
+            client_head.extend_from_slice(field.name.as_bytes());
+            client_head.extend_from_slice(b": ");
+            client_head.extend_from_slice(field.value);
+            client_head.extend_from_slice(b"\r\n");
+        }
+        if let Some(name) = te_trailers {
+            client_head.extend_from_slice(name.as_bytes());
+            client_head.extend_from_slice(b": trailers\r\n");
+        }
+        client_head.extend_from_slice(b"\r\n");
+        Ok(ResponseHead {
+            range,
+            status,
+            headers,
+            framing,
+            reusable,
+            client_head,
+        })
+    }
+}
+
+/// Fold one more `Content-Length` value (a comma list allowed, as hyper's client allows
+/// it) into what was seen: `Some(n)` while every value is the same plain number.
+fn same_lengths(seen: Option<Option<u64>>, value: &[u8]) -> Option<u64> {
+    let mut length = match seen {
+        Some(None) => return None,
+        Some(Some(n)) => Some(n),
+        None => None,
+    };
+    for part in value.split(|&b| b == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        if length.is_some_and(|seen| seen != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
+}
+
+fn parse_error(err: httparse::Error) -> &'static str {
+    match err {
+        httparse::Error::HeaderName => "field name",
+        httparse::Error::HeaderValue => "field value",
+        httparse::Error::NewLine => "line end",
+        httparse::Error::Status => "status",
+        httparse::Error::Token => "token",
+        httparse::Error::TooManyHeaders => "too many fields",
+        httparse::Error::Version => "version",
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::chunked::is_token;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn is_field_name(name: &[u8]) -> bool {
+        !name.is_empty() && name.iter().all(|&b| is_token(b))
+    }
+
+    pub(crate) const RULES: ResponseRules = ResponseRules {
+        max_header_bytes: 8192,
+        max_headers: 100,
+    };
+
+    /// A whole response read in pieces cut at `cuts`, then closed if `close`:
+    /// (client heads, body data, ended, error).
+    pub(crate) fn read_split(
+        head_request: bool,
+        input: &[u8],
+        cuts: &[usize],
+        close: bool,
+    ) -> (Vec<Vec<u8>>, Vec<u8>, bool, Option<ResponseError>) {
+        let mut reader = ResponseReader::new(head_request, RULES);
+        let mut heads = Vec::new();
+        let mut data = Vec::new();
+        let mut ended = false;
+        let mut bounds: Vec<usize> = cuts.iter().map(|&c| c.min(input.len())).collect();
+        bounds.sort_unstable();
+        bounds.push(input.len());
+        // Bytes received but not yet used (an incomplete head).
+        let mut pending: Vec<u8> = Vec::new();
+        let mut start = 0;
+        let mut pieces = Vec::new();
+        for end in bounds {
+            if reader.is_done() {
+                break;
+            }
+            pending.extend_from_slice(&input[start..end]);
+            start = end;
+            pieces.clear();
+            match reader.feed(&pending, &mut pieces) {
+                Ok(used) => {
+                    collect(&pending, &pieces, &mut heads, &mut data, &mut ended);
+                    pending.drain(..used);
+                }
+                Err(err) => {
+                    collect(&pending, &pieces, &mut heads, &mut data, &mut ended);
+                    return (heads, data, ended, Some(err));
+                }
+            }
+        }
+        if close && !reader.is_done() {
+            pieces.clear();
+            if let Err(err) = reader.closed(&mut pieces) {
+                return (heads, data, ended, Some(err));
+            }
+            collect(&pending, &pieces, &mut heads, &mut data, &mut ended);
+        }
+        (heads, data, ended, None)
+    }
+
+    fn collect(
+        input: &[u8],
+        pieces: &[Piece],
+        heads: &mut Vec<Vec<u8>>,
+        data: &mut Vec<u8>,
+        ended: &mut bool,
+    ) {
+        for piece in pieces {
+            match piece {
+                Piece::Interim(_) => {}
+                Piece::Head(head) => heads.push(head.client_head.clone()),
+                Piece::Data(range) => data.extend_from_slice(&input[range.clone()]),
+                Piece::End => *ended = true,
+            }
+        }
+    }
+
+    fn whole(
+        head_request: bool,
+        input: &str,
+    ) -> (Vec<String>, String, bool, Option<ResponseError>) {
+        let (heads, data, ended, err) = read_split(head_request, input.as_bytes(), &[], true);
+        (
+            heads
+                .into_iter()
+                .map(|h| String::from_utf8_lossy(&h).into_owned())
+                .collect(),
+            String::from_utf8_lossy(&data).into_owned(),
+            ended,
+            err,
+        )
+    }
+
+    #[test]
+    fn each_response_is_framed_as_the_table_says() {
+        type Row = (
+            bool,
+            &'static str,
+            &'static [&'static str],
+            &'static str,
+            bool,
+            Option<ResponseError>,
+        );
+        let rows: &[Row] = &[
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Case: Kept\r\n\r\nhello",
+                &["HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Case: Kept\r\n\r\n"],
+                "hello",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n1\r\n!\r\n0\r\nX-T: 1\r\n\r\n",
+                &["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "hello!",
+                true,
+                None,
+            ),
+            (
+                // The coding wins over a length, which is removed.
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+                &["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "hi",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: x\n\n",
+                &["HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"],
+                "data: x\n\n",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n",
+                &["HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"],
+                "",
+                true,
+                None,
+            ),
+            (
+                true,
+                "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n",
+                &["HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"],
+                "",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
+                &["HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n"],
+                "",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+                &["HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "",
+                true,
+                None,
+            ),
+            (
+                // Hop-by-hop fields go (and what `Connection` names); an odd reason stays,
+                // an empty one becomes the canonical one, HTTP/1.0 is answered as 1.1.
+                false,
+                "HTTP/1.0 200 Fine\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: 5\r\nX-Hop: 1\r\nUpgrade: x\r\nContent-Length: 0\r\n\r\n",
+                &["HTTP/1.1 200 Fine\r\nContent-Length: 0\r\n\r\n"],
+                "",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 404 \r\nContent-Length: 1, 1\r\nContent-Length: 1\r\n\r\nx",
+                &["HTTP/1.1 404 Not Found\r\nContent-Length: 1, 1\r\nContent-Length: 1\r\n\r\n"],
+                "x",
+                true,
+                None,
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
+                &["HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"],
+                "hello",
+                false,
+                Some(ResponseError::ClosedInBody),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+                &["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "hel",
+                false,
+                Some(ResponseError::ClosedInBody),
+            ),
+            (false, "HTTP/1.1 200 OK\r\nContent-Le", &[], "", false, Some(ResponseError::ClosedBeforeHead)),
+            (false, "", &[], "", false, Some(ResponseError::ClosedBeforeHead)),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nz\r\n",
+                &["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "",
+                false,
+                Some(ResponseError::Chunked(ChunkedError::InvalidSize)),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::TransferCoding),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::TransferCoding),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::ContentLength),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::ContentLength),
+            ),
+            (
+                false,
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::UnexpectedSwitch),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nX-Fold: a\r\n b\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::Head("field name")),
+            ),
+            (
+                false,
+                "HTTP/1.1 200 OK\r\nX-A : 1\r\n\r\n",
+                &[],
+                "",
+                false,
+                Some(ResponseError::Head("field name")),
+            ),
+        ];
+        for (head_request, input, heads, data, ended, err) in rows {
+            let got = whole(*head_request, input);
+            let expected = (
+                heads.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+                data.to_string(),
+                *ended,
+                *err,
+            );
+            assert_eq!(got, expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn reuse_and_the_next_response_are_decided() {
+        let mut reader = ResponseReader::new(false, RULES);
+        let mut pieces = Vec::new();
+        let input = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\n";
+        let used = reader.feed(input, &mut pieces).expect("valid");
+        assert_eq!(&input[used..], b"HTTP/1.1 200 OK\r\n");
+        let Some(Piece::Head(head)) = pieces.first() else {
+            panic!("no head: {pieces:?}");
+        };
+        assert!(head.reusable);
+        assert_eq!(head.headers["content-length"], "2");
+        for (input, reusable) in [
+            (
+                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                false,
+            ),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false),
+            (
+                "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+                true,
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", false),
+        ] {
+            let mut reader = ResponseReader::new(false, RULES);
+            let mut pieces = Vec::new();
+            reader.feed(input.as_bytes(), &mut pieces).expect("valid");
+            let Some(Piece::Head(head)) = pieces.first() else {
+                panic!("no head: {pieces:?}");
+            };
+            assert_eq!(head.reusable, reusable, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn heads_are_bounded() {
+        let mut long = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        long.extend(std::iter::repeat_n(b'x', RULES.max_header_bytes));
+        let (_, _, _, err) = read_split(false, &long, &[], false);
+        assert_eq!(err, Some(ResponseError::HeadTooLarge));
+    }
+
+    /// A response with some framing, and the body data it carries.
+    fn response() -> impl Strategy<Value = (bool, Vec<u8>, Vec<u8>, bool)> {
+        let body = proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..30), 0..5);
+        let name = "[A-Za-z][A-Za-z0-9-]{0,8}".prop_filter("a field name", |n| {
+            is_field_name(n.as_bytes())
+                && !matches!(
+                    n.to_ascii_lowercase().as_str(),
+                    "content-length" | "transfer-encoding" | "connection" | "te"
+                )
+        });
+        (
+            0u8..3,
+            body,
+            proptest::collection::vec((name, "[ -~]{0,12}"), 0..4),
+            any::<bool>(),
+        )
+            .prop_map(|(framing, chunks, fields, interim)| {
+                let data: Vec<u8> = chunks.concat();
+                let mut wire = Vec::new();
+                if interim {
+                    wire.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
+                wire.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+                for (name, value) in fields {
+                    wire.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+                }
+                match framing {
+                    0 => {
+                        wire.extend_from_slice(
+                            format!("Content-Length: {}\r\n\r\n", data.len()).as_bytes(),
+                        );
+                        wire.extend_from_slice(&data);
+                    }
+                    1 => {
+                        wire.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                        for chunk in &chunks {
+                            wire.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                            wire.extend_from_slice(chunk);
+                            wire.extend_from_slice(b"\r\n");
+                        }
+                        wire.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    _ => {
+                        wire.extend_from_slice(b"\r\n");
+                        wire.extend_from_slice(&data);
+                    }
+                }
+                (false, wire, data, framing == 2)
+            })
+    }
+
+    proptest! {
+        /// Any split of a response into reads yields the same head, the same body data
+        /// and the same end.
+        #[test]
+        fn any_split_reads_the_same(
+            (head_request, wire, data, until_close) in response(),
+            cuts in proptest::collection::vec(0usize..600, 0..10),
+        ) {
+            let whole = read_split(head_request, &wire, &[], until_close);
+            prop_assert_eq!(&whole.1, &data);
+            prop_assert!(whole.2);
+            prop_assert_eq!(whole.3, None);
+            let split = read_split(head_request, &wire, &cuts, until_close);
+            prop_assert_eq!(split, whole);
+        }
+
+        /// Arbitrary bytes never panic, and nothing past a response's end is used.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            input in proptest::collection::vec(any::<u8>(), 0..300),
+            head_request in any::<bool>(),
+        ) {
+            let mut reader = ResponseReader::new(head_request, RULES);
+            let mut pieces = Vec::new();
+            if let Ok(used) = reader.feed(&input, &mut pieces) {
+                prop_assert!(used <= input.len());
+                for piece in &pieces {
+                    if let Piece::Data(range) = piece {
+                        prop_assert!(range.end <= used);
+                    }
+                }
+            }
+        }
+    }
+}
