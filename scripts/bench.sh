@@ -440,11 +440,14 @@ if has_target tokentap && ! skip scrape; then
     # family that carries `model` carries `tenant` too.
     ALL_PAIR_FAMILIES=$(python3 -c 'import sys; sys.path.insert(0, "scripts/ops"); import tokentap_contract as c
 print(", ".join(n for n, (_, labels) in c.METRICS.items() if "model" in labels))')
+    # max_pairs: every one of the M x T pairs is kept (the default keeps 2,000).
     TODAY_YAML="labels:
+  max_pairs: $((M * T))
   tenant:
     max_values: 1000
     families: [$ALL_PAIR_FAMILIES]"
     DEFAULT_YAML="labels:
+  max_pairs: $((M * T))
   tenant:
     max_values: 1000"
     NATIVE_YAML="$DEFAULT_YAML
