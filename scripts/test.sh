@@ -3,7 +3,8 @@
 # Installs what the checks need when it is missing (idempotent), then runs:
 # formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
-# under a real Prometheus with the dashboard's queries.
+# under a real Prometheus of each kind (classic and native) with the dashboard's queries,
+# and the exemplars through both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,3 +45,6 @@ bash scripts/ops-check.sh
 
 step "end to end: a real Prometheus scrapes tokentap; every dashboard query and rule must return data"
 bash scripts/ops/e2e-prometheus.sh
+
+step "end to end: exemplars through a real Prometheus of each kind, the OpenMetrics text through a third-party parser"
+bash scripts/ops/e2e-exemplars.sh
