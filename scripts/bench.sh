@@ -569,8 +569,10 @@ if has_target tokentap && ! skip hold-buffered; then
     # BUF_SLACK: how long after the ramp the last streams may take to get their tokens.
     BUF_TOKENS=1000; BUF_N=$HOLD_BUFFERED; BUF_RAMP=$((HOLD_BUFFERED / 20)); BUF_SLACK=40
     [ "$SMOKE" = 1 ] && { BUF_TOKENS=100; BUF_N=200; BUF_RAMP=1; BUF_SLACK=8; }
-    # Paced streams (--hold-buffered-itl) take their tokens' time on top.
+    # Paced streams (--hold-buffered-itl) take their tokens' time on top; at a second or
+    # more between tokens they carry few events a second each and can come in faster.
     BUF_SLACK=$((BUF_SLACK + BUF_TOKENS * HOLD_BUFFERED_ITL_MS / 1000))
+    [ "$HOLD_BUFFERED_ITL_MS" -ge 1000 ] && BUF_RAMP=$(( (BUF_N + 99) / 100 ))
     # Client side h2c, as the 10,000-stream case needs here (descriptors).
     BUF_ARGS=(--http2 --h2-connections 20)
     for usage in always continuous; do

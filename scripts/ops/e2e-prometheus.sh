@@ -36,7 +36,9 @@
 #      new connections are refused, exit code 0.
 # Alert rules: `promtool test rules` (deploy/prometheus/tests, run by ops-check) covers
 # the classic form; promtool 2.42 has no native-histogram input notation, so for the
-# native kind the real native Prometheus evaluates every rule here.
+# native kind the real native Prometheus evaluates every rule here, and the recorded TTFT
+# and ITL p99s the alerts compare with their thresholds must lie within 5% of the exact
+# p99s of the quantile traffic.
 # Every process is started here and ended by PID on exit (trap). Bounded in time.
 # Last line: `e2e-prometheus: N passed, M failed[, K skipped]`; exit 1 on any failure,
 # 2 if it could not run (missing binary or tool).

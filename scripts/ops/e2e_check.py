@@ -484,6 +484,23 @@ def check_native(prom, a, inst, traffic):
                f"{exact * 1e3:.1f} ms ({err:.1%}, within {a.tolerance:.0%}); {beside}",
                "outside the tolerance")
 
+    # The alerts compare the recorded p99s with their thresholds, so on this kind they
+    # page on what the recording rules compute from the native series: the recorded p99
+    # of the quantile model must be as close to the exact one as the query above (the
+    # quantile traffic all lies inside the rules' 5m window).
+    for name, family, exact_values in (("TTFT", "tokentap_time_to_first_token_seconds", ttfts),
+                                       ("ITL", "tokentap_inter_token_latency_seconds", gaps)):
+        if not exact_values:
+            continue
+        exact = exact_quantile(exact_values, 0.99)
+        rule = f'model:{family}:p99_5m{{model="{model}"}}'
+        recorded = scalar(prom, rule)
+        err = abs(recorded - exact) / exact if recorded is not None else math.inf
+        ok(err <= a.tolerance,
+           f"recorded {rule} (what the {name} p99 alert reads) "
+           f"{recorded * 1e3 if recorded is not None else math.nan:.1f} ms vs exact {exact * 1e3:.1f} ms "
+           f"({err:.1%}, within {a.tolerance:.0%})", "outside the tolerance")
+
     check_exemplars(prom, a, inst)
 
 
