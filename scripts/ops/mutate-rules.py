@@ -29,7 +29,7 @@ MUTATIONS = [
      "tokentap:threshold:min_request_rate\n        expr: vector(0.01)"),
     # The quantile rules' classic arms: promtool 2.42's test input cannot write native
     # histograms, so the native arms are checked against a real Prometheus instead
-    # (scripts/ops/check-queries-both-kinds.sh).
+    # (scripts/ops/e2e-prometheus.sh, its native run).
     ("p99 ITL computed as p95",
      "histogram_quantile(0.99, sum by (le, model) (rate(tokentap_inter_token_latency_seconds_bucket[5m])))",
      "histogram_quantile(0.95, sum by (le, model) (rate(tokentap_inter_token_latency_seconds_bucket[5m])))"),
