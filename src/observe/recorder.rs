@@ -87,7 +87,7 @@ pub struct Recorder {
     malformed: u64,
     /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
     slowest_itl: Option<Duration>,
-    _in_flight: InFlight,
+    in_flight: InFlight,
 }
 
 impl Recorder {
@@ -110,7 +110,7 @@ impl Recorder {
             end_marker: false,
             malformed: 0,
             slowest_itl: None,
-            _in_flight: in_flight,
+            in_flight,
         }
     }
 
@@ -247,6 +247,9 @@ impl Recorder {
             ttft: timings.ttft,
             slowest_itl: self.slowest_itl,
         });
+        // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
+        // that sees the request counted never sees it in flight too.
+        drop(self.in_flight);
         self.metrics.record_request(handles, outcome, figures);
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
