@@ -115,11 +115,11 @@ pub struct RawTls {
 #[serde(deny_unknown_fields, expecting = "a mapping with `http1_fast_path`")]
 pub struct RawProxy {
     /// Serve plain (not TLS) HTTP/1.1 connections with tokentap's own relay instead of
-    /// hyper (the HTTP/1.1 fast path, issue 15): requests with no body or a
-    /// `Content-Length` body to a plain-HTTP/1.1 upstream are forwarded on per-worker
+    /// hyper (the HTTP/1.1 fast path, issue 15): requests with no body, a `Content-Length`
+    /// or a chunked body to a plain-HTTP/1.1 upstream are forwarded on per-worker
     /// keep-alive connections and their responses relayed as they arrive; a head that
     /// `httparse` refuses is answered with hyper's `400`/`431` bytes; at the first other
-    /// request (chunked body, `Expect`, upgrade, HTTP/1.0, h2c, an HTTPS or h2c upstream)
+    /// request (`Expect`, upgrade, HTTP/1.0, h2c, an HTTPS or h2c upstream)
     /// the connection is handed to hyper with the bytes read so far. Applies to
     /// connections accepted after a reload. Default false.
     pub http1_fast_path: Option<bool>,

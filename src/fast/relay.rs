@@ -1,14 +1,15 @@
 //! The fast path's relay: a plain HTTP/1.1 client connection served by tokentap itself.
 //!
 //! Each request head is read with [`request_head`]; one the relay fully understands (no
-//! body or a `Content-Length` body, to a plain-HTTP/1.1 upstream) is forwarded on a
+//! body, a `Content-Length` body or a chunked one, to a plain-HTTP/1.1 upstream) is
+//! forwarded (a chunked body re-chunked as hyper's client writes it) on a
 //! connection of this worker's [`upstream_pool`], and the response is relayed as it
 //! arrives while [`response`] tells the observer where its body data is: a
 //! `Content-Length` body byte for byte, a chunked or close-delimited one in chunks of the
 //! relay's own, one per piece of data, as hyper's server writes them (so that trailers
 //! pass as hyper passes them, and the client connection outlives a close-delimited body).
-//! The connection is then kept for the client's next request. Anything else (a chunked
-//! request body, `Expect`, upgrades, HTTP/1.0, an HTTPS or h2c upstream, ...) ends the
+//! The connection is then kept for the client's next request. Anything else (`Expect`,
+//! upgrades, HTTP/1.0, an HTTPS or h2c upstream, ...) ends the
 //! relay at that request boundary: the connection goes to hyper with the bytes read so
 //! far, which serves it exactly as if it had read every byte itself.
 //!
@@ -31,6 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::chunked::ChunkedReader;
 use super::request_head::{self, Decision, ForwardHead, HeadReader, HeadRules, RequestFraming};
 use super::response::ResponseRules;
 use super::response::{BodyFraming, Piece, ResponseError, ResponseHead, ResponseReader};
@@ -183,7 +185,7 @@ impl Relay {
                 }
                 Decision::HandOff(_) => return Ok(Relayed::HandOff(input)),
                 Decision::Forward(head) => {
-                    if !self.relays(&head) {
+                    if !self.relays() {
                         return Ok(Relayed::HandOff(input));
                     }
                     match self.exchange(client, &mut input, head, closing).await? {
@@ -200,15 +202,11 @@ impl Relay {
         }
     }
 
-    /// Whether the relay forwards this request itself.
-    fn relays(&self, head: &ForwardHead) -> bool {
+    /// Whether the relay forwards this request itself: every head the reader forwards,
+    /// when the upstream is plain HTTP/1.1.
+    fn relays(&self) -> bool {
         let upstream = &self.active.config.upstream;
-        upstream.scheme == http::uri::Scheme::HTTP
-            && !upstream.http2
-            && matches!(
-                head.framing,
-                RequestFraming::Empty | RequestFraming::ContentLength(_)
-            )
+        upstream.scheme == http::uri::Scheme::HTTP && !upstream.http2
     }
 
     /// Forward one request (its head at the start of `input`) and relay its response.
@@ -497,6 +495,10 @@ impl Relay {
 /// and body at the start of `input`) and go on as `next` says if all of it has arrived,
 /// as hyper's server drains what it can without waiting; else close.
 fn skip_unread(input: &mut Vec<u8>, head: &ForwardHead, body_len: u64, next: Next) -> Next {
+    if head.framing == RequestFraming::Chunked {
+        // Where its body ends is not known without reading it.
+        return Next::Close;
+    }
     let end = u64::try_from(head.head_len)
         .ok()
         .and_then(|len| len.checked_add(body_len))
@@ -570,17 +572,25 @@ async fn send_request(
     scan.feed(&input[head.head_len..head.head_len + initial]);
     input.drain(..head.head_len + initial);
     *started = true;
-    let mut remaining = body_len - initial as u64;
     let body_timeout = active.config.limits.request_body_timeout;
+    if head.framing == RequestFraming::Chunked {
+        let max_trailer_bytes = active.config.limits.max_header_bytes;
+        send_chunked(
+            client,
+            &mut upstream,
+            input,
+            head,
+            body_timeout,
+            max_trailer_bytes,
+            scan,
+        )
+        .await?;
+        return Ok(upstream);
+    }
+    let mut remaining = body_len - initial as u64;
     while remaining > 0 {
         if input.is_empty() {
-            match tokio::time::timeout(body_timeout, read_more(client, input)).await {
-                Err(_) => {
-                    return Err(Failure::Client(UpstreamError::BodyTimeout(body_timeout)));
-                }
-                Ok(Ok(0)) | Ok(Err(_)) => return Err(Failure::Client(UpstreamError::ClientGone)),
-                Ok(Ok(_)) => {}
-            }
+            read_body(client, input, body_timeout).await?;
         }
         let take = usize::try_from(remaining).map_or(input.len(), |r| r.min(input.len()));
         scan.feed(&input[..take]);
@@ -592,6 +602,65 @@ async fn send_request(
         remaining -= take as u64;
     }
     Ok(upstream)
+}
+
+/// Read more of a request body from the client within `body_timeout`.
+async fn read_body(
+    client: &mut TcpStream,
+    input: &mut Vec<u8>,
+    body_timeout: Duration,
+) -> Result<(), Failure> {
+    match tokio::time::timeout(body_timeout, read_more(client, input)).await {
+        Err(_) => Err(Failure::Client(UpstreamError::BodyTimeout(body_timeout))),
+        Ok(Ok(0)) | Ok(Err(_)) => Err(Failure::Client(UpstreamError::ClientGone)),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+/// Send a chunked request body (at the start of `input`) upstream as it arrives, in
+/// chunks of the relay's own as hyper's client writes them: one per piece of data, and
+/// the trailers the request declares in `Trailer` (hyper's client sends no others).
+async fn send_chunked(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    input: &mut Vec<u8>,
+    head: &ForwardHead,
+    body_timeout: Duration,
+    max_trailer_bytes: usize,
+    scan: &mut observe::RequestScan,
+) -> Result<(), Failure> {
+    let mut reader = ChunkedReader::new(max_trailer_bytes);
+    let mut ranges = Vec::new();
+    let mut out = Vec::with_capacity(READ_CHUNK);
+    loop {
+        if input.is_empty() {
+            read_body(client, input, body_timeout).await?;
+        }
+        ranges.clear();
+        out.clear();
+        let used = reader
+            .feed(input, &mut ranges)
+            .map_err(|err| Failure::Client(UpstreamError::MalformedBody(err.to_string())))?;
+        for range in &ranges {
+            scan.feed(&input[range.clone()]);
+            chunk(&input[range.clone()], &mut out);
+        }
+        let done = reader.is_done();
+        if done {
+            last_chunk(
+                &reader.take_trailer_section(),
+                &declared(&head.headers),
+                &mut out,
+            );
+        }
+        input.drain(..used);
+        if !out.is_empty() {
+            upstream.write_all(&out).await.map_err(request_failed)?;
+        }
+        if done {
+            return Ok(());
+        }
+    }
 }
 
 fn request_failed(err: io::Error) -> Failure {

@@ -1,7 +1,7 @@
 //! `proxy.http1_fast_path` on a running tokentap: a head that `httparse` refuses gets the
 //! very bytes hyper answers with when the switch is off; requests the relay serves itself
-//! (no body or a `Content-Length` body, to a plain-HTTP/1.1 upstream) and connections it
-//! hands to hyper (chunked bodies, HTTP/1.0, h2c, ...) give the client the same responses
+//! (no body, a `Content-Length` or a chunked body, to a plain-HTTP/1.1 upstream) and
+//! connections it hands to hyper (HTTP/1.0, h2c, ...) give the client the same responses
 //! as with the switch off, and the upstream the same requests but for the field order
 //! (see [`per_name_fields`]). The rest of the integration suite runs with the switch on
 //! too (`TOKENTAP_IT_FAST_PATH=1`, see `scripts/test.sh`).
