@@ -10,14 +10,20 @@
 #
 #   bash scripts/bench/ab.sh tokentap=target/release/tokentap floor=target/release/examples/relay_floor
 #
-# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx.
+# The fast path on and off in one build (`--fast NAME` turns `proxy.http1_fast_path` on
+# for target NAME; repeatable):
+#
+#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --fast on off=target/release/tokentap on=target/release/tokentap
+#
+# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME.
 # Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=()
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() FAST=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
+        --fast) FAST+=("$2"); shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
         *=*) TARGETS+=("$1") ;;
@@ -49,6 +55,9 @@ for t in "${TARGETS[@]}"; do
     name=${t%%=*}; bin=${t#*=}
     printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:18000\nlog:\n  level: warn\n' \
         "$port" $((port + 1)) > "$RUN/$name.yaml"
+    for f in "${FAST[@]}"; do
+        if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: true\n' >> "$RUN/$name.yaml"; fi
+    done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
     port=$((port + 2))
