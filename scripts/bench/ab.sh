@@ -10,14 +10,22 @@
 #
 #   bash scripts/bench/ab.sh tokentap=target/release/tokentap floor=target/release/examples/relay_floor
 #
-# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx.
+# The fast path on and off in one build (`--fast NAME` turns `proxy.http1_fast_path` on
+# for target NAME; repeatable):
+#
+#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --fast on off=target/release/tokentap on=target/release/tokentap
+#
+# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME,
+# --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets from BASE+310).
 # Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=()
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() FAST=() BASE=18000
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
+        --fast) FAST+=("$2"); shift ;;
+        --ports) BASE=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
         *=*) TARGETS+=("$1") ;;
@@ -38,28 +46,31 @@ trap cleanup EXIT
 
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "ab.sh: port $1 never opened" >&2; exit 1; }
 
-"$SIM_BIN" sim --listen 127.0.0.1:18000 --stamp --ttft 50ms --itl 50ms --tokens 40 \
+"$SIM_BIN" sim --listen "127.0.0.1:$BASE" --stamp --ttft 50ms --itl 50ms --tokens 40 \
     --models sim-model > "$RUN/sim.log" 2>&1 &
 PIDS_ALL+=($!)
 declare -A PID PORT
-PID[direct]=$!; PORT[direct]=18000
+PID[direct]=$!; PORT[direct]=$BASE
 NAMES=(direct)
-port=18310
+port=$((BASE + 310))
 for t in "${TARGETS[@]}"; do
     name=${t%%=*}; bin=${t#*=}
-    printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:18000\nlog:\n  level: warn\n' \
-        "$port" $((port + 1)) > "$RUN/$name.yaml"
+    printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:%d\nlog:\n  level: warn\n' \
+        "$port" $((port + 1)) "$BASE" > "$RUN/$name.yaml"
+    for f in "${FAST[@]}"; do
+        if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: true\n' >> "$RUN/$name.yaml"; fi
+    done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
     port=$((port + 2))
 done
 if [ "$NGINX" = 1 ]; then
     sed -e "s#@RUN@#$RUN#g" -e "s#@NOFILE@#4096#g" -e "s#@WORKER_CONNECTIONS@#4096#g" \
-        -e "s#@SIM_PORT@#18000#g" -e "s#@PORT@#18082#g" -e "s#@H2_PORT@#18083#g" \
+        -e "s#@SIM_PORT@#$BASE#g" -e "s#@PORT@#$((BASE + 82))#g" -e "s#@H2_PORT@#$((BASE + 83))#g" \
         scripts/bench/nginx.conf.in > "$RUN/nginx.conf"
     nginx -c "$RUN/nginx.conf" -e "$RUN/nginx-error.log" > "$RUN/nginx.log" 2>&1 &
     NGINX_MASTER=$!
-    PIDS_ALL+=("$NGINX_MASTER"); PORT[nginx]=18082; NAMES+=(nginx)
+    PIDS_ALL+=("$NGINX_MASTER"); PORT[nginx]=$((BASE + 82)); NAMES+=(nginx)
 fi
 for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
 # nginx's CPU is its master's and its workers'.

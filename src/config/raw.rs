@@ -114,11 +114,13 @@ pub struct RawTls {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with `http1_fast_path`")]
 pub struct RawProxy {
-    /// Read each plain (not TLS) HTTP/1.1 connection's first request head with
-    /// tokentap's own reader instead of hyper's: a head that `httparse` refuses is answered
-    /// with hyper's `400`/`431` bytes, and every other connection is handed to hyper with
-    /// the bytes read so far, which serves it exactly as when this is off. This is the
-    /// entry of the HTTP/1.1 fast path (issue 15), whose relay is not yet in. Applies to
+    /// Serve plain (not TLS) HTTP/1.1 connections with tokentap's own relay instead of
+    /// hyper (the HTTP/1.1 fast path, issue 15): requests with no body, a `Content-Length`
+    /// or a chunked body to a plain-HTTP/1.1 upstream are forwarded on per-worker
+    /// keep-alive connections and their responses relayed as they arrive; a head that
+    /// `httparse` refuses is answered with hyper's `400`/`431` bytes; at the first other
+    /// request (`Expect`, upgrade, HTTP/1.0, h2c, an HTTPS or h2c upstream)
+    /// the connection is handed to hyper with the bytes read so far. Applies to
     /// connections accepted after a reload. Default false.
     pub http1_fast_path: Option<bool>,
 }

@@ -75,6 +75,8 @@ pub struct ChunkedReader {
     trailer_bytes: usize,
     max_trailer_bytes: usize,
     trailer_fields: usize,
+    /// The trailer section as received (bounded like `trailer_bytes`).
+    trailer_section: Vec<u8>,
 }
 
 impl ChunkedReader {
@@ -89,6 +91,7 @@ impl ChunkedReader {
             trailer_bytes: 0,
             max_trailer_bytes,
             trailer_fields: 0,
+            trailer_section: Vec::new(),
         }
     }
 
@@ -100,6 +103,12 @@ impl ChunkedReader {
     /// Whether the body carried trailer fields (known once it is done).
     pub fn has_trailers(&self) -> bool {
         self.trailer_fields > 0
+    }
+
+    /// The trailer section as it came (its field lines, each ending in CRLF, then the
+    /// empty line that ends the body), once the body is done; taken, so it is given once.
+    pub fn take_trailer_section(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.trailer_section)
     }
 
     /// Read the next bytes of the body. Returns how many of `input` belong to it (all of
@@ -160,6 +169,7 @@ impl ChunkedReader {
             if self.trailer_bytes > self.max_trailer_bytes {
                 return Err(ChunkedError::TrailersTooLarge);
             }
+            self.trailer_section.push(byte);
         }
         self.state = match self.state {
             State::Size { value, digits } => match hex_value(byte) {
@@ -369,6 +379,7 @@ mod tests {
             .feed(b"0\r\nx-a: 1\r\n\r\n", &mut Vec::new())
             .expect("valid");
         assert!(reader.is_done() && reader.has_trailers());
+        assert_eq!(reader.take_trailer_section(), b"x-a: 1\r\n\r\n");
         let mut reader = ChunkedReader::new(1024);
         reader.feed(b"0\r\n\r\n", &mut Vec::new()).expect("valid");
         assert!(reader.is_done() && !reader.has_trailers());

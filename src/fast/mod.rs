@@ -12,15 +12,18 @@
 //! - [`response`]: an upstream response's heads and framing, telling the observer where
 //!   the body data is while every byte is relayed as it came.
 //!
-//! On a connection (with `proxy.http1_fast_path`), [`first_head`] reads the first request
-//! head and either answers it or hands the connection to hyper through a [`rewind`]
+//!
+//! On a connection (with `proxy.http1_fast_path`), the [`relay`] reads each request head
+//! and forwards what it fully understands on its own keep-alive [`upstream_pool`]; the
+//! first request it does not take hands the connection to hyper through a [`rewind`]
 //! wrapper that replays what was read.
 
 pub mod chunked;
-pub mod first_head;
+pub mod relay;
 pub mod request_head;
 pub mod response;
 pub mod rewind;
+pub mod upstream_pool;
 
 #[cfg(test)]
 mod hyper_agrees;

@@ -141,11 +141,24 @@ const HOP_BY_HOP: [&str; 4] = [
 pub struct HeadReader {
     /// How much of the input had been looked at by the last call (`None` before the first).
     checked: Option<usize>,
+    /// The first call parses all of its input, not just what a protocol sniff reads.
+    whole_first: bool,
 }
 
 impl HeadReader {
+    /// The reader of a connection's first head.
     pub fn new() -> HeadReader {
         HeadReader::default()
+    }
+
+    /// The reader of a later head on a kept-alive connection: hyper's server parses
+    /// whatever it has buffered of it (there is no protocol sniff any more), then again
+    /// once a head end arrives.
+    pub fn next_on_connection() -> HeadReader {
+        HeadReader {
+            checked: None,
+            whole_first: true,
+        }
     }
 
     /// Decide on `input`, every byte read from the connection so far (the previous call's
@@ -154,7 +167,11 @@ impl HeadReader {
         let checked = match self.checked {
             Some(checked) => checked,
             None => {
-                let first = &input[..input.len().min(SNIFF_LEN)];
+                let first = if self.whole_first {
+                    input
+                } else {
+                    &input[..input.len().min(SNIFF_LEN)]
+                };
                 match read(first, rules) {
                     Decision::NeedMore => first.len(),
                     decided => return decided,

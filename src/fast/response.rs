@@ -78,8 +78,12 @@ pub struct ResponseHead {
     pub reusable: bool,
     /// The head to send the client: the upstream's status line (as HTTP/1.1) and fields
     /// in order and case, without hop-by-hop fields; the body's own framing fields stay,
-    /// as the body is relayed as it came.
+    /// as the body is relayed as it came. A `Transfer-Encoding: chunked` goes last, where
+    /// hyper's server writes the framing it adds itself.
     pub client_head: Vec<u8>,
+    /// Where in `client_head` hyper's server would put the `connection: close` it adds for
+    /// a closing client: after the end-to-end fields, before the framing line it writes.
+    pub close_at: usize,
 }
 
 /// What one call to [`ResponseReader::feed`] found, in order.
@@ -111,6 +115,8 @@ pub struct ResponseReader {
     /// The request was `HEAD`: the response has no body whatever its head says.
     head_request: bool,
     rules: ResponseRules,
+    /// A chunked body's trailer section, once it has ended.
+    trailer_section: Vec<u8>,
 }
 
 /// Fields that describe one connection, removed before the head reaches the client, as
@@ -132,7 +138,14 @@ impl ResponseReader {
             state: State::Head,
             head_request,
             rules,
+            trailer_section: Vec::new(),
         }
+    }
+
+    /// A chunked body's trailer section as it came (field lines, each ending in CRLF, and
+    /// the empty line), once the response is complete; empty for any other body.
+    pub fn trailer_section(&self) -> &[u8] {
+        &self.trailer_section
     }
 
     /// Whether the response is complete.
@@ -180,8 +193,8 @@ impl ResponseReader {
                             .map(|range| Piece::Data(at + range.start..at + range.end)),
                     );
                     at += fed?;
-                    let done = reader.is_done();
-                    if done {
+                    if reader.is_done() {
+                        self.trailer_section = reader.take_trailer_section();
                         self.finish(out);
                     }
                 }
@@ -335,6 +348,7 @@ impl ResponseReader {
         // A chunked body is relayed chunked, so a `Content-Length` beside it goes (RFC
         // 9112 6.3: the coding wins, and an intermediary removes the length).
         let drop_length = framing == BodyFraming::Chunked;
+        let mut framing_field = None;
         let mut client_head = Vec::with_capacity(range.len() + 16);
         client_head.extend_from_slice(b"HTTP/1.1 ");
         client_head.extend_from_slice(status.as_str().as_bytes());
@@ -356,6 +370,11 @@ impl ResponseReader {
             {
                 continue;
             }
+            if lower == "transfer-encoding" {
+                // The one `chunked` (any other coding was refused above): it goes last.
+                framing_field = Some(field);
+                continue;
+            }
             client_head.extend_from_slice(field.name.as_bytes());
             client_head.extend_from_slice(b": ");
             client_head.extend_from_slice(field.value);
@@ -365,6 +384,13 @@ impl ResponseReader {
             client_head.extend_from_slice(name.as_bytes());
             client_head.extend_from_slice(b": trailers\r\n");
         }
+        let close_at = client_head.len();
+        if let Some(field) = framing_field {
+            client_head.extend_from_slice(field.name.as_bytes());
+            client_head.extend_from_slice(b": ");
+            client_head.extend_from_slice(field.value);
+            client_head.extend_from_slice(b"\r\n");
+        }
         client_head.extend_from_slice(b"\r\n");
         Ok(ResponseHead {
             range,
@@ -373,6 +399,7 @@ impl ResponseReader {
             framing,
             reusable,
             client_head,
+            close_at,
         })
     }
 }
@@ -530,6 +557,15 @@ pub(crate) mod tests {
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n1\r\n!\r\n0\r\nX-T: 1\r\n\r\n",
                 &["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],
                 "hello!",
+                true,
+                None,
+            ),
+            (
+                // The framing field goes last, where hyper's server writes its own.
+                false,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-After: 1\r\n\r\n0\r\n\r\n",
+                &["HTTP/1.1 200 OK\r\nX-After: 1\r\nTransfer-Encoding: chunked\r\n\r\n"],
+                "",
                 true,
                 None,
             ),

@@ -25,7 +25,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -57,6 +57,9 @@ pub struct ActiveConfig {
     /// `observe.tokenizer`, loaded.
     pub tokenizer: Option<Tokenizer>,
 }
+
+/// The message of the `503` a request gets when too many are in flight.
+pub const OVERLOADED: &str = "too many requests in flight";
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
 /// in-flight semaphore or already registered metric families).
@@ -133,18 +136,30 @@ impl Proxy {
         ProxyService(self.clone())
     }
 
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
-        let t_req = Instant::now();
-        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+    /// The metric families requests are recorded in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Admit one request: its in-flight permit, held until its response ends, or `None`
+    /// (counted and logged) when `limits.max_in_flight` are in flight already; it is then
+    /// answered `503` with [`OVERLOADED`].
+    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        let permit = self.in_flight.clone().try_acquire_owned().ok();
+        if permit.is_none() {
             self.metrics.overload_rejection();
             tracing::warn!(
                 limit = self.in_flight_limit(),
                 "rejecting request: too many in flight"
             );
-            return text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many requests in flight",
-            );
+        }
+        permit
+    }
+
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let t_req = Instant::now();
+        let Some(permit) = self.admit() else {
+            return text(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
         };
         let active = self.active();
         let (parts, body) = request.into_parts();

@@ -8,8 +8,8 @@
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
 //! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path`, a plain
-//! connection's first request head is read by the [`fast`](crate::fast) path before hyper
-//! gets the connection.
+//! connection is served by the [`fast`](crate::fast) path's relay until a request comes
+//! that the relay leaves to hyper.
 //!
 //! On shutdown a connection that has not yet delivered one whole request (it sent
 //! nothing, half a head, half an h2 preface) is closed at once: it has nothing to drain,
@@ -33,7 +33,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
-use crate::fast::first_head::{self, FirstHead, FirstHeadRules};
+use crate::fast::relay::{Relay, Relayed};
 use crate::fast::rewind::Rewind;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
@@ -238,7 +238,7 @@ impl Server {
                         .config
                         .proxy
                         .http1_fast_path
-                        .then(|| FirstHeadRules::new(&active.config));
+                        .then(|| Relay::new(proxy.clone(), header_read_timeout));
                     workers.dispatch(move || {
                         serve_plain(stream, connection, header_read_timeout, fast)
                     })
@@ -346,12 +346,14 @@ impl Connection {
 // connection borrows the builder where `into_owned` would copy it.
 
 /// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker; with `fast`
-/// (`proxy.http1_fast_path`), its first request head is read by [`first_head`].
+/// (`proxy.http1_fast_path`), by the [`Relay`] until it hands the connection to hyper.
+/// The relay holds the connection's graceful-shutdown watcher while it serves, so the
+/// drain waits for its in-flight response too.
 async fn serve_plain(
     stream: std::net::TcpStream,
     connection: Connection,
     header_read_timeout: Duration,
-    fast: Option<FirstHeadRules>,
+    fast: Option<Relay>,
 ) {
     let Some(mut stream) = connection.register(stream) else {
         return;
@@ -372,24 +374,14 @@ async fn serve_plain(
     }
     let read_already = match fast {
         None => Vec::new(),
-        Some(rules) => {
-            let first = tokio::select! {
-                first = tokio::time::timeout_at(deadline, first_head::read(&mut stream, &rules)) => first,
-                _ = shutting_down(&mut closing) => return,
-            };
-            match first {
-                Ok(Ok(FirstHead::HandOff(read_already))) => read_already,
-                Ok(Ok(FirstHead::Done)) => return,
-                Ok(Err(err)) => {
-                    tracing::debug!(peer = %connection.peer, error = %err, "connection failed before its first head");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(peer = %connection.peer, "closing a connection whose first head did not arrive in time");
-                    return;
-                }
+        Some(relay) => match relay.serve(&mut stream, deadline, &mut closing).await {
+            Ok(Relayed::HandOff(read_already)) => read_already,
+            Ok(Relayed::Closed) => return,
+            Err(err) => {
+                tracing::debug!(peer = %connection.peer, error = %err, "relayed connection failed");
+                return;
             }
-        }
+        },
     };
     let (service, first_request) = FirstRequest::wrap(connection.service, true);
     // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.

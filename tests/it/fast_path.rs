@@ -1,8 +1,10 @@
 //! `proxy.http1_fast_path` on a running tokentap: a head that `httparse` refuses gets the
-//! very bytes hyper answers with when the switch is off, and every connection handed to
-//! hyper (ordinary requests, pipelined ones, chunked bodies, h2c) is served exactly as
-//! with the switch off. The rest of the integration suite runs with the switch on too
-//! (`TOKENTAP_IT_FAST_PATH=1`, see `scripts/test.sh`).
+//! very bytes hyper answers with when the switch is off; requests the relay serves itself
+//! (no body, a `Content-Length` or a chunked body, to a plain-HTTP/1.1 upstream) and
+//! connections it hands to hyper (HTTP/1.0, h2c, ...) give the client the same responses
+//! as with the switch off, and the upstream the same requests but for the field order
+//! (see [`per_name_fields`]). The rest of the integration suite runs with the switch on
+//! too (`TOKENTAP_IT_FAST_PATH=1`, see `scripts/test.sh`).
 
 use std::net::SocketAddr;
 
@@ -109,6 +111,46 @@ async fn pipelined_requests_and_h2c_are_served_with_the_switch_on() {
         .expect("h2c through the fast path's hand-off");
     assert_eq!(response.status(), http::StatusCode::OK);
     assert_eq!(response.version(), http::Version::HTTP_2);
+}
+
+/// tokentap's own answers (`502` for an upstream that refuses connections, `504` for one
+/// that does not answer in time) are the same bytes on the relay as on the hyper path,
+/// with `connection: close` where the client closes, and a kept-alive connection carries
+/// the next request after them.
+#[tokio::test]
+async fn tokentap_s_own_answers_are_the_same_bytes() {
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", listener.local_addr().expect("addr"))
+    };
+    let silent =
+        common::ScriptedBackend::start(vec![Step::Sleep(std::time::Duration::from_secs(5))]).await;
+    let two = b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}\
+        GET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    for (upstream, yaml) in [
+        (dead, ""),
+        (silent.url(), "upstream:\n  response_head_timeout: 200ms\n"),
+    ] {
+        let off = common::Proxy::start(
+            &upstream,
+            &format!("proxy:\n  http1_fast_path: false\n{yaml}"),
+        )
+        .await;
+        let on = common::Proxy::start(
+            &upstream,
+            &format!("proxy:\n  http1_fast_path: true\n{yaml}"),
+        )
+        .await;
+        let expected = exchange(&off, two).await;
+        let answers = String::from_utf8_lossy(&expected).into_owned();
+        assert_eq!(answers.matches("HTTP/1.1 50").count(), 2, "{answers}");
+        assert!(answers.contains("connection: close"), "{answers}");
+        assert_eq!(
+            String::from_utf8_lossy(&exchange(&on, two).await),
+            answers,
+            "{upstream}"
+        );
+    }
 }
 
 // --- differential: generated exchanges through both paths ------------------------------
@@ -296,7 +338,10 @@ impl GenBackend {
                             }
                             body = buf.drain(..length).collect();
                         }
-                        recorded.lock().expect("lock").push((head, body));
+                        recorded
+                            .lock()
+                            .expect("lock")
+                            .push((per_name_fields(&head), body));
                         let index = next.fetch_add(1, Ordering::SeqCst);
                         let Some(response) = responses.get(index) else {
                             return;
@@ -311,6 +356,33 @@ impl GenBackend {
         });
         GenBackend { addr, seen }
     }
+}
+
+/// A request head as the differential test compares it upstream: the request line, then
+/// each field name's lines in the order they came, names in sorted order. The relay keeps
+/// the client's field order, where hyper's edits move `Host` (and what follows removed
+/// fields) around; the order among one name's fields, their case and values, and every
+/// other byte must still be the same.
+fn per_name_fields(head: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut fields: Vec<(String, &str)> = lines
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let name = line.split(':').next().unwrap_or_default();
+            (name.to_ascii_lowercase(), line)
+        })
+        .collect();
+    // Stable: one name's fields keep their order.
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut normal = format!("{request_line}\r\n");
+    for (_, line) in fields {
+        normal.push_str(line);
+        normal.push_str("\r\n");
+    }
+    normal.push_str("\r\n");
+    normal.into_bytes()
 }
 
 async fn read_head(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
@@ -474,9 +546,9 @@ proptest! {
 /// hyper's client skips informational heads: a `103` from the upstream never reaches the
 /// client; hyper's server answers a client's `Connection: close` with its own
 /// `connection: close` after the upstream's fields; and the request head reaches the
-/// upstream with `Host` moved to the end (the hop-by-hop edits remove and insert it
-/// again) and the other fields in the client's case. Both paths agree today; the relay
-/// must keep it so.
+/// upstream, on the hyper path, with `Host` moved to the end (the hop-by-hop edits remove
+/// and insert it again) and the other fields in the client's case; the relay keeps the
+/// client's order and case (the lead's decision), with `Host` where the client put it.
 #[tokio::test]
 async fn interim_heads_are_dropped_and_host_goes_last() {
     let backend = common::ScriptedBackend::start(vec![Step::Write(
@@ -502,10 +574,20 @@ async fn interim_heads_are_dropped_and_host_goes_last() {
     }
     let requests = backend.requests.lock().expect("lock").clone();
     assert_eq!(requests.len(), 2);
-    for request in requests {
-        assert_eq!(
-            String::from_utf8_lossy(&request),
-            "GET /v1/models HTTP/1.1\r\nX-Second: 2\r\nX-First: 1\r\nHost: client.example\r\n\r\n"
-        );
-    }
+    let hyper_order =
+        "GET /v1/models HTTP/1.1\r\nX-Second: 2\r\nX-First: 1\r\nHost: client.example\r\n\r\n";
+    let client_order =
+        "GET /v1/models HTTP/1.1\r\nHost: client.example\r\nX-First: 1\r\nX-Second: 2\r\n\r\n";
+    // `TOKENTAP_IT_FAST_PATH=1` turns the switch on for the first proxy too.
+    let relay_only = std::env::var("TOKENTAP_IT_FAST_PATH").is_ok_and(|v| v == "1");
+    assert_eq!(
+        String::from_utf8_lossy(&requests[0]),
+        if relay_only {
+            client_order
+        } else {
+            hyper_order
+        },
+        "switch false"
+    );
+    assert_eq!(String::from_utf8_lossy(&requests[1]), client_order, "relay");
 }

@@ -12,11 +12,11 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokentap::sim::{ModelProfile, SimConfig};
 
-fn write_config(path: &std::path::Path, upstream: &str, tenant_header: &str) {
+fn write_config(path: &std::path::Path, upstream: &str, tenant_header: &str, fast: bool) {
     std::fs::write(
         path,
         format!(
-            "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream:\n  url: {upstream}\n  probe_interval: 100ms\nshutdown:\n  drain_timeout: 10s\ntenants:\n  sources:\n    - header: {tenant_header}\n"
+            "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nupstream:\n  url: {upstream}\n  probe_interval: 100ms\nshutdown:\n  drain_timeout: 10s\ntenants:\n  sources:\n    - header: {tenant_header}\nproxy:\n  http1_fast_path: {fast}\n"
         ),
     )
     .unwrap();
@@ -24,6 +24,17 @@ fn write_config(path: &std::path::Path, upstream: &str, tenant_header: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_atomically_and_sigterm_drains() {
+    reload_and_drain(false).await;
+}
+
+/// The same on the HTTP/1.1 fast path's relay, which serves these plain HTTP/1.1 requests
+/// itself: its in-flight stream finishes at SIGTERM and its idle connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_atomically_and_sigterm_drains_on_the_relay() {
+    reload_and_drain(true).await;
+}
+
+async fn reload_and_drain(fast: bool) {
     let sim = SimHandle::start(SimConfig {
         models: vec![ModelProfile::new(
             "m",
@@ -34,10 +45,11 @@ async fn sighup_reloads_atomically_and_sigterm_drains() {
         ..SimConfig::default()
     })
     .await;
-    let dir = std::env::temp_dir().join(format!("tokentap-lifecycle-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("tokentap-lifecycle-{}-{fast}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tokentap.yaml");
-    write_config(&path, &sim.url(), "x-tenant-id");
+    write_config(&path, &sim.url(), "x-tenant-id", fast);
     let mut process = TokentapProcess::start(&path, "info");
     let proxy_url = format!("http://{}/v1/chat/completions", process.proxy);
 
@@ -65,7 +77,7 @@ async fn sighup_reloads_atomically_and_sigterm_drains() {
     body_text(response).await;
 
     // A valid file with a different tenant source takes effect for new requests.
-    write_config(&path, &sim.url(), "x-team");
+    write_config(&path, &sim.url(), "x-team", fast);
     process.signal("HUP");
     process.wait_log("config reloaded");
     let mut request = chat(&proxy_url, "m", "ignored-now", true, false);
@@ -134,7 +146,7 @@ async fn secrets_never_reach_logs_or_metrics() {
     let dir = std::env::temp_dir().join(format!("tokentap-secrets-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tokentap.yaml");
-    write_config(&path, &sim.url(), "x-tenant-id");
+    write_config(&path, &sim.url(), "x-tenant-id", false);
     let process = TokentapProcess::start(&path, "trace");
 
     let secrets = [
