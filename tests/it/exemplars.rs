@@ -9,10 +9,8 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use common::{access_log, client, Proxy, SimHandle};
-use http::{header, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use prost::Message;
 use tokentap::metrics::protobuf::{self, MetricFamily};
 use tokentap::sim::{ModelProfile, SimConfig};
@@ -33,27 +31,6 @@ const HISTOGRAMS: [&str; 4] = [
     "tokentap_time_per_output_token_seconds",
     "tokentap_request_duration_seconds",
 ];
-
-async fn scrape(proxy: &Proxy, accept: &str) -> (String, Bytes) {
-    let request = Request::get(format!("http://{}/metrics", proxy.admin))
-        .header(header::ACCEPT, accept)
-        .body(Full::new(Bytes::new()))
-        .expect("request");
-    let response = client().request(request).await.expect("scrape");
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (content_type, body)
-}
 
 /// One streamed chat request of `model` (its own tenant too), with `traceparent` if given;
 /// returns the request's access-log line.
@@ -138,7 +115,7 @@ async fn a_valid_traceparent_leaves_its_trace_on_four_histograms_and_nothing_els
     stream(&proxy, absent, None).await;
     let finished = now();
 
-    let (content_type, body) = scrape(&proxy, PROMETHEUS_ACCEPT).await;
+    let (content_type, body) = proxy.scrape_as(Some(PROMETHEUS_ACCEPT)).await;
     assert_eq!(
         content_type,
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -179,9 +156,9 @@ async fn a_valid_traceparent_leaves_its_trace_on_four_histograms_and_nothing_els
     }
 
     // The Prometheus text has none; the protobuf scrape has the same ones.
-    let (_, plain) = scrape(&proxy, "text/plain;version=0.0.4").await;
+    let (_, plain) = proxy.scrape_as(Some("text/plain;version=0.0.4")).await;
     assert!(!String::from_utf8_lossy(&plain).contains(TRACE_ID));
-    let (content_type, body) = scrape(&proxy, NATIVE_ACCEPT).await;
+    let (content_type, body) = proxy.scrape_as(Some(NATIVE_ACCEPT)).await;
     assert_eq!(content_type, protobuf::CONTENT_TYPE);
     let mut body = &body[..];
     let mut traced_histograms = Vec::new();
@@ -214,12 +191,12 @@ async fn exemplars_follow_the_config() {
 
     let proxy = Proxy::start(&sim.url(), "metrics:\n  exemplars:\n    enabled: false\n").await;
     stream(&proxy, off, Some(&traceparent)).await;
-    let (_, body) = scrape(&proxy, PROMETHEUS_ACCEPT).await;
+    let (_, body) = proxy.scrape_as(Some(PROMETHEUS_ACCEPT)).await;
     assert!(!String::from_utf8_lossy(&body).contains(" # {"));
 
     let proxy = Proxy::start(&sim.url(), "metrics:\n  exemplars:\n    header: x-trace\n").await;
     stream(&proxy, custom, Some(&traceparent)).await;
-    let (_, body) = scrape(&proxy, PROMETHEUS_ACCEPT).await;
+    let (_, body) = proxy.scrape_as(Some(PROMETHEUS_ACCEPT)).await;
     assert!(
         !String::from_utf8_lossy(&body).contains(" # {"),
         "`traceparent` is not read when another header is configured"
@@ -237,7 +214,7 @@ async fn exemplars_follow_the_config() {
     let response = client().request(request).await.expect("response");
     response.into_body().collect().await.expect("stream");
     access_log::assert_one_request_line("tenant", "again", "completed", Some(200)).await;
-    let (_, body) = scrape(&proxy, PROMETHEUS_ACCEPT).await;
+    let (_, body) = proxy.scrape_as(Some(PROMETHEUS_ACCEPT)).await;
     let text = String::from_utf8(body.to_vec()).expect("UTF-8");
     for family in HISTOGRAMS {
         exemplar(&text, family, custom);

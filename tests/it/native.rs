@@ -7,10 +7,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::{client, Proxy, SimHandle};
-use http::{header, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use prost::Message;
 use tokentap::metrics::native::upper_bound;
 use tokentap::metrics::protobuf::{self, Histogram, MetricFamily, MetricType};
@@ -22,30 +20,6 @@ const PROMETHEUS_ACCEPT: &str = "application/vnd.google.protobuf;proto=io.promet
 const TTFT: Duration = Duration::from_millis(20);
 const TOKENS: u32 = 10;
 const REQUESTS: u32 = 3;
-
-async fn scrape(proxy: &Proxy, accept: Option<&str>) -> (String, Bytes) {
-    let mut request = Request::get(format!("http://{}/metrics", proxy.admin));
-    if let Some(accept) = accept {
-        request = request.header(header::ACCEPT, accept);
-    }
-    let response = client()
-        .request(request.body(Full::new(Bytes::new())).expect("request"))
-        .await
-        .expect("scrape");
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (content_type, body)
-}
 
 fn decode(mut body: &[u8]) -> Vec<MetricFamily> {
     let mut families = Vec::new();
@@ -120,10 +94,10 @@ async fn proxied_streams(yaml: &str) -> (SimHandle, Proxy) {
 async fn a_protobuf_scrape_carries_native_and_classic_buckets() {
     let (_sim, proxy) = proxied_streams("").await;
 
-    let (content_type, body) = scrape(&proxy, Some(PROMETHEUS_ACCEPT)).await;
+    let (content_type, body) = proxy.scrape_as(Some(PROMETHEUS_ACCEPT)).await;
     assert_eq!(content_type, protobuf::CONTENT_TYPE);
     let families = decode(&body);
-    let (text_type, text) = scrape(&proxy, None).await;
+    let (text_type, text) = proxy.scrape_as(None).await;
     assert!(text_type.starts_with("text/plain"), "{text_type}");
     let text = common::Metrics::parse(&String::from_utf8_lossy(&text));
 
@@ -199,7 +173,7 @@ async fn classic_false_leaves_native_buckets_only() {
     let (_sim, proxy) =
         proxied_streams("metrics:\n  native_histograms:\n    schema: 0\n    classic: false\n")
             .await;
-    let (_, body) = scrape(&proxy, Some(protobuf::CONTENT_TYPE)).await;
+    let (_, body) = proxy.scrape_as(Some(protobuf::CONTENT_TYPE)).await;
     let families = decode(&body);
     let ttft = histogram(&families, "tokentap_time_to_first_token_seconds");
     assert!(ttft.bucket.is_empty());

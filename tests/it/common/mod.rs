@@ -132,6 +132,32 @@ impl Proxy {
         scrape_metrics(self.admin).await
     }
 
+    /// One raw scrape of `/metrics`, with `accept` as its `Accept` header if given:
+    /// the served `Content-Type` and the body.
+    pub async fn scrape_as(&self, accept: Option<&str>) -> (String, Bytes) {
+        let mut request = Request::get(format!("http://{}/metrics", self.admin));
+        if let Some(accept) = accept {
+            request = request.header(hyper::header::ACCEPT, accept);
+        }
+        let response = client()
+            .request(request.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("scrape");
+        let content_type = response
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (content_type, body)
+    }
+
     /// Poll `/metrics` until `condition` holds (panics after 10 s with the last scrape).
     pub async fn wait_metrics(&self, what: &str, condition: impl Fn(&Metrics) -> bool) -> Metrics {
         wait_for_metrics(self.admin, what, condition).await
