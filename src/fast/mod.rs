@@ -27,3 +27,14 @@ pub mod upstream_pool;
 
 #[cfg(test)]
 mod hyper_agrees;
+
+/// The elements of a comma-separated field value (`Connection`, `TE`, `Content-Length`),
+/// each trimmed of the whitespace around it; empty elements included.
+fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
+}
+
+/// Whether a comma-separated field value lists `token` (ASCII case-insensitive).
+fn lists(value: &[u8], token: &[u8]) -> bool {
+    list_elements(value).any(|element| element.eq_ignore_ascii_case(token))
+}

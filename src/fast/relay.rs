@@ -737,12 +737,10 @@ fn rechunked(framing: Option<BodyFraming>) -> bool {
 
 /// Whether a request's `TE` asks for trailers.
 fn te_trailers(headers: &http::HeaderMap) -> bool {
-    headers.get_all(http::header::TE).iter().any(|value| {
-        value
-            .as_bytes()
-            .split(|&b| b == b',')
-            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-    })
+    headers
+        .get_all(http::header::TE)
+        .iter()
+        .any(|value| super::lists(value.as_bytes(), b"trailers"))
 }
 
 /// The trailer names a response head declares in `Trailer`, as hyper's server reads them.

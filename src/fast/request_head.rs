@@ -280,8 +280,7 @@ fn forward(
                 content_length = plain_number(field.value);
             }
             "connection" => {
-                for token in field.value.split(|&b| b == b',') {
-                    let token = token.trim_ascii();
+                for token in super::list_elements(field.value) {
                     if token.eq_ignore_ascii_case(b"close") {
                         keep_alive = false;
                     } else if token.eq_ignore_ascii_case(b"upgrade") {
@@ -296,11 +295,7 @@ fn forward(
             "expect" => return Err(HandOff::Expect),
             "host" => hosts += 1,
             "te" => {
-                let trailers = field
-                    .value
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
-                if trailers && te_trailers.is_none() {
+                if super::lists(field.value, b"trailers") && te_trailers.is_none() {
                     te_trailers = Some(field.name);
                 }
             }

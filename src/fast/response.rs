@@ -308,19 +308,14 @@ impl ResponseReader {
                     length = Some(same_lengths(length, field.value));
                 }
                 "connection" => {
-                    for token in field.value.split(|&b| b == b',') {
-                        let token = token.trim_ascii();
+                    for token in super::list_elements(field.value) {
                         close |= token.eq_ignore_ascii_case(b"close");
                         keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
                         named.push(token.to_ascii_lowercase());
                     }
                 }
                 "te" => {
-                    let trailers = field
-                        .value
-                        .split(|&b| b == b',')
-                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
-                    if trailers && te_trailers.is_none() {
+                    if super::lists(field.value, b"trailers") && te_trailers.is_none() {
                         te_trailers = Some(field.name);
                     }
                 }
@@ -412,8 +407,7 @@ fn same_lengths(seen: Option<Option<u64>>, value: &[u8]) -> Option<u64> {
         Some(Some(n)) => Some(n),
         None => None,
     };
-    for part in value.split(|&b| b == b',') {
-        let part = part.trim_ascii();
+    for part in super::list_elements(value) {
         if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
             return None;
         }
