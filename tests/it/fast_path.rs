@@ -22,6 +22,23 @@ async fn exchange(proxy: &common::Proxy, request: &[u8]) -> Vec<u8> {
     common::raw_exchange(addr, request).await
 }
 
+/// `request` sent once to each path: the hyper path's answer starts with `prefix`, and the
+/// fast path's is the same bytes.
+async fn same_answer(off: &common::Proxy, on: &common::Proxy, request: &[u8], prefix: &[u8]) {
+    let expected = exchange(off, request).await;
+    assert!(
+        expected.starts_with(prefix),
+        "{:?}",
+        String::from_utf8_lossy(&expected)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&exchange(on, request).await),
+        String::from_utf8_lossy(&expected),
+        "{:?}",
+        String::from_utf8_lossy(request)
+    );
+}
+
 #[tokio::test]
 async fn refused_heads_get_hyper_s_own_answer() {
     let backend = common::ScriptedBackend::start(vec![Step::Write(
@@ -37,18 +54,7 @@ async fn refused_heads_get_hyper_s_own_answer() {
         b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
         b"GET / HTTP/1.2\r\nHost: a\r\n\r\n",
     ] {
-        let expected = exchange(&off, request).await;
-        assert!(
-            expected.starts_with(b"HTTP/1.1 400 Bad Request\r\n"),
-            "{:?}",
-            String::from_utf8_lossy(&expected)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&exchange(&on, request).await),
-            String::from_utf8_lossy(&expected),
-            "{:?}",
-            String::from_utf8_lossy(request)
-        );
+        same_answer(&off, &on, request, b"HTTP/1.1 400 Bad Request\r\n").await;
     }
     assert!(
         backend.requests.lock().expect("lock").is_empty(),
@@ -73,18 +79,7 @@ async fn handed_off_connections_are_served_as_before() {
         b"GET / HTTP/1.0\r\nHost: a\r\n\r\n",
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
     ] {
-        let expected = exchange(&off, request).await;
-        assert!(
-            expected.starts_with(b"HTTP/1."),
-            "{:?}",
-            String::from_utf8_lossy(&expected)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&exchange(&on, request).await),
-            String::from_utf8_lossy(&expected),
-            "{:?}",
-            String::from_utf8_lossy(request)
-        );
+        same_answer(&off, &on, request, b"HTTP/1.").await;
     }
 }
 
