@@ -457,10 +457,10 @@ mod tests {
         assert_eq!(native.read_native_exemplars().len(), 1);
     }
 
-    #[test]
-    fn labels_are_escaped_once() {
+    /// Every family with the single classic bound 1.0, no native buckets.
+    fn one_bound_everywhere() -> Bounds {
         let bounds: Arc<[f64]> = Arc::from(vec![1.0]);
-        let b = Bounds {
+        Bounds {
             ttfb: bounds.clone(),
             ttft: bounds.clone(),
             itl: bounds.clone(),
@@ -469,7 +469,12 @@ mod tests {
             tokens_per_second: bounds.clone(),
             duration: bounds,
             native: None,
-        };
+        }
+    }
+
+    #[test]
+    fn labels_are_escaped_once() {
+        let b = one_bound_everywhere();
         let pair = SeriesSet::new(
             Arc::from("a\"b"),
             Some(Arc::from("c\\d\ne")),
@@ -495,17 +500,7 @@ mod tests {
     /// one level only, and nothing of the other level's is allocated.
     #[test]
     fn a_pair_and_its_model_keep_complementary_families() {
-        let bounds: Arc<[f64]> = Arc::from(vec![1.0]);
-        let b = Bounds {
-            ttfb: bounds.clone(),
-            ttft: bounds.clone(),
-            itl: bounds.clone(),
-            inter_chunk: bounds.clone(),
-            tpot: bounds.clone(),
-            tokens_per_second: bounds.clone(),
-            duration: bounds,
-            native: None,
-        };
+        let b = one_bound_everywhere();
         let mut slots = [false; Slot::COUNT];
         slots[Slot::Ttft as usize] = true;
         slots[Slot::Requests as usize] = true;
