@@ -294,10 +294,8 @@ fn forward(
             "upgrade" => return Err(HandOff::Upgrade),
             "expect" => return Err(HandOff::Expect),
             "host" => hosts += 1,
-            "te" => {
-                if super::lists(field.value, b"trailers") && te_trailers.is_none() {
-                    te_trailers = Some(field.name);
-                }
+            "te" if super::lists(field.value, b"trailers") && te_trailers.is_none() => {
+                te_trailers = Some(field.name);
             }
             _ => {}
         }

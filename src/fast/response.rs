@@ -314,10 +314,8 @@ impl ResponseReader {
                         named.push(token.to_ascii_lowercase());
                     }
                 }
-                "te" => {
-                    if super::lists(field.value, b"trailers") && te_trailers.is_none() {
-                        te_trailers = Some(field.name);
-                    }
+                "te" if super::lists(field.value, b"trailers") && te_trailers.is_none() => {
+                    te_trailers = Some(field.name);
                 }
                 _ => {}
             }
