@@ -54,6 +54,11 @@ use crate::wire::OutputKind;
 /// Most estimated gaps a request buffers for apportioning at its end (see the module docs).
 pub const MAX_BUFFERED_GAPS: usize = 4096;
 
+/// Room for the first buffered gaps, taken at once: growing a `Vec` from nothing past a
+/// few dozen gaps reallocates five times, and each reallocation costs more than the
+/// 512 bytes it saves a short stream.
+const FIRST_BUFFERED_GAPS: usize = 64;
+
 /// `count` ITL observations of `per_token` each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItlShare {
@@ -253,6 +258,9 @@ impl TokenClock {
                     let total_micros = self.buffered_nanos.saturating_add(500) / 1000;
                     let micros = total_micros.saturating_sub(self.buffered_micros);
                     self.buffered_micros = total_micros;
+                    if self.buffered.capacity() == 0 {
+                        self.buffered.reserve(FIRST_BUFFERED_GAPS);
+                    }
                     self.buffered.push(BufferedGap {
                         micros: u32::try_from(micros).unwrap_or(u32::MAX),
                         estimate: u16::try_from(tokens).unwrap_or(u16::MAX),

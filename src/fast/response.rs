@@ -117,6 +117,8 @@ pub struct ResponseReader {
     rules: ResponseRules,
     /// A chunked body's trailer section, once it has ended.
     trailer_section: Vec<u8>,
+    /// Where the chunk data of one feed lies, kept from feed to feed for its allocation.
+    ranges: Vec<Range<usize>>,
 }
 
 /// Fields that describe one connection, removed before the head reaches the client, as
@@ -139,6 +141,7 @@ impl ResponseReader {
             head_request,
             rules,
             trailer_section: Vec::new(),
+            ranges: Vec::new(),
         }
     }
 
@@ -184,11 +187,11 @@ impl ResponseReader {
                     if at == input.len() {
                         break;
                     }
-                    let mut ranges = Vec::new();
-                    let fed = reader.feed(&input[at..], &mut ranges);
+                    self.ranges.clear();
+                    let fed = reader.feed(&input[at..], &mut self.ranges);
                     out.extend(
-                        ranges
-                            .into_iter()
+                        self.ranges
+                            .iter()
                             .filter(|range| !range.is_empty())
                             .map(|range| Piece::Data(at + range.start..at + range.end)),
                     );
