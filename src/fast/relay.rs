@@ -300,19 +300,34 @@ impl Relay {
         // `TE: trailers`, and only those the response declares in `Trailer`.
         let client_takes_trailers = te_trailers(&head.headers);
         let mut declared_trailers = Vec::new();
+        // One timer for the whole response: the head deadline until the head is in, then
+        // `idle_timeout` after the last read that brought data. It is re-armed only when
+        // it fires early (the stream was not idle that long), not on every read: arming a
+        // timer per read costs more than the rest of a read's bookkeeping.
+        let timer = tokio::time::sleep_until(head_deadline);
+        tokio::pin!(timer);
+        let mut last_data = tokio::time::Instant::now();
         loop {
             if received.capacity() - received.len() < READ_CHUNK / 2 {
                 received.reserve(READ_CHUNK);
             }
-            let read = if framing.is_none() {
-                tokio::time::timeout_at(head_deadline, upstream.read_buf(&mut received)).await
-            } else {
-                tokio::time::timeout(idle_timeout, upstream.read_buf(&mut received)).await
+            let read = tokio::select! {
+                biased;
+                read = upstream.read_buf(&mut received) => Ok(read),
+                () = &mut timer => {
+                    let idle_until = last_data + idle_timeout;
+                    if framing.is_some() && idle_until > tokio::time::Instant::now() {
+                        timer.as_mut().reset(idle_until);
+                        continue;
+                    }
+                    Err(())
+                }
             };
             let at = Instant::now();
+            last_data = tokio::time::Instant::from_std(at);
             pieces.clear();
             let fed = match read {
-                Err(_) => {
+                Err(()) => {
                     if let Some(pending) = pending.take() {
                         let err = UpstreamError::Timeout(head_timeout);
                         return self
@@ -334,27 +349,22 @@ impl Relay {
                     .feed(&received, &mut pieces)
                     .map_err(Broken::Response),
             };
-            let used = match fed {
-                Ok(used) => used,
+            // A break mid-body ends the response once what came before it is relayed:
+            // hyper's client yields that data (and a head that came with it) before the
+            // error, and hyper's server then cuts the client's response.
+            let (used, broken) = match fed {
+                Ok(used) => (used, None),
                 Err(broken) => {
-                    if let Some(pending) = pending.take() {
-                        let err = broken.before_head();
-                        return self
-                            .fail_before_head(client, &head, err, pending, client_closing)
-                            .await;
-                    }
-                    // The data that came before the break is measured; the client's
-                    // response is cut, as hyper's server cuts it.
-                    for piece in &pieces {
-                        if let (Piece::Data(range), Some(observer)) = (piece, observer.as_mut()) {
-                            observer.data(at, &received[range.clone()]);
+                    let has_head = pieces.iter().any(|piece| matches!(piece, Piece::Head(_)));
+                    if !has_head {
+                        if let Some(pending) = pending.take() {
+                            let err = broken.before_head();
+                            return self
+                                .fail_before_head(client, &head, err, pending, client_closing)
+                                .await;
                         }
                     }
-                    tracing::warn!(error = %broken, "upstream stream failed mid-body");
-                    if let Some(observer) = observer.as_mut() {
-                        observer.fail(at, Outcome::UpstreamError);
-                    }
-                    return Ok(Next::Close);
+                    (received.len(), Some(broken))
                 }
             };
 
@@ -378,6 +388,7 @@ impl Relay {
                         relay_from = response_head.range.end;
                         reusable = response_head.reusable;
                         framing = Some(response_head.framing);
+                        timer.as_mut().reset(last_data + idle_timeout);
                     }
                     Piece::Data(range) => {
                         if let Some(observer) = observer.as_mut() {
@@ -398,7 +409,7 @@ impl Relay {
                 Some(_) if rechunked(framing) && ended => {
                     last_chunk(reader.trailer_section(), &declared_trailers, &mut out);
                 }
-                Some(_) if rechunked(framing) => {}
+                Some(_) if rechunked(framing) || broken.is_some() => {}
                 Some(_) => out.extend_from_slice(&received[relay_from..used]),
             }
             if ended {
@@ -412,6 +423,13 @@ impl Relay {
             received.drain(..used);
             if !out.is_empty() && client.write_all(&out).await.is_err() {
                 // The client went away: an unended observer records it as cancelled.
+                return Ok(Next::Close);
+            }
+            if let Some(broken) = broken {
+                tracing::warn!(error = %broken, "upstream stream failed mid-body");
+                if let Some(observer) = observer.as_mut() {
+                    observer.fail(at, Outcome::UpstreamError);
+                }
                 return Ok(Next::Close);
             }
             if ended {
@@ -811,7 +829,16 @@ fn chunk(data: &[u8], out: &mut Vec<u8>) {
     if data.is_empty() {
         return;
     }
-    out.extend_from_slice(format!("{:X}\r\n", data.len()).as_bytes());
+    let mut size = [0u8; 16];
+    let mut start = size.len();
+    let mut left = data.len();
+    while left > 0 {
+        start -= 1;
+        size[start] = b"0123456789ABCDEF"[left % 16];
+        left /= 16;
+    }
+    out.extend_from_slice(&size[start..]);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
@@ -840,4 +867,28 @@ fn answer(status: StatusCode, message: &str, close: bool) -> Vec<u8> {
     out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
     out.extend_from_slice(body);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_s_size_is_upper_case_hex_as_hyper_writes_it() {
+        for len in [1usize, 9, 10, 15, 16, 255, 256, 4095, 8192, 65_535, 1 << 20] {
+            let data = vec![b'x'; len];
+            let mut out = Vec::new();
+            chunk(&data, &mut out);
+            let mut expected = format!("{len:X}\r\n").into_bytes();
+            expected.extend_from_slice(&data);
+            expected.extend_from_slice(b"\r\n");
+            assert_eq!(out, expected, "{len}");
+        }
+        let mut out = Vec::new();
+        chunk(b"", &mut out);
+        assert!(
+            out.is_empty(),
+            "an empty piece is no chunk (it would end the body)"
+        );
+    }
 }

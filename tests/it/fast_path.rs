@@ -7,6 +7,7 @@
 //! too (`TOKENTAP_IT_FAST_PATH=1`, see `scripts/test.sh`).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use crate::common::{self, Step};
 
@@ -585,4 +586,78 @@ async fn interim_heads_are_dropped_and_host_goes_last() {
         "switch false"
     );
     assert_eq!(String::from_utf8_lossy(&requests[1]), client_order, "relay");
+}
+
+/// A chunked body that turns malformed after a good chunk, both in one write: each path
+/// passes the good chunk on (hyper's client yields it before the error) and then cuts
+/// the response without its last chunk.
+#[tokio::test]
+async fn data_before_a_malformed_chunk_is_passed_on() {
+    let backend = common::ScriptedBackend::start(vec![Step::Write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+          12\r\ndata: {\"a\":true}\n\n\r\nzz\r\nmore\r\n"
+            .to_vec(),
+    )])
+    .await;
+    let (off, on) = both(&backend.url()).await;
+    let request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let expected = exchange(&off, request).await;
+    assert!(
+        expected.ends_with(b"12\r\ndata: {\"a\":true}\n\n\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&expected)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&exchange(&on, request).await),
+        String::from_utf8_lossy(&expected)
+    );
+}
+
+/// `upstream.idle_timeout` counts from the last data, on both paths: a stream whose
+/// chunks come 100 ms apart outlives a 300 ms idle timeout many times over (the relay
+/// re-arms its one timer lazily, so this is the case that would catch a deadline that is
+/// not moved on), and the same stream cut by a 2 s stall times out.
+#[tokio::test]
+async fn the_idle_timeout_counts_from_the_last_data() {
+    let chunk = b"a\r\ndata: {}\n\n\r\n".to_vec();
+    let head =
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let mut steady = vec![Step::Write(head.to_vec())];
+    for _ in 0..12 {
+        steady.push(Step::Sleep(Duration::from_millis(100)));
+        steady.push(Step::Write(chunk.clone()));
+    }
+    let mut stalled = steady.clone();
+    steady.push(Step::Write(b"0\r\n\r\n".to_vec()));
+    stalled.push(Step::Sleep(Duration::from_secs(2)));
+    stalled.push(Step::Write(b"0\r\n\r\n".to_vec()));
+    let request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for switch in [false, true] {
+        let yaml =
+            format!("proxy:\n  http1_fast_path: {switch}\nupstream:\n  idle_timeout: 300ms\n");
+        let backend = common::ScriptedBackend::start(steady.clone()).await;
+        let proxy = common::Proxy::start(&backend.url(), &yaml).await;
+        let answer = exchange(&proxy, request).await;
+        assert!(
+            answer.ends_with(b"0\r\n\r\n"),
+            "switch {switch}: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+
+        let backend = common::ScriptedBackend::start(stalled.clone()).await;
+        let proxy = common::Proxy::start(&backend.url(), &yaml).await;
+        let started = std::time::Instant::now();
+        let answer = exchange(&proxy, request).await;
+        let took = started.elapsed();
+        assert!(
+            !answer.ends_with(b"0\r\n\r\n"),
+            "switch {switch}: the stall is cut"
+        );
+        // 1.2 s of chunks, then 300 ms of silence: cut at ~1.5 s, well before the stall
+        // ends at 3.2 s.
+        assert!(
+            took < Duration::from_millis(2500),
+            "switch {switch}: cut after {took:?}"
+        );
+    }
 }
