@@ -17,7 +17,12 @@
 #                              2000 (10000 takes ~12 min per run on 2 cores)
 #   --hold-buffered-itl MS     their inter-token gap in ms, default 0 (a burst: as fast as the
 #                              machine delivers); e.g. 250 paces them as a live model would
-#   --targets "direct tokentap nginx envoy"
+#   --targets "direct tokentap tokentap-hyper floor nginx envoy"
+#                              tokentap: the default config (the HTTP/1.1 fast path on);
+#                              tokentap-hyper: the same build with proxy.http1_fast_path
+#                              false (the A/B); floor: examples/relay_floor, the per-event
+#                              floor of a purpose-built relay. These two run in the latency
+#                              and step phases only.
 #   --skip "latency steps hold hold-buffered fidelity scrape"   phases to leave out
 #   --only "scrape"            run only these phases (the rest are skipped; without a
 #                              latency, steps or hold phase no peer is started)
@@ -46,7 +51,9 @@ STEP_DURATION=5s
 HOLD=10000
 HOLD_BUFFERED=2000
 HOLD_BUFFERED_ITL_MS=0
-TARGETS="direct tokentap nginx envoy"
+TARGETS="direct tokentap tokentap-hyper floor nginx envoy"
+# Targets measured in the latency and step phases only.
+PHASE1_ONLY="tokentap-hyper floor"
 SKIP=""
 ONLY=""
 PHASES="latency steps hold hold-buffered fidelity scrape"
@@ -104,7 +111,7 @@ if [ "$SMOKE" = 1 ]; then
     TOKENS=20
     STEPS=""
     HOLD=200
-    [ -z "$ONLY" ] && TARGETS="direct tokentap"
+    [ -z "$ONLY" ] && TARGETS="direct tokentap tokentap-hyper"
     INSTALL=0
 fi
 
@@ -115,6 +122,9 @@ NGINX_PORT=$((BASE_PORT + 82))
 NGINX_H2_PORT=$((BASE_PORT + 83))
 ENVOY_PORT=$((BASE_PORT + 84))
 ENVOY_ADMIN=$((BASE_PORT + 85))
+TT_HYPER_PORT=$((BASE_PORT + 86))
+TT_HYPER_ADMIN=$((BASE_PORT + 87))
+FLOOR_PORT=$((BASE_PORT + 88))
 
 OUT=${OUT:-$ROOT/target/bench/$(date +%Y%m%d-%H%M%S)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
 mkdir -p "$OUT"
@@ -170,14 +180,25 @@ if [ "$BUILD" = 1 ]; then
     if [ "$PROFILE" = release ]; then
         log "cargo build --release --bins"
         cargo build --release --bins --quiet
+        has_target floor && cargo build --release --example relay_floor --quiet
     else
         log "cargo build --bins (debug)"
         cargo build --bins --quiet
+        has_target floor && cargo build --example relay_floor --quiet
     fi
 fi
 TT=$ROOT/target/$PROFILE/tokentap
 BENCH=$ROOT/target/$PROFILE/tokentap-bench
+FLOOR=$ROOT/target/$PROFILE/examples/relay_floor
 [ -x "$TT" ] && [ -x "$BENCH" ] || { echo "bench.sh: build tokentap and tokentap-bench first" >&2; exit 1; }
+if has_target floor && [ ! -x "$FLOOR" ]; then
+    log "$FLOOR not built: leaving the floor out"; TARGETS=${TARGETS/floor/}
+fi
+# The targets of the phases after the latency and step rows.
+LATER_TARGETS=""
+for t in $TARGETS; do
+    case " $PHASE1_ONLY " in *" $t "*) ;; *) LATER_TARGETS="$LATER_TARGETS $t" ;; esac
+done
 
 # --- process handling (only what we started) -------------------------------------------
 STARTED=()
@@ -245,6 +266,28 @@ $2
 EOF
 }
 
+# The same build with the fast path off, beside the default one (the A/B in one run).
+start_tokentap_hyper() { # config file of the default tokentap
+    sed -e "s#^listen: .*#listen: 127.0.0.1:$TT_HYPER_PORT#" -e "s#^admin: .*#admin: 127.0.0.1:$TT_HYPER_ADMIN#" \
+        "$1" > "$RUN/tokentap-hyper.yaml"
+    printf 'proxy:\n  http1_fast_path: false\n' >> "$RUN/tokentap-hyper.yaml"
+    "$TT" --config "$RUN/tokentap-hyper.yaml" > "$RUN/tokentap-hyper.log" 2>&1 &
+    PID[tokentap-hyper]=$!
+    STARTED+=("${PID[tokentap-hyper]}")
+    echo "$TT --config $RUN/tokentap-hyper.yaml" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$TT_HYPER_PORT/health" tokentap-hyper
+}
+
+start_floor() {
+    printf 'listen: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:%d\n' "$FLOOR_PORT" "$SIM_PORT" \
+        > "$RUN/floor.yaml"
+    "$FLOOR" --config "$RUN/floor.yaml" > "$RUN/floor.log" 2>&1 &
+    PID[floor]=$!
+    STARTED+=("${PID[floor]}")
+    echo "$FLOOR --config $RUN/floor.yaml   # examples/relay_floor.rs" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$FLOOR_PORT/health" floor
+}
+
 start_nginx() {
     mkdir -p "$RUN/nginx-body" "$RUN/nginx-proxy"
     sed -e "s#@RUN@#$RUN#g" -e "s#@NOFILE@#$NOFILE#g" \
@@ -269,8 +312,12 @@ start_envoy() {
     wait_http "http://127.0.0.1:$ENVOY_PORT/health" envoy
 }
 
-start_targets() { # tokentap config
+start_targets() { # tokentap config [phase-1: also the A/B and floor targets]
     has_target tokentap && start_tokentap "$1"
+    if [ "${2:-}" = phase-1 ]; then
+        has_target tokentap-hyper && start_tokentap_hyper "$1"
+        has_target floor && start_floor
+    fi
     has_target nginx && start_nginx
     has_target envoy && start_envoy
     return 0
@@ -278,7 +325,7 @@ start_targets() { # tokentap config
 
 stop_targets() {
     local t
-    for t in envoy nginx tokentap; do
+    for t in envoy nginx tokentap tokentap-hyper floor; do
         if [ -n "${PID[$t]:-}" ]; then stop_pid "${PID[$t]}"; PID[$t]=""; fi
     done
     if [ -n "$SIM_PID" ]; then stop_pid "$SIM_PID"; SIM_PID=""; PID[direct]=""; fi
@@ -288,6 +335,8 @@ url_of() {
     case $1 in
         direct) echo "http://127.0.0.1:$SIM_PORT" ;;
         tokentap) echo "http://127.0.0.1:$TT_PORT" ;;
+        tokentap-hyper) echo "http://127.0.0.1:$TT_HYPER_PORT" ;;
+        floor) echo "http://127.0.0.1:$FLOOR_PORT" ;;
         nginx) echo "http://127.0.0.1:$NGINX_PORT" ;;
         nginx-h2) echo "http://127.0.0.1:$NGINX_H2_PORT" ;;
         envoy) echo "http://127.0.0.1:$ENVOY_PORT" ;;
@@ -354,7 +403,7 @@ fi
 log "phase: latency (sim ttft=$TTFT itl=$ITL tokens=$TOKENS)"
 start_sim "${SIM_ARGS[@]}"
 write_tokentap_config "$RUN/tokentap.yaml" ""
-start_targets "$RUN/tokentap.yaml"
+start_targets "$RUN/tokentap.yaml" phase-1
 if has_target tokentap; then
     record "{\"phase\":\"idle\",\"target\":\"tokentap\",\"rss_kib\":$(rss_kib tokentap)}"
 fi
@@ -530,7 +579,7 @@ if ! skip hold; then
     start_sim --ttft 100ms --itl 1s --tokens 100 --models sim-model
     write_tokentap_config "$RUN/tokentap-hold.yaml" ""
     start_targets "$RUN/tokentap-hold.yaml"
-    for t in $TARGETS; do
+    for t in $LATER_TARGETS; do
         idle=$(rss_kib "$t")
         url=$(url_of "$t")
         [ "$t" = nginx ] && [ "$HOLD_PROTO" = h2c ] && url=$(url_of nginx-h2)

@@ -10,21 +10,23 @@
 #
 #   bash scripts/bench/ab.sh tokentap=target/release/tokentap floor=target/release/examples/relay_floor
 #
-# The fast path on and off in one build (`--fast NAME` turns `proxy.http1_fast_path` on
-# for target NAME; repeatable):
+# The fast path on and off in one build (`--hyper NAME` turns `proxy.http1_fast_path`
+# off for target NAME, `--fast NAME` on, for builds from before it was the default;
+# both repeatable):
 #
-#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --fast on off=target/release/tokentap on=target/release/tokentap
+#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --hyper off off=target/release/tokentap on=target/release/tokentap
 #
-# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME,
+# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
 # --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets from BASE+310).
 # Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=() FAST=() BASE=18000
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() FAST=() HYPER=() BASE=18000
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
         --fast) FAST+=("$2"); shift ;;
+        --hyper) HYPER+=("$2"); shift ;;
         --ports) BASE=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
@@ -59,6 +61,9 @@ for t in "${TARGETS[@]}"; do
         "$port" $((port + 1)) "$BASE" > "$RUN/$name.yaml"
     for f in "${FAST[@]}"; do
         if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: true\n' >> "$RUN/$name.yaml"; fi
+    done
+    for f in "${HYPER[@]}"; do
+        if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: false\n' >> "$RUN/$name.yaml"; fi
     done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")

@@ -42,7 +42,7 @@ pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
 pub(super) const fn default_http1_fast_path() -> bool {
-    false
+    true
 }
 pub(super) const fn default_max_headers() -> usize {
     100

@@ -635,11 +635,11 @@ fn exemplars_read_traceparent_by_default_and_take_a_valid_header_name() {
 }
 
 #[test]
-fn the_http1_fast_path_is_off_unless_switched_on() {
+fn the_http1_fast_path_is_on_unless_switched_off() {
     let base = "upstream: http://127.0.0.1:8000\n";
-    assert!(!parse(base).expect("valid").proxy.http1_fast_path);
-    let on = parse(&format!("{base}proxy:\n  http1_fast_path: true\n")).expect("valid");
-    assert!(on.proxy.http1_fast_path);
+    assert!(parse(base).expect("valid").proxy.http1_fast_path);
+    let off = parse(&format!("{base}proxy:\n  http1_fast_path: false\n")).expect("valid");
+    assert!(!off.proxy.http1_fast_path);
     let found = issues(&format!("{base}proxy:\n  http1_fastpath: true\n"));
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].path.starts_with("proxy"), "{}", found[0].path);

@@ -13,7 +13,7 @@
 //!   the body data is while every byte is relayed as it came.
 //!
 //!
-//! On a connection (with `proxy.http1_fast_path`), the [`relay`] reads each request head
+//! On a connection (with `proxy.http1_fast_path`, on by default), the [`relay`] reads each request head
 //! and forwards what it fully understands on its own keep-alive [`upstream_pool`]; the
 //! first request it does not take hands the connection to hyper through a [`rewind`]
 //! wrapper that replays what was read.

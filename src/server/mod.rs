@@ -7,7 +7,7 @@
 //! deadline.
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
-//! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path`, a plain
+//! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path` (the default), a plain
 //! connection is served by the [`fast`](crate::fast) path's relay until a request comes
 //! that the relay leaves to hyper.
 //!

@@ -221,7 +221,7 @@ async fn stack() -> Stack {
         ..Overrides::default()
     };
     let mut config = Config::from_overrides(&overrides).expect("config");
-    crate::common::fast_path_from_env(&mut config);
+    crate::common::fast_path_from_env(&mut config, "");
     let server = Server::bind(config).await.expect("bind tokentap");
     let (proxy, admin) = (server.proxy_addr(), server.admin_addr());
     tokio::spawn(server.run(stopped(rx)));

@@ -72,11 +72,17 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-/// With `TOKENTAP_IT_FAST_PATH=1`, turn `proxy.http1_fast_path` on: `scripts/test.sh`
-/// runs the integration suite once per path. A test that sets the key itself keeps it on.
-pub fn fast_path_from_env(config: &mut Config) {
-    if std::env::var("TOKENTAP_IT_FAST_PATH").is_ok_and(|value| value == "1") {
-        config.proxy.http1_fast_path = true;
+/// `TOKENTAP_IT_FAST_PATH=0` (or `1`) turns `proxy.http1_fast_path` off (or on) for every
+/// tokentap whose test YAML does not set it: `scripts/test.sh` runs the integration suite
+/// once per path. A test that sets the key itself (to compare the paths) keeps its value.
+pub fn fast_path_from_env(config: &mut Config, yaml: &str) {
+    if yaml.contains("http1_fast_path") {
+        return;
+    }
+    match std::env::var("TOKENTAP_IT_FAST_PATH").as_deref() {
+        Ok("0") => config.proxy.http1_fast_path = false,
+        Ok("1") => config.proxy.http1_fast_path = true,
+        _ => {}
     }
 }
 
@@ -100,7 +106,7 @@ impl Proxy {
         };
         let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
         let mut config = Config::from_yaml(yaml, "test", &overrides).expect("valid test config");
-        fast_path_from_env(&mut config);
+        fast_path_from_env(&mut config, yaml);
         // Two workers whatever the machine, so every test crosses the hand-off from the
         // accept loop to a worker and runs with more than one upstream pool shard.
         let server = Server::bind(config)
