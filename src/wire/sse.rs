@@ -16,8 +16,10 @@
 //! discarded at end of stream ([`SseDecoder::finish`] reports whether that happened).
 //!
 //! Bounded and allocation-free in steady state: lines are found with `memchr`, complete
-//! lines are read straight from the fed slice, and only a line cut by a frame edge and
-//! the event's data are copied, into buffers that are reused from event to event.
+//! lines are read straight from the fed slice, and an event whose one `data` line and
+//! closing blank line are both in the slice (the usual LLM event) is dispatched from it;
+//! only a line cut by a frame edge and the data of other events are copied, into buffers
+//! that are reused from event to event.
 
 use memchr::{memchr, memchr2};
 
@@ -112,6 +114,10 @@ impl SseDecoder {
                 }
             }
             if self.line.is_empty() {
+                if let Some(after) = self.whole_data_event(head, rest, on_event)? {
+                    input = after;
+                    continue;
+                }
                 self.line_complete(head, on_event)?;
             } else {
                 self.check(self.line.len() + head.len())?;
@@ -170,6 +176,44 @@ impl SseDecoder {
             });
         }
         Ok(())
+    }
+
+    /// The common case, read without copying: `line` is an event's only `data` line and
+    /// the blank line that ends the event starts `rest`, all in the fed slice. Then the
+    /// event is dispatched straight from the slice (exactly as `line_complete` would
+    /// dispatch it, bound check included) and the input after the blank line is
+    /// returned; `None` leaves both lines to the general path.
+    fn whole_data_event<'b, F>(
+        &mut self,
+        line: &[u8],
+        rest: &'b [u8],
+        on_event: &mut F,
+    ) -> Result<Option<&'b [u8]>, DecodeError>
+    where
+        F: FnMut(SseEvent<'_>),
+    {
+        let Some(value) = line.strip_prefix(b"data:") else {
+            return Ok(None);
+        };
+        if !self.data.is_empty() {
+            return Ok(None);
+        }
+        // The blank line, with a terminator that this slice settles: a `\r` at its very
+        // end might be the first half of a `\r\n` that the next frame completes.
+        let after = match rest {
+            [b'\n', after @ ..] => after,
+            [b'\r', b'\n', after @ ..] => after,
+            [b'\r', after @ ..] if !after.is_empty() => after,
+            _ => return Ok(None),
+        };
+        self.check(line.len())?;
+        on_event(SseEvent {
+            event: &self.event,
+            data: value.strip_prefix(b" ").unwrap_or(value),
+            id: (!self.last_id.is_empty()).then_some(&self.last_id[..]),
+        });
+        self.event.clear();
+        Ok(Some(after))
     }
 
     /// Interpret one complete line (without its terminator).
@@ -452,5 +496,91 @@ mod tests {
             (dec.line.capacity(), dec.data.capacity()),
             (line_cap, data_cap)
         );
+    }
+
+    /// Events read straight from the fed slice (`whole_data_event`) are the events the
+    /// general path reads, at its edges: a `\r` that ends a frame, fields before the
+    /// data, several data lines, an empty value, no colon, lone `\r` blank lines.
+    #[test]
+    fn whole_events_read_from_the_slice_match_the_general_path() {
+        let with = |event: &str, data: &str, id: Option<&str>| Ev {
+            event: event.to_owned(),
+            data: data.to_owned(),
+            id: id.map(str::to_owned),
+        };
+        let cases: &[(&[u8], Vec<Ev>)] = &[
+            (b"data: a\n\n", vec![ev("a")]),
+            (b"data:a\r\n\r\n", vec![ev("a")]),
+            (b"data:  a\r\rdata: b\r\n\n", vec![ev(" a"), ev("b")]),
+            (b"data:\n\ndata: \n\n", vec![ev(""), ev("")]),
+            (b"data\n\n", vec![ev("")]),
+            (
+                b"event: e\nid: 7\ndata: x\n\ndata: y\n\n",
+                vec![with("e", "x", Some("7")), with("", "y", Some("7"))],
+            ),
+            (b"data: a\ndata: b\n\n", vec![ev("a\nb")]),
+            (b"data: a\n: comment\n\n", vec![ev("a")]),
+            (b"datum: a\n\ndata: b\n\n", vec![ev("b")]),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                &decode(input),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+        // A `\r` that ends a frame may be half of `\r\n`: the next frame settles it.
+        let mut dec = SseDecoder::new(1024);
+        let got = feed_frames(&mut dec, &[b"data: a\n\r", b"\ndata: b\n\n"]).expect("ok");
+        assert_eq!(got, vec![ev("a"), ev("b")]);
+        // The bound is the general path's: a data line of exactly the limit passes.
+        let mut dec = SseDecoder::new(9);
+        assert_eq!(
+            feed_frames(&mut dec, &[b"data: abc\n\n"]),
+            Ok(vec![ev("abc")])
+        );
+        let mut dec = SseDecoder::new(8);
+        assert_eq!(
+            feed_frames(&mut dec, &[b"data: abc\n\n"]),
+            Err(DecodeError::EventTooLarge { limit: 8 })
+        );
+    }
+
+    proptest::proptest! {
+        /// Any stream of SSE lines gives the same events (or the same error) fed whole,
+        /// cut anywhere, or a byte at a time: the slice-borrowing read of whole events
+        /// only takes what it sees entire, so the cuts decide which path reads an event
+        /// and never what it is.
+        #[test]
+        fn any_cut_gives_the_same_events(
+            lines in proptest::collection::vec(
+                (proptest::sample::select(vec![
+                    "data: x", "data:{\"a\":1}", "data", "data: ", "event: e", "id: 1",
+                    "retry: 5", ": c", "", "", "junk", "data: [DONE]",
+                ]), proptest::sample::select(vec!["\n", "\r\n", "\r"])),
+                0..24,
+            ),
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+            limit in proptest::sample::select(vec![12usize, 1 << 16]),
+        ) {
+            let input: Vec<u8> = lines.iter().flat_map(|(l, t)| [l.as_bytes(), t.as_bytes()].concat()).collect();
+            let run = |frames: Vec<&[u8]>| {
+                let mut dec = SseDecoder::new(limit);
+                feed_frames(&mut dec, &frames)
+            };
+            let whole = run(vec![&input[..]]);
+            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (input.len() + 1)).collect();
+            at.sort_unstable();
+            let mut frames = Vec::new();
+            let mut from = 0;
+            for cut in at {
+                frames.push(&input[from..cut]);
+                from = cut;
+            }
+            frames.push(&input[from..]);
+            proptest::prop_assert_eq!(&run(frames), &whole);
+            proptest::prop_assert_eq!(&run(input.chunks(1).collect()), &whole);
+        }
     }
 }
