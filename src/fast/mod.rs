@@ -12,9 +12,9 @@
 //! - [`response`]: an upstream response's heads and framing, telling the observer where
 //!   the body data is while every byte is relayed as it came.
 //!
-//!
-//! On a connection (with `proxy.http1_fast_path`, on by default), the [`relay`] reads each request head
-//! and forwards what it fully understands on its own keep-alive [`upstream_pool`]; the
+//! On a connection (with `proxy.http1_fast_path`, on by default), the [`relay`] reads
+//! each request head and forwards what it fully understands on its own keep-alive
+//! [`upstream_pool`], reading and writing through the worker's [`scratch`] buffers; the
 //! first request it does not take hands the connection to hyper through a [`rewind`]
 //! wrapper that replays what was read.
 
@@ -23,6 +23,7 @@ pub mod relay;
 pub mod request_head;
 pub mod response;
 pub mod rewind;
+pub mod scratch;
 pub mod upstream_pool;
 
 #[cfg(test)]

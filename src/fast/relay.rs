@@ -36,6 +36,7 @@ use super::chunked::ChunkedReader;
 use super::request_head::{self, Decision, ForwardHead, HeadReader, HeadRules, RequestFraming};
 use super::response::ResponseRules;
 use super::response::{BodyFraming, Piece, ResponseError, ResponseHead, ResponseReader};
+use super::scratch;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::observe::{self, Outcome, Pending, RequestHead, ResponseObserver};
@@ -266,7 +267,7 @@ impl Relay {
         )
         .await
         .unwrap_or(Err(Failure::Upstream(UpstreamError::Timeout(head_timeout))));
-        let mut upstream = match sent {
+        let upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
                 let (err, close) = match failure {
@@ -292,9 +293,12 @@ impl Relay {
         let mut framing = None;
         let mut reusable = false;
         let mut keep_client = !client_closing;
-        let mut received = Vec::with_capacity(READ_CHUNK);
         let mut pieces = Vec::new();
-        let mut out = Vec::with_capacity(READ_CHUNK);
+        // Bytes read but not yet consumed (the start of a head), and what the client did
+        // not take at once: the stream's own, usually empty. Reads and writes otherwise go
+        // through the worker's buffers (`scratch`).
+        let mut carry: Vec<u8> = Vec::new();
+        let mut unsent: Vec<u8> = Vec::new();
         let idle_timeout = upstream_config.idle_timeout;
         // hyper's server sends trailers only to a client that asked for them with
         // `TE: trailers`, and only those the response declares in `Trailer`.
@@ -308,12 +312,9 @@ impl Relay {
         tokio::pin!(timer);
         let mut last_data = tokio::time::Instant::now();
         loop {
-            if received.capacity() - received.len() < READ_CHUNK / 2 {
-                received.reserve(READ_CHUNK);
-            }
-            let read = tokio::select! {
+            let ready = tokio::select! {
                 biased;
-                read = upstream.read_buf(&mut received) => Ok(read),
+                ready = upstream.readable() => Ok(ready),
                 () = &mut timer => {
                     let idle_until = last_data + idle_timeout;
                     if framing.is_some() && idle_until > tokio::time::Instant::now() {
@@ -323,31 +324,55 @@ impl Relay {
                     Err(())
                 }
             };
+            if ready.is_err() {
+                let at = Instant::now();
+                if let Some(pending) = pending.take() {
+                    let err = UpstreamError::Timeout(head_timeout);
+                    return self
+                        .fail_before_head(client, &head, err, pending, client_closing)
+                        .await;
+                }
+                tracing::warn!(timeout = ?idle_timeout, "upstream stream idle; aborting it");
+                if let Some(observer) = observer.as_mut() {
+                    observer.fail(at, Outcome::Timeout);
+                }
+                return Ok(Next::Close);
+            }
+            let mut buffers = scratch::take();
+            // Bytes carried from the last read are read on to in the stream's own buffer.
+            let carried = !carry.is_empty();
+            if carried {
+                std::mem::swap(&mut buffers.received, &mut carry);
+            }
+            if buffers.received.capacity() - buffers.received.len() < READ_CHUNK / 2 {
+                buffers.received.reserve(READ_CHUNK);
+            }
+            let read = match ready {
+                Ok(Err(err)) => Err(err),
+                _ => upstream.try_read_buf(&mut buffers.received),
+            };
+            if read
+                .as_ref()
+                .is_err_and(|err| err.kind() == io::ErrorKind::WouldBlock)
+            {
+                // The readiness was stale: wait again.
+                if carried {
+                    std::mem::swap(&mut buffers.received, &mut carry);
+                }
+                scratch::give_back(buffers);
+                continue;
+            }
+            let received = &buffers.received;
             let at = Instant::now();
             last_data = tokio::time::Instant::from_std(at);
             pieces.clear();
             let fed = match read {
-                Err(()) => {
-                    if let Some(pending) = pending.take() {
-                        let err = UpstreamError::Timeout(head_timeout);
-                        return self
-                            .fail_before_head(client, &head, err, pending, client_closing)
-                            .await;
-                    }
-                    tracing::warn!(timeout = ?idle_timeout, "upstream stream idle; aborting it");
-                    if let Some(observer) = observer.as_mut() {
-                        observer.fail(at, Outcome::Timeout);
-                    }
-                    return Ok(Next::Close);
-                }
-                Ok(Err(err)) => Err(Broken::Io(err)),
-                Ok(Ok(0)) => reader
+                Err(err) => Err(Broken::Io(err)),
+                Ok(0) => reader
                     .closed(&mut pieces)
                     .map(|()| received.len())
                     .map_err(Broken::Response),
-                Ok(Ok(_)) => reader
-                    .feed(&received, &mut pieces)
-                    .map_err(Broken::Response),
+                Ok(_) => reader.feed(received, &mut pieces).map_err(Broken::Response),
             };
             // A break mid-body ends the response once what came before it is relayed:
             // hyper's client yields that data (and a head that came with it) before the
@@ -358,6 +383,7 @@ impl Relay {
                     let has_head = pieces.iter().any(|piece| matches!(piece, Piece::Head(_)));
                     if !has_head {
                         if let Some(pending) = pending.take() {
+                            scratch::give_back(buffers);
                             let err = broken.before_head();
                             return self
                                 .fail_before_head(client, &head, err, pending, client_closing)
@@ -368,7 +394,7 @@ impl Relay {
                 }
             };
 
-            out.clear();
+            let out = &mut buffers.out;
             let mut relay_from = 0;
             let mut ended = false;
             for piece in pieces.drain(..) {
@@ -378,7 +404,7 @@ impl Relay {
                         let shutting_down = *closing.borrow();
                         keep_client &= !shutting_down;
                         let add_chunked = response_head.framing == BodyFraming::UntilClose;
-                        client_head(&response_head, !keep_client, add_chunked, &mut out);
+                        client_head(&response_head, !keep_client, add_chunked, out);
                         if response_head.framing == BodyFraming::Chunked && client_takes_trailers {
                             declared_trailers = declared(&response_head.headers);
                         }
@@ -398,7 +424,7 @@ impl Relay {
                             observer.data(Instant::now(), &received[range.clone()]);
                         }
                         if rechunked(framing) {
-                            chunk(&received[range], &mut out);
+                            chunk(&received[range], out);
                         }
                     }
                     Piece::End => ended = true,
@@ -407,7 +433,7 @@ impl Relay {
             match framing {
                 None => {}
                 Some(_) if rechunked(framing) && ended => {
-                    last_chunk(reader.trailer_section(), &declared_trailers, &mut out);
+                    last_chunk(reader.trailer_section(), &declared_trailers, out);
                 }
                 Some(_) if rechunked(framing) || broken.is_some() => {}
                 Some(_) => out.extend_from_slice(&received[relay_from..used]),
@@ -420,11 +446,39 @@ impl Relay {
                 }
             }
             let leftover = received.len() > used;
-            received.drain(..used);
-            if !out.is_empty() && client.write_all(&out).await.is_err() {
+            // Most writes go whole at once; the rest waits in the stream's own buffer.
+            let mut client_gone = false;
+            if !out.is_empty() {
+                let written = match client.try_write(out.as_slice()) {
+                    Ok(written) => written,
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(_) => {
+                        client_gone = true;
+                        0
+                    }
+                };
+                if !client_gone {
+                    unsent.extend_from_slice(&out[written..]);
+                }
+            }
+            if !ended {
+                let rest = &buffers.received[used..];
+                if carried {
+                    buffers.received.drain(..used);
+                    std::mem::swap(&mut buffers.received, &mut carry);
+                } else if !rest.is_empty() {
+                    carry.extend_from_slice(rest);
+                }
+            } else if carried {
+                // The stream's own buffer goes with the stream; the worker's stays.
+                std::mem::swap(&mut buffers.received, &mut carry);
+            }
+            scratch::give_back(buffers);
+            if client_gone || (!unsent.is_empty() && client.write_all(&unsent).await.is_err()) {
                 // The client went away: an unended observer records it as cancelled.
                 return Ok(Next::Close);
             }
+            unsent.clear();
             if let Some(broken) = broken {
                 tracing::warn!(error = %broken, "upstream stream failed mid-body");
                 if let Some(observer) = observer.as_mut() {
