@@ -444,7 +444,10 @@ if has_target tokentap && ! skip fidelity; then
         echo "$BENCH fidelity --client $OUT/fidelity-direct-c$FID_C.jsonl" >> "$COMMANDS"
         record "{\"phase\":\"fidelity-floor\",\"target\":\"direct\",\"concurrency\":$FID_C,\"fidelity\":$floor}"
         log "fidelity floor (no proxy): $floor"
+        # Requests are paired with the access log by their unique tenant, so no tenant may
+        # fold into `other`: neither the tenant cap nor the pair cap (default 2,000).
         write_tokentap_config "$RUN/tokentap-fidelity.yaml" "labels:
+  max_pairs: 100000
   tenant:
     max_values: 100000" info
         start_tokentap "$RUN/tokentap-fidelity.yaml"
