@@ -21,7 +21,7 @@
 //! server adds, it adds too: `connection: close` to a closing client's answer (or at
 //! shutdown), and the chunked coding of a body the upstream delimits by closing.
 
-use std::io;
+use std::io::{self, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -339,11 +339,9 @@ impl Relay {
                 return Ok(Next::Close);
             }
             let mut buffers = scratch::take();
-            // Bytes carried from the last read are read on to in the stream's own buffer.
-            let carried = !carry.is_empty();
-            if carried {
-                std::mem::swap(&mut buffers.received, &mut carry);
-            }
+            // Bytes carried from the last read (rare: the start of a head) go first.
+            buffers.received.extend_from_slice(&carry);
+            carry.clear();
             if buffers.received.capacity() - buffers.received.len() < READ_CHUNK / 2 {
                 buffers.received.reserve(READ_CHUNK);
             }
@@ -356,9 +354,7 @@ impl Relay {
                 .is_err_and(|err| err.kind() == io::ErrorKind::WouldBlock)
             {
                 // The readiness was stale: wait again.
-                if carried {
-                    std::mem::swap(&mut buffers.received, &mut carry);
-                }
+                carry.extend_from_slice(&buffers.received);
                 scratch::give_back(buffers);
                 continue;
             }
@@ -462,16 +458,7 @@ impl Relay {
                 }
             }
             if !ended {
-                let rest = &buffers.received[used..];
-                if carried {
-                    buffers.received.drain(..used);
-                    std::mem::swap(&mut buffers.received, &mut carry);
-                } else if !rest.is_empty() {
-                    carry.extend_from_slice(rest);
-                }
-            } else if carried {
-                // The stream's own buffer goes with the stream; the worker's stays.
-                std::mem::swap(&mut buffers.received, &mut carry);
+                carry.extend_from_slice(&received[used..]);
             }
             scratch::give_back(buffers);
             if client_gone || (!unsent.is_empty() && client.write_all(&unsent).await.is_err()) {
@@ -883,16 +870,8 @@ fn chunk(data: &[u8], out: &mut Vec<u8>) {
     if data.is_empty() {
         return;
     }
-    let mut size = [0u8; 16];
-    let mut start = size.len();
-    let mut left = data.len();
-    while left > 0 {
-        start -= 1;
-        size[start] = b"0123456789ABCDEF"[left % 16];
-        left /= 16;
-    }
-    out.extend_from_slice(&size[start..]);
-    out.extend_from_slice(b"\r\n");
+    // Formatted straight into `out`: no allocation per chunk.
+    let _ = write!(out, "{:X}\r\n", data.len());
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }

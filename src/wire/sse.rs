@@ -207,11 +207,7 @@ impl SseDecoder {
             _ => return Ok(None),
         };
         self.check(line.len())?;
-        on_event(SseEvent {
-            event: &self.event,
-            data: value.strip_prefix(b" ").unwrap_or(value),
-            id: (!self.last_id.is_empty()).then_some(&self.last_id[..]),
-        });
+        self.emit(value.strip_prefix(b" ").unwrap_or(value), on_event);
         self.event.clear();
         Ok(Some(after))
     }
@@ -266,14 +262,22 @@ impl SseDecoder {
         F: FnMut(SseEvent<'_>),
     {
         if let Some((_, data)) = self.data.split_last() {
-            on_event(SseEvent {
-                event: &self.event,
-                data,
-                id: (!self.last_id.is_empty()).then_some(&self.last_id[..]),
-            });
+            self.emit(data, on_event);
         }
         self.data.clear();
         self.event.clear();
+    }
+
+    /// Hand the pending event, with `data`, to the callback.
+    fn emit<F>(&self, data: &[u8], on_event: &mut F)
+    where
+        F: FnMut(SseEvent<'_>),
+    {
+        on_event(SseEvent {
+            event: &self.event,
+            data,
+            id: (!self.last_id.is_empty()).then_some(&self.last_id[..]),
+        });
     }
 }
 

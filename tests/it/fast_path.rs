@@ -655,3 +655,24 @@ async fn the_idle_timeout_counts_from_the_last_data() {
         );
     }
 }
+
+/// A response head that reaches tokentap in three reads (the relay carries the start of
+/// it from read to read): the same answer on both paths.
+#[tokio::test]
+async fn a_head_split_across_upstream_reads_is_read_whole() {
+    let pause = || Step::Sleep(Duration::from_millis(50));
+    let backend = common::ScriptedBackend::start(vec![
+        Step::Write(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec()),
+        pause(),
+        Step::Write(b"ngth: 2\r\nX-Up: Ke".to_vec()),
+        pause(),
+        Step::Write(b"pt\r\n\r\nok".to_vec()),
+    ])
+    .await;
+    let (off, on) = both(&backend.url()).await;
+    let request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    same_answer(&off, &on, request, b"HTTP/1.1 200 OK\r\n").await;
+    assert!(exchange(&on, request)
+        .await
+        .ends_with(b"X-Up: Kept\r\nconnection: close\r\n\r\nok"));
+}
