@@ -249,11 +249,15 @@ start_sim() { # extra sim args...
 }
 
 start_tokentap() { # config file
-    "$TT" --config "$1" > "$RUN/tokentap.log" 2>&1 &
-    PID[tokentap]=$!
-    STARTED+=("${PID[tokentap]}")
-    echo "$TT --config $1" >> "$COMMANDS"
-    wait_http "http://127.0.0.1:$TT_PORT/health" tokentap
+    start_tokentap_as tokentap "$1" "$TT_PORT"
+}
+
+start_tokentap_as() { # target name, config file, its port
+    "$TT" --config "$2" > "$RUN/$1.log" 2>&1 &
+    PID[$1]=$!
+    STARTED+=("${PID[$1]}")
+    echo "$TT --config $2" >> "$COMMANDS"
+    wait_http "http://127.0.0.1:$3/health" "$1"
 }
 
 write_tokentap_config() { # file, extra yaml
@@ -274,11 +278,7 @@ start_tokentap_hyper() { # config file of the default tokentap
     sed -e "s#^listen: .*#listen: 127.0.0.1:$TT_HYPER_PORT#" -e "s#^admin: .*#admin: 127.0.0.1:$TT_HYPER_ADMIN#" \
         "$1" > "$RUN/tokentap-hyper.yaml"
     printf 'proxy:\n  http1_fast_path: false\n' >> "$RUN/tokentap-hyper.yaml"
-    "$TT" --config "$RUN/tokentap-hyper.yaml" > "$RUN/tokentap-hyper.log" 2>&1 &
-    PID[tokentap-hyper]=$!
-    STARTED+=("${PID[tokentap-hyper]}")
-    echo "$TT --config $RUN/tokentap-hyper.yaml" >> "$COMMANDS"
-    wait_http "http://127.0.0.1:$TT_HYPER_PORT/health" tokentap-hyper
+    start_tokentap_as tokentap-hyper "$RUN/tokentap-hyper.yaml" "$TT_HYPER_PORT"
 }
 
 start_floor() {

@@ -21,12 +21,12 @@
 # Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=() FAST=() HYPER=() BASE=18000
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() BASE=18000
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
-        --fast) FAST+=("$2"); shift ;;
-        --hyper) HYPER+=("$2"); shift ;;
+        --fast) SWITCHES+=("$2=true"); shift ;;
+        --hyper) SWITCHES+=("$2=false"); shift ;;
         --ports) BASE=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
@@ -59,11 +59,8 @@ for t in "${TARGETS[@]}"; do
     name=${t%%=*}; bin=${t#*=}
     printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:%d\nlog:\n  level: warn\n' \
         "$port" $((port + 1)) "$BASE" > "$RUN/$name.yaml"
-    for f in "${FAST[@]}"; do
-        if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: true\n' >> "$RUN/$name.yaml"; fi
-    done
-    for f in "${HYPER[@]}"; do
-        if [ "$f" = "$name" ]; then printf 'proxy:\n  http1_fast_path: false\n' >> "$RUN/$name.yaml"; fi
+    for s in "${SWITCHES[@]}"; do
+        if [ "${s%=*}" = "$name" ]; then printf 'proxy:\n  http1_fast_path: %s\n' "${s##*=}" >> "$RUN/$name.yaml"; fi
     done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
