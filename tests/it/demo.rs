@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use tokentap::config::{Config, Overrides};
 use tokentap::demo::{render_table, summarize};
 use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
@@ -64,12 +63,7 @@ async fn sent_gaps(url: String) -> Vec<f64> {
     let client = common::client();
     let request = common::chat(&url, "known", TENANT, true, true);
     let response = client.request(request).await.expect("response");
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = common::body_bytes(response).await;
     let sent: Vec<u64> = String::from_utf8_lossy(&body)
         .lines()
         .filter_map(|line| line.strip_prefix("data:"))

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokentap::config::{Config, Overrides};
@@ -255,12 +255,7 @@ async fn send(
         .get("content-encoding")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = crate::common::body_bytes(response).await;
     (status, encoding, body)
 }
 
@@ -324,12 +319,7 @@ async fn scrape(admin: SocketAddr) -> Scrape {
         .body(Full::new(Bytes::new()))
         .expect("request");
     let response = client.request(request).await.expect("scrape");
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = crate::common::body_bytes(response).await;
     Scrape::parse(String::from_utf8_lossy(&body).into_owned())
 }
 

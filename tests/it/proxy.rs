@@ -10,7 +10,6 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -28,15 +27,6 @@ fn scripted_sim() -> SimConfig {
         role_chunk: true,
         ..SimConfig::default()
     }
-}
-
-async fn collect(response: http::Response<Incoming>) -> Bytes {
-    response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes()
 }
 
 /// Usage the stream itself reported, read from the client's copy.
@@ -71,7 +61,7 @@ async fn timing_and_token_counts_match_the_scripted_backend() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let body = collect(response).await;
+    let body = body_bytes(response).await;
     let (prompt_tokens, completion_tokens) = reported_usage(&body);
     assert_eq!(completion_tokens, 40.0);
 
@@ -145,7 +135,7 @@ async fn concurrent_streams_keep_models_and_tenants_apart() {
             false,
         );
         tasks.push(tokio::spawn(async move {
-            collect(client().request(request).await.unwrap()).await
+            body_bytes(client().request(request).await.unwrap()).await
         }));
     }
     for task in tasks {
@@ -270,7 +260,7 @@ async fn h2c_client_reaches_an_http1_upstream() {
         .expect("h2c request");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.version(), http::Version::HTTP_2);
-    let body = collect(response).await;
+    let body = body_bytes(response).await;
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     let m = proxy
         .wait_metrics("the h2 stream", |m| {
@@ -369,7 +359,7 @@ async fn error_event_after_200_is_an_upstream_error() {
         .insert("x-sim-fault", "error-after=3".parse().unwrap());
     let response = client().request(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let body = collect(response).await;
+    let body = body_bytes(response).await;
     assert!(String::from_utf8_lossy(&body).contains("simulated engine failure"));
     proxy
         .wait_metrics("the error outcome", |m| {
@@ -465,7 +455,7 @@ async fn non_llm_routes_and_error_statuses_pass_through() {
     let sim = SimHandle::start(scripted_sim()).await;
     let proxy = Proxy::start(&sim.url(), "").await;
 
-    let direct = collect(
+    let direct = body_bytes(
         client()
             .request(
                 Request::get(format!("{}/v1/models", sim.url()))
@@ -478,7 +468,7 @@ async fn non_llm_routes_and_error_statuses_pass_through() {
     .await;
     let models = proxy.get("/v1/models").await;
     assert_eq!(models.status(), StatusCode::OK);
-    assert_eq!(collect(models).await, direct);
+    assert_eq!(body_bytes(models).await, direct);
     assert_eq!(proxy.get("/health").await.status(), StatusCode::OK);
     assert_eq!(
         proxy.get("/no/such/path").await.status(),
@@ -529,7 +519,7 @@ async fn non_streaming_response_records_usage_and_duration() {
         .await
         .unwrap();
     assert_eq!(response.headers()["content-type"], "application/json");
-    let body: serde_json::Value = serde_json::from_slice(&collect(response).await).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body_bytes(response).await).unwrap();
     let labels = [("model", "m"), ("tenant", "t")];
     // The families that are per model by default (`labels.tenant.families`).
     let model = &labels[..1];
@@ -572,7 +562,7 @@ async fn model_falls_back_to_the_response_and_tenant_to_an_api_key_hash() {
             br#"{"stream":true,"messages":[]}"#,
         )))
         .unwrap();
-    collect(client().request(request).await.unwrap()).await;
+    body_bytes(client().request(request).await.unwrap()).await;
     let m = proxy
         .wait_metrics("the request", |m| {
             m.sum("tokentap_requests_total", &[]) >= 1.0
@@ -599,7 +589,7 @@ async fn label_values_are_capped() {
     .await;
     let proxy = Proxy::start(&sim.url(), "labels:\n  tenant:\n    max_values: 2\n").await;
     for tenant in ["a", "b", "c", "d", "a"] {
-        collect(
+        body_bytes(
             client()
                 .request(chat(&proxy.url(CHAT), "m", tenant, true, false))
                 .await
@@ -688,7 +678,7 @@ async fn continuous_usage_gives_exact_per_event_counts() {
     })
     .await;
     let proxy = Proxy::start(&sim.url(), "").await;
-    collect(
+    body_bytes(
         client()
             .request(chat(&proxy.url(CHAT), "m", "t", true, false))
             .await
@@ -718,7 +708,7 @@ async fn h2c_upstream_by_option() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.version(), http::Version::HTTP_11);
-    let body = collect(response).await;
+    let body = body_bytes(response).await;
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     let m = proxy
         .wait_metrics("the request", |m| {
@@ -860,7 +850,7 @@ async fn upstream_connections_are_reused() {
                 .unwrap()
         };
         assert_eq!(response.status(), StatusCode::OK);
-        let body = collect(response).await;
+        let body = body_bytes(response).await;
         assert!(!body.is_empty());
     }
     let opened = accepted.load(Ordering::SeqCst);
@@ -875,7 +865,7 @@ async fn upstream_connections_are_reused() {
         for response in futures_util::future::join_all(requests).await {
             let response = response.unwrap();
             assert_eq!(response.status(), StatusCode::OK);
-            assert!(find(&collect(response).await, b"[DONE]").is_some());
+            assert!(find(&body_bytes(response).await, b"[DONE]").is_some());
         }
     }
     let opened = accepted.load(Ordering::SeqCst);
@@ -906,7 +896,7 @@ async fn idle_connection_closed_by_the_upstream_is_replaced() {
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK, "round {round}");
-        assert!(find(&collect(response).await, b"[DONE]").is_some());
+        assert!(find(&body_bytes(response).await, b"[DONE]").is_some());
         assert_eq!(accepted.load(Ordering::SeqCst), round);
         // Longer than the upstream keeps an idle connection.
         tokio::time::sleep(ms(300)).await;
@@ -928,7 +918,7 @@ async fn idle_pooled_connections_are_closed_after_the_pool_idle_timeout() {
     let proxy = Proxy::start(&backend.url, "upstream: {pool_idle_timeout: 200ms}").await;
     let response = proxy.get("/v1/models").await;
     assert_eq!(response.status(), StatusCode::OK);
-    collect(response).await;
+    body_bytes(response).await;
     assert_eq!(backend.closed_by_peer.load(Ordering::SeqCst), 0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while backend.closed_by_peer.load(Ordering::SeqCst) == 0 {

@@ -155,13 +155,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        (content_type, body)
+        (content_type, body_bytes(response).await)
     }
 
     /// Poll `/metrics` until `condition` holds (panics after 10 s with the last scrape).
@@ -228,14 +222,18 @@ pub async fn wait_for_metrics(
     }
 }
 
-pub async fn body_text(response: Response<Incoming>) -> String {
-    let bytes = response
+/// The whole body of `response`.
+pub async fn body_bytes(response: Response<Incoming>) -> Bytes {
+    response
         .into_body()
         .collect()
         .await
         .expect("body")
-        .to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
+        .to_bytes()
+}
+
+pub async fn body_text(response: Response<Incoming>) -> String {
+    String::from_utf8_lossy(&body_bytes(response).await).into_owned()
 }
 
 /// A chat completion request.
