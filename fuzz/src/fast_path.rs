@@ -153,7 +153,7 @@ fn chunked(body: &[u8], cuts: &[usize]) -> (usize, Vec<u8>, bool, Option<Chunked
         let piece = &body[start..end];
         start = end;
         let mut ranges = Vec::new();
-        match reader.feed(piece, &mut ranges) {
+        match reader.feed(piece, |range| ranges.push(range)) {
             Ok(took) => {
                 assert!(took <= piece.len());
                 push_ranges(&mut data, piece, &ranges, took);

@@ -113,18 +113,18 @@ impl ChunkedReader {
 
     /// Read the next bytes of the body. Returns how many of `input` belong to it (all of
     /// them unless the body ends inside `input`; what follows is the next message) and
-    /// pushes the ranges of `input` that are chunk data onto `data`.
+    /// hands `data` each range of `input` that is chunk data, in order.
     pub fn feed(
         &mut self,
         input: &[u8],
-        data: &mut Vec<Range<usize>>,
+        mut data: impl FnMut(Range<usize>),
     ) -> Result<usize, ChunkedError> {
         let mut at = 0;
         while at < input.len() {
             if let State::Data { remaining } = self.state {
                 let available = input.len() - at;
                 let take = usize::try_from(remaining).map_or(available, |r| r.min(available));
-                data.push(at..at + take);
+                data(at..at + take);
                 at += take;
                 let left = remaining - take as u64;
                 self.state = if left == 0 {
@@ -294,7 +294,7 @@ mod tests {
             }
             let piece = &input[start..end];
             let mut ranges = Vec::new();
-            let took = reader.feed(piece, &mut ranges)?;
+            let took = reader.feed(piece, |range| ranges.push(range))?;
             for range in ranges {
                 data.extend_from_slice(&piece[range]);
             }
@@ -375,13 +375,11 @@ mod tests {
     #[test]
     fn trailers_are_noticed() {
         let mut reader = ChunkedReader::new(1024);
-        reader
-            .feed(b"0\r\nx-a: 1\r\n\r\n", &mut Vec::new())
-            .expect("valid");
+        reader.feed(b"0\r\nx-a: 1\r\n\r\n", |_| {}).expect("valid");
         assert!(reader.is_done() && reader.has_trailers());
         assert_eq!(reader.take_trailer_section(), b"x-a: 1\r\n\r\n");
         let mut reader = ChunkedReader::new(1024);
-        reader.feed(b"0\r\n\r\n", &mut Vec::new()).expect("valid");
+        reader.feed(b"0\r\n\r\n", |_| {}).expect("valid");
         assert!(reader.is_done() && !reader.has_trailers());
     }
 

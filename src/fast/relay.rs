@@ -21,8 +21,10 @@
 //! server adds, it adds too: `connection: close` to a closing client's answer (or at
 //! shutdown), and the chunked coding of a body the upstream delimits by closing.
 
+use std::future::Future;
 use std::io::{self, Write};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -267,7 +269,7 @@ impl Relay {
         )
         .await
         .unwrap_or(Err(Failure::Upstream(UpstreamError::Timeout(head_timeout))));
-        let upstream = match sent {
+        let mut upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
                 let (err, close) = match failure {
@@ -293,7 +295,6 @@ impl Relay {
         let mut framing = None;
         let mut reusable = false;
         let mut keep_client = !client_closing;
-        let mut pieces = Vec::new();
         // Bytes read but not yet consumed (the start of a head), and what the client did
         // not take at once: the stream's own, usually empty. Reads and writes otherwise go
         // through the worker's buffers (`scratch`).
@@ -312,19 +313,19 @@ impl Relay {
         tokio::pin!(timer);
         let mut last_data = tokio::time::Instant::now();
         loop {
-            let ready = tokio::select! {
+            let read = tokio::select! {
                 biased;
-                ready = upstream.readable() => Ok(ready),
+                read = read_upstream(&mut upstream, &carry) => Some(read),
                 () = &mut timer => {
                     let idle_until = last_data + idle_timeout;
                     if framing.is_some() && idle_until > tokio::time::Instant::now() {
                         timer.as_mut().reset(idle_until);
                         continue;
                     }
-                    Err(())
+                    None
                 }
             };
-            if ready.is_err() {
+            let Some((read, mut buffers)) = read else {
                 let at = Instant::now();
                 if let Some(pending) = pending.take() {
                     let err = UpstreamError::Timeout(head_timeout);
@@ -337,38 +338,20 @@ impl Relay {
                     observer.fail(at, Outcome::Timeout);
                 }
                 return Ok(Next::Close);
-            }
-            let mut buffers = scratch::take();
-            // Bytes carried from the last read (rare: the start of a head) go first.
-            buffers.received.extend_from_slice(&carry);
-            carry.clear();
-            if buffers.received.capacity() - buffers.received.len() < READ_CHUNK / 2 {
-                buffers.received.reserve(READ_CHUNK);
-            }
-            let read = match ready {
-                Ok(Err(err)) => Err(err),
-                _ => upstream.try_read_buf(&mut buffers.received),
             };
-            if read
-                .as_ref()
-                .is_err_and(|err| err.kind() == io::ErrorKind::WouldBlock)
-            {
-                // The readiness was stale: wait again.
-                carry.extend_from_slice(&buffers.received);
-                scratch::give_back(buffers);
-                continue;
-            }
+            carry.clear();
             let received = &buffers.received;
             let at = Instant::now();
             last_data = tokio::time::Instant::from_std(at);
-            pieces.clear();
             let fed = match read {
                 Err(err) => Err(Broken::Io(err)),
                 Ok(0) => reader
-                    .closed(&mut pieces)
+                    .closed(&mut buffers.pieces)
                     .map(|()| received.len())
                     .map_err(Broken::Response),
-                Ok(_) => reader.feed(received, &mut pieces).map_err(Broken::Response),
+                Ok(_) => reader
+                    .feed(received, &mut buffers.pieces)
+                    .map_err(Broken::Response),
             };
             // A break mid-body ends the response once what came before it is relayed:
             // hyper's client yields that data (and a head that came with it) before the
@@ -376,7 +359,10 @@ impl Relay {
             let (used, broken) = match fed {
                 Ok(used) => (used, None),
                 Err(broken) => {
-                    let has_head = pieces.iter().any(|piece| matches!(piece, Piece::Head(_)));
+                    let has_head = buffers
+                        .pieces
+                        .iter()
+                        .any(|piece| matches!(piece, Piece::Head(_)));
                     if !has_head {
                         if let Some(pending) = pending.take() {
                             scratch::give_back(buffers);
@@ -393,7 +379,7 @@ impl Relay {
             let out = &mut buffers.out;
             let mut relay_from = 0;
             let mut ended = false;
-            for piece in pieces.drain(..) {
+            for piece in buffers.pieces.drain(..) {
                 match piece {
                     Piece::Interim(range) => relay_from = range.end,
                     Piece::Head(response_head) => {
@@ -698,7 +684,7 @@ async fn send_chunked(
         ranges.clear();
         out.clear();
         let used = reader
-            .feed(input, &mut ranges)
+            .feed(input, |range| ranges.push(range))
             .map_err(|err| Failure::Client(UpstreamError::MalformedBody(err.to_string())))?;
         for range in &ranges {
             scan.feed(&input[range.clone()]);
@@ -757,6 +743,38 @@ async fn read_more(stream: &mut TcpStream, input: &mut Vec<u8>) -> io::Result<us
         input.reserve(READ_CHUNK);
     }
     stream.read_buf(input).await
+}
+
+/// Read what the upstream sent into the worker's buffers, after the bytes `carry`ied
+/// from the last read: the count (`0` at its end) and the buffers, `received` holding
+/// `carry` and then what was read.
+///
+/// The buffers are taken only for the moment of a poll, so a stream that waits holds
+/// none. The read goes through `poll_read`, which takes a short read as the sign that
+/// the socket is drained (epoll is edge-triggered); `readable()` then `try_read` would
+/// spend a failing `recv` per event to learn the same.
+fn read_upstream<'a>(
+    upstream: &'a mut TcpStream,
+    carry: &'a [u8],
+) -> impl Future<Output = (io::Result<usize>, scratch::Buffers)> + 'a {
+    std::future::poll_fn(move |cx| {
+        if let Err(err) = std::task::ready!(upstream.poll_read_ready(cx)) {
+            return Poll::Ready((Err(err), scratch::take()));
+        }
+        let mut buffers = scratch::take();
+        buffers.received.extend_from_slice(carry);
+        let polled = {
+            let read = read_more(upstream, &mut buffers.received);
+            std::pin::pin!(read).poll(cx)
+        };
+        match polled {
+            Poll::Ready(read) => Poll::Ready((read, buffers)),
+            Poll::Pending => {
+                scratch::give_back(buffers);
+                Poll::Pending
+            }
+        }
+    })
 }
 
 /// Resolves once the server starts to shut down.

@@ -117,8 +117,6 @@ pub struct ResponseReader {
     rules: ResponseRules,
     /// A chunked body's trailer section, once it has ended.
     trailer_section: Vec<u8>,
-    /// Where the chunk data of one feed lies, kept from feed to feed for its allocation.
-    ranges: Vec<Range<usize>>,
 }
 
 /// Fields that describe one connection, removed before the head reaches the client, as
@@ -141,7 +139,6 @@ impl ResponseReader {
             head_request,
             rules,
             trailer_section: Vec::new(),
-            ranges: Vec::new(),
         }
     }
 
@@ -187,14 +184,11 @@ impl ResponseReader {
                     if at == input.len() {
                         break;
                     }
-                    self.ranges.clear();
-                    let fed = reader.feed(&input[at..], &mut self.ranges);
-                    out.extend(
-                        self.ranges
-                            .iter()
-                            .filter(|range| !range.is_empty())
-                            .map(|range| Piece::Data(at + range.start..at + range.end)),
-                    );
+                    let fed = reader.feed(&input[at..], |range| {
+                        if !range.is_empty() {
+                            out.push(Piece::Data(at + range.start..at + range.end));
+                        }
+                    });
                     at += fed?;
                     if reader.is_done() {
                         self.trailer_section = reader.take_trailer_section();

@@ -1,5 +1,5 @@
-//! The worker's own buffers for what one upstream read brings and what the relay sends on
-//! for it.
+//! The worker's own buffers for what one upstream read brings, what the response reader
+//! found in it and what the relay sends on for it.
 //!
 //! A streamed response brings an event or so per read, and the relay writes what it
 //! relays for it to the client at once in the common case. With a receive buffer and an
@@ -14,15 +14,19 @@
 
 use std::cell::Cell;
 
+use super::response::Piece;
+
 thread_local! {
     static RECEIVED: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    static PIECES: Cell<Vec<Piece>> = const { Cell::new(Vec::new()) };
     static OUT: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
-/// A receive and an output buffer, both empty when taken.
+/// A receive buffer, the pieces read from it and an output buffer, all empty when taken.
 #[derive(Debug, Default)]
 pub struct Buffers {
     pub received: Vec<u8>,
+    pub pieces: Vec<Piece>,
     pub out: Vec<u8>,
 }
 
@@ -30,9 +34,11 @@ pub struct Buffers {
 pub fn take() -> Buffers {
     let mut buffers = Buffers {
         received: RECEIVED.take(),
+        pieces: PIECES.take(),
         out: OUT.take(),
     };
     buffers.received.clear();
+    buffers.pieces.clear();
     buffers.out.clear();
     buffers
 }
@@ -40,6 +46,7 @@ pub fn take() -> Buffers {
 /// Hand the buffers back for the next read on this worker.
 pub fn give_back(buffers: Buffers) {
     RECEIVED.set(buffers.received);
+    PIECES.set(buffers.pieces);
     OUT.set(buffers.out);
 }
 
@@ -51,6 +58,7 @@ mod tests {
     fn the_buffers_come_back_empty_with_their_room_and_a_second_taker_gets_fresh_ones() {
         let mut first = take();
         first.received.extend_from_slice(b"event");
+        first.pieces.push(Piece::End);
         first.out.reserve(4096);
         let room = first.out.capacity();
         // While the first holder waits, a second stream takes buffers of its own.
@@ -59,7 +67,7 @@ mod tests {
         give_back(second);
         give_back(first);
         let again = take();
-        assert!(again.received.is_empty() && again.out.is_empty());
+        assert!(again.received.is_empty() && again.pieces.is_empty() && again.out.is_empty());
         assert_eq!(again.out.capacity(), room);
     }
 }

@@ -21,6 +21,7 @@ pub mod body;
 pub mod inspect;
 mod recorder;
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -277,7 +278,21 @@ struct Observing {
     recorder: Recorder,
     /// `None` once observation stopped (limit hit, panic, or a response not decoded).
     decoder: Option<Box<dyn Decoder>>,
-    signals: Vec<Signal>,
+}
+
+thread_local! {
+    /// What one feed of a decoder found: the worker's, not each stream's, because it is
+    /// empty between feeds, and a buffer per stream would be one more cold cache line
+    /// touched per event when a worker carries many streams.
+    static SIGNALS: Cell<Vec<Signal>> = const { Cell::new(Vec::new()) };
+}
+
+/// Run `work` on the worker's (empty) signal buffer.
+fn with_signals(work: impl FnOnce(&mut Vec<Signal>)) {
+    let mut signals = SIGNALS.take();
+    work(&mut signals);
+    signals.clear();
+    SIGNALS.set(signals);
 }
 
 impl ResponseObserver {
@@ -287,11 +302,7 @@ impl ResponseObserver {
         metrics: Arc<Metrics>,
     ) -> ResponseObserver {
         ResponseObserver {
-            observing: Some(Observing {
-                recorder,
-                decoder,
-                signals: Vec::new(),
-            }),
+            observing: Some(Observing { recorder, decoder }),
             metrics,
         }
     }
@@ -350,26 +361,30 @@ impl Observing {
         let Some(decoder) = self.decoder.as_mut() else {
             return;
         };
-        self.signals.clear();
-        match decoder.feed(bytes, &mut self.signals) {
-            Ok(()) => self.recorder.apply(at, &self.signals),
-            Err(err) => {
-                // What was decoded before the bound was hit still counts.
-                self.recorder.apply(at, &self.signals);
-                tracing::debug!(error = %err, "stopped observing a stream");
-                metrics.unobserved(Unobservable::for_decode_error(&err));
-                self.decoder = None;
-            }
+        let recorder = &mut self.recorder;
+        let mut failed = None;
+        with_signals(|signals| {
+            let fed = decoder.feed(bytes, signals);
+            // What was decoded before a bound was hit still counts.
+            recorder.apply(at, signals);
+            failed = fed.err();
+        });
+        if let Some(err) = failed {
+            tracing::debug!(error = %err, "stopped observing a stream");
+            metrics.unobserved(Unobservable::for_decode_error(&err));
+            self.decoder = None;
         }
     }
 
     fn end(mut self, at: Instant, metrics: &Metrics) {
         if let Some(mut decoder) = self.decoder.take() {
-            self.signals.clear();
-            if let Err(err) = decoder.finish(&mut self.signals) {
-                metrics.unobserved(Unobservable::for_decode_error(&err));
-            }
-            self.recorder.apply(at, &self.signals);
+            let recorder = &mut self.recorder;
+            with_signals(|signals| {
+                if let Err(err) = decoder.finish(signals) {
+                    metrics.unobserved(Unobservable::for_decode_error(&err));
+                }
+                recorder.apply(at, signals);
+            });
         }
         self.recorder.record(at, Outcome::Completed);
     }

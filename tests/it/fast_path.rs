@@ -304,7 +304,7 @@ impl GenBackend {
                             let mut reader = ChunkedReader::new(8192);
                             loop {
                                 let mut ranges = Vec::new();
-                                let Ok(used) = reader.feed(&buf, &mut ranges) else {
+                                let Ok(used) = reader.feed(&buf, |range| ranges.push(range)) else {
                                     return;
                                 };
                                 for range in ranges {
