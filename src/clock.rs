@@ -226,6 +226,13 @@ impl TokenClock {
             .map(|t| t.saturating_duration_since(self.t_req))
     }
 
+    /// Add the slot the next buffered gap goes to (heap memory outside the clock).
+    pub fn hot_lines(&self, lines: &mut crate::prefetch::Lines) {
+        if self.buffered.len() < self.buffered.capacity() {
+            lines.address(self.buffered.as_ptr().wrapping_add(self.buffered.len()));
+        }
+    }
+
     /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`). An exact 0 is
     /// read as 1; an estimate may be 0 (module docs).
     pub fn output(&mut self, at: Instant, tokens: u32, exact: bool, kind: OutputKind) -> Stamp {

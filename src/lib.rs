@@ -25,6 +25,7 @@ pub mod demo;
 pub mod fast;
 pub mod metrics;
 pub mod observe;
+pub mod prefetch;
 pub mod proxy;
 pub mod server;
 pub mod sim;

@@ -315,7 +315,7 @@ impl Relay {
         loop {
             let read = tokio::select! {
                 biased;
-                read = read_upstream(&mut upstream, &carry) => Some(read),
+                read = read_upstream(&mut upstream, &carry, hot_lines(&reader, &observer)) => Some(read),
                 () = &mut timer => {
                     let idle_until = last_data + idle_timeout;
                     if framing.is_some() && idle_until > tokio::time::Instant::now() {
@@ -756,11 +756,15 @@ async fn read_more(stream: &mut TcpStream, input: &mut Vec<u8>) -> io::Result<us
 fn read_upstream<'a>(
     upstream: &'a mut TcpStream,
     carry: &'a [u8],
+    hot_lines: crate::prefetch::Lines,
 ) -> impl Future<Output = (io::Result<usize>, scratch::Buffers)> + 'a {
     std::future::poll_fn(move |cx| {
         if let Err(err) = std::task::ready!(upstream.poll_read_ready(cx)) {
             return Poll::Ready((Err(err), scratch::take()));
         }
+        // Data is there: the state that reads and observes it can be on its way while the
+        // read runs.
+        hot_lines.fetch();
         let mut buffers = scratch::take();
         buffers.received.extend_from_slice(carry);
         let polled = {
@@ -775,6 +779,19 @@ fn read_upstream<'a>(
             }
         }
     })
+}
+
+/// The memory a read's bytes meet first: the response reader's state and the observer's.
+fn hot_lines(
+    reader: &ResponseReader,
+    observer: &Option<ResponseObserver>,
+) -> crate::prefetch::Lines {
+    let mut lines = observer
+        .as_ref()
+        .map(ResponseObserver::hot_lines)
+        .unwrap_or_default();
+    lines.value(reader);
+    lines
 }
 
 /// Resolves once the server starts to shut down.

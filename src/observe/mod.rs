@@ -31,6 +31,7 @@ use http::{header, HeaderMap, Method, StatusCode, Uri};
 use crate::config::Config;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
+use crate::prefetch;
 use crate::wire::request::RequestScanner;
 use crate::wire::{
     self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
@@ -320,6 +321,21 @@ impl ResponseObserver {
             // recorded when the stream ends.
             observing.decoder = None;
         }
+    }
+
+    /// The memory [`data`](Self::data) touches first: what a transport that knows data
+    /// is ready prefetches before the read that fetches the data, so the read's time
+    /// covers the memory's.
+    pub fn hot_lines(&self) -> prefetch::Lines {
+        let mut lines = prefetch::Lines::default();
+        if let Some(observing) = self.observing.as_ref() {
+            lines.value(observing);
+            if let Some(decoder) = observing.decoder.as_deref() {
+                lines.value(decoder);
+            }
+            observing.recorder.hot_lines(&mut lines);
+        }
+        lines
     }
 
     /// The body ended cleanly at `at`.

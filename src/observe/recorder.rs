@@ -194,6 +194,11 @@ impl Recorder {
         }
     }
 
+    /// Add what [`apply`](Self::apply) writes per event outside the recorder itself.
+    pub fn hot_lines(&self, lines: &mut crate::prefetch::Lines) {
+        self.clock.hot_lines(lines);
+    }
+
     /// The request's metric handles, resolved on first use.
     fn handles(&mut self) -> &StreamSeries {
         if self.handles.is_none() {

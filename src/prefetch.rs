@@ -1,0 +1,105 @@
+//! Software prefetch: ask the CPU to start loading memory that is about to be used.
+//!
+//! With a thousand streams on a worker, a stream's state has left the caches by the time
+//! its next event comes (the kernel's work for the other streams' reads and writes sees
+//! to that), and each of its cache lines is a wait on memory when the event is observed.
+//! The relay knows an event is coming before the read that fetches it; prefetching the
+//! state then lets the read's own time cover those waits. A hint only: it never changes
+//! what a program computes, and it is a no-op where the target has no such instruction.
+
+/// The cache line size the lines are counted in.
+const LINE: usize = 64;
+
+/// Addresses to prefetch later, kept as plain numbers: taken from state before an
+/// `await`, fetched after it. An address that went stale meanwhile costs a wasted hint,
+/// nothing else, since a prefetch reads nothing the program sees.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lines {
+    at: [usize; 16],
+    len: usize,
+}
+
+impl Lines {
+    /// Add the cache line holding `address` (not dereferenced); past the capacity, none.
+    pub fn address<T>(&mut self, address: *const T) {
+        self.push(address as usize);
+    }
+
+    fn push(&mut self, address: usize) {
+        if let Some(slot) = self.at.get_mut(self.len) {
+            *slot = address;
+            self.len += 1;
+        }
+    }
+
+    /// Add every cache line `value` lies in.
+    pub fn value<T: ?Sized>(&mut self, value: &T) {
+        let len = std::mem::size_of_val(value);
+        if len == 0 {
+            return;
+        }
+        let start = std::ptr::from_ref(value).cast::<u8>() as usize;
+        let first = start & !(LINE - 1);
+        let last = (start + len - 1) & !(LINE - 1);
+        for line in (first..=last).step_by(LINE) {
+            self.push(line);
+        }
+    }
+
+    /// How many lines are listed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start loading every listed line.
+    pub fn fetch(&self) {
+        for &address in &self.at[..self.len] {
+            prefetch(address);
+        }
+    }
+}
+
+#[inline]
+fn prefetch(address: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that does not access memory architecturally: it
+    // cannot fault or read anything the program sees, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(address as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(align(64))]
+    struct Aligned([u8; 130]);
+
+    #[test]
+    fn a_value_is_listed_by_the_lines_it_lies_in_and_the_list_is_bounded() {
+        let aligned = Aligned([0; 130]);
+        let mut lines = Lines::default();
+        lines.value(&aligned);
+        assert_eq!(lines.len(), 3, "192 bytes from a line's start");
+        let mut lines = Lines::default();
+        lines.value(&aligned.0[63..65]);
+        assert_eq!(lines.len(), 2, "two bytes across a line's end");
+        lines.value(&aligned.0[..0]);
+        assert_eq!(lines.len(), 2, "nothing for nothing");
+        lines.value(&[0u64; 200]);
+        assert_eq!(lines.len(), 16, "capped");
+        lines.fetch();
+        // A dangling address is a hint like any other.
+        let mut stale = Lines::default();
+        stale.address(std::ptr::dangling::<u8>());
+        stale.fetch();
+    }
+}
