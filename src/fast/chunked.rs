@@ -137,10 +137,60 @@ impl ChunkedReader {
             if self.state == State::Done {
                 break;
             }
+            let whole = self.whole_framing(&input[at..]);
+            if whole > 0 {
+                at += whole;
+                continue;
+            }
             self.step(input[at])?;
             at += 1;
         }
         Ok(at)
+    }
+
+    /// The usual framing between two chunks' data, read at once when all of it is in
+    /// `input`: the CRLF after chunk data and a size line of at most 16 hex digits and
+    /// its CRLF. Returns the bytes read, leaving the state exactly where reading them a
+    /// byte at a time leaves it; 0 for anything else (extensions, whitespace, a line cut
+    /// by the end of `input`, an error), which [`step`](Self::step) then reads.
+    fn whole_framing(&mut self, input: &[u8]) -> usize {
+        let mut at = 0;
+        if self.state == State::DataCr {
+            if !input.starts_with(b"\r\n") {
+                return 0;
+            }
+            at = 2;
+            self.state = State::Size {
+                value: 0,
+                digits: 0,
+            };
+        }
+        if self.state
+            != (State::Size {
+                value: 0,
+                digits: 0,
+            })
+        {
+            return at;
+        }
+        let line = &input[at..];
+        let digits = line
+            .iter()
+            .take(17)
+            .take_while(|byte| hex_value(**byte).is_some())
+            .count();
+        if digits == 0 || digits > 16 || line.get(digits..digits + 2) != Some(b"\r\n") {
+            return at;
+        }
+        let value = line[..digits].iter().fold(0u64, |value, byte| {
+            value << 4 | u64::from(hex_value(*byte).unwrap_or(0))
+        });
+        self.state = if value == 0 {
+            State::TrailerStart
+        } else {
+            State::Data { remaining: value }
+        };
+        at + digits + 2
     }
 
     /// One framing byte.
@@ -344,6 +394,14 @@ mod tests {
             (b"5;a\nb\r\n", Err(ChunkedError::InvalidExtension)),
             (b"5;a\0\r\n", Err(ChunkedError::InvalidExtension)),
             (b"10000000000000000\r\n", Err(ChunkedError::SizeOverflow)),
+            // Past the 16 digits the usual framing is read at once: still read whole.
+            (
+                b"00000000000000002\r\nhi\r\n0\r\n\r\n",
+                Ok((28, b"hi", true)),
+            ),
+            (b"FFFFFFFFFFFFFFFF\r\n", Ok((18, b"", false))),
+            (b"1\r\nx\r\r\n", Err(ChunkedError::MissingDataCrlf)),
+            (b"1\r\nx\r\n\r\n", Err(ChunkedError::InvalidSize)),
             (b"5\r\nhelloX\r\n", Err(ChunkedError::MissingDataCrlf)),
             (b"5\r\nhello\n0\r\n\r\n", Err(ChunkedError::MissingDataCrlf)),
             (b"0\r\n\n", Err(ChunkedError::InvalidTrailer)),
@@ -429,6 +487,27 @@ mod tests {
             input.extend_from_slice(&tail);
             let got = read_split(&input, &cuts).expect("valid body");
             prop_assert_eq!(got, (wire.len(), data, true));
+        }
+
+        /// A body with a few of its bytes changed to framing bytes reads the same whole
+        /// (where the usual framing is read at once) as a byte at a time (where it never
+        /// is): the same data and end, or the same error.
+        #[test]
+        fn framing_read_at_once_agrees_with_a_byte_at_a_time(
+            (wire, _) in encoded(),
+            edits in proptest::collection::vec(
+                (0usize..400, proptest::sample::select(b"0aF9\r\n; \tgx".to_vec())),
+                0..4,
+            ),
+        ) {
+            let mut input = wire;
+            for (at, byte) in edits {
+                if let Some(slot) = input.get_mut(at) {
+                    *slot = byte;
+                }
+            }
+            let every_byte: Vec<usize> = (0..input.len()).collect();
+            prop_assert_eq!(read(&input), read_split(&input, &every_byte));
         }
 
         /// Arbitrary bytes never panic, and a body said to be done ends within them.
