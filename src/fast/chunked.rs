@@ -174,17 +174,15 @@ impl ChunkedReader {
             return at;
         }
         let line = &input[at..];
-        let digits = line
-            .iter()
-            .take(17)
-            .take_while(|byte| hex_value(**byte).is_some())
-            .count();
+        let (mut value, mut digits) = (0u64, 0);
+        // One digit past the 16 that fit is enough to leave the line to `step`.
+        for digit in line.iter().take(17).map_while(|byte| hex_value(*byte)) {
+            value = value << 4 | u64::from(digit);
+            digits += 1;
+        }
         if digits == 0 || digits > 16 || line.get(digits..digits + 2) != Some(b"\r\n") {
             return at;
         }
-        let value = line[..digits].iter().fold(0u64, |value, byte| {
-            value << 4 | u64::from(hex_value(*byte).unwrap_or(0))
-        });
         self.state = if value == 0 {
             State::TrailerStart
         } else {

@@ -289,11 +289,12 @@ thread_local! {
 }
 
 /// Run `work` on the worker's (empty) signal buffer.
-fn with_signals(work: impl FnOnce(&mut Vec<Signal>)) {
+fn with_signals<R>(work: impl FnOnce(&mut Vec<Signal>) -> R) -> R {
     let mut signals = SIGNALS.take();
-    work(&mut signals);
+    let result = work(&mut signals);
     signals.clear();
     SIGNALS.set(signals);
+    result
 }
 
 impl ResponseObserver {
@@ -378,14 +379,13 @@ impl Observing {
             return;
         };
         let recorder = &mut self.recorder;
-        let mut failed = None;
-        with_signals(|signals| {
+        let fed = with_signals(|signals| {
             let fed = decoder.feed(bytes, signals);
             // What was decoded before a bound was hit still counts.
             recorder.apply(at, signals);
-            failed = fed.err();
+            fed
         });
-        if let Some(err) = failed {
+        if let Err(err) = fed {
             tracing::debug!(error = %err, "stopped observing a stream");
             metrics.unobserved(Unobservable::for_decode_error(&err));
             self.decoder = None;
