@@ -112,9 +112,18 @@ fn check_request(input: &[u8], seed: u8, rules: &HeadRules<'_>) {
             );
         }
     }
+    // The limit is on what the client sends: the rewrite may grow the head by the
+    // upstream's `Host`, the base path and a space after each colon, so a head just
+    // under the limit may go upstream just over it, as on the hyper path.
+    let growth = rules.upstream_host.len() + rules.base_path.len() + head.headers.len();
+    assert!(
+        upstream.len() <= len + growth,
+        "the rewrite grew the head by more than the Host, base path and colon spaces"
+    );
     let again = HeadRules {
         preserve_host: true,
         max_headers: rules.max_headers + 1,
+        max_header_bytes: rules.max_header_bytes.max(upstream.len()),
         ..*rules
     };
     match request_head::read(upstream, &again) {
