@@ -18,7 +18,8 @@
 #
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
 # --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets from BASE+310).
-# Prints one line per run: target, CPU per event (utime+stime / events), latency p50/p99.
+# Prints one line per run: target, CPU per event (utime+stime / events, and each alone),
+# latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() BASE=18000
@@ -78,7 +79,8 @@ for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
 # nginx's CPU is its master's and its workers'.
 [ "$NGINX" = 1 ] && PID[nginx]="$NGINX_MASTER $(pgrep -P "$NGINX_MASTER" | tr '\n' ' ')"
 
-ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+# User and system clock ticks of the processes in $1, as "user sys".
+ticks() { local u=0 s=0 p; for p in $1; do read -r pu ps < <(awk '{print $14, $15}' "/proc/$p/stat"); u=$((u + pu)); s=$((s + ps)); done; echo "$u $s"; }
 for r in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
         t0=$(ticks "${PID[$name]}")
@@ -87,11 +89,14 @@ for r in $(seq "$ROUNDS"); do
         t1=$(ticks "${PID[$name]}")
         python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" <<'PY'
 import json, os, sys
-name, t0, t1, out, c, r = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
+name, t0, t1, out, c, r = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
 events = out["events_all"]
-cpu = (t1 - t0) / os.sysconf("SC_CLK_TCK") / events * 1e6 if events else float("nan")
+def per_event(ticks):
+    return ticks / os.sysconf("SC_CLK_TCK") / events * 1e6 if events else float("nan")
+user, sys_ = (per_event(int(b) - int(a)) for a, b in zip(t0, t1))
 lat = out["latency_us"]
-print(f"c{c} r{r} {name:10s} cpu/event {cpu:6.2f} us  latency p50 {lat['p50']:7.0f} p99 {lat['p99']:8.0f} us  "
+print(f"c{c} r{r} {name:10s} cpu/event {user + sys_:6.2f} us (user {user:5.2f} sys {sys_:5.2f})  "
+      f"latency p50 {lat['p50']:7.0f} p99 {lat['p99']:8.0f} us  "
       f"events/s {out['events_per_s']:.0f} errors {out['errors']}", flush=True)
 PY
     done
