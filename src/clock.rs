@@ -423,6 +423,17 @@ fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
             .map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
     );
     let total: u128 = weighted.iter().map(|(_, w)| u128::from(*w)).sum();
+    if u128::from(target) == total {
+        // Each gap's share is its estimate, with no remainders to hand out: the usual
+        // case (a reported N the estimates agree with), without the arithmetic.
+        return weighted.into_iter().map(share_of).collect();
+    }
+    by_largest_remainder(&weighted, total, target)
+}
+
+/// The shares of `target` over `weighted` (no weight 0, `total` their sum) by largest
+/// remainder, earlier entries first on ties; shares of 0 merged as in [`apportion`].
+fn by_largest_remainder(weighted: &[(u64, u64)], total: u128, target: u64) -> Vec<ItlShare> {
     let mut shares: Vec<(u64, u64)> = Vec::with_capacity(weighted.len());
     let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(weighted.len());
     let mut given = 0u64;
@@ -440,18 +451,23 @@ fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
     }
     merge_empty(shares.into_iter())
         .into_iter()
-        .map(|(nanos, count)| ItlShare {
-            per_token: Duration::from_nanos(nanos / count),
-            count,
-        })
+        .map(share_of)
         .collect()
+}
+
+/// `count` ITL observations that share `nanos` of time.
+fn share_of((nanos, count): (u64, u64)) -> ItlShare {
+    ItlShare {
+        per_token: Duration::from_nanos(nanos / count),
+        count,
+    }
 }
 
 /// `(nanos, weight)` runs with every weight-0 entry's time added to the next entry with
 /// a weight (trailing ones to the previous). Never empty for a non-empty input: if no
 /// entry has a weight, their time becomes one entry of weight 1.
 fn merge_empty(entries: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
-    let mut merged: Vec<(u64, u64)> = Vec::new();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(entries.size_hint().0.max(1));
     let mut carried = 0u64;
     for (nanos, weight) in entries {
         if weight == 0 {
@@ -733,6 +749,30 @@ mod tests {
                 count: 4
             }]
         );
+    }
+
+    proptest::proptest! {
+        /// With N the sum of the estimates, the shortcut gives each gap its estimate, as
+        /// the largest-remainder arithmetic would.
+        #[test]
+        fn shares_equal_to_the_estimates_agree_with_the_arithmetic(
+            gaps in proptest::collection::vec((0u32..5_000_000, 0u16..4), 1..60),
+        ) {
+            let gaps: Vec<BufferedGap> = gaps
+                .into_iter()
+                .map(|(micros, estimate)| BufferedGap { micros, estimate })
+                .collect();
+            let weighted = merge_empty(
+                gaps.iter().map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
+            );
+            let total: u64 = weighted.iter().map(|(_, w)| w).sum();
+            let shortcut = apportion(&gaps, total);
+            proptest::prop_assert_eq!(
+                &shortcut,
+                &by_largest_remainder(&weighted, u128::from(total), total)
+            );
+            proptest::prop_assert_eq!(shortcut.iter().map(|s| s.count).sum::<u64>(), total);
+        }
     }
 
     #[test]
