@@ -418,10 +418,7 @@ fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
     if gaps.is_empty() || target == 0 {
         return Vec::new();
     }
-    let weighted = merge_empty(
-        gaps.iter()
-            .map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
-    );
+    let weighted = weights(gaps);
     let total: u128 = weighted.iter().map(|(_, w)| u128::from(*w)).sum();
     if u128::from(target) == total {
         // Each gap's share is its estimate, with no remainders to hand out: the usual
@@ -429,6 +426,14 @@ fn apportion(gaps: &[BufferedGap], target: u64) -> Vec<ItlShare> {
         return weighted.into_iter().map(share_of).collect();
     }
     by_largest_remainder(&weighted, total, target)
+}
+
+/// Each gap's `(nanos, estimate)`, weight-0 gaps merged (see [`merge_empty`]).
+fn weights(gaps: &[BufferedGap]) -> Vec<(u64, u64)> {
+    merge_empty(
+        gaps.iter()
+            .map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
+    )
 }
 
 /// The shares of `target` over `weighted` (no weight 0, `total` their sum) by largest
@@ -762,9 +767,7 @@ mod tests {
                 .into_iter()
                 .map(|(micros, estimate)| BufferedGap { micros, estimate })
                 .collect();
-            let weighted = merge_empty(
-                gaps.iter().map(|g| (u64::from(g.micros) * 1000, u64::from(g.estimate))),
-            );
+            let weighted = weights(&gaps);
             let total: u64 = weighted.iter().map(|(_, w)| w).sum();
             let shortcut = apportion(&gaps, total);
             proptest::prop_assert_eq!(

@@ -817,11 +817,6 @@ fn client_head(head: &ResponseHead, close: bool, add_chunked: bool, out: &mut Ve
     out.extend_from_slice(b"\r\n");
 }
 
-/// Whether the body goes to the client in a chunked coding of the relay's own, as hyper's
-/// server writes it: one chunk per piece of data and trailers as it passes them. A
-/// chunked upstream body is re-chunked so that its trailers can be passed as hyper
-/// passes them, and a body the upstream delimits by closing is chunked so that the client
-/// connection stays open.
 /// Send what the socket takes of `data` now, without waiting: tokio's `try_write` with
 /// the same syscall, minus its look at the socket's readiness first. That look reads
 /// the client socket's readiness state, which nothing else touches between two events,
@@ -836,6 +831,11 @@ fn send_now(client: &TcpStream, data: &[u8]) -> io::Result<usize> {
     socket2::SockRef::from(client).send_with_flags(data, FLAGS)
 }
 
+/// Whether the body goes to the client in a chunked coding of the relay's own, as hyper's
+/// server writes it: one chunk per piece of data and trailers as it passes them. A
+/// chunked upstream body is re-chunked so that its trailers can be passed as hyper
+/// passes them, and a body the upstream delimits by closing is chunked so that the client
+/// connection stays open.
 fn rechunked(framing: Option<BodyFraming>) -> bool {
     matches!(
         framing,
