@@ -42,12 +42,12 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, NativeHistograms, Overrides};
-use tokentap::fast::response::{Piece, ResponseReader, ResponseRules};
 use tokentap::metrics::exemplar::TraceContext;
 use tokentap::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures};
 use tokentap::observe::body::ObservedBody;
 use tokentap::observe::{self, RequestHead, ResponseObserver};
 use tokentap::proxy::limits::LimitedBody;
+use tokentap::relay::response::{Piece, ResponseReader, ResponseRules};
 
 const TOKENS: usize = 40;
 

@@ -8,7 +8,7 @@
 //! Module map, in the order a request meets them:
 //! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
 //! - [`proxy`]: the service: routing, the upstream client, limits, error answers;
-//! - [`fast`]: the HTTP/1.1 fast path's sans-IO readers (heads, framing);
+//! - [`relay`]: the HTTP/1.1 fast path: tokentap reads heads itself and relays bytes;
 //! - [`observe`]: the one entry point any transport calls: what is measured, the
 //!   request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
@@ -22,11 +22,11 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod demo;
-pub mod fast;
 pub mod metrics;
 pub mod observe;
 pub mod prefetch;
 pub mod proxy;
+pub mod relay;
 pub mod server;
 pub mod sim;
 pub mod wire;

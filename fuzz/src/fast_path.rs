@@ -17,9 +17,9 @@
 
 use std::ops::Range;
 
-use tokentap::fast::chunked::{ChunkedError, ChunkedReader};
-use tokentap::fast::request_head::{self, Decision, HeadRules, RequestFraming};
-use tokentap::fast::response::{Piece, ResponseError, ResponseReader, ResponseRules};
+use tokentap::relay::chunked::{ChunkedError, ChunkedReader};
+use tokentap::relay::request_head::{self, Decision, HeadRules, RequestFraming};
+use tokentap::relay::response::{Piece, ResponseError, ResponseReader, ResponseRules};
 
 /// Cut points for `len` bytes, from `seed` (sorted, within `0..=len`).
 pub fn cuts(len: usize, seed: u8) -> Vec<usize> {

@@ -6,10 +6,10 @@
 //! where observe returns an observer, in an [`ObservedBody`]. Either way the bytes, the
 //! status and the end-to-end headers are the upstream's own.
 
+pub mod h1_upstream;
 pub mod headers;
 pub mod limits;
 pub mod request_body;
-pub mod same_task;
 pub mod transport;
 pub mod tunnel;
 pub mod upstream;

@@ -1,5 +1,5 @@
 //! What both upstream transports share ([`upstream`](super::upstream)'s pooled client and
-//! [`same_task`](super::same_task)'s connections): the request body they send and the
+//! [`h1_upstream`](super::h1_upstream)'s connections): the request body they send and the
 //! failure they report. A leaf, so that neither transport module imports the other's
 //! importer.
 

@@ -5,7 +5,7 @@
 //! [`request_body`](super::request_body)).
 //!
 //! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
-//! [`same_task`](super::same_task), whose connections are driven by the task that writes
+//! [`h1_upstream`](super::h1_upstream), whose connections are driven by the task that writes
 //! to the client. HTTPS (ALPN) and h2c upstreams go through hyper-util's pooled client.
 
 use std::fs::File;
@@ -22,8 +22,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::h1_upstream::{H1Pool, ResponseBody};
 use super::headers::{self, HostError};
-use super::same_task::{ResponseBody, SameTaskPool};
 use super::transport::error_chain;
 pub use super::transport::{UpstreamBody, UpstreamError};
 use super::tunnel;
@@ -54,7 +54,7 @@ pub struct UpstreamClient {
 #[derive(Clone)]
 enum Transport {
     /// Plain HTTP/1.1: connections driven by the task that uses them.
-    SameTask(SameTaskPool),
+    PlainH1(H1Pool),
     /// HTTPS or h2c: hyper-util's client, one task per connection.
     Pooled(Box<Client<HttpsConnector<HttpConnector>, UpstreamBody>>),
 }
@@ -62,7 +62,7 @@ enum Transport {
 impl UpstreamClient {
     pub fn new(config: &Upstream) -> Result<UpstreamClient, ClientError> {
         let transport = if config.scheme == http::uri::Scheme::HTTP && !config.http2 {
-            Transport::SameTask(SameTaskPool::new(
+            Transport::PlainH1(H1Pool::new(
                 config.authority.host(),
                 config.authority.port_u16().unwrap_or(80),
                 config.connect_timeout,
@@ -94,7 +94,7 @@ impl UpstreamClient {
         // Upgrades are relayed to plain HTTP/1.1 upstreams; elsewhere they are stripped
         // like any hop-by-hop header, as before.
         let upgrade = match (&self.transport, parts.extensions.remove::<OnUpgrade>()) {
-            (Transport::SameTask(_), Some(on_upgrade)) => {
+            (Transport::PlainH1(_), Some(on_upgrade)) => {
                 tunnel::requested_protocol(parts.version, &parts.headers)
                     .map(|protocol| (protocol, on_upgrade))
             }
@@ -111,7 +111,7 @@ impl UpstreamClient {
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
-                Transport::SameTask(pool) => {
+                Transport::PlainH1(pool) => {
                     // What hyper-util's client does for HTTP/1.1: origin-form, and a `Host`
                     // from the upstream URI unless one is kept.
                     parts.uri =

@@ -8,7 +8,7 @@
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
 //! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path` (the default), a plain
-//! connection is served by the [`fast`](crate::fast) path's relay until a request comes
+//! connection is served by the HTTP/1.1 [`relay`](crate::relay) until a request comes
 //! that the relay leaves to hyper.
 //!
 //! On shutdown a connection that has not yet delivered one whole request (it sent
@@ -33,11 +33,11 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
-use crate::fast::relay::{Relay, Relayed};
-use crate::fast::rewind::Rewind;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
+use crate::relay::rewind::Rewind;
+use crate::relay::{Relay, Relayed};
 use crate::wire::Tokenizer;
 use workers::Workers;
 
@@ -234,13 +234,13 @@ impl Server {
                     let header_read_timeout = config.limits.header_read_timeout;
                     // Per connection, so that a reload switches new connections over.
                     let active = proxy.active();
-                    let fast = active
+                    let relay = active
                         .config
                         .proxy
                         .http1_fast_path
                         .then(|| Relay::new(proxy.clone(), header_read_timeout));
                     workers.dispatch(move || {
-                        serve_plain(stream, connection, header_read_timeout, fast)
+                        serve_plain(stream, connection, header_read_timeout, relay)
                     })
                 }
                 Some(acceptor) => {
@@ -345,7 +345,7 @@ impl Connection {
 // connections are separate futures (a TLS session takes no room in a plain one), and hyper's
 // connection borrows the builder where `into_owned` would copy it.
 
-/// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker; with `fast`
+/// Serve one plain-TCP connection (HTTP/1.1 or h2c) on a worker; with `relay`
 /// (`proxy.http1_fast_path`), by the [`Relay`] until it hands the connection to hyper.
 /// The relay holds the connection's graceful-shutdown watcher while it serves, so the
 /// drain waits for its in-flight response too.
@@ -353,7 +353,7 @@ async fn serve_plain(
     stream: std::net::TcpStream,
     connection: Connection,
     header_read_timeout: Duration,
-    fast: Option<Relay>,
+    relay: Option<Relay>,
 ) {
     let Some(mut stream) = connection.register(stream) else {
         return;
@@ -372,7 +372,7 @@ async fn serve_plain(
         }
         _ = shutting_down(&mut closing) => return,
     }
-    let read_already = match fast {
+    let read_already = match relay {
         None => Vec::new(),
         Some(relay) => match relay.serve(&mut stream, deadline, &mut closing).await {
             Ok(Relayed::HandOff(read_already)) => read_already,

@@ -6,7 +6,7 @@
 //! event (measured in `docs/PERFORMANCE.md`: one worker spent 18-27% less CPU per event
 //! than two). Here each accepted connection is handed to one worker and lives there: its
 //! client side, its upstream connections (see the per-thread shards of
-//! [`SameTaskPool`](crate::proxy::same_task::SameTaskPool)) and its timers, so an event
+//! [`H1Pool`](crate::proxy::h1_upstream::H1Pool)) and its timers, so an event
 //! is read, measured and written on one thread. More workers still use more cores, as
 //! nginx's worker processes do.
 //!

@@ -155,8 +155,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
-use tokentap::fast::chunked::ChunkedReader;
-use tokentap::fast::response::{Piece, ResponseReader, ResponseRules};
+use tokentap::relay::chunked::ChunkedReader;
+use tokentap::relay::response::{Piece, ResponseReader, ResponseRules};
 
 /// A request of a generated exchange.
 #[derive(Clone, Debug)]

@@ -62,20 +62,21 @@ fn the_sans_io_core_imports_no_layer_above_it() {
 }
 
 #[test]
-fn the_fast_path_readers_are_sans_io() {
-    // `fast`'s head and framing readers take bytes and plain rules, like the core.
+fn the_relay_readers_are_sans_io() {
+    // The relay's head and framing readers take bytes and plain rules, like the core.
     let graph = Graph::read(&src_dir());
     let readers = ["request_head", "chunked", "response"];
     for reader in readers {
-        let module = vec!["fast".to_string(), reader.to_string()];
+        let module = vec!["relay".to_string(), reader.to_string()];
         assert!(
             graph.edges.contains_key(&module),
-            "fast::{reader} not found"
+            "relay::{reader} not found"
         );
     }
     let mut reached = Vec::new();
     for (from, targets) in &graph.edges {
-        let is_reader = from.len() == 2 && from[0] == "fast" && readers.contains(&from[1].as_str());
+        let is_reader =
+            from.len() == 2 && from[0] == "relay" && readers.contains(&from[1].as_str());
         if !is_reader {
             continue;
         }
@@ -90,7 +91,7 @@ fn the_fast_path_readers_are_sans_io() {
     }
     assert!(
         reached.is_empty(),
-        "fast path readers reach up:\n{}",
+        "relay readers reach up:\n{}",
         reached.join("\n")
     );
 }

@@ -50,7 +50,7 @@ use crate::proxy::{ActiveConfig, Proxy, OVERLOADED};
 const READ_CHUNK: usize = 8192;
 
 /// The upstream response head limits of the hyper path's plain-HTTP/1.1 client: its read
-/// buffer (16 KiB, `proxy::same_task`) and hyper's default field count.
+/// buffer (16 KiB, `proxy::h1_upstream`) and hyper's default field count.
 const RESPONSE_RULES: ResponseRules = ResponseRules {
     max_header_bytes: 16 << 10,
     max_headers: 100,

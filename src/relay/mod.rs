@@ -12,14 +12,14 @@
 //! - [`response`]: an upstream response's heads and framing, telling the observer where
 //!   the body data is while every byte is relayed as it came.
 //!
-//! On a connection (with `proxy.http1_fast_path`, on by default), the [`relay`] reads
+//! On a connection (with `proxy.http1_fast_path`, on by default), the [`connection`] relay reads
 //! each request head and forwards what it fully understands on its own keep-alive
 //! [`upstream_pool`], reading and writing through the worker's [`scratch`] buffers; the
 //! first request it does not take hands the connection to hyper through a [`rewind`]
 //! wrapper that replays what was read.
 
 pub mod chunked;
-pub mod relay;
+pub mod connection;
 pub mod request_head;
 pub mod response;
 pub mod rewind;
@@ -28,6 +28,8 @@ pub mod upstream_pool;
 
 #[cfg(test)]
 mod hyper_agrees;
+
+pub use connection::{Relay, Relayed};
 
 /// The elements of a comma-separated field value (`Connection`, `TE`, `Content-Length`),
 /// each trimmed of the whitespace around it; empty elements included.

@@ -87,7 +87,7 @@ impl Conn {
 
 /// The pool of one upstream (plain `http://`, HTTP/1.1).
 #[derive(Clone)]
-pub struct SameTaskPool {
+pub struct H1Pool {
     inner: Arc<PoolInner>,
 }
 
@@ -115,14 +115,14 @@ struct Idle {
     since: Instant,
 }
 
-impl SameTaskPool {
+impl H1Pool {
     pub fn new(
         host: &str,
         port: u16,
         connect_timeout: Duration,
         idle_timeout: Duration,
         max_idle: usize,
-    ) -> SameTaskPool {
+    ) -> H1Pool {
         let mut builder = http1::Builder::new();
         builder.preserve_header_case(true);
         // hyper grows a connection's read buffer while reads fill it (up to ~400 KiB) and
@@ -130,7 +130,7 @@ impl SameTaskPool {
         // would make every kept connection hold that much. 16 KiB reads still carry ~80
         // events each; a response head is bounded by it too (nginx's default: 4-8 KiB).
         builder.max_buf_size(UPSTREAM_READ_BUFFER_MAX);
-        SameTaskPool {
+        H1Pool {
             inner: Arc::new(PoolInner {
                 host: host.trim_matches(['[', ']']).to_string(),
                 port,
@@ -439,7 +439,7 @@ mod tests {
             }
         });
         let timeout = Duration::from_secs(60);
-        let pool = SameTaskPool::new("127.0.0.1", port, timeout, timeout, 4).inner;
+        let pool = H1Pool::new("127.0.0.1", port, timeout, timeout, 4).inner;
         // This thread takes its shard first, so the owner's is the next one.
         SHARD.with(|_| ());
         let (checked_in_tx, checked_in) = mpsc::channel();
