@@ -98,7 +98,8 @@ fn the_relay_readers_are_sans_io() {
 
 #[test]
 fn metrics_takes_plain_values() {
-    // `Metrics::finish` takes plain figures: metrics knows nothing of how they were measured.
+    // `Metrics::record_request` takes plain figures: metrics knows nothing of how they were
+    // measured.
     let graph = Graph::read(&src_dir());
     let offending: Vec<String> = graph
         .edges
