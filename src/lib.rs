@@ -23,6 +23,8 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod exchange;
+pub mod intermediary;
 pub mod metrics;
 pub mod observe;
 pub mod prefetch;

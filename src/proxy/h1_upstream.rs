@@ -32,7 +32,8 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::transport::{error_chain, UpstreamBody, UpstreamError};
+use super::body::UpstreamBody;
+use crate::exchange::{ExchangeError, UpstreamFault};
 
 /// Largest read buffer (and response head) of an upstream connection.
 const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
@@ -149,7 +150,7 @@ impl H1Pool {
     pub async fn send(
         &self,
         request: Request<UpstreamBody>,
-    ) -> Result<Response<ResponseBody>, UpstreamError> {
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
         let (mut conn, reused) = match self.inner.checkout(Instant::now()) {
             Some(conn) => (conn, true),
             None => (self.inner.connect().await?, false),
@@ -163,9 +164,9 @@ impl H1Pool {
                     conn = self.inner.connect().await?;
                     exchange(&mut conn, request)
                         .await
-                        .map_err(|err| UpstreamError::Request(error_chain(&err.into_error())))?
+                        .map_err(|err| UpstreamFault::Request(error_chain(&err.into_error())))?
                 }
-                _ => return Err(UpstreamError::Request(error_chain(&err.into_error()))),
+                _ => return Err(UpstreamFault::Request(error_chain(&err.into_error())).into()),
             },
         };
         Ok(response.map(|body| ResponseBody {
@@ -178,6 +179,18 @@ impl H1Pool {
             frame_in_flight: false,
         }))
     }
+}
+
+/// An error and its causes on one line (hyper's top-level messages are terse).
+pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 type TrySendError = hyper::client::conn::TrySendError<Request<UpstreamBody>>;
@@ -197,13 +210,13 @@ async fn exchange(
 }
 
 impl PoolInner {
-    async fn connect(&self) -> Result<Conn, UpstreamError> {
+    async fn connect(&self) -> Result<Conn, UpstreamFault> {
         let connect = TcpStream::connect((self.host.as_str(), self.port));
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(UpstreamError::Connect(err.to_string())),
+            Ok(Err(err)) => return Err(UpstreamFault::Connect(err.to_string())),
             Err(_) => {
-                return Err(UpstreamError::Connect(format!(
+                return Err(UpstreamFault::Connect(format!(
                     "timed out after {:?}",
                     self.connect_timeout
                 )))
@@ -215,7 +228,7 @@ impl PoolInner {
             .builder
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+            .map_err(|err| UpstreamFault::Connect(error_chain(&err)))?;
         Ok(Conn {
             sender,
             driver: Some(driver),
