@@ -34,9 +34,7 @@ use tokio::net::TcpStream;
 
 use super::body::UpstreamBody;
 use crate::exchange::{ExchangeError, UpstreamFault};
-
-/// Largest read buffer (and response head) of an upstream connection.
-const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
+use crate::intermediary;
 
 /// How often idle connections are checked for a close by the upstream or for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -130,7 +128,8 @@ impl H1Pool {
         // never shrinks it: one burst from the upstream (a backlog, a large JSON body)
         // would make every kept connection hold that much. 16 KiB reads still carry ~80
         // events each; a response head is bounded by it too (nginx's default: 4-8 KiB).
-        builder.max_buf_size(UPSTREAM_READ_BUFFER_MAX);
+        builder.max_buf_size(intermediary::MAX_UPSTREAM_HEAD_BYTES);
+        builder.max_headers(intermediary::MAX_UPSTREAM_HEAD_FIELDS);
         H1Pool {
             inner: Arc::new(PoolInner {
                 host: host.trim_matches(['[', ']']).to_string(),
