@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeSet;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_yaml(text, "test.yaml", &Overrides::default())

@@ -291,13 +291,6 @@ fn buckets(
     bounds
 }
 
-impl Labels {
-    /// What an unwritten `labels.tenant.families` means: the metric table's default.
-    pub fn default_tenant_families() -> BTreeSet<&'static str> {
-        crate::metrics::tenant_by_default().collect()
-    }
-}
-
 /// `labels.tenant.families`: names of the metric table's per-request families, each once.
 fn tenant_families(issues: &mut Issues<'_>, raw: Option<Vec<String>>) -> BTreeSet<&'static str> {
     const KEY: &str = "labels.tenant.families";

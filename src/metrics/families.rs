@@ -14,8 +14,10 @@
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
+use std::collections::BTreeSet;
+
 use super::series::{Counter, Histogram, SeriesSet, Slot};
-use crate::config::Buckets;
+use super::settings::{Buckets, Labels};
 
 /// A family with one series per (model, tenant) pair, or per model when it does not carry
 /// `tenant` (and per sub-label), kept in [`SeriesSet`] atomics and written by tokentap's own
@@ -325,6 +327,13 @@ pub fn tenant_by_default() -> impl Iterator<Item = &'static str> {
         .iter()
         .filter(|f| f.tenant_by_default)
         .map(|f| f.name)
+}
+
+impl Labels {
+    /// What an unwritten `labels.tenant.families` means: the table's default.
+    pub fn default_tenant_families() -> BTreeSet<&'static str> {
+        tenant_by_default().collect()
+    }
 }
 
 /// The families of the whole process (no `model`, no `tenant`): they can never carry

@@ -27,6 +27,7 @@ pub mod native;
 mod outcome;
 pub mod protobuf;
 mod series;
+mod settings;
 pub mod snapshot;
 mod text;
 
@@ -44,7 +45,6 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
 use exemplar::{Exemplar, TraceContext};
 use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, TextFormat, Writer};
@@ -58,6 +58,7 @@ use native::NativeSettings;
 pub use outcome::Outcome;
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
+pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use snapshot::Snapshot;
 use snapshot::{FamilySnapshot, Label, Series, Values};
 
