@@ -323,7 +323,7 @@ impl Config {
 }
 
 /// Parse an upstream URL: `http://host:port[/base]` or `https://...`. No credentials, no
-/// query, no fragment.
+/// query, no fragment; a port, when written, is 1 to 65535.
 pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), String> {
     let uri: Uri = text
         .parse()
@@ -345,11 +345,33 @@ pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), Str
         // Do not echo the URL: it holds credentials.
         return Err("the upstream URL must not contain credentials".to_string());
     }
+    if let Some(port) = port_text(&authority) {
+        // `Authority` keeps any digits after the colon, but `port_u16()` is `None` past
+        // 65535 and the connector would then fall back to the scheme's default port.
+        match port.parse::<u16>() {
+            Ok(1..) => {}
+            _ => {
+                return Err(format!(
+                    "port `{port}` of `{text}` is not a port number from 1 to 65535"
+                ))
+            }
+        }
+    }
     if uri.query().is_some() {
         return Err("the upstream URL must not have a query".to_string());
     }
     let base_path = uri.path().trim_end_matches('/').to_string();
     Ok((scheme, authority, base_path))
+}
+
+/// The text after the host's `:` (`""` for `host:`), or `None` when no port is written.
+/// An IPv6 host is bracketed, so its colons come before the last `]`.
+fn port_text(authority: &Authority) -> Option<&str> {
+    let text = authority.as_str();
+    let host_end = text.rfind(']').map_or(0, |bracket| bracket + 1);
+    text[host_end..]
+        .rfind(':')
+        .map(|colon| &text[host_end + colon + 1..])
 }
 
 #[cfg(test)]

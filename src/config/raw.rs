@@ -18,9 +18,11 @@ use super::units::{ByteSize, Count, HumanDuration, Number};
     expecting = "a mapping of settings such as `upstream` and `listen`"
 )]
 pub struct RawConfig {
-    /// Proxy listener, `host:port`. Default `0.0.0.0:8080`.
+    /// Proxy listener, `ip:port` (port 0 to 65535; 0 takes a free port). Default
+    /// `0.0.0.0:8080`.
     pub listen: Option<String>,
-    /// Admin listener (`/metrics`, `/healthz`, `/readyz`). Default `0.0.0.0:9464`.
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`), `ip:port` like `listen`.
+    /// Default `0.0.0.0:9464`.
     pub admin: Option<String>,
     /// The upstream: its settings, or just its URL (`upstream: http://127.0.0.1:8000`).
     #[serde(default, deserialize_with = "url_or_upstream")]
@@ -71,7 +73,8 @@ pub struct RawRoute {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a URL, or a mapping with `url`")]
 pub struct RawUpstream {
-    /// `http://host:port` or `https://host[:port][/base-path]`. Required (here or `--upstream`).
+    /// `http://host:port` or `https://host[:port][/base-path]`; a port is 1 to 65535
+    /// (left out: 80 for `http`, 443 for `https`). Required (here or `--upstream`).
     pub url: Option<String>,
     /// TCP (and TLS) connect timeout. Default 5s.
     pub connect_timeout: Option<HumanDuration>,

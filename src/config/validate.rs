@@ -32,8 +32,8 @@ impl Issues<'_> {
         });
     }
 
-    /// [`Issues::push`], located at `within` when `path` itself is not found (an item of
-    /// a flow-style list, `[a, b]`).
+    /// [`Issues::push`], located at `within` when `path` itself is not written as a key
+    /// (an item of a flow-style list, `[a, b]`; `upstream: <url>` for `upstream.url`).
     fn push_within(&mut self, path: &str, within: &str, message: impl Into<String>) {
         self.found.push(ConfigIssue {
             path: path.to_string(),
@@ -412,7 +412,8 @@ impl RawUpstream {
         let (scheme, authority, base_path) = match parse_upstream_url(url) {
             Ok(parts) => parts,
             Err(message) => {
-                issues.push("upstream.url", message);
+                // `upstream: <url>` has no `url` key to point at: point at `upstream`.
+                issues.push_within("upstream.url", "upstream", message);
                 return None;
             }
         };
