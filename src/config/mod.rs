@@ -107,6 +107,8 @@ pub struct Shutdown {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_in_flight: usize,
+    /// `limits.max_connections`; `None`: derived from the descriptor limit at start.
+    pub max_connections: Option<usize>,
     pub header_read_timeout: Duration,
     pub max_headers: usize,
     pub max_header_bytes: usize,

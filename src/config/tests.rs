@@ -247,6 +247,19 @@ fn ports_out_of_range_are_located_errors() {
 }
 
 #[test]
+fn max_connections_is_derived_at_start_unless_set() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    assert_eq!(config.limits.max_connections, None);
+    let config = parse("upstream: http://a:1\nlimits:\n  max_connections: 4\n").expect("valid");
+    assert_eq!(config.limits.max_connections, Some(4));
+    let found = issues("upstream: http://a:1\nlimits:\n  max_connections: 0\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].path, "limits.max_connections");
+    assert_eq!(found[0].location, Some((3, 3)));
+    assert!(found[0].message.contains("at least 1"), "{}", found[0]);
+}
+
+#[test]
 fn locate_finds_keys_on_a_sequence_item_line() {
     let text = "\
 routes:
@@ -444,6 +457,7 @@ fn wrong_types_say_what_was_expected_in_words() {
         ("shutdown: 5\n", "shutdown"),
         ("limits: x\n", "limits"),
         ("limits:\n  max_in_flight: many\n", "limits.max_in_flight"),
+        ("limits:\n  max_connections: -4\n", "limits.max_connections"),
         ("limits:\n  max_headers: -1\n", "limits.max_headers"),
         ("tenants: x\n", "tenants"),
         ("tenants:\n  sources: x\n", "tenants.sources"),

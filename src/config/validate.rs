@@ -100,6 +100,7 @@ impl RawConfig {
                 .limits
                 .max_in_flight
                 .map_or(default_max_in_flight(), |n| n.0),
+            max_connections: self.limits.max_connections.map(|n| n.0),
             header_read_timeout: dur(
                 self.limits.header_read_timeout,
                 default_header_read_timeout(),
@@ -119,6 +120,9 @@ impl RawConfig {
         };
         if limits.max_in_flight == 0 {
             issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.max_connections == Some(0) {
+            issues.push("limits.max_connections", "must be at least 1");
         }
         if limits.request_body_timeout.is_zero() {
             issues.push("limits.request_body_timeout", "must be longer than 0s");
