@@ -11,6 +11,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
+use http::Version;
 
 /// The largest upstream response head either transport reads (hyper's client read buffer
 /// on the hyper path, the relay's head limit): nginx's default is 4-8 KiB.
@@ -27,8 +28,12 @@ pub const MAX_UPSTREAM_HEAD_FIELDS: usize = 100;
 /// trailers end to end, as gRPC clients do), and the relay keeps a `Transfer-Encoding:
 /// chunked`, since it writes that body in the chunked coding itself where hyper would add
 /// the same field.
-pub const HOP_BY_HOP: [(&str, &str); 8] = [
+pub const HOP_BY_HOP: [(&str, &str); 9] = [
     ("connection", "RFC 9110 7.6.1: this connection's options"),
+    (
+        "http2-settings",
+        "RFC 7540 3.2.1: the settings of an h2c upgrade of this connection",
+    ),
     (
         "keep-alive",
         "RFC 9110 7.6.1: a connection option of HTTP/1.0",
@@ -138,20 +143,35 @@ pub fn host_value(authority: &Authority) -> String {
     }
 }
 
-/// Why a request's `Host` cannot be forwarded.
+/// Why a request's `Host` cannot be forwarded (each is a `400`, RFC 9112 3.2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
     #[error("more than one Host header")]
     Duplicate,
+    #[error("an HTTP/1.1 request without a Host header")]
+    Missing,
+    #[error("a Host header that is not a host and port")]
+    Invalid,
 }
 
-/// The `Host` to forward when the client's is kept (`upstream.host_header: preserve`).
+/// Whether a `Host` value is `uri-host [":" port]` (RFC 9110 7.2), or empty (a target
+/// without an authority, RFC 9112 3.2).
+pub fn valid_host(value: &[u8]) -> bool {
+    value.is_empty()
+        || (!value.contains(&b'@')
+            && std::str::from_utf8(value).is_ok_and(|text| text.parse::<Authority>().is_ok()))
+}
+
+/// The request's `Host`, checked, and the one to forward when the client's is kept
+/// (`upstream.host_header: preserve`).
 ///
-/// Two `Host` headers make the request invalid (RFC 9112 3.2: a server must answer 400).
-/// An absolute-form target (`GET http://a.example/v1 HTTP/1.1`) names the host itself, and
-/// a server must then ignore `Host` (RFC 9112 3.2.2): its authority replaces it. An h2
-/// request's `:authority` arrives the same way, as the URI's authority.
+/// An HTTP/1.1 request has exactly one `Host`, and it is a host and port (RFC 9112 3.2: a
+/// server must answer 400 otherwise); h2 carries `:authority` instead, and HTTP/1.0 may
+/// omit it. An absolute-form target (`GET http://a.example/v1 HTTP/1.1`) names the host
+/// itself, and a server must then ignore `Host` (RFC 9112 3.2.2): its authority replaces
+/// it. An h2 request's `:authority` arrives the same way, as the URI's authority.
 pub fn preserved_host(
+    version: Version,
     headers: &HeaderMap,
     target_authority: Option<&Authority>,
 ) -> Result<Option<HeaderValue>, HostError> {
@@ -159,6 +179,11 @@ pub fn preserved_host(
     let first = hosts.next().cloned();
     if hosts.next().is_some() {
         return Err(HostError::Duplicate);
+    }
+    match &first {
+        None if version == Version::HTTP_11 => return Err(HostError::Missing),
+        Some(value) if !valid_host(value.as_bytes()) => return Err(HostError::Invalid),
+        _ => {}
     }
     Ok(target_authority
         .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
@@ -245,11 +270,44 @@ mod tests {
     }
 
     #[test]
+    fn an_http11_request_has_one_valid_host() {
+        type Case = (
+            &'static [(&'static str, &'static str)],
+            Version,
+            Result<(), HostError>,
+        );
+        let cases: [Case; 8] = [
+            (&[("host", "a.example")], Version::HTTP_11, Ok(())),
+            (&[("host", "a.example:8080")], Version::HTTP_11, Ok(())),
+            (&[("host", "[::1]:80")], Version::HTTP_11, Ok(())),
+            (&[("host", "")], Version::HTTP_11, Ok(())),
+            (&[], Version::HTTP_11, Err(HostError::Missing)),
+            (&[], Version::HTTP_10, Ok(())),
+            (
+                &[("host", "a, b")],
+                Version::HTTP_11,
+                Err(HostError::Invalid),
+            ),
+            (
+                &[("host", "user@a.example")],
+                Version::HTTP_11,
+                Err(HostError::Invalid),
+            ),
+        ];
+        for (pairs, version, expected) in cases {
+            let result = preserved_host(version, &headers(pairs), None).map(|_| ());
+            assert_eq!(result, expected, "{pairs:?} {version:?}");
+        }
+    }
+
+    #[test]
     fn host_is_unique_and_an_absolute_target_wins() {
         let target: Authority = "target.example:8080".parse().unwrap();
         let one = headers(&[("host", "client.example")]);
         let two = headers(&[("host", "a.example"), ("host", "b.example")]);
         let none = HeaderMap::new();
+        let preserved_host =
+            |headers: &HeaderMap, target| super::preserved_host(Version::HTTP_2, headers, target);
         assert_eq!(
             preserved_host(&one, None),
             Ok(Some(HeaderValue::from_static("client.example")))

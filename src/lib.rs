@@ -7,11 +7,18 @@
 //! and the exact semantics ("Measurement semantics").
 //!
 //! Module map, in the order a request meets them:
-//! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
-//! - [`proxy`]: the service: routing, the upstream client, limits, error answers;
+//! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), `limits.max_connections`,
+//!   graceful drain;
+//! - [`proxy`]: the hyper transport: hyper's service, the upstream client, the body
+//!   wrappers;
 //! - [`relay`]: the HTTP/1.1 fast path: tokentap reads heads itself and relays bytes;
-//! - [`observe`]: the one entry point any transport calls: what is measured, the
-//!   request scan, the response observer, the outcome recorded once;
+//! - [`intermediary`]: the head rules both transports apply (hop-by-hop fields, framing,
+//!   `Host`, upstream head limits);
+//! - [`exchange`]: the request policy both transports call: admission, the configuration
+//!   in force, answers and outcomes of failures, how a body's end is counted, the idle
+//!   timeout;
+//! - [`observe`]: the one entry point into observation, called by the exchange policy:
+//!   what is measured, the request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;

@@ -146,6 +146,10 @@ impl Proxy {
         let at = Instant::now();
         let (mut parts, body) = response.into_parts();
         upstream::strip_response_hop_by_hop(&mut parts);
+        // An intermediary sends its own HTTP version (RFC 9110 6.2), whatever the
+        // upstream's: an HTTP/1.0 upstream's body is then chunked for an HTTP/1.1 client,
+        // whose connection stays open, as the relay does.
+        parts.version = http::Version::HTTP_11;
         let streaming = exchange.response_head(at, parts.status, &parts.headers);
         let idle = UpstreamIdle::new(active.config.upstream.idle_timeout);
         let body = StreamingBody::new(body, streaming, idle).boxed_unsync();

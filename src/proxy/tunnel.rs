@@ -22,8 +22,21 @@ use crate::exchange::{ExchangeError, UpstreamFault};
 
 /// The protocol an HTTP/1.1 request asks to switch to: `Connection: upgrade` plus an
 /// `Upgrade` header. h2 has no `Upgrade` (it uses extended CONNECT, answered 405).
+///
+/// An upgrade to `h2c` is never relayed: the request goes up as an ordinary one, its
+/// `Upgrade` stripped (as Envoy does). A tunnelled h2c connection would carry requests
+/// tokentap never sees (unmeasured, outside `limits.max_in_flight`, the "h2c smuggling"
+/// that slips past a proxy's rules), and RFC 9113 3.1 retires the upgrade anyway.
 pub fn requested_protocol(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
     if version != Version::HTTP_11 {
+        return None;
+    }
+    let h2c = headers.get_all(header::UPGRADE).iter().any(|value| {
+        value
+            .to_str()
+            .is_ok_and(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")))
+    });
+    if h2c {
         return None;
     }
     let asks = headers
@@ -119,6 +132,8 @@ mod tests {
             Some(HeaderValue::from_static("websocket"))
         );
         assert_eq!(requested_protocol(Version::HTTP_2, &headers), None);
+        headers.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        assert_eq!(requested_protocol(Version::HTTP_11, &headers), None, "h2c");
         headers.remove(header::UPGRADE);
         assert_eq!(requested_protocol(Version::HTTP_11, &headers), None);
     }

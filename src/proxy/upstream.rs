@@ -14,6 +14,7 @@ use std::sync::Arc;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use hyper::upgrade::OnUpgrade;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -103,11 +104,17 @@ impl UpstreamClient {
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
+            parts.version,
             &mut parts.headers,
             self.config.host_header,
             client_authority.as_ref(),
         )
         .map_err(ClientFault::InvalidHost)?;
+        // A body that is not known to be empty goes up however it came; hyper's client
+        // would send a `GET` or `HEAD` of unknown length as bodiless.
+        let unframed_body = !body.is_end_stream()
+            && matches!(parts.method, http::Method::GET | http::Method::HEAD)
+            && !parts.headers.contains_key(header::CONTENT_LENGTH);
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
@@ -117,6 +124,12 @@ impl UpstreamClient {
                     parts.uri =
                         Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
                     parts.version = Version::HTTP_11;
+                    if unframed_body {
+                        parts.headers.insert(
+                            header::TRANSFER_ENCODING,
+                            HeaderValue::from_static("chunked"),
+                        );
+                    }
                     if !parts.headers.contains_key(header::HOST) {
                         parts.headers.insert(header::HOST, self.host.clone());
                     }
@@ -295,13 +308,14 @@ pub fn strip_response_hop_by_hop(parts: &mut http::response::Parts) {
 }
 
 fn prepare_headers(
+    version: Version,
     headers: &mut HeaderMap,
     host: HostHeader,
     client_authority: Option<&http::uri::Authority>,
 ) -> Result<(), HostError> {
     intermediary::strip_hop_by_hop(headers);
     // Checked whichever `Host` goes upstream: two make the request invalid (RFC 9112 3.2).
-    let preserved = intermediary::preserved_host(headers, client_authority)?;
+    let preserved = intermediary::preserved_host(version, headers, client_authority)?;
     headers.remove(header::HOST);
     match (host, preserved) {
         // The client sets `Host` from the upstream URI.

@@ -80,7 +80,7 @@ pub enum HandOff {
     LengthAndCoding,
     /// More than one `Content-Length`, or one that is not a plain number.
     ContentLength,
-    /// No `Host`, or more than one.
+    /// No `Host`, more than one, or one that is not a host and port.
     Host,
     /// A target other than origin-form (`/path`), or one too long or unparsable.
     Target,
@@ -243,6 +243,8 @@ fn forward(
         return Err(HandOff::Connect);
     }
     let target = request.path.unwrap_or_default();
+    // A fragment is not part of a request target (RFC 9112 3.2); hyper drops it too.
+    let target = target.split_once('#').map_or(target, |(before, _)| before);
     if !target.starts_with('/') || target.len() > MAX_TARGET_LEN {
         return Err(HandOff::Target);
     }
@@ -284,7 +286,13 @@ fn forward(
             }
             "upgrade" => return Err(HandOff::Upgrade),
             "expect" => return Err(HandOff::Expect),
-            "host" => hosts += 1,
+            "host" => {
+                hosts += 1;
+                // hyper's path answers an invalid one (400).
+                if !intermediary::valid_host(field.value) {
+                    return Err(HandOff::Host);
+                }
+            }
             "te" if super::lists(field.value, b"trailers") && te_trailers.is_none() => {
                 te_trailers = Some(field.name);
             }

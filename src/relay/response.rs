@@ -335,7 +335,9 @@ impl ResponseReader {
 
         // A chunked body is relayed chunked, so a `Content-Length` beside it goes (RFC
         // 9112 6.3: the coding wins, and an intermediary removes the length).
-        let drop_length = framing == BodyFraming::Chunked;
+        // A length beside `chunked` does not describe the body (RFC 9112 6.3); a `204` must
+        // not carry one (RFC 9110 8.6), and hyper's server drops a `304`'s too.
+        let drop_length = framing == BodyFraming::Chunked || matches!(status.as_u16(), 204 | 304);
         let mut framing_field = None;
         let mut client_head = Vec::with_capacity(range.len() + 16);
         client_head.extend_from_slice(b"HTTP/1.1 ");
@@ -591,8 +593,9 @@ pub(crate) mod tests {
             ),
             (
                 false,
+                // A `204` carries no length (RFC 9110 8.6): it does not reach the client.
                 "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
-                &["HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n"],
+                &["HTTP/1.1 204 No Content\r\n\r\n"],
                 "",
                 true,
                 None,

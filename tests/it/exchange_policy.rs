@@ -454,3 +454,183 @@ async fn unforwardable_upstream_heads_get_one_502_text() {
         }
     }
 }
+
+/// The bytes a raw HTTP/1.1 `request` gets from tokentap on the relay and on hyper, in
+/// front of an upstream that answers `response`.
+async fn both_http1_answers(response: &[u8], request: &[u8]) -> (String, String) {
+    let backend = ScriptedBackend::start(vec![Step::Write(response.to_vec())]).await;
+    let mut answers = Vec::new();
+    for transport in [Transport::Relay, Transport::HyperH1] {
+        let proxy = transport.proxy(&backend.url(), "").await;
+        let raw = common::raw_exchange(proxy.addr, request).await;
+        answers.push(String::from_utf8_lossy(&raw).into_owned());
+    }
+    let hyper = answers.pop().unwrap_or_default();
+    let relay = answers.pop().unwrap_or_default();
+    (relay, hyper)
+}
+
+/// Upstream heads the two HTTP/1.1 paths once relayed differently reach the client the same
+/// way on both: `Content-Length` on a `204` or `304`, and an HTTP/1.0 response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodiless_and_http10_responses_are_relayed_alike() {
+    let request = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    let cases: [(&str, &[u8]); 5] = [
+        (
+            "204 with a length",
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nX-A: 1\r\n\r\n",
+        ),
+        (
+            "304 with a length",
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 12\r\nX-A: 1\r\n\r\n",
+        ),
+        (
+            "HTTP/1.0 with a length",
+            b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\n\r\nhi",
+        ),
+        (
+            "HTTP/1.0 until close",
+            b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\nhello",
+        ),
+        (
+            "HTTP/1.1 until close",
+            b"HTTP/1.1 200 OK\r\nX-A: 1\r\n\r\nhello",
+        ),
+    ];
+    let mut differ = Vec::new();
+    for (name, response) in cases {
+        let (relay, hyper) = both_http1_answers(response, request).await;
+        if relay != hyper {
+            differ.push(format!("{name}:\n  relay {relay:?}\n  hyper {hyper:?}"));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// An upstream that records each request whole (a chunked body up to its last chunk) and
+/// answers `200 ok`.
+async fn recording_backend() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let requests = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let whole = find(&buf, b"\r\n\r\n").is_some_and(|end| {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        !head.contains("transfer-encoding: chunked")
+                            || find(&buf[end..], b"\r\n0\r\n\r\n").is_some()
+                    });
+                    if whole {
+                        break;
+                    }
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                requests
+                    .lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&buf).into_owned());
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// Request heads the HTTP/1.1 paths once treated differently get one treatment: an
+/// HTTP/1.1 request without a valid `Host` is a `400` (RFC 9112 3.2), a `GET` with a
+/// chunked body goes up with its body, a target's `#fragment` does not go up, and an
+/// `Upgrade: h2c` goes up as an ordinary request (never a tunnel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_get_one_treatment_on_both_http1_paths() {
+    // (name, request, status, what the upstream's request contains, and what it lacks)
+    type Case = (
+        &'static str,
+        &'static str,
+        u16,
+        &'static [&'static str],
+        &'static [&'static str],
+    );
+    let cases: [Case; 5] = [
+        (
+            "no host",
+            "GET /v1/models HTTP/1.1\r\nconnection: close\r\n\r\n",
+            400,
+            &[],
+            &[],
+        ),
+        (
+            "a host that is not one",
+            "GET /v1/models HTTP/1.1\r\nhost: a, b\r\nconnection: close\r\n\r\n",
+            400,
+            &[],
+            &[],
+        ),
+        (
+            "a GET with a chunked body",
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\
+             connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            200,
+            &["GET /v1/models HTTP/1.1\r\n", "5\r\nhello\r\n0\r\n\r\n"],
+            &[],
+        ),
+        (
+            "a fragment",
+            "GET /v1/models?a=1#frag HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            200,
+            &["GET /v1/models?a=1 HTTP/1.1\r\n"],
+            &["frag"],
+        ),
+        (
+            "an h2c upgrade",
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings, close\r\n\
+             upgrade: h2c\r\nhttp2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+            200,
+            &["GET /v1/models HTTP/1.1\r\n"],
+            &["pgrade", "http2-settings", "HTTP2-Settings"],
+        ),
+    ];
+    for (name, request, status, has, lacks) in cases {
+        for transport in [Transport::Relay, Transport::HyperH1] {
+            let (url, seen) = recording_backend().await;
+            let proxy = transport.proxy(&url, "").await;
+            let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{name} on {transport:?}: {answer:?}"
+            );
+            let upstream = seen.lock().expect("lock").join("");
+            if status == 400 {
+                assert!(
+                    upstream.is_empty(),
+                    "{name} on {transport:?} went up: {upstream:?}"
+                );
+            }
+            for part in has {
+                assert!(
+                    upstream.contains(part),
+                    "{name} on {transport:?}: {upstream:?}"
+                );
+            }
+            for part in lacks {
+                assert!(
+                    !upstream.contains(part),
+                    "{name} on {transport:?}: {upstream:?}"
+                );
+            }
+        }
+    }
+}

@@ -613,7 +613,7 @@ async fn data_before_a_malformed_chunk_is_passed_on() {
 /// re-arms its one timer lazily, so this is the case that would catch a deadline that is
 /// not moved on), and the same stream cut by a 2 s stall times out.
 #[tokio::test]
-async fn the_idle_timeout_counts_from_the_last_data() {
+async fn the_idle_timeout_ends_a_stall_not_a_steady_stream() {
     let chunk = b"a\r\ndata: {}\n\n\r\n".to_vec();
     let head =
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
