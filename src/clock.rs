@@ -1,7 +1,8 @@
 //! `TokenClock`: the "Measurement semantics" of docs/ARCHITECTURE.md, and nothing else.
 //!
-//! The clock is fed instants and token events by the body observer (the one place that
-//! reads the monotonic clock) and turns them into TTFB, TTFT, inter-token latency (ITL),
+//! The clock is fed instants and token events by the transports (each reads the monotonic
+//! clock once per piece of body data: hyper's body wrapper per frame, the relay per piece
+//! a read brought) and turns them into TTFB, TTFT, inter-token latency (ITL),
 //! inter-chunk gaps, TPOT, decode tokens/s and duration. It does no I/O and never reads
 //! the time itself, so every rule here is tested on synthetic timelines with exact
 //! expected values.

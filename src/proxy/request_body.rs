@@ -77,11 +77,16 @@ impl<B> ClientBody<B> {
     }
 }
 
-/// Whether a body error means the connection ended early rather than a framing fault:
-/// hyper reports a body cut short as an `UnexpectedEof` I/O error somewhere in its chain.
+/// Whether a body error means the client left rather than broke the framing: hyper
+/// reports an HTTP/1.1 body cut short as an `UnexpectedEof` (or reset) I/O error somewhere
+/// in its chain, and an h2 stream the client reset (or a connection it closed) as an
+/// `h2::Error`.
 fn ended_early(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(err);
     while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            return h2.is_reset() || h2.is_go_away() || h2.is_io();
+        }
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             return matches!(
                 io.kind(),

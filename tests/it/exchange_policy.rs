@@ -634,3 +634,96 @@ async fn request_heads_get_one_treatment_on_both_http1_paths() {
         }
     }
 }
+
+/// An upstream that reports when a request's bytes so far include `marker`, and when
+/// tokentap closes the connection.
+async fn marker_backend(
+    marker: &'static [u8],
+) -> (
+    String,
+    mpsc::UnboundedReceiver<()>,
+    mpsc::UnboundedReceiver<()>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (seen_tx, seen) = mpsc::unbounded_channel();
+    let (closed_tx, closed) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (seen_tx, closed_tx) = (seen_tx.clone(), closed_tx.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut told = false;
+                loop {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    if !told && find(&buf, marker).is_some() {
+                        told = true;
+                        let _ = seen_tx.send(());
+                    }
+                }
+                let _ = closed_tx.send(());
+            });
+        }
+    });
+    (url, seen, closed)
+}
+
+/// An upload the client abandons mid-body (it declared 200 bytes, sent the first part,
+/// then closed its connection or reset its h2 stream) is `cancelled` on every transport,
+/// with no status logged (nobody received an answer), and its upstream connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_abandoned_mid_body_is_cancelled() {
+    for transport in TRANSPORTS {
+        let (url, mut seen, mut closed) = marker_backend(b"\"pad\"").await;
+        let proxy = transport.proxy(&url, "").await;
+        let model = format!("abandoned-{transport:?}");
+        // The model is in the part that arrives.
+        let part = format!(r#"{{"model":"{model}","stream":true,"pad":""#);
+        let within = |what| async move {
+            tokio::time::timeout(Duration::from_secs(10), what)
+                .await
+                .expect("in time")
+        };
+        if transport == Transport::H2 {
+            let (tx, rx) = mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(1);
+            let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            });
+            let body = http_body_util::StreamBody::new(Box::pin(frames));
+            let request = http::Request::post(proxy.url(CHAT))
+                .header("content-type", "application/json")
+                .header("content-length", "200")
+                .body(body)
+                .expect("request");
+            let client = Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http();
+            let waiting = tokio::spawn(async move { client.request(request).await });
+            tx.send(Ok(http_body::Frame::data(Bytes::from(part))))
+                .await
+                .expect("body channel");
+            within(seen.recv())
+                .await
+                .expect("the upstream got the part");
+            // Dropping the request resets the stream.
+            waiting.abort();
+        } else {
+            let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+            let head =
+                format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-length: 200\r\n\r\n{part}");
+            client.write_all(head.as_bytes()).await.expect("send");
+            within(seen.recv())
+                .await
+                .expect("the upstream got the part");
+            drop(client);
+        }
+        recorded_once(&proxy, &model, "cancelled", None).await;
+        within(closed.recv())
+            .await
+            .expect("the upstream connection closed");
+    }
+}
