@@ -9,6 +9,8 @@
 //! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
 //! - [`proxy`]: the service: routing, the upstream client, limits, error answers;
 //! - [`relay`]: the HTTP/1.1 fast path: tokentap reads heads itself and relays bytes;
+//! - [`idle_pool`]: the keep-alive upstream connections of both plain-HTTP/1.1
+//!   transports (the relay's and hyper's), per worker thread, under one cap;
 //! - [`observe`]: the one entry point any transport calls: what is measured, the
 //!   request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
@@ -22,6 +24,7 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod idle_pool;
 pub mod metrics;
 pub mod observe;
 pub mod prefetch;

@@ -15,7 +15,7 @@
 //! nothing, half a head, half an h2 preface) is closed at once: it has nothing to drain,
 //! and hyper alone would keep it until `limits.header_read_timeout`.
 
-mod workers;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
