@@ -211,7 +211,7 @@ impl<C: Reusable> IdleConnections<C> {
     }
 
     /// When the next sweep is due, seen at `now`: when the first kept connection
-    /// expires, or after [`SWEEP_EVERY`] if sooner; `None` when none is kept.
+    /// expires, or a second on if sooner (to look for closes); `None` when none is kept.
     pub fn next_sweep(&self, now: Instant) -> Option<Instant> {
         let regular = now + SWEEP_EVERY;
         self.origins

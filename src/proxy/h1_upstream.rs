@@ -8,7 +8,7 @@
 //! task that writes to the client, so an event costs one wake-up of one task.
 //!
 //! Connections are kept alive in the calling worker thread's
-//! [`idle_pool`](crate::idle_pool), which decides what is kept, how long and how many
+//! [`idle_pool`], which decides what is kept, how long and how many
 //! (`upstream.pool_max_idle_per_host` counts them together with the relay's), so that a
 //! connection is reused by the thread that used it last, whose reactor its socket is
 //! registered with, and a server worker (`server::workers`) never wakes another thread

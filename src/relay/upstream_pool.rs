@@ -1,5 +1,5 @@
 //! The relay's keep-alive upstream connections: raw sockets in this worker thread's
-//! [`idle_pool`](crate::idle_pool), which decides what is kept, how long and how many
+//! [`idle_pool`], which decides what is kept, how long and how many
 //! (`upstream.pool_max_idle_per_host` counts them together with hyper's connections).
 //!
 //! The server runs one current-thread runtime per CPU (`server::workers`) and a client

@@ -5,9 +5,9 @@
 //! worker. At the rates a sidecar sees, that thread wake-up costs more than relaying the
 //! event (measured in `docs/PERFORMANCE.md`: one worker spent 18-27% less CPU per event
 //! than two). Here each accepted connection is handed to one worker and lives there: its
-//! client side, its upstream connections (see the per-thread shards of
-//! [`H1Pool`](crate::proxy::h1_upstream::H1Pool)) and its timers, so an event
-//! is read, measured and written on one thread. More workers still use more cores, as
+//! client side, its upstream connections (kept idle per worker thread, see
+//! [`idle_pool`](crate::idle_pool)) and its timers, so an event is read, measured and
+//! written on one thread. More workers still use more cores, as
 //! nginx's worker processes do.
 //!
 //! Connections go to the worker serving the fewest, since SSE streams are long-lived and
