@@ -1,12 +1,12 @@
 //! The per-event observe path, in ns per event: a whole simulated response (role chunk,
 //! 40 token events, finish, usage, `[DONE]`, one frame each) polled through
-//! `tokentap::observe::body::ObservedBody` over the proxy's `LimitedBody` wrapping an in-memory
-//! body, started through `observe::start` exactly as the proxy does: clock read per
+//! the hyper transport's `StreamingBody` wrapping an in-memory body, begun through the
+//! exchange policy (`Gateway::begin`) exactly as the proxy does: clock read per
 //! frame, decoder, `TokenClock`, histogram observations, and the once-per-request record
 //! (handles, counters, access-log event).
 //!
-//! - `passthrough`: the proxy's limits with no observer (idle-timeout guard only): the
-//!   floor;
+//! - `passthrough`: a route that is not measured (idle-timeout guard and permit only):
+//!   the floor;
 //! - `observed`: the full path with the label pair already admitted (steady state);
 //! - `observed_900_tenants`: requests rotate over 900 tenants (a bigger label map;
 //!   the first round also admits the values).
@@ -42,11 +42,11 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, NativeHistograms, Overrides};
+use tokentap::exchange::{Active, Gateway, Streaming, UpstreamIdle};
 use tokentap::metrics::exemplar::TraceContext;
 use tokentap::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures};
-use tokentap::observe::body::ObservedBody;
 use tokentap::observe::{self, RequestHead, ResponseObserver};
-use tokentap::proxy::limits::LimitedBody;
+use tokentap::proxy::body::StreamingBody;
 use tokentap::relay::response::{Piece, ResponseReader, ResponseRules};
 
 const TOKENS: usize = 40;
@@ -95,6 +95,9 @@ fn config() -> Arc<Config> {
     Arc::new(config)
 }
 
+/// The measured route the benches request.
+const CHAT: &str = "/v1/chat/completions";
+
 fn metrics(config: &Config) -> Arc<Metrics> {
     Metrics::new(&config.metrics.buckets, &config.labels)
 }
@@ -135,8 +138,51 @@ fn observer(
         .expect("a chat completion is measured")
 }
 
-fn limited(frames: &[Bytes], idle: Duration) -> LimitedBody<InMemory> {
-    LimitedBody::new(in_memory(frames), idle, None)
+/// The exchange policy's state, as the server builds it (no upstream client: nothing is sent).
+fn gateway(config: &Arc<Config>, metrics: &Arc<Metrics>) -> Gateway<()> {
+    let active = Active {
+        config: config.clone(),
+        tokenizer: None,
+        upstream: (),
+    };
+    Gateway::new(active, metrics.clone())
+}
+
+/// The response to one request begun at `path` (with `tenant`), its body `frames`.
+fn streamed(
+    gateway: &Gateway<()>,
+    path: &str,
+    model: &str,
+    tenant: Option<String>,
+    frames: &[Bytes],
+    idle: Duration,
+) -> StreamingBody<InMemory> {
+    let (mut parts, ()) = http::Request::post(path)
+        .body(())
+        .expect("static request")
+        .into_parts();
+    if let Some(tenant) = tenant {
+        parts.headers.insert(
+            "x-tenant-id",
+            tenant.parse().expect("tenant is a header value"),
+        );
+    }
+    let mut admitted = gateway
+        .begin(RequestHead::of(&parts), Instant::now())
+        .expect("under the in-flight limit");
+    admitted
+        .scan
+        .feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    let streaming: Streaming =
+        admitted
+            .exchange
+            .response_head(Instant::now(), http::StatusCode::OK, &headers);
+    StreamingBody::new(in_memory(frames), streaming, UpstreamIdle::new(idle))
 }
 
 fn drain<B>(rt: &tokio::runtime::Runtime, body: B) -> usize
@@ -168,11 +214,12 @@ fn bench_observe(c: &mut Criterion) {
     let metrics = metrics(&config);
     let idle = Duration::from_secs(120);
 
+    let gateway = gateway(&config, &metrics);
     let mut group = c.benchmark_group("observe");
     group.throughput(Throughput::Elements(events));
     group.bench_function("passthrough", |b| {
         b.iter_batched(
-            || limited(&frames, idle),
+            || streamed(&gateway, "/v1/models", "", None, &frames, idle),
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
         )
@@ -180,8 +227,8 @@ fn bench_observe(c: &mut Criterion) {
     group.bench_function("observed", |b| {
         b.iter_batched(
             || {
-                let obs = observer(&config, &metrics, "sim-model", Some("tenant-a".to_string()));
-                ObservedBody::new(limited(&frames, idle), obs)
+                let tenant = Some("tenant-a".to_string());
+                streamed(&gateway, CHAT, "sim-model", tenant, &frames, idle)
             },
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
@@ -192,13 +239,8 @@ fn bench_observe(c: &mut Criterion) {
         b.iter_batched(
             || {
                 n += 1;
-                let obs = observer(
-                    &config,
-                    &metrics,
-                    "sim-model",
-                    Some(format!("t{}", n % 900)),
-                );
-                ObservedBody::new(limited(&frames, idle), obs)
+                let tenant = Some(format!("t{}", n % 900));
+                streamed(&gateway, CHAT, "sim-model", tenant, &frames, idle)
             },
             |body| black_box(drain(&rt, body)),
             BatchSize::SmallInput,
@@ -219,15 +261,12 @@ fn bench_render(c: &mut Criterion) {
     let config = config();
     let metrics = metrics(&config);
     let idle = Duration::from_secs(120);
+    let gateway = gateway(&config, &metrics);
     for m in 0..50 {
         for t in 0..200 {
-            let obs = observer(
-                &config,
-                &metrics,
-                &format!("model-{m}"),
-                Some(format!("tenant-{t}")),
-            );
-            drain(&rt, ObservedBody::new(limited(&frames, idle), obs));
+            let model = format!("model-{m}");
+            let tenant = Some(format!("tenant-{t}"));
+            drain(&rt, streamed(&gateway, CHAT, &model, tenant, &frames, idle));
         }
     }
     let bytes = metrics.render().len();

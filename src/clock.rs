@@ -1,4 +1,4 @@
-//! `TokenClock`: the measurement semantics of DESIGN.md, and nothing else.
+//! `TokenClock`: the "Measurement semantics" of docs/ARCHITECTURE.md, and nothing else.
 //!
 //! The clock is fed instants and token events by the body observer (the one place that
 //! reads the monotonic clock) and turns them into TTFB, TTFT, inter-token latency (ITL),

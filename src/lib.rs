@@ -3,7 +3,8 @@
 //! It forwards every byte between a client and an inference server unchanged, watches
 //! streamed responses as they pass, stamps each token-bearing event, and exports
 //! Prometheus histograms of time-to-first-token, inter-token latency and tokens/s per
-//! model and tenant. See `DESIGN.md` for the data flow and the exact semantics.
+//! model and tenant. docs/ARCHITECTURE.md has the data flow ("Data flow of one request")
+//! and the exact semantics ("Measurement semantics").
 //!
 //! Module map, in the order a request meets them:
 //! - [`server`]: listeners (HTTP/1.1 + h2c, optional TLS), graceful drain;
@@ -24,7 +25,9 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod exchange;
 pub mod idle_pool;
+pub mod intermediary;
 pub mod metrics;
 pub mod observe;
 pub mod prefetch;

@@ -76,6 +76,12 @@ impl Upstream {
     pub fn url(&self) -> String {
         format!("{}://{}{}", self.scheme, self.authority, self.base_path)
     }
+
+    /// Whether requests go to it as plain-text HTTP/1.1 (`http://` without `http2`): the
+    /// upstream both transports drive their own connections to.
+    pub fn is_plain_http1(&self) -> bool {
+        self.scheme == Scheme::HTTP && !self.http2
+    }
 }
 
 /// What `Host` the upstream sees.

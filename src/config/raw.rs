@@ -125,7 +125,7 @@ pub struct RawProxy {
     /// `httparse` refuses is answered with hyper's `400`/`431` bytes; at the first other
     /// request (`Expect`, upgrade, HTTP/1.0, h2c, an HTTPS or h2c upstream)
     /// the connection is handed to hyper with the bytes read so far. Applies to
-    /// connections accepted after a reload. Default false.
+    /// connections accepted after a reload. Default true.
     pub http1_fast_path: Option<bool>,
 }
 

@@ -1,5 +1,6 @@
-//! The metric contract of DESIGN.md: families built once from an explicit registry, and
-//! per-pair handles resolved once per request so the token path only touches atomics.
+//! The metric contract (docs/ARCHITECTURE.md, "The metric contract"): families built once
+//! from an explicit registry, and per-pair handles resolved once per request so the token
+//! path only touches atomics.
 //!
 //! Names, labels and base units (`families`, the contract as a table) are shared with the
 //! dashboards, the alert rules and the README; change them only together.

@@ -1,6 +1,7 @@
-//! The one way into observation: any transport (hyper today, a raw HTTP/1.1 relay later)
-//! calls [`start`] at a request head and hands over bytes as they pass; this module
-//! decides what is measured and records each measured request's outcome exactly once.
+//! The one way into observation: the [exchange policy](crate::exchange), for either
+//! transport, calls [`start`] at a request head and hands over bytes as they pass; this
+//! module decides what is measured and records each measured request's outcome exactly
+//! once.
 //!
 //! The flow, in http types and byte slices only (no body or I/O types):
 //! - [`start`] inspects the head ([`inspect`]): an LLM route is measured, any other is
@@ -14,10 +15,9 @@
 //!   [`fail`](ResponseObserver::fail), or when dropped before either (the client went
 //!   away).
 //!
-//! [`body`] puts the two scanners on `http_body::Body`s for hyper. A panic inside an
-//! observer is caught: observation of that stream stops, the stream itself goes on.
+//! A panic inside an observer is caught: observation of that stream stops, the stream
+//! itself goes on.
 
-pub mod body;
 pub mod inspect;
 mod recorder;
 
@@ -36,6 +36,9 @@ use crate::wire::request::RequestScanner;
 use crate::wire::{
     self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
 };
+#[cfg(test)]
+pub(crate) use recorder::{Recorder, RequestFacts};
+#[cfg(not(test))]
 use recorder::{Recorder, RequestFacts};
 
 /// A request head as observation needs it: what any transport has parsed.

@@ -29,7 +29,8 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::transport::{error_chain, UpstreamBody, UpstreamError};
+use super::body::UpstreamBody;
+use crate::exchange::{ExchangeError, UpstreamFault};
 use crate::idle_pool::{self, Origin, Reusable, ThreadPool};
 
 /// Largest read buffer (and response head) of an upstream connection.
@@ -126,7 +127,7 @@ impl H1Pool {
     pub async fn send(
         &self,
         request: Request<UpstreamBody>,
-    ) -> Result<Response<ResponseBody>, UpstreamError> {
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
         let (mut conn, reused) = match self.inner.checkout() {
             Some(conn) => (conn, true),
             None => (self.inner.connect().await?, false),
@@ -140,9 +141,9 @@ impl H1Pool {
                     conn = self.inner.connect().await?;
                     exchange(&mut conn, request)
                         .await
-                        .map_err(|err| UpstreamError::Request(error_chain(&err.into_error())))?
+                        .map_err(|err| UpstreamFault::Request(error_chain(&err.into_error())))?
                 }
-                _ => return Err(UpstreamError::Request(error_chain(&err.into_error()))),
+                _ => return Err(UpstreamFault::Request(error_chain(&err.into_error())).into()),
             },
         };
         Ok(response.map(|body| ResponseBody {
@@ -155,6 +156,18 @@ impl H1Pool {
             frame_in_flight: false,
         }))
     }
+}
+
+/// An error and its causes on one line (hyper's top-level messages are terse).
+pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 type TrySendError = hyper::client::conn::TrySendError<Request<UpstreamBody>>;
@@ -174,15 +187,15 @@ async fn exchange(
 }
 
 impl PoolInner {
-    async fn connect(&self) -> Result<Conn, UpstreamError> {
+    async fn connect(&self) -> Result<Conn, UpstreamFault> {
         let stream = idle_pool::connect(&self.origin, self.connect_timeout)
             .await
-            .map_err(UpstreamError::Connect)?;
+            .map_err(UpstreamFault::Connect)?;
         let (sender, driver) = self
             .builder
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+            .map_err(|err| UpstreamFault::Connect(error_chain(&err)))?;
         Ok(Conn {
             sender,
             driver: Some(driver),

@@ -1,65 +1,45 @@
-//! The proxy service: one client request in, one response out, unchanged.
+//! The hyper transport: one client request in, one response out, unchanged.
 //!
-//! It routes bytes and answers errors; what is measured is [`observe`](crate::observe)'s
-//! decision. Every request goes through [`observe::start`]: the request body goes up
-//! wrapped in its scan, the response body comes back wrapped in the proxy's limits and,
-//! where observe returns an observer, in an [`ObservedBody`]. Either way the bytes, the
-//! status and the end-to-end headers are the upstream's own.
+//! hyper's server (HTTP/1.1 and h2c) hands each request to [`ProxyService`]; it begins the
+//! exchange ([`Gateway::begin`]), sends the request upstream with its body wrapped in the
+//! request scan ([`ScannedBody`]) and the client-fault watch ([`ClientBody`]), and returns
+//! the upstream's response with its body wrapped in a [`StreamingBody`]. What any of this
+//! means (admission, answers, outcomes, the idle timeout) is the
+//! [exchange policy](crate::exchange)'s; the bytes, the status and the end-to-end headers
+//! are the upstream's own.
 
+pub mod body;
 pub mod h1_upstream;
-pub mod headers;
-pub mod limits;
 pub mod request_body;
-pub mod transport;
 pub mod tunnel;
 pub mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
+use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
+use crate::exchange::{Active, Admitted, Answer, ExchangeError, Gateway, UpstreamIdle};
 use crate::metrics::Metrics;
-use crate::observe::body::{BoxError, ObservedBody, ScannedBody};
-use crate::observe::{self, Outcome, RequestHead};
+use crate::observe::RequestHead;
 use crate::wire::Tokenizer;
-use limits::LimitedBody;
+pub use body::ProxyBody;
+use body::{BoxError, ScannedBody, StreamingBody};
 use request_body::ClientBody;
-use upstream::{error_response, UpstreamClient, UpstreamError};
+use upstream::UpstreamClient;
 
-/// The body type of every response tokentap sends.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// Shared state of the proxy service.
+/// The proxy: the exchange policy's shared state, with the hyper transport's upstream
+/// client as part of the configuration in force.
 pub struct Proxy {
-    /// The configuration in force; swapped whole on reload. A request takes its own
-    /// reference at its head, so in-flight streams finish under the config they began with.
-    current: RwLock<Arc<ActiveConfig>>,
-    metrics: Arc<Metrics>,
-    /// Bounds requests in flight; a permit lives as long as the response body.
-    in_flight: Arc<Semaphore>,
+    gateway: Arc<Gateway<UpstreamClient>>,
 }
-
-/// The active configuration: one validated config and what is built from it, the
-/// upstream client and the tokenizer.
-pub struct ActiveConfig {
-    pub config: Arc<Config>,
-    pub upstream: UpstreamClient,
-    /// `observe.tokenizer`, loaded.
-    pub tokenizer: Option<Tokenizer>,
-}
-
-/// The message of the `503` a request gets when too many are in flight.
-pub const OVERLOADED: &str = "too many requests in flight";
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
 /// in-flight semaphore or already registered metric families).
@@ -73,23 +53,24 @@ impl Proxy {
         tokenizer: Option<Tokenizer>,
         metrics: Arc<Metrics>,
     ) -> Arc<Proxy> {
+        let active = Active {
+            config,
+            tokenizer,
+            upstream,
+        };
         Arc::new(Proxy {
-            in_flight: Arc::new(Semaphore::new(config.limits.max_in_flight)),
-            current: RwLock::new(Arc::new(ActiveConfig {
-                config,
-                upstream,
-                tokenizer,
-            })),
-            metrics,
+            gateway: Arc::new(Gateway::new(active, metrics)),
         })
     }
 
+    /// The exchange policy's shared state, for the other transport (the relay).
+    pub fn gateway(&self) -> &Arc<Gateway<UpstreamClient>> {
+        &self.gateway
+    }
+
     /// The configuration in force.
-    pub fn active(&self) -> Arc<ActiveConfig> {
-        self.current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    pub fn active(&self) -> Arc<Active<UpstreamClient>> {
+        self.gateway.active()
     }
 
     /// Switch to a new, already validated configuration (with its tokenizer, loaded),
@@ -115,20 +96,13 @@ impl Proxy {
             || before.metrics.buckets != config.metrics.buckets
             || before.metrics.native_histograms != config.metrics.native_histograms
             || before.labels.tenant_families != config.labels.tenant_families;
-        self.metrics.set_label_policies(&config.labels);
-        *self
-            .current
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(ActiveConfig {
+        self.metrics().set_label_policies(&config.labels);
+        self.gateway.swap(Active {
             config: Arc::new(config),
-            upstream,
             tokenizer,
+            upstream,
         });
         Ok(restart_needed.then_some(RESTART_ONLY))
-    }
-
-    fn in_flight_limit(&self) -> usize {
-        self.active().config.limits.max_in_flight
     }
 
     /// A hyper service handle for one connection.
@@ -138,84 +112,50 @@ impl Proxy {
 
     /// The metric families requests are recorded in.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        self.gateway.metrics()
     }
 
-    /// Admit one request: its in-flight permit, held until its response ends, or `None`
-    /// (counted and logged) when `limits.max_in_flight` are in flight already; it is then
-    /// answered `503` with [`OVERLOADED`].
-    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
-        let permit = self.in_flight.clone().try_acquire_owned().ok();
-        if permit.is_none() {
-            self.metrics.overload_rejection();
-            tracing::warn!(
-                limit = self.in_flight_limit(),
-                "rejecting request: too many in flight"
-            );
-        }
-        permit
-    }
-
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
-        let t_req = Instant::now();
-        let Some(permit) = self.admit() else {
-            return text(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
-        };
-        let active = self.active();
-        let (parts, body) = request.into_parts();
-        let (scan, pending) = observe::start(
-            RequestHead::of(&parts),
-            t_req,
-            &active.config,
-            active.tokenizer.as_ref(),
-            &self.metrics,
-        );
-        let (method, uri) = (parts.method.clone(), parts.uri.clone());
+    /// Forward an admitted request and return its response (or tokentap's answer).
+    async fn forward(
+        parts: http::request::Parts,
+        body: Incoming,
+        admitted: Admitted<UpstreamClient>,
+    ) -> Response<ProxyBody> {
+        let Admitted {
+            active,
+            scan,
+            exchange,
+        } = admitted;
         let (body, watch) = ClientBody::new(body, active.config.limits.request_body_timeout);
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
         let sent = active.upstream.send(parts, body).await;
         // An exchange that failed because the client's body did is the client's fault.
-        let sent = sent.map_err(|err| watch.failure().map_or(err, UpstreamError::from));
+        let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let response = match sent {
             Ok(response) => response,
             Err(err) => {
-                let outcome = err.outcome();
-                if outcome == Outcome::ClientError {
-                    tracing::info!(
-                        method = %method,
-                        path = %uri.path(),
-                        error = %err,
-                        "client request refused before its response head"
-                    );
-                } else {
-                    tracing::warn!(
-                        method = %method,
-                        path = %uri.path(),
-                        error = %err,
-                        "upstream failed before its response head"
-                    );
-                }
-                pending.fail(Instant::now(), err.status(), outcome);
-                return text(err.status(), &err.to_string());
+                return match exchange.failed(&err) {
+                    Some(answer) => text(&answer),
+                    // Nobody is left to read an answer; hyper drops the connection.
+                    None => text(&Answer::new(http::StatusCode::BAD_REQUEST, err.to_string())),
+                };
             }
         };
         let at = Instant::now();
         let (mut parts, body) = response.into_parts();
         upstream::strip_response_hop_by_hop(&mut parts);
-        let observer = pending.response(at, parts.status, &parts.headers);
-        let body = LimitedBody::new(body, active.config.upstream.idle_timeout, Some(permit));
-        let body = match observer {
-            Some(observer) => ObservedBody::new(body, observer).boxed_unsync(),
-            None => body.boxed_unsync(),
-        };
+        let streaming = exchange.response_head(at, parts.status, &parts.headers);
+        let idle = UpstreamIdle::new(active.config.upstream.idle_timeout);
+        let body = StreamingBody::new(body, streaming, idle).boxed_unsync();
         Response::from_parts(parts, body)
     }
 }
 
-fn text(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    error_response::<Full<Bytes>>(status, message)
+fn text(answer: &Answer) -> Response<ProxyBody> {
+    answer
+        .response::<Full<Bytes>>()
         .map(|b| b.map_err(|never| match never {}).boxed_unsync())
 }
 
@@ -228,8 +168,17 @@ impl hyper::service::Service<Request<Incoming>> for ProxyService {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
+    /// The exchange begins here, when hyper has the whole head, not when the returned
+    /// future is first polled: a client that leaves in between is still recorded (as
+    /// cancelled, when hyper drops the future).
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let proxy = self.0.clone();
-        Box::pin(async move { Ok(proxy.handle(request).await) })
+        let t_req = Instant::now();
+        let (parts, body) = request.into_parts();
+        match self.0.gateway.begin(RequestHead::of(&parts), t_req) {
+            Ok(admitted) => {
+                Box::pin(async move { Ok(Proxy::forward(parts, body, admitted).await) })
+            }
+            Err(answer) => Box::pin(std::future::ready(Ok(text(&answer)))),
+        }
     }
 }

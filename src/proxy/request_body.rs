@@ -2,7 +2,7 @@
 //!
 //! When a request body fails, the upstream client only reports that the exchange failed,
 //! which looks like an upstream fault (502, `upstream_error`). [`ClientBody`] notes why
-//! the body failed before passing the error on, so [`UpstreamClient::send`] can answer
+//! the body failed before passing the error on, so [`UpstreamClient::send`]'s caller can answer
 //! for the right side: a malformed body (a bad chunk size, a bare-LF chunk line) is the
 //! client's `400`, a body that stops arriving for `limits.request_body_timeout` is the
 //! client's `408`, and a client that went away mid-body is a cancellation.
@@ -20,8 +20,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use super::transport::UpstreamError;
-use crate::observe::body::BoxError;
+use super::body::BoxError;
+use super::h1_upstream::error_chain;
+use crate::exchange::{ClientFault, ExchangeError};
 
 /// Why a client's request body failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +117,7 @@ where
                 let failure = if ended_early(&err) {
                     BodyFailure::ClientGone
                 } else {
-                    BodyFailure::Malformed(super::transport::error_chain(&err))
+                    BodyFailure::Malformed(error_chain(&err))
                 };
                 let _ = this.watch.0.set(failure);
                 Poll::Ready(Some(Err(Box::new(err))))
@@ -146,13 +147,13 @@ where
 }
 
 /// A request whose body failed is answered for the client's fault, not the upstream's.
-impl From<BodyFailure> for UpstreamError {
-    fn from(failure: BodyFailure) -> UpstreamError {
-        match failure {
-            BodyFailure::Malformed(why) => UpstreamError::MalformedBody(why),
-            BodyFailure::Stalled(after) => UpstreamError::BodyTimeout(after),
-            BodyFailure::ClientGone => UpstreamError::ClientGone,
-        }
+impl From<BodyFailure> for ExchangeError {
+    fn from(failure: BodyFailure) -> ExchangeError {
+        ExchangeError::Client(match failure {
+            BodyFailure::Malformed(why) => ClientFault::MalformedBody(why),
+            BodyFailure::Stalled(after) => ClientFault::BodyTimeout(after),
+            BodyFailure::ClientGone => ClientFault::Gone,
+        })
     }
 }
 

@@ -16,7 +16,9 @@ use hyper_util::rt::TokioIo;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
-use super::transport::{error_chain, UpstreamBody, UpstreamError};
+use super::body::UpstreamBody;
+use super::h1_upstream::error_chain;
+use crate::exchange::{ExchangeError, UpstreamFault};
 
 /// The protocol an HTTP/1.1 request asks to switch to: `Connection: upgrade` plus an
 /// `Upgrade` header. h2 has no `Upgrade` (it uses extended CONNECT, answered 405).
@@ -49,15 +51,15 @@ pub async fn send(
     connect_timeout: Duration,
     request: Request<UpstreamBody>,
     client: OnUpgrade,
-) -> Result<Response<Incoming>, UpstreamError> {
+) -> Result<Response<Incoming>, ExchangeError> {
     let connect = TcpStream::connect((host, port));
     let stream = match tokio::time::timeout(connect_timeout, connect).await {
         Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => return Err(UpstreamError::Connect(err.to_string())),
+        Ok(Err(err)) => return Err(UpstreamFault::Connect(err.to_string()).into()),
         Err(_) => {
-            return Err(UpstreamError::Connect(format!(
-                "timed out after {connect_timeout:?}"
-            )))
+            return Err(
+                UpstreamFault::Connect(format!("timed out after {connect_timeout:?}")).into(),
+            )
         }
     };
     let _ = stream.set_nodelay(true);
@@ -65,7 +67,7 @@ pub async fn send(
         .preserve_header_case(true)
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+        .map_err(|err| UpstreamFault::Connect(error_chain(&err)))?;
     tokio::spawn(async move {
         if let Err(err) = connection.with_upgrades().await {
             tracing::debug!(error = %err, "upgrade connection to the upstream ended with an error");
@@ -74,7 +76,7 @@ pub async fn send(
     let mut response = sender
         .send_request(request)
         .await
-        .map_err(|err| UpstreamError::Request(error_chain(&err)))?;
+        .map_err(|err| UpstreamFault::Request(error_chain(&err)))?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let upstream = hyper::upgrade::on(&mut response);
         tokio::spawn(relay(client, upstream));

@@ -1,8 +1,7 @@
 //! The upstream side: a pooled HTTP client, the rewrite of a client request into an
 //! upstream request (URI, version, hop-by-hop headers, `Host`), and the mapping of
-//! failures to the status tokentap answers with: 502/504 for the upstream's, 4xx/501 for
-//! the client's own (see [`headers`](super::headers) and
-//! [`request_body`](super::request_body)).
+//! failures to [`ExchangeError`]s: the upstream's faults, or the client's own (see
+//! [`intermediary`](crate::intermediary) and [`request_body`](super::request_body)).
 //!
 //! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
 //! [`h1_upstream`](super::h1_upstream), whose connections are driven by the task that writes
@@ -12,7 +11,6 @@ use std::fs::File;
 use std::io::BufReader;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
@@ -22,12 +20,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::h1_upstream::{H1Pool, ResponseBody};
-use super::headers::{self, HostError};
-use super::transport::error_chain;
-pub use super::transport::{UpstreamBody, UpstreamError};
+use super::body::UpstreamBody;
+use super::h1_upstream::{error_chain, H1Pool, ResponseBody};
 use super::tunnel;
 use crate::config::{HostHeader, Upstream};
+use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
+use crate::intermediary::{self, HostError};
 
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +59,7 @@ enum Transport {
 
 impl UpstreamClient {
     pub fn new(config: &Upstream) -> Result<UpstreamClient, ClientError> {
-        let transport = if config.scheme == http::uri::Scheme::HTTP && !config.http2 {
+        let transport = if config.is_plain_http1() {
             Transport::PlainH1(H1Pool::new(
                 config.authority.host(),
                 config.authority.port_u16().unwrap_or(80),
@@ -85,12 +83,13 @@ impl UpstreamClient {
         &self,
         mut parts: http::request::Parts,
         body: UpstreamBody,
-    ) -> Result<Response<ResponseBody>, UpstreamError> {
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
         if parts.method == http::Method::CONNECT {
             // A reverse proxy has no tunnel to offer; forwarded, it became `CONNECT /`.
-            return Err(UpstreamError::ConnectMethod);
+            return Err(ClientFault::ConnectMethod.into());
         }
-        headers::check_transfer_coding(&mut parts.headers).map_err(UpstreamError::RequestCoding)?;
+        intermediary::check_transfer_coding(&mut parts.headers)
+            .map_err(ClientFault::RequestCoding)?;
         // Upgrades are relayed to plain HTTP/1.1 upstreams; elsewhere they are stripped
         // like any hop-by-hop header, as before.
         let upgrade = match (&self.transport, parts.extensions.remove::<OnUpgrade>()) {
@@ -100,6 +99,7 @@ impl UpstreamClient {
             }
             _ => None,
         };
+        let upgrading = upgrade.is_some();
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = self.upstream_path(&parts.uri);
         prepare_headers(
@@ -107,7 +107,7 @@ impl UpstreamClient {
             self.config.host_header,
             client_authority.as_ref(),
         )
-        .map_err(UpstreamError::InvalidHost)?;
+        .map_err(ClientFault::InvalidHost)?;
         let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
@@ -148,17 +148,21 @@ impl UpstreamClient {
                     match client.request(Request::from_parts(parts, body)).await {
                         Ok(response) => Ok(response.map(ResponseBody::detached)),
                         Err(err) if err.is_connect() => {
-                            Err(UpstreamError::Connect(error_chain(&err)))
+                            Err(UpstreamFault::Connect(error_chain(&err)).into())
                         }
-                        Err(err) => Err(UpstreamError::Request(error_chain(&err))),
+                        Err(err) => Err(UpstreamFault::Request(error_chain(&err)).into()),
                     }
                 }
             }
         };
         let mut response = tokio::time::timeout(timeout, exchange)
             .await
-            .unwrap_or(Err(UpstreamError::Timeout(timeout)))?;
-        headers::check_transfer_coding(response.headers_mut()).map_err(UpstreamError::Framing)?;
+            .unwrap_or(Err(UpstreamFault::HeadTimeout(timeout).into()))?;
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS && !upgrading {
+            return Err(UpstreamFault::UnsolicitedSwitch.into());
+        }
+        intermediary::check_transfer_coding(response.headers_mut())
+            .map_err(UpstreamFault::Framing)?;
         Ok(response)
     }
 
@@ -247,11 +251,8 @@ fn pooled_client(
 }
 
 fn host_header_value(authority: &http::uri::Authority) -> HeaderValue {
-    let text = match authority.port_u16() {
-        Some(port) if port != 80 => format!("{}:{port}", authority.host()),
-        _ => authority.host().to_string(),
-    };
-    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("localhost"))
+    HeaderValue::from_str(&intermediary::host_value(authority))
+        .unwrap_or_else(|_| HeaderValue::from_static("localhost"))
 }
 
 fn root_store(config: &Upstream) -> Result<rustls::RootCertStore, ClientError> {
@@ -336,7 +337,7 @@ fn prepare_headers(
 ) -> Result<(), HostError> {
     strip_hop_by_hop(headers);
     // Checked whichever `Host` goes upstream: two make the request invalid (RFC 9112 3.2).
-    let preserved = headers::preserved_host(headers, client_authority)?;
+    let preserved = intermediary::preserved_host(headers, client_authority)?;
     headers.remove(header::HOST);
     match (host, preserved) {
         // The client sets `Host` from the upstream URI.
@@ -346,27 +347,6 @@ fn prepare_headers(
         }
     }
     Ok(())
-}
-
-/// Every method tokentap forwards: all but `CONNECT`.
-const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
-
-/// The short text body of a status that tokentap itself answers with (502, 504, 503, and
-/// the 4xx/501 of a client's bad request).
-pub fn error_response<B: From<Bytes>>(status: StatusCode, message: &str) -> Response<B> {
-    let mut response = Response::new(B::from(Bytes::from(format!("tokentap: {message}\n"))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    if status == StatusCode::METHOD_NOT_ALLOWED {
-        // RFC 9110 15.5.6: a 405 must say which methods are allowed.
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
-    }
-    response
 }
 
 #[cfg(test)]

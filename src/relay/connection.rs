@@ -1,25 +1,19 @@
-//! The fast path's relay: a plain HTTP/1.1 client connection served by tokentap itself.
+//! The relay of one plain HTTP/1.1 client connection: the I/O loop.
 //!
 //! Each request head is read with [`request_head`]; one the relay fully understands (no
-//! body, a `Content-Length` body or a chunked one, to a plain-HTTP/1.1 upstream) is
-//! forwarded (a chunked body re-chunked as hyper's client writes it) on a
-//! connection of this worker's [`upstream_pool`], and the response is relayed as it
-//! arrives while [`response`] tells the observer where its body data is: a
-//! `Content-Length` body byte for byte, a chunked or close-delimited one in chunks of the
-//! relay's own, one per piece of data, as hyper's server writes them (so that trailers
-//! pass as hyper passes them, and the client connection outlives a close-delimited body).
-//! The connection is then kept for the client's next request. Anything else (`Expect`,
-//! upgrades, HTTP/1.0, an HTTPS or h2c upstream, ...) ends the
-//! relay at that request boundary: the connection goes to hyper with the bytes read so
-//! far, which serves it exactly as if it had read every byte itself.
+//! body, a `Content-Length` body or a chunked one, to a plain-HTTP/1.1 upstream) is sent
+//! upstream by [`request_relay`] on a connection of this worker's [`upstream_pool`], and
+//! the response is relayed as it arrives by feeding each read to a [`ResponseRelay`] (the
+//! sans-IO machine that decides what the client gets) and writing what it says. The
+//! connection is then kept for the client's next request. Anything else (`Expect`,
+//! upgrades, HTTP/1.0, an HTTPS or h2c upstream, ...) ends the relay at that request
+//! boundary: the connection goes to hyper with the bytes read so far, which serves it
+//! exactly as if it had read every byte itself.
 //!
-//! Per request it does what [`Proxy`]'s hyper service does, in the same order and with
-//! the same answers: admission (the `503`), the configuration in force, observation
-//! ([`observe::start`]: routes, tenant, the request body's scan, the access log and the
-//! recorded outcome), `upstream.response_head_timeout` (`504`), a failed connect or
-//! exchange (`502`), and `upstream.idle_timeout` between reads of the body. What hyper's
-//! server adds, it adds too: `connection: close` to a closing client's answer (or at
-//! shutdown), and the chunked coding of a body the upstream delimits by closing.
+//! What a request's life means (admission, answers, outcomes, the idle timeout) is the
+//! [exchange policy](crate::exchange)'s, as on the hyper path. This loop only reads, feeds,
+//! writes and runs the timers; and it watches the client while the upstream works, so a
+//! client that leaves (closes or resets its connection) frees the upstream at once.
 
 use std::future::Future;
 use std::io;
@@ -27,27 +21,24 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::header::HeaderName;
-use http::{Method, StatusCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http::Method;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::chunked::ChunkedReader;
 use super::request_head::{self, Decision, ForwardHead, HeadReader, HeadRules, RequestFraming};
-use super::response::ResponseRules;
-use super::response::{BodyFraming, Piece, ResponseError, ResponseHead, ResponseReader};
-use super::scratch;
+use super::request_relay::{send_request, Failure};
+use super::response::{ResponseHead, ResponseRules};
+use super::response_relay::{ResponseRelay, Step, Upstream, Watcher};
+use super::scratch::{self, read_more, READ_CHUNK};
+use super::serialize;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
-use crate::observe::{self, Outcome, Pending, RequestHead, ResponseObserver};
-use crate::proxy::headers::UnsupportedTransferCoding;
-use crate::proxy::upstream::{error_response, UpstreamError};
-use crate::proxy::{ActiveConfig, Proxy, OVERLOADED};
-
-/// How much is read from either side at a time.
-const READ_CHUNK: usize = 8192;
+use crate::exchange::{
+    Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError, Gateway, Streaming,
+    UpstreamFault, UpstreamIdle,
+};
+use crate::observe::RequestHead;
 
 /// The upstream response head limits of the hyper path's plain-HTTP/1.1 client: its read
 /// buffer (16 KiB, `proxy::h1_upstream`) and hyper's default field count.
@@ -55,9 +46,6 @@ const RESPONSE_RULES: ResponseRules = ResponseRules {
     max_header_bytes: 16 << 10,
     max_headers: 100,
 };
-
-/// What hyper's client says when the upstream closes before a response head.
-const CLOSED_BEFORE_HEAD: &str = "connection closed before message completed";
 
 /// The request-head rules of one configuration, owned so that a connection can keep them
 /// while the configuration stays in force.
@@ -72,15 +60,10 @@ struct HeadConfig {
 
 impl HeadConfig {
     fn new(config: &Config) -> HeadConfig {
-        let authority = &config.upstream.authority;
-        let upstream_host = match authority.port_u16() {
-            Some(port) if port != 80 => format!("{}:{port}", authority.host()),
-            _ => authority.host().to_string(),
-        };
         HeadConfig {
             max_header_bytes: config.limits.max_header_bytes,
             max_headers: config.limits.max_headers,
-            upstream_host,
+            upstream_host: crate::intermediary::host_value(&config.upstream.authority),
             preserve_host: config.upstream.host_header == HostHeader::Preserve,
             base_path: config.upstream.base_path.clone(),
         }
@@ -107,16 +90,18 @@ pub enum Relayed {
     Closed,
 }
 
-/// What the relay of one connection needs.
-pub struct Relay {
-    proxy: Arc<Proxy>,
+/// What the relay of one connection needs. `U` is the hyper transport's part of the
+/// configuration in force, which the relay carries without using.
+pub struct Relay<U> {
+    gateway: Arc<Gateway<U>>,
     /// The configuration the head rules were made from, and the rules.
-    active: Arc<ActiveConfig>,
+    active: Arc<Active<U>>,
     rules: HeadConfig,
     header_read_timeout: Duration,
 }
 
 /// What became of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
     /// Read the client's next request.
     KeepAlive,
@@ -124,12 +109,12 @@ enum Next {
     Close,
 }
 
-impl Relay {
-    pub fn new(proxy: Arc<Proxy>, header_read_timeout: Duration) -> Relay {
-        let active = proxy.active();
+impl<U> Relay<U> {
+    pub fn new(gateway: Arc<Gateway<U>>, header_read_timeout: Duration) -> Relay<U> {
+        let active = gateway.active();
         let rules = HeadConfig::new(&active.config);
         Relay {
-            proxy,
+            gateway,
             active,
             rules,
             header_read_timeout,
@@ -138,7 +123,7 @@ impl Relay {
 
     /// The configuration in force, with the head rules made from it.
     fn refresh(&mut self) {
-        let active = self.proxy.active();
+        let active = self.gateway.active();
         if !Arc::ptr_eq(&active, &self.active) {
             self.rules = HeadConfig::new(&active.config);
             self.active = active;
@@ -208,8 +193,7 @@ impl Relay {
     /// Whether the relay forwards this request itself: every head the reader forwards,
     /// when the upstream is plain HTTP/1.1.
     fn relays(&self) -> bool {
-        let upstream = &self.active.config.upstream;
-        upstream.scheme == http::uri::Scheme::HTTP && !upstream.http2
+        self.active.config.upstream.is_plain_http1()
     }
 
     /// Forward one request (its head at the start of `input`) and relay its response.
@@ -226,24 +210,24 @@ impl Relay {
             RequestFraming::ContentLength(n) => n,
             _ => 0,
         };
-        let Some(permit) = self.proxy.admit() else {
-            let answer = answer(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED, client_closing);
-            return self
-                .answer_unread(client, input, &head, body_len, answer)
-                .await;
+        let request = RequestHead {
+            method: &head.method,
+            uri: &head.uri,
+            headers: &head.headers,
         };
-        let active = self.active.clone();
-        let (mut scan, pending) = observe::start(
-            RequestHead {
-                method: &head.method,
-                uri: &head.uri,
-                headers: &head.headers,
-            },
-            t_req,
-            &active.config,
-            active.tokenizer.as_ref(),
-            self.proxy.metrics(),
-        );
+        let Admitted {
+            active,
+            mut scan,
+            exchange,
+        } = match self.gateway.begin(request, t_req) {
+            Ok(admitted) => admitted,
+            Err(answer) => {
+                client
+                    .write_all(&serialize::answer(&answer, client_closing))
+                    .await?;
+                return Ok(skip_unread(input, &head, body_len, Next::KeepAlive));
+            }
+        };
         let upstream_config = &active.config.upstream;
         let head_timeout = upstream_config.response_head_timeout;
         let head_deadline = tokio::time::Instant::now() + head_timeout;
@@ -251,34 +235,29 @@ impl Relay {
             host: upstream_config.authority.host().to_string(),
             port: upstream_config.authority.port_u16().unwrap_or(80),
         };
-
-        // The request, up to the end of its body.
         let mut started = false;
-        let sent = tokio::time::timeout_at(
-            head_deadline,
-            send_request(
-                client,
-                input,
-                &head,
-                body_len,
-                &origin,
-                &active,
-                &mut scan,
-                &mut started,
-            ),
-        )
-        .await
-        .unwrap_or(Err(Failure::Upstream(UpstreamError::Timeout(head_timeout))));
-        let mut upstream = match sent {
+        let send = send_request(
+            client,
+            input,
+            &head,
+            body_len,
+            &origin,
+            &active.config,
+            &mut scan,
+            &mut started,
+        );
+        let head_timed_out = || Failure::Upstream(UpstreamFault::HeadTimeout(head_timeout).into());
+        let sent = tokio::time::timeout_at(head_deadline, send)
+            .await
+            .unwrap_or_else(|_| Err(head_timed_out()));
+        let upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
                 let (err, close) = match failure {
                     Failure::Upstream(err) => (err, client_closing),
                     Failure::Client(err) => (err, true),
                 };
-                let next = self
-                    .fail_before_head(client, &head, err, pending, close)
-                    .await?;
+                let next = fail_before_head(client, exchange, &err, close).await;
                 // Once the request started on its way, the rest of its body is unread.
                 return Ok(if started {
                     Next::Close
@@ -287,253 +266,58 @@ impl Relay {
                 });
             }
         };
-
-        // The response.
-        let mut reader = ResponseReader::new(head.method == Method::HEAD, RESPONSE_RULES);
-        let mut pending = Some(pending);
-        let mut observer: Option<ResponseObserver> = None;
-        let mut framing = None;
-        let mut reusable = false;
-        let mut keep_client = !client_closing;
-        // Bytes read but not yet consumed (the start of a head), and what the client did
-        // not take at once: the stream's own, usually empty. Reads and writes otherwise go
-        // through the worker's buffers (`scratch`).
-        let mut carry: Vec<u8> = Vec::new();
-        let mut unsent: Vec<u8> = Vec::new();
-        let idle_timeout = upstream_config.idle_timeout;
-        // hyper's server sends trailers only to a client that asked for them with
-        // `TE: trailers`, and only those the response declares in `Trailer`.
-        let client_takes_trailers = te_trailers(&head.headers);
-        let mut declared_trailers = Vec::new();
-        // One timer for the whole response: the head deadline until the head is in, then
-        // `idle_timeout` after the last read that brought data. It is re-armed only when
-        // it fires early (the stream was not idle that long), not on every read: arming a
-        // timer per read costs more than the rest of a read's bookkeeping.
-        let timer = tokio::time::sleep_until(head_deadline);
-        tokio::pin!(timer);
-        let mut last_data = tokio::time::Instant::now();
-        loop {
-            let read = tokio::select! {
-                biased;
-                read = read_upstream(&mut upstream, &carry, hot_lines(&reader, &observer)) => Some(read),
-                () = &mut timer => {
-                    let idle_until = last_data + idle_timeout;
-                    if framing.is_some() && idle_until > tokio::time::Instant::now() {
-                        timer.as_mut().reset(idle_until);
-                        continue;
-                    }
-                    None
-                }
-            };
-            let Some((read, mut buffers)) = read else {
-                let at = Instant::now();
-                if let Some(pending) = pending.take() {
-                    let err = UpstreamError::Timeout(head_timeout);
-                    return self
-                        .fail_before_head(client, &head, err, pending, client_closing)
-                        .await;
-                }
-                tracing::warn!(timeout = ?idle_timeout, "upstream stream idle; aborting it");
-                if let Some(observer) = observer.as_mut() {
-                    observer.fail(at, Outcome::Timeout);
-                }
-                return Ok(Next::Close);
-            };
-            carry.clear();
-            let received = &buffers.received;
-            let at = Instant::now();
-            last_data = tokio::time::Instant::from_std(at);
-            let fed = match read {
-                Err(err) => Err(Broken::Io(err)),
-                Ok(0) => reader
-                    .closed(&mut buffers.pieces)
-                    .map(|()| received.len())
-                    .map_err(Broken::Response),
-                Ok(_) => reader
-                    .feed(received, &mut buffers.pieces)
-                    .map_err(Broken::Response),
-            };
-            // A break mid-body ends the response once what came before it is relayed:
-            // hyper's client yields that data (and a head that came with it) before the
-            // error, and hyper's server then cuts the client's response.
-            let (used, broken) = match fed {
-                Ok(used) => (used, None),
-                Err(broken) => {
-                    let has_head = buffers
-                        .pieces
-                        .iter()
-                        .any(|piece| matches!(piece, Piece::Head(_)));
-                    if !has_head {
-                        if let Some(pending) = pending.take() {
-                            scratch::give_back(buffers);
-                            let err = broken.before_head();
-                            return self
-                                .fail_before_head(client, &head, err, pending, client_closing)
-                                .await;
-                        }
-                    }
-                    (received.len(), Some(broken))
-                }
-            };
-
-            let out = &mut buffers.out;
-            let mut relay_from = 0;
-            let mut ended = false;
-            for piece in buffers.pieces.drain(..) {
-                match piece {
-                    Piece::Interim(range) => relay_from = range.end,
-                    Piece::Head(response_head) => {
-                        let shutting_down = *closing.borrow();
-                        keep_client &= !shutting_down;
-                        let add_chunked = response_head.framing == BodyFraming::UntilClose;
-                        client_head(&response_head, !keep_client, add_chunked, out);
-                        if response_head.framing == BodyFraming::Chunked && client_takes_trailers {
-                            declared_trailers = declared(&response_head.headers);
-                        }
-                        observer = pending.take().and_then(|pending| {
-                            pending.response(at, response_head.status, &response_head.headers)
-                        });
-                        relay_from = response_head.range.end;
-                        reusable = response_head.reusable;
-                        framing = Some(response_head.framing);
-                        timer.as_mut().reset(last_data + idle_timeout);
-                    }
-                    Piece::Data(range) => {
-                        if let Some(observer) = observer.as_mut() {
-                            // One clock read per piece of data (a chunk, or what a read
-                            // brought of a length-delimited body), as the hyper path reads
-                            // it once per body frame and after the head.
-                            observer.data(Instant::now(), &received[range.clone()]);
-                        }
-                        if rechunked(framing) {
-                            chunk(&received[range], out);
-                        }
-                    }
-                    Piece::End => ended = true,
-                }
-            }
-            match framing {
-                None => {}
-                Some(_) if rechunked(framing) && ended => {
-                    last_chunk(reader.trailer_section(), &declared_trailers, out);
-                }
-                Some(_) if rechunked(framing) || broken.is_some() => {}
-                Some(_) => out.extend_from_slice(&received[relay_from..used]),
-            }
-            if ended {
-                if let Some(observer) = observer.as_mut() {
-                    // Its own clock read, as the hyper path sees the end after the last
-                    // frame (what a decoder finishes at the end is timed there).
-                    observer.end(Instant::now());
-                }
-            }
-            let leftover = received.len() > used;
-            // Most writes go whole at once; the rest waits in the stream's own buffer.
-            let mut client_gone = false;
-            if !out.is_empty() {
-                let written = match send_now(client, out) {
-                    Ok(written) => written,
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => 0,
-                    Err(_) => {
-                        client_gone = true;
-                        0
-                    }
-                };
-                if !client_gone {
-                    unsent.extend_from_slice(&out[written..]);
-                }
-            }
-            if !ended {
-                carry.extend_from_slice(&received[used..]);
-            }
-            scratch::give_back(buffers);
-            if client_gone || (!unsent.is_empty() && client.write_all(&unsent).await.is_err()) {
-                // The client went away: an unended observer records it as cancelled.
-                return Ok(Next::Close);
-            }
-            unsent.clear();
-            if let Some(broken) = broken {
-                tracing::warn!(error = %broken, "upstream stream failed mid-body");
-                if let Some(observer) = observer.as_mut() {
-                    observer.fail(at, Outcome::UpstreamError);
-                }
-                return Ok(Next::Close);
-            }
-            if ended {
-                drop(permit);
-                if reusable && !leftover && framing != Some(BodyFraming::UntilClose) {
-                    upstream_pool::checkin(
-                        &origin,
-                        upstream,
-                        upstream_config.pool_idle_timeout,
-                        upstream_config.pool_max_idle_per_host,
-                    );
-                }
-                return Ok(if keep_client {
-                    Next::KeepAlive
-                } else {
-                    Next::Close
-                });
-            }
-        }
-    }
-
-    /// Answer a request whose body was not read (it was refused before it went upstream):
-    /// the connection carries on only if the whole body had arrived already, as hyper's
-    /// server drains what it can without waiting.
-    async fn answer_unread(
-        &self,
-        client: &mut TcpStream,
-        input: &mut Vec<u8>,
-        head: &ForwardHead,
-        body_len: u64,
-        answer: Vec<u8>,
-    ) -> io::Result<Next> {
-        client.write_all(&answer).await?;
-        Ok(skip_unread(input, head, body_len, Next::KeepAlive))
-    }
-
-    /// The request got no response head: log it as the hyper path does, record it, and
-    /// answer with tokentap's own status.
-    async fn fail_before_head(
-        &self,
-        client: &mut TcpStream,
-        head: &ForwardHead,
-        err: UpstreamError,
-        pending: Pending,
-        close: bool,
-    ) -> io::Result<Next> {
-        let outcome = err.outcome();
-        if outcome == Outcome::ClientError {
-            tracing::info!(
-                method = %head.method,
-                path = %head.uri.path(),
-                error = %err,
-                "client request refused before its response head"
-            );
-        } else {
-            tracing::warn!(
-                method = %head.method,
-                path = %head.uri.path(),
-                error = %err,
-                "upstream failed before its response head"
+        let relay = ResponseRelay::new(
+            head.method == Method::HEAD,
+            RESPONSE_RULES,
+            !client_closing,
+            serialize::te_trailers(&head.headers),
+        );
+        let response = ResponseLoop {
+            client,
+            upstream,
+            relay,
+            observed: Observed {
+                exchange: Some(exchange),
+                streaming: None,
+                at: Instant::now(),
+            },
+            idle: UpstreamIdle::new(upstream_config.idle_timeout),
+            head_deadline,
+            head_timeout,
+        };
+        let ended = response.run(closing).await;
+        if let UpstreamAfter::Reuse(upstream) = ended.upstream {
+            upstream_pool::checkin(
+                &origin,
+                upstream,
+                upstream_config.pool_idle_timeout,
+                upstream_config.pool_max_idle_per_host,
             );
         }
-        pending.fail(Instant::now(), err.status(), outcome);
-        let closing = close || !head.keep_alive;
-        if client
-            .write_all(&answer(err.status(), &err.to_string(), closing))
-            .await
-            .is_err()
-        {
-            return Ok(Next::Close);
-        }
-        Ok(if closing {
-            Next::Close
-        } else {
-            Next::KeepAlive
-        })
+        Ok(ended.next)
     }
+}
+
+/// The request got no response head: the exchange logs and records it; the client gets
+/// its answer unless it is gone (or `close` after it).
+async fn fail_before_head(
+    client: &mut TcpStream,
+    exchange: Exchange,
+    err: &ExchangeError,
+    close: bool,
+) -> Next {
+    let Some(answer) = exchange.failed(err) else {
+        return Next::Close;
+    };
+    if client
+        .write_all(&serialize::answer(&answer, close))
+        .await
+        .is_err()
+        || close
+    {
+        return Next::Close;
+    }
+    Next::KeepAlive
 }
 
 /// After an answer to a request that did not go upstream: drop the request (its head
@@ -557,192 +341,301 @@ fn skip_unread(input: &mut Vec<u8>, head: &ForwardHead, body_len: u64, next: Nex
     }
 }
 
-/// Why no response head came: the upstream's fault, or the client's (its body stalled
-/// or it left), after which the client connection cannot carry another request.
-enum Failure {
-    Upstream(UpstreamError),
-    Client(UpstreamError),
+/// The exchange's side of a relayed response: the exchange until the head, then the
+/// streaming observer; told by the [`ResponseRelay`] what passes.
+struct Observed {
+    exchange: Option<Exchange>,
+    streaming: Option<Streaming>,
+    /// When the read being fed arrived (the head's instant).
+    at: Instant,
 }
 
-/// Send the request whose head starts `input` upstream, its body as it arrives, feeding
-/// the body to `scan`; leaves in `input` what the client sent after it. Returns the
-/// upstream connection, which is to carry the response. `started` turns `true` once the
-/// request has left `input` (before, a failure leaves `input` as it was).
-#[allow(clippy::too_many_arguments)]
-async fn send_request(
-    client: &mut TcpStream,
-    input: &mut Vec<u8>,
-    head: &ForwardHead,
-    body_len: u64,
-    origin: &Origin,
-    active: &ActiveConfig,
-    scan: &mut observe::RequestScan,
-    started: &mut bool,
-) -> Result<TcpStream, Failure> {
-    let upstream_config = &active.config.upstream;
-    let connect = |origin: &Origin| {
-        let origin = origin.clone();
-        let timeout = upstream_config.connect_timeout;
-        async move {
-            upstream_pool::connect(&origin, timeout)
-                .await
-                .map_err(|err| Failure::Upstream(UpstreamError::Connect(err)))
+impl Watcher for Observed {
+    fn head(&mut self, head: &ResponseHead) {
+        if let Some(exchange) = self.exchange.take() {
+            self.streaming = Some(exchange.response_head(self.at, head.status, &head.headers));
         }
-    };
-    let available = input.len() - head.head_len;
-    let initial = usize::try_from(body_len).map_or(available, |len| len.min(available));
-    let body = &input[head.head_len..head.head_len + initial];
-    let mut first = Vec::with_capacity(head.upstream_head.len() + body.len());
-    first.extend_from_slice(&head.upstream_head);
-    first.extend_from_slice(body);
-    let mut upstream = match upstream_pool::checkout(origin) {
-        Some(mut reused) => {
-            if reused.write_all(&first).await.is_ok() {
-                reused
-            } else {
-                // The upstream closed the kept connection just then: nothing of the request
-                // reached it, so it goes once more on a fresh connection.
-                let mut fresh = connect(origin).await?;
-                fresh.write_all(&first).await.map_err(request_failed)?;
-                fresh
-            }
-        }
-        None => {
-            let mut fresh = connect(origin).await?;
-            fresh.write_all(&first).await.map_err(request_failed)?;
-            fresh
-        }
-    };
-    // Scanned once it is on its way, as the hyper path scans what the upstream reads.
-    scan.feed(&input[head.head_len..head.head_len + initial]);
-    input.drain(..head.head_len + initial);
-    *started = true;
-    let body_timeout = active.config.limits.request_body_timeout;
-    if head.framing == RequestFraming::Chunked {
-        let max_trailer_bytes = active.config.limits.max_header_bytes;
-        send_chunked(
-            client,
-            &mut upstream,
-            input,
-            head,
-            body_timeout,
-            max_trailer_bytes,
-            scan,
-        )
-        .await?;
-        return Ok(upstream);
     }
-    let mut remaining = body_len - initial as u64;
-    while remaining > 0 {
-        if input.is_empty() {
-            read_body(client, input, body_timeout).await?;
-        }
-        let take = usize::try_from(remaining).map_or(input.len(), |r| r.min(input.len()));
-        scan.feed(&input[..take]);
-        upstream
-            .write_all(&input[..take])
-            .await
-            .map_err(request_failed)?;
-        input.drain(..take);
-        remaining -= take as u64;
-    }
-    Ok(upstream)
-}
 
-/// Read more of a request body from the client within `body_timeout`.
-async fn read_body(
-    client: &mut TcpStream,
-    input: &mut Vec<u8>,
-    body_timeout: Duration,
-) -> Result<(), Failure> {
-    match tokio::time::timeout(body_timeout, read_more(client, input)).await {
-        Err(_) => Err(Failure::Client(UpstreamError::BodyTimeout(body_timeout))),
-        Ok(Ok(0)) | Ok(Err(_)) => Err(Failure::Client(UpstreamError::ClientGone)),
-        Ok(Ok(_)) => Ok(()),
+    fn data(&mut self, bytes: &[u8]) {
+        if let Some(streaming) = self.streaming.as_mut().filter(|s| s.observes()) {
+            // One clock read per piece of data (a chunk, or what a read brought of a
+            // length-delimited body), as the hyper path reads it once per body frame.
+            streaming.data(Instant::now(), bytes);
+        }
     }
 }
 
-/// Send a chunked request body (at the start of `input`) upstream as it arrives, in
-/// chunks of the relay's own as hyper's client writes them: one per piece of data, and
-/// the trailers the request declares in `Trailer` (hyper's client sends no others).
-async fn send_chunked(
-    client: &mut TcpStream,
-    upstream: &mut TcpStream,
-    input: &mut Vec<u8>,
-    head: &ForwardHead,
-    body_timeout: Duration,
-    max_trailer_bytes: usize,
-    scan: &mut observe::RequestScan,
-) -> Result<(), Failure> {
-    let mut reader = ChunkedReader::new(max_trailer_bytes);
-    let mut ranges = Vec::new();
-    let mut out = Vec::with_capacity(READ_CHUNK);
-    loop {
-        if input.is_empty() {
-            read_body(client, input, body_timeout).await?;
+impl Observed {
+    /// The exchange ended as `end` says (after the head) or failed with `err` (before).
+    fn finish(&mut self, end: BodyEnd, err: impl FnOnce() -> ExchangeError) -> Option<Answer> {
+        if let Some(streaming) = self.streaming.as_mut() {
+            streaming.finish(Instant::now(), end);
+            return None;
         }
-        ranges.clear();
-        out.clear();
-        let used = reader
-            .feed(input, |range| ranges.push(range))
-            .map_err(|err| Failure::Client(UpstreamError::MalformedBody(err.to_string())))?;
-        for range in &ranges {
-            scan.feed(&input[range.clone()]);
-            chunk(&input[range.clone()], &mut out);
+        self.exchange
+            .take()
+            .and_then(|exchange| exchange.failed(&err()))
+    }
+}
+
+/// What the upstream connection is good for after a response.
+enum UpstreamAfter {
+    /// Kept for the next request.
+    Reuse(TcpStream),
+    /// Closed (dropped), or never to carry another request.
+    Closed,
+}
+
+/// How a relayed response ended.
+struct ResponseEnd {
+    next: Next,
+    upstream: UpstreamAfter,
+}
+
+impl ResponseEnd {
+    /// Both connections close: the exchange broke off.
+    fn closed() -> ResponseEnd {
+        ResponseEnd {
+            next: Next::Close,
+            upstream: UpstreamAfter::Closed,
         }
-        let done = reader.is_done();
-        if done {
-            last_chunk(
-                &reader.take_trailer_section(),
-                &declared(&head.headers),
-                &mut out,
+    }
+}
+
+/// What woke the response loop.
+enum Wake {
+    /// The upstream sent something, closed, or failed.
+    Read(io::Result<usize>, scratch::Buffers),
+    /// The client's connection ended (closed or reset) while its response was on the way.
+    ClientLeft,
+    /// The client sent more (a pipelined request): it is still there.
+    ClientSent,
+    /// The head deadline, or the idle deadline, or a timer armed for it earlier.
+    Timer,
+}
+
+/// The I/O of one response: read the upstream, feed the [`ResponseRelay`], write what it
+/// says to the client, run the head and idle timers, and watch the client.
+struct ResponseLoop<'a> {
+    client: &'a mut TcpStream,
+    upstream: TcpStream,
+    relay: ResponseRelay,
+    observed: Observed,
+    idle: UpstreamIdle,
+    head_deadline: tokio::time::Instant,
+    head_timeout: Duration,
+}
+
+impl ResponseLoop<'_> {
+    async fn run(mut self, closing: &watch::Receiver<bool>) -> ResponseEnd {
+        // Bytes read but not yet consumed (the start of a head), and what the client did
+        // not take at once: the stream's own, usually empty. Reads and writes otherwise go
+        // through the worker's buffers (`scratch`).
+        let mut carry: Vec<u8> = Vec::new();
+        let mut unsent: Vec<u8> = Vec::new();
+        let mut watch_client = true;
+        // One timer for the whole response: the head deadline until the head is in, then
+        // the idle deadline. It is re-armed only when it fires early (the upstream was not
+        // idle that long), not on every read: arming a timer per read costs more than the
+        // rest of a read's bookkeeping.
+        let timer = tokio::time::sleep_until(self.head_deadline);
+        tokio::pin!(timer);
+        loop {
+            let hot = hot_lines(&self.relay, &self.observed);
+            let wake = tokio::select! {
+                biased;
+                (read, buffers) = read_upstream(&mut self.upstream, &carry, hot) => {
+                    Wake::Read(read, buffers)
+                }
+                wake = client_activity(self.client), if watch_client => wake,
+                () = &mut timer => Wake::Timer,
+            };
+            let (read, mut buffers) = match wake {
+                Wake::Read(read, buffers) => (read, buffers),
+                Wake::ClientSent => {
+                    watch_client = false;
+                    continue;
+                }
+                Wake::ClientLeft => {
+                    self.observed
+                        .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
+                    return ResponseEnd::closed();
+                }
+                Wake::Timer => match self.timer_fired() {
+                    Ok(deadline) => {
+                        timer.as_mut().reset(deadline);
+                        continue;
+                    }
+                    Err(answer) => return self.answer(answer).await,
+                },
+            };
+            carry.clear();
+            let at = Instant::now();
+            self.observed.at = at;
+            self.idle.data();
+            let read = match read {
+                Ok(0) => Upstream::Closed,
+                Ok(_) => Upstream::Sent,
+                Err(err) => Upstream::Failed(err),
+            };
+            let had_head = self.relay.has_head();
+            let shutting_down = !had_head && *closing.borrow();
+            let scratch::Buffers {
+                received,
+                pieces,
+                out,
+            } = &mut buffers;
+            let step = self.relay.feed(
+                read,
+                received,
+                shutting_down,
+                pieces,
+                out,
+                &mut self.observed,
             );
-        }
-        input.drain(..used);
-        if !out.is_empty() {
-            upstream.write_all(&out).await.map_err(request_failed)?;
-        }
-        if done {
-            return Ok(());
-        }
-    }
-}
-
-fn request_failed(err: io::Error) -> Failure {
-    Failure::Upstream(UpstreamError::Request(err.to_string()))
-}
-
-/// Why an upstream response broke off.
-#[derive(Debug, thiserror::Error)]
-enum Broken {
-    #[error(transparent)]
-    Io(io::Error),
-    #[error(transparent)]
-    Response(ResponseError),
-}
-
-impl Broken {
-    /// The hyper path's error for a response that broke before its head.
-    fn before_head(self) -> UpstreamError {
-        match self {
-            Broken::Response(ResponseError::ClosedBeforeHead) => {
-                UpstreamError::Request(CLOSED_BEFORE_HEAD.to_string())
+            if let Step::NoHead(fault) = step {
+                scratch::give_back(buffers);
+                let answer = self
+                    .observed
+                    .finish(BodyEnd::UpstreamBroken, || fault.into());
+                return self.answer(answer).await;
             }
-            Broken::Response(ResponseError::TransferCoding) => UpstreamError::Framing(
-                UnsupportedTransferCoding("a coding other than chunked".to_string()),
-            ),
-            Broken::Response(err) => UpstreamError::Request(err.to_string()),
-            Broken::Io(err) => UpstreamError::Request(err.to_string()),
+            let sent_at_once = send_now_or_keep(self.client, out, &mut unsent);
+            if let Step::More { used } = step {
+                carry.extend_from_slice(&received[used..]);
+            }
+            scratch::give_back(buffers);
+            let client_took_it = match sent_at_once {
+                Err(()) => false,
+                Ok(()) if unsent.is_empty() => true,
+                Ok(()) => self.client.write_all(&unsent).await.is_ok(),
+            };
+            if !client_took_it {
+                self.observed
+                    .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
+                return ResponseEnd::closed();
+            }
+            // The idle clock starts now that the loop waits for the upstream again: the
+            // read's instant, unless writing to the client took a while.
+            let waiting_from = if unsent.is_empty() {
+                at
+            } else {
+                Instant::now()
+            };
+            unsent.clear();
+            match step {
+                Step::More { .. } | Step::NoHead(_) => {}
+                Step::Broken(why) => {
+                    tracing::warn!(error = %why, "upstream stream failed mid-body");
+                    self.observed
+                        .finish(BodyEnd::UpstreamBroken, unreachable_before_head);
+                    return ResponseEnd::closed();
+                }
+                Step::Ended { reuse_upstream } => {
+                    self.observed
+                        .finish(BodyEnd::Clean, unreachable_before_head);
+                    return self.ended(reuse_upstream);
+                }
+            }
+            let deadline = self
+                .idle
+                .waiting(tokio::time::Instant::from_std(waiting_from));
+            if !had_head && self.relay.has_head() {
+                timer.as_mut().reset(deadline);
+            }
+        }
+    }
+
+    /// The timer fired: the deadline to wait for next, or, when the upstream missed its
+    /// deadline, what the exchange answers (the response has ended).
+    fn timer_fired(&mut self) -> Result<tokio::time::Instant, Option<Answer>> {
+        if !self.relay.has_head() {
+            let fault = UpstreamFault::HeadTimeout(self.head_timeout);
+            return Err(self.observed.finish(BodyEnd::UpstreamIdle, || fault.into()));
+        }
+        let now = tokio::time::Instant::now();
+        if !self.idle.expired(now) {
+            return Ok(self.idle.waiting(now));
+        }
+        let timeout = self.idle.timeout();
+        tracing::warn!(?timeout, "upstream stream idle; aborting it");
+        self.observed
+            .finish(BodyEnd::UpstreamIdle, unreachable_before_head);
+        Err(None)
+    }
+
+    /// The response ended cleanly.
+    fn ended(self, reuse_upstream: bool) -> ResponseEnd {
+        ResponseEnd {
+            next: if self.relay.keeps_client() {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            },
+            upstream: if reuse_upstream {
+                UpstreamAfter::Reuse(self.upstream)
+            } else {
+                UpstreamAfter::Closed
+            },
+        }
+    }
+
+    /// No response head came: send tokentap's answer, if there is one (the upstream
+    /// connection is closed either way).
+    async fn answer(self, answer: Option<Answer>) -> ResponseEnd {
+        let Some(answer) = answer else {
+            return ResponseEnd::closed();
+        };
+        let keep = self.relay.keeps_client();
+        let written = self
+            .client
+            .write_all(&serialize::answer(&answer, !keep))
+            .await
+            .is_ok();
+        ResponseEnd {
+            next: if written && keep {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            },
+            upstream: UpstreamAfter::Closed,
         }
     }
 }
 
-/// Read what `stream` has into `input`: the count, `0` at its end.
-async fn read_more(stream: &mut TcpStream, input: &mut Vec<u8>) -> io::Result<usize> {
-    if input.capacity() - input.len() < READ_CHUNK / 2 {
-        input.reserve(READ_CHUNK);
+/// The failure of an exchange past its head, which [`Observed::finish`] never asks for.
+fn unreachable_before_head() -> ExchangeError {
+    UpstreamFault::Request("response ended before its head".to_string()).into()
+}
+
+/// Send what the client socket takes of `out` now, keeping the rest in `unsent` to be
+/// written when the socket takes it: most writes go whole at once. `Err` when the client
+/// is gone.
+fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Result<(), ()> {
+    if out.is_empty() {
+        return Ok(());
     }
-    stream.read_buf(input).await
+    let written = match send_now(client, out) {
+        Ok(written) => written,
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(_) => return Err(()),
+    };
+    unsent.extend_from_slice(&out[written..]);
+    Ok(())
+}
+
+/// Resolves when the client does something while its response is on the way: its
+/// connection ended (a close or a reset: it left, and the upstream is to be freed at
+/// once), or it sent more (a pipelined request: it is still there). A client that only
+/// shut its write side looks the same as one that closed: both are taken as gone, as
+/// nginx and Envoy take them.
+async fn client_activity(client: &TcpStream) -> Wake {
+    let mut byte = [0u8; 1];
+    match client.peek(&mut byte).await {
+        Ok(0) | Err(_) => Wake::ClientLeft,
+        Ok(_) => Wake::ClientSent,
+    }
 }
 
 /// Read what the upstream sent into the worker's buffers, after the bytes `carry`ied
@@ -782,15 +675,13 @@ fn read_upstream<'a>(
 }
 
 /// The memory a read's bytes meet first: the response reader's state and the observer's.
-fn hot_lines(
-    reader: &ResponseReader,
-    observer: &Option<ResponseObserver>,
-) -> crate::prefetch::Lines {
-    let mut lines = observer
+fn hot_lines(relay: &ResponseRelay, observed: &Observed) -> crate::prefetch::Lines {
+    let mut lines = observed
+        .streaming
         .as_ref()
-        .map(ResponseObserver::hot_lines)
+        .map(Streaming::hot_lines)
         .unwrap_or_default();
-    lines.value(reader);
+    lines.value(relay.reader());
     lines
 }
 
@@ -799,22 +690,6 @@ async fn shutting_down(closing: &mut watch::Receiver<bool>) {
     if closing.wait_for(|closing| *closing).await.is_err() {
         std::future::pending::<()>().await;
     }
-}
-
-/// The head the client gets, as hyper's server writes it: `connection: close` after the
-/// end-to-end fields for a closing client, and `transfer-encoding: chunked` last where the
-/// relay chunks a body the upstream delimits by closing (`add_chunked`).
-fn client_head(head: &ResponseHead, close: bool, add_chunked: bool, out: &mut Vec<u8>) {
-    let fields = &head.client_head[..head.client_head.len() - 2];
-    out.extend_from_slice(&fields[..head.close_at]);
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(&fields[head.close_at..]);
-    if add_chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Send what the socket takes of `data` now, without waiting: tokio's `try_write` with
@@ -829,168 +704,4 @@ fn send_now(client: &TcpStream, data: &[u8]) -> io::Result<usize> {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     const FLAGS: libc::c_int = 0;
     socket2::SockRef::from(client).send_with_flags(data, FLAGS)
-}
-
-/// Whether the body goes to the client in a chunked coding of the relay's own, as hyper's
-/// server writes it: one chunk per piece of data and trailers as it passes them. A
-/// chunked upstream body is re-chunked so that its trailers can be passed as hyper
-/// passes them, and a body the upstream delimits by closing is chunked so that the client
-/// connection stays open.
-fn rechunked(framing: Option<BodyFraming>) -> bool {
-    matches!(
-        framing,
-        Some(BodyFraming::Chunked | BodyFraming::UntilClose)
-    )
-}
-
-/// Whether a request's `TE` asks for trailers.
-fn te_trailers(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(http::header::TE)
-        .iter()
-        .any(|value| super::lists(value.as_bytes(), b"trailers"))
-}
-
-/// The trailer names a response head declares in `Trailer`, as hyper's server reads them.
-fn declared(headers: &http::HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(http::header::TRAILER)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect()
-}
-
-/// The end of a re-chunked body: the last chunk, with the trailers of `section` (a
-/// trailer section as the upstream sent it) that hyper's server passes: those in
-/// `declared` that may be trailers at all, each name's lines together, names in lower case.
-fn last_chunk(section: &[u8], declared: &[HeaderName], out: &mut Vec<u8>) {
-    out.extend_from_slice(b"0\r\n");
-    if !declared.is_empty() {
-        let mut trailers = http::HeaderMap::new();
-        for line in section.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&line[..colon]),
-                http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
-            ) else {
-                continue;
-            };
-            if declared.contains(&name) && may_be_a_trailer(&name) {
-                trailers.append(name, value);
-            }
-        }
-        for (name, value) in &trailers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The fields hyper's server never sends as trailers (RFC 9110 6.5.1).
-fn may_be_a_trailer(name: &HeaderName) -> bool {
-    use http::header::*;
-    ![
-        AUTHORIZATION,
-        CACHE_CONTROL,
-        CONTENT_ENCODING,
-        CONTENT_LENGTH,
-        CONTENT_RANGE,
-        CONTENT_TYPE,
-        HOST,
-        MAX_FORWARDS,
-        SET_COOKIE,
-        TRAILER,
-        TRANSFER_ENCODING,
-        TE,
-    ]
-    .contains(name)
-}
-
-/// `data` as one chunk of the chunked coding, its size in upper-case hex as hyper writes it.
-fn chunk(data: &[u8], out: &mut Vec<u8>) {
-    if data.is_empty() {
-        return;
-    }
-    // Upper-case hex digits, most significant first, without the formatting machinery
-    // (this runs once per relayed chunk).
-    let len = data.len();
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4);
-    for at in (0..digits).rev() {
-        out.push(b"0123456789ABCDEF"[(len >> (at * 4)) & 0xf]);
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// tokentap's own answer (`502`, `503`, `504`, a client's `4xx`), byte for byte what
-/// hyper's server writes for [`error_response`]: its fields, `connection: close` for a
-/// closing client, then the length hyper adds.
-fn answer(status: StatusCode, message: &str, close: bool) -> Vec<u8> {
-    let response = error_response::<Bytes>(status, message);
-    let body = response.body();
-    let mut out = Vec::with_capacity(128 + body.len());
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or_default().as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in response.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-    out.extend_from_slice(body);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_chunk_s_size_is_upper_case_hex_as_hyper_writes_it() {
-        for len in [
-            1usize,
-            9,
-            10,
-            15,
-            16,
-            255,
-            256,
-            4095,
-            4096,
-            8192,
-            65_535,
-            1 << 20,
-            (1 << 20) + 0xABC,
-        ] {
-            let data = vec![b'x'; len];
-            let mut out = Vec::new();
-            chunk(&data, &mut out);
-            let mut expected = format!("{len:X}\r\n").into_bytes();
-            expected.extend_from_slice(&data);
-            expected.extend_from_slice(b"\r\n");
-            assert_eq!(out, expected, "{len}");
-        }
-        let mut out = Vec::new();
-        chunk(b"", &mut out);
-        assert!(
-            out.is_empty(),
-            "an empty piece is no chunk (it would end the body)"
-        );
-    }
 }

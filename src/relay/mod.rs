@@ -11,19 +11,26 @@
 //! - [`chunked`]: the chunked transfer coding, read strictly, telling where the data is.
 //! - [`response`]: an upstream response's heads and framing, telling the observer where
 //!   the body data is while every byte is relayed as it came.
+//! - [`response_relay`]: the response side of one exchange as a state machine: each read
+//!   in; the client's bytes, the observer's calls and the next step out.
+//! - [`serialize`]: what the relay writes itself, as hyper writes the same thing.
 //!
-//! On a connection (with `proxy.http1_fast_path`, on by default), the [`connection`] relay reads
-//! each request head and forwards what it fully understands on its own keep-alive
-//! [`upstream_pool`], reading and writing through the worker's [`scratch`] buffers; the
-//! first request it does not take hands the connection to hyper through a [`rewind`]
-//! wrapper that replays what was read.
+//! On a connection (with `proxy.http1_fast_path`, on by default), the [`connection`] loop
+//! reads each request head, sends what it fully understands upstream ([`request_relay`])
+//! on its own keep-alive [`upstream_pool`], and relays the response, reading and writing
+//! through the worker's [`scratch`] buffers; the first request it does not take hands the
+//! connection to hyper through a [`rewind`] wrapper that replays what was read. What each
+//! request's life means is the [exchange policy](crate::exchange)'s, as on the hyper path.
 
 pub mod chunked;
 pub mod connection;
 pub mod request_head;
+pub mod request_relay;
 pub mod response;
+pub mod response_relay;
 pub mod rewind;
 pub mod scratch;
+pub mod serialize;
 pub mod upstream_pool;
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub struct ResponseRules {
 /// the relay must do; docs/RELIABILITY.md): before the final head, tokentap answers `502`
 /// and records `upstream_error`; after it, the stream breaks and is recorded as
 /// `upstream_error` with the tokens that arrived measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseError {
     #[error("invalid response head: {0}")]
     Head(&'static str),
@@ -40,8 +40,10 @@ pub enum ResponseError {
     HeadTooLarge,
     #[error("101 Switching Protocols to a request that asked for no upgrade")]
     UnexpectedSwitch,
-    #[error("unsupported transfer coding (only chunked can be forwarded)")]
-    TransferCoding,
+    /// Names the first coding other than `chunked` (or, where all are `chunked` but the
+    /// framing is still refused, the codings as sent).
+    #[error("unsupported transfer coding {0:?} (only chunked can be forwarded)")]
+    TransferCoding(String),
     #[error("invalid Content-Length")]
     ContentLength,
     #[error("chunked body: {0}")]
@@ -323,7 +325,14 @@ impl ResponseReader {
             BodyFraming::Empty
         } else if codings > 0 {
             if !http11 || codings > 1 || !chunked {
-                return Err(ResponseError::TransferCoding);
+                let coding = crate::intermediary::foreign_coding(&headers).unwrap_or_else(|| {
+                    let sent = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+                    let sent: Vec<_> = sent
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                        .collect();
+                    sent.join(", ")
+                });
+                return Err(ResponseError::TransferCoding(coding));
             }
             BodyFraming::Chunked
         } else {
@@ -657,7 +666,7 @@ pub(crate) mod tests {
                 &[],
                 "",
                 false,
-                Some(ResponseError::TransferCoding),
+                Some(ResponseError::TransferCoding("gzip".into())),
             ),
             (
                 false,
@@ -665,7 +674,7 @@ pub(crate) mod tests {
                 &[],
                 "",
                 false,
-                Some(ResponseError::TransferCoding),
+                Some(ResponseError::TransferCoding("gzip".into())),
             ),
             (
                 false,
@@ -714,7 +723,7 @@ pub(crate) mod tests {
                 heads.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
                 data.to_string(),
                 *ended,
-                *err,
+                err.clone(),
             );
             assert_eq!(got, expected, "{input:?}");
         }
@@ -824,7 +833,7 @@ pub(crate) mod tests {
             let whole = read_split(head_request, &wire, &[], until_close);
             prop_assert_eq!(&whole.1, &data);
             prop_assert!(whole.2);
-            prop_assert_eq!(whole.3, None);
+            prop_assert_eq!(&whole.3, &None);
             let split = read_split(head_request, &wire, &cuts, until_close);
             prop_assert_eq!(split, whole);
         }

@@ -13,8 +13,15 @@
 //! buffers.
 
 use std::cell::Cell;
+use std::io;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 
 use super::response::Piece;
+
+/// How much is read from either side at a time.
+pub const READ_CHUNK: usize = 8192;
 
 thread_local! {
     static RECEIVED: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
@@ -48,6 +55,14 @@ pub fn give_back(buffers: Buffers) {
     RECEIVED.set(buffers.received);
     PIECES.set(buffers.pieces);
     OUT.set(buffers.out);
+}
+
+/// Read what `stream` has into `input`: the count, `0` at its end.
+pub async fn read_more(stream: &mut TcpStream, input: &mut Vec<u8>) -> io::Result<usize> {
+    if input.capacity() - input.len() < READ_CHUNK / 2 {
+        input.reserve(READ_CHUNK);
+    }
+    stream.read_buf(input).await
 }
 
 #[cfg(test)]

@@ -238,7 +238,7 @@ impl Server {
                         .config
                         .proxy
                         .http1_fast_path
-                        .then(|| Relay::new(proxy.clone(), header_read_timeout));
+                        .then(|| Relay::new(proxy.gateway().clone(), header_read_timeout));
                     workers.dispatch(move || {
                         serve_plain(stream, connection, header_read_timeout, relay)
                     })
@@ -279,7 +279,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
-/// half-closed clients answered, bounded request heads.
+/// a client that leaves noticed at once, bounded request heads.
 pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -287,11 +287,11 @@ pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
         .timer(TokioTimer::new())
         .auto_date_header(false)
         .preserve_header_case(true)
-        // A client may send its whole request and shut its write side while it waits
-        // (`shutdown(SHUT_WR)`); it still gets the answer. A client that closed entirely
-        // looks the same until tokentap writes to it: it is then recorded as cancelled
-        // when the upstream answers, not when it left.
-        .half_close(true)
+        // A client whose connection reaches its end while its request is in flight has
+        // left (a close and a shut write side look the same): hyper then drops the
+        // exchange at once, which frees the upstream, as the relay does and as nginx and
+        // Envoy do.
+        .half_close(false)
         .header_read_timeout(config.limits.header_read_timeout)
         .max_headers(config.limits.max_headers)
         .max_buf_size(config.limits.max_header_bytes)
@@ -353,7 +353,7 @@ async fn serve_plain(
     stream: std::net::TcpStream,
     connection: Connection,
     header_read_timeout: Duration,
-    relay: Option<Relay>,
+    relay: Option<Relay<UpstreamClient>>,
 ) {
     let Some(mut stream) = connection.register(stream) else {
         return;

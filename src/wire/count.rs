@@ -1,13 +1,14 @@
 //! How many tokens one token-bearing event carried, and whether that count is exact.
 //!
-//! DESIGN.md: `k_i` is exact where the format says so, otherwise one per event. Dialects
-//! have two exact sources besides one-token-per-event formats: a per-token list in the
-//! event (logprobs entries, Gemini's chosen candidates), and a cumulative output count
-//! reported on every event (vLLM/SGLang continuous usage, Gemini's `usageMetadata`),
-//! whose growth since the previous report is the event's count. [`Tally`] applies those
-//! rules the same way for every dialect. Without either, the estimate is one token, or
-//! what the event's text settled in the response's incremental tokenizer count
-//! ([`super::token_stream`]; possibly 0, the rest counted at the end for the last event).
+//! docs/ARCHITECTURE.md ("Measurement semantics"): `k_i` is exact where the format says so,
+//! otherwise one per event. Dialects have two exact sources besides one-token-per-event
+//! formats: a per-token list in the event (logprobs entries, Gemini's chosen candidates),
+//! and a cumulative output count reported on every event (vLLM/SGLang continuous usage,
+//! Gemini's `usageMetadata`), whose growth since the previous report is the event's count.
+//! [`Tally`] applies those rules the same way for every dialect. Without either, the
+//! estimate is one token, or what the event's text settled in the response's incremental
+//! tokenizer count ([`super::token_stream`]; possibly 0, the rest counted at the end for
+//! the last event).
 
 use super::types::{OutputKind, Signal};
 

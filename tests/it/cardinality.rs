@@ -4,7 +4,7 @@
 //! the size of `/metrics` stay where the configuration puts them, that the folded values
 //! are counted, and that only an explicit `unbounded: true` lifts the cap.
 //!
-//! The 100,000 values go through [`Metrics::stream`] and [`Metrics::finish`], the exact
+//! The 100,000 values go through [`Metrics::stream`] and [`Metrics::record_request`], the exact
 //! calls a request makes (a full request through the proxy costs ~1 ms in a debug build);
 //! a few thousand full requests through the proxy check that the proxy path is the same.
 

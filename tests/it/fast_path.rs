@@ -4,7 +4,8 @@
 //! connections it hands to hyper (HTTP/1.0, h2c, ...) give the client the same responses
 //! as with the switch off, and the upstream the same requests but for the field order
 //! (see [`per_name_fields`]). The rest of the integration suite runs with the switch on
-//! too (`TOKENTAP_IT_FAST_PATH=0`, see `scripts/test.sh`).
+//! (its default), and again with it off when `TOKENTAP_IT_FAST_PATH=0` is set
+//! (`scripts/test.sh` runs both); the tests here set it themselves either way.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -11,6 +11,7 @@ mod cardinality;
 mod configs;
 mod demo;
 mod dialects;
+mod exchange_policy;
 mod exemplars;
 mod fast_path;
 mod faults;

@@ -138,8 +138,7 @@ async fn never_connecting_upstream() -> (String, Arc<AtomicUsize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_before_the_head_is_cancelled() {
-    // An HTTP/1.1 client that closed cannot be told from one that only half-closed until
-    // tokentap writes to it, so the upstream does answer, a little later, with a stream.
+    // The upstream would answer a little later, with a stream; the client leaves first.
     let mut script = vec![Step::Sleep(Duration::from_millis(300))];
     script.extend(slow_stream());
     let backend = ScriptedBackend::start(script).await;
@@ -152,12 +151,10 @@ async fn a_client_that_gives_up_before_the_head_is_cancelled() {
             backend.requests.lock().unwrap().len() == n + 1
         })
         .await;
-        // Dropping the request closes the h1 connection, or resets the h2 stream.
+        // Dropping the request closes the h1 connection, or resets the h2 stream: either
+        // is seen at once, before any head, so no status is logged.
         waiting.abort();
-        // The h2 reset comes before the head; the closed h1 client is noticed when the
-        // head is written to it.
-        let status = matches!(protocol, Protocol::H1).then_some(200);
-        recorded_once(&proxy, &model, "cancelled", status).await;
+        recorded_once(&proxy, &model, "cancelled", None).await;
     }
 }
 
@@ -165,13 +162,11 @@ async fn a_client_that_gives_up_before_the_head_is_cancelled() {
 async fn a_client_that_gives_up_before_the_upstream_connects_is_recorded_once() {
     let (upstream, hellos) = never_connecting_upstream().await;
     let proxy = Proxy::start(&upstream, "upstream:\n  response_head_timeout: 500ms\n").await;
-    // An h2 stream reset is seen at once: cancelled. An HTTP/1.1 client that closed looks
-    // half-closed until tokentap writes to it, and with no upstream there is nothing to
-    // write: the request ends with the upstream's head timeout, recorded as that.
-    // The access line of the timeout shows the 504 tokentap answered.
+    // An h2 stream reset and an HTTP/1.1 close are both seen at once: cancelled, with no
+    // status, as nothing was answered.
     for (n, protocol, outcome, status) in [
         (0, Protocol::H2, "cancelled", None),
-        (1, Protocol::H1, "timeout", Some(504)),
+        (1, Protocol::H1, "cancelled", None),
     ] {
         // A measured request (a stored response replayed as a stream), told by tenant.
         let tenant = format!("before-connect-{protocol:?}");
@@ -261,14 +256,19 @@ async fn responses_without_a_body_are_recorded_by_their_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_half_closed_client_gets_its_answer_and_is_recorded() {
+async fn a_client_that_shuts_its_write_side_has_left() {
+    // A shut write side cannot be told from a close until tokentap writes to the client,
+    // which may be long after (a queued request, a long prefill): both are taken as the
+    // client leaving, so the upstream is freed at once, as nginx and Envoy do.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let backend = ScriptedBackend::start(short_stream()).await;
+    let mut script = vec![Step::Sleep(Duration::from_millis(300))];
+    script.extend(short_stream());
+    let backend = ScriptedBackend::start(script).await;
     let proxy = Proxy::start(&backend.url(), "").await;
     let body = r#"{"model":"half-closed","stream":true}"#;
     let request = format!(
         "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         x-tenant-id: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+         x-tenant-id: half-closed\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -279,10 +279,9 @@ async fn a_half_closed_client_gets_its_answer_and_is_recorded() {
         .await
         .expect("an answer within 10 s")
         .expect("read the answer");
-    let (head, body, _) = common::parse_raw_response(&answer);
-    assert!(head[0].starts_with("HTTP/1.1 200"), "{head:?}");
-    assert!(body.ends_with(b"data: [DONE]\n\n"));
-    recorded_once(&proxy, "half-closed", "completed", Some(200)).await;
+    assert!(answer.is_empty(), "{:?}", String::from_utf8_lossy(&answer));
+    // By tenant: the hyper path may drop the request before its body is scanned.
+    recorded_once_as(&proxy, ("tenant", "half-closed"), "cancelled", None).await;
 }
 
 /// Shutdown past the drain deadline while requests wait for their head: 20 requests (10

@@ -1,59 +1,76 @@
-//! The observers on `http_body::Body`s, for transports built on hyper.
+//! The bodies of the hyper transport: what tokentap sends upstream and to the client, and
+//! the wrappers that put the [exchange policy](crate::exchange) on them.
 //!
-//! [`ObservedBody`] wraps a response body: every frame is returned exactly as it came,
-//! and the [`ResponseObserver`] looks at a borrowed view of its bytes on the way through.
-//! It is the one place that reads the clock (once per frame). [`ScannedBody`] does the
-//! same for a request body and its [`RequestScan`]. Neither changes a frame, and neither
-//! does anything but observe: limits (idle timeout, in-flight permit) belong to the
-//! transport's own wrappers.
+//! [`StreamingBody`] wraps an upstream response body on its way to the client: every frame
+//! is returned exactly as it came, its [`Streaming`] observer looks at a borrowed view of
+//! the bytes on the way through (one clock read per frame), the upstream idle timeout
+//! ([`UpstreamIdle`]) ends a stalled stream, and the body's end is told to the exchange as
+//! a [`BodyEnd`]. [`ScannedBody`] feeds a request body to its [`RequestScan`] on the way up.
+//! Neither changes a frame.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 
-use super::{Outcome, RequestScan, ResponseObserver};
+use crate::exchange::{BodyEnd, IdleTimeout, Streaming, UpstreamIdle};
+use crate::observe::RequestScan;
 
 /// Error type of proxied bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The upstream sent nothing for longer than `upstream.idle_timeout`: the error a
-/// transport ends a response body with, recorded as [`Outcome::Timeout`].
-#[derive(Debug, thiserror::Error)]
-#[error("upstream sent nothing for {0:?}")]
-pub struct IdleTimeout(pub Duration);
+/// The body type of every response tokentap sends.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What the upstream client sends as a request body: the client's, already wrapped by
+/// whatever watches it on the way up.
+pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pin_project! {
-    /// A response body forwarded frame by frame, observed on the way.
-    pub struct ObservedBody<B: Body> {
+    /// An upstream response body forwarded frame by frame under the exchange's rules.
+    pub struct StreamingBody<B: Body> {
         #[pin]
         inner: B,
-        observer: ResponseObserver,
+        streaming: Streaming,
+        idle: UpstreamIdle,
+        // Armed while the upstream has nothing for us.
+        sleep: Option<Pin<Box<Sleep>>>,
     }
 
-    impl<B: Body> PinnedDrop for ObservedBody<B> {
+    impl<B: Body> PinnedDrop for StreamingBody<B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             // hyper drops a body that is already at its end without polling it (a
-            // `Content-Length: 0` error, a 204, a 304): that is a whole response, recorded
-            // by its status. Any other drop is left to the observer (cancelled).
-            if this.inner.is_end_stream() {
-                this.observer.end(Instant::now());
-            }
+            // `Content-Length: 0` error, a 204, a 304): that is a whole response. Any other
+            // drop before the end is a client that went away.
+            let end = if this.inner.is_end_stream() {
+                BodyEnd::Clean
+            } else {
+                BodyEnd::ClientGone
+            };
+            this.streaming.finish(Instant::now(), end);
         }
     }
 }
 
-impl<B: Body> ObservedBody<B> {
-    pub fn new(inner: B, observer: ResponseObserver) -> Self {
-        ObservedBody { inner, observer }
+impl<B: Body> StreamingBody<B> {
+    pub fn new(inner: B, streaming: Streaming, idle: UpstreamIdle) -> Self {
+        StreamingBody {
+            inner,
+            streaming,
+            idle,
+            sleep: None,
+        }
     }
 }
 
-impl<B> Body for ObservedBody<B>
+impl<B> Body for StreamingBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -67,32 +84,48 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         let Poll::Ready(polled) = this.inner.as_mut().poll_frame(cx) else {
-            return Poll::Pending;
+            let deadline = match this.idle.deadline() {
+                Some(deadline) => deadline,
+                None => this.idle.waiting(tokio::time::Instant::now()),
+            };
+            let sleep = this
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if sleep.deadline() != deadline {
+                sleep.as_mut().reset(deadline);
+            }
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let timeout = this.idle.timeout();
+            tracing::warn!(?timeout, "upstream stream idle; aborting it");
+            this.streaming.finish(Instant::now(), BodyEnd::UpstreamIdle);
+            return Poll::Ready(Some(Err(Box::new(IdleTimeout(timeout)))));
         };
-        // The one clock read for this frame: every event completed by it gets this instant.
-        let at = Instant::now();
+        this.idle.data();
         match polled {
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.observer.data(at, data);
-                }
-                if this.inner.is_end_stream() {
-                    this.observer.end(at);
+                if this.streaming.observes() {
+                    // The one clock read for this frame: every event it completes gets it.
+                    let at = Instant::now();
+                    if let Some(data) = frame.data_ref() {
+                        this.streaming.data(at, data);
+                    }
+                    if this.inner.is_end_stream() {
+                        this.streaming.finish(at, BodyEnd::Clean);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(err)) => {
                 let err: BoxError = err.into();
-                let outcome = if err.is::<IdleTimeout>() {
-                    Outcome::Timeout
-                } else {
-                    Outcome::UpstreamError
-                };
-                this.observer.fail(at, outcome);
+                tracing::warn!(error = %err, "upstream stream failed mid-body");
+                this.streaming
+                    .finish(Instant::now(), BodyEnd::UpstreamBroken);
                 Poll::Ready(Some(Err(err)))
             }
             None => {
-                this.observer.end(at);
+                this.streaming.finish(Instant::now(), BodyEnd::Clean);
                 Poll::Ready(None)
             }
         }
@@ -157,10 +190,11 @@ mod tests {
     use super::*;
     use crate::config::{Buckets, LabelPolicy, Labels};
     use crate::metrics::Metrics;
-    use crate::observe::{Recorder, RequestFacts};
+    use crate::observe::{Recorder, RequestFacts, ResponseObserver};
     use crate::wire::{DecodeError, Decoder, Dialect, OutputKind, Signal};
     use http_body_util::{BodyExt, StreamBody};
     use std::sync::Arc;
+    use std::time::Duration;
 
     /// A decoder that sees one token, then panics on its second frame.
     struct Panicking {
@@ -241,7 +275,11 @@ mod tests {
             Some(Box::new(Panicking { frames: 0 })),
             metrics.clone(),
         );
-        let body = ObservedBody::new(inner, observer);
+        let body = StreamingBody::new(
+            inner,
+            Streaming::observing(observer),
+            UpstreamIdle::new(Duration::from_secs(60)),
+        );
         let forwarded = body.collect().await.expect("stream intact").to_bytes();
 
         // Every byte went through, the request was still recorded once, and the panic

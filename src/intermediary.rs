@@ -1,6 +1,7 @@
-//! The message-framing and `Host` rules an HTTP intermediary must apply, kept apart from
-//! the client plumbing in [`upstream`](super::upstream) so each rule and its RFC reason is
-//! in one place and unit-testable on a bare `HeaderMap`.
+//! The rules an HTTP intermediary must apply to message heads (framing, `Host`), one
+//! place for both transports (the hyper path's [`upstream`](crate::proxy::upstream) and
+//! the [`relay`](crate::relay)), each rule beside its RFC reason and unit-testable on a
+//! bare `HeaderMap`.
 //!
 //! tokentap forwards bodies frame by frame and lets hyper re-frame them for the next hop
 //! (chunked or `Content-Length` on HTTP/1.1, DATA frames on h2). That is only faithful when
@@ -31,7 +32,17 @@ pub fn check_transfer_coding(headers: &mut HeaderMap) -> Result<(), UnsupportedT
     if !headers.contains_key(header::TRANSFER_ENCODING) {
         return Ok(());
     }
-    let foreign = headers
+    if let Some(coding) = foreign_coding(headers) {
+        return Err(UnsupportedTransferCoding(coding));
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    Ok(())
+}
+
+/// The first transfer coding other than `chunked` in a head's `Transfer-Encoding`, in
+/// lower case, as [`check_transfer_coding`] names it.
+pub fn foreign_coding(headers: &HeaderMap) -> Option<String> {
+    headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|value| {
@@ -40,12 +51,16 @@ pub fn check_transfer_coding(headers: &mut HeaderMap) -> Result<(), UnsupportedT
                 .map(|coding| coding.trim().to_ascii_lowercase())
                 .collect::<Vec<_>>()
         })
-        .find(|coding| !coding.is_empty() && coding != "chunked");
-    if let Some(coding) = foreign {
-        return Err(UnsupportedTransferCoding(coding));
+        .find(|coding| !coding.is_empty() && coding != "chunked")
+}
+
+/// The `Host` a request to `authority` carries when the client's is not kept: the
+/// authority, without the port when it is HTTP's default (RFC 9110 7.2, 4.2.1).
+pub fn host_value(authority: &Authority) -> String {
+    match authority.port_u16() {
+        Some(port) if port != 80 => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_string(),
     }
-    headers.remove(header::CONTENT_LENGTH);
-    Ok(())
 }
 
 /// Why a request's `Host` cannot be forwarded.

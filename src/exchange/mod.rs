@@ -1,0 +1,228 @@
+//! The exchange policy: what one request's life means, whatever transport carries its
+//! bytes (hyper's HTTP/1.1 and h2 server in [`proxy`](crate::proxy), or the HTTP/1.1
+//! [`relay`](crate::relay)).
+//!
+//! A transport parses a request head and calls [`Gateway::begin`]; from there on this
+//! module decides, once for every transport:
+//! - admission: the in-flight permit or the `503` ([`Answer::overloaded`]);
+//! - the configuration in force for the whole request ([`Active`]);
+//! - observation: [`observe::start`] and the request body's [`RequestScan`];
+//! - a failure before the response head: what is logged, answered and recorded
+//!   ([`Exchange::failed`], with [`ExchangeError`] saying whose fault it was);
+//! - a response: its observer and permit, held until the body ends ([`Streaming`]), and
+//!   how the body's end maps to an outcome ([`BodyEnd`]);
+//! - the upstream idle timeout ([`idle`]).
+//!
+//! The transports move bytes and read sockets; they decide none of these themselves.
+
+pub mod answer;
+pub mod fault;
+pub mod idle;
+
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use http::{HeaderMap, Method, StatusCode, Uri};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::observe::{self, Pending, RequestHead, RequestScan, ResponseObserver};
+use crate::prefetch;
+use crate::wire::Tokenizer;
+pub use answer::Answer;
+pub use fault::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
+pub use idle::{IdleTimeout, UpstreamIdle};
+
+/// The configuration in force and what was built from it: the tokenizer, and `U`, the
+/// hyper transport's upstream client (the relay builds what it needs per connection).
+pub struct Active<U> {
+    pub config: Arc<Config>,
+    /// `observe.tokenizer`, loaded.
+    pub tokenizer: Option<Tokenizer>,
+    pub upstream: U,
+}
+
+/// What every exchange shares: the configuration in force, the in-flight bound and the
+/// metric families.
+pub struct Gateway<U> {
+    /// Swapped whole on reload. A request takes its own reference at its head, so
+    /// in-flight streams finish under the configuration they began with.
+    current: RwLock<Arc<Active<U>>>,
+    metrics: Arc<Metrics>,
+    /// Bounds requests in flight; a permit lives as long as the response body.
+    in_flight: Arc<Semaphore>,
+}
+
+/// An admitted request: the configuration it runs under, the scan its body goes through
+/// on the way up, and the exchange that answers and records it.
+pub struct Admitted<U> {
+    pub active: Arc<Active<U>>,
+    pub scan: RequestScan,
+    pub exchange: Exchange,
+}
+
+impl<U> Gateway<U> {
+    pub fn new(active: Active<U>, metrics: Arc<Metrics>) -> Gateway<U> {
+        Gateway {
+            in_flight: Arc::new(Semaphore::new(active.config.limits.max_in_flight)),
+            current: RwLock::new(Arc::new(active)),
+            metrics,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn active(&self) -> Arc<Active<U>> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Put `active` in force, atomically: a request sees the old one or the new one.
+    pub fn swap(&self, active: Active<U>) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(active);
+    }
+
+    /// The metric families requests are recorded in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Begin the exchange of a request whose head was fully received at `t_req`: admit
+    /// it and start observing it, or refuse it with the `503` to answer (counted and
+    /// logged) when `limits.max_in_flight` are in flight already.
+    pub fn begin(&self, head: RequestHead<'_>, t_req: Instant) -> Result<Admitted<U>, Answer> {
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.metrics.overload_rejection();
+            let active = self.active();
+            tracing::warn!(
+                limit = active.config.limits.max_in_flight,
+                "rejecting request: too many in flight"
+            );
+            return Err(Answer::overloaded());
+        };
+        let active = self.active();
+        let (scan, pending) = observe::start(
+            head,
+            t_req,
+            &active.config,
+            active.tokenizer.as_ref(),
+            &self.metrics,
+        );
+        let exchange = Exchange {
+            pending,
+            permit,
+            method: head.method.clone(),
+            uri: head.uri.clone(),
+        };
+        Ok(Admitted {
+            active,
+            scan,
+            exchange,
+        })
+    }
+}
+
+/// One admitted request, waiting for its response head. Dropped (the client left, or the
+/// server stopped past its drain deadline), a measured request is recorded as cancelled.
+pub struct Exchange {
+    pending: Pending,
+    permit: OwnedSemaphorePermit,
+    /// For the log line of a failure.
+    method: Method,
+    uri: Uri,
+}
+
+impl Exchange {
+    /// The request got no response head: log and record it, and return what to answer
+    /// (`None` when the client is gone: nobody would read an answer).
+    pub fn failed(self, err: &ExchangeError) -> Option<Answer> {
+        let (method, path) = (&self.method, self.uri.path());
+        match err {
+            ExchangeError::Client(ClientFault::Gone) => {
+                tracing::debug!(%method, path, "client went away before its response head");
+                // Dropping the pending request records it as cancelled, with no status.
+                drop(self.pending);
+                return None;
+            }
+            ExchangeError::Client(_) => tracing::info!(
+                %method, path, error = %err,
+                "client request refused before its response head"
+            ),
+            ExchangeError::Upstream(_) => tracing::warn!(
+                %method, path, error = %err,
+                "upstream failed before its response head"
+            ),
+        }
+        let answer = Answer::of(err)?;
+        self.pending
+            .fail(Instant::now(), answer.status, err.outcome());
+        Some(answer)
+    }
+
+    /// The response head arrived at `at`: the body's observer (with the permit) from here.
+    pub fn response_head(self, at: Instant, status: StatusCode, headers: &HeaderMap) -> Streaming {
+        Streaming {
+            observer: self.pending.response(at, status, headers),
+            permit: Some(self.permit),
+        }
+    }
+}
+
+/// A response body on its way to the client: observed (on a measured route) and holding
+/// its request's in-flight permit until it ends. Dropped before [`finish`](Self::finish),
+/// the client went away: the request is recorded as cancelled (unless the stream's end
+/// marker had already passed).
+pub struct Streaming {
+    observer: Option<ResponseObserver>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Streaming {
+    /// A response observed by `observer`, with no permit: for tests of a transport's body.
+    #[cfg(test)]
+    pub(crate) fn observing(observer: ResponseObserver) -> Streaming {
+        Streaming {
+            observer: Some(observer),
+            permit: None,
+        }
+    }
+
+    /// Whether there is anything to observe (a measured route whose body is decoded).
+    pub fn observes(&self) -> bool {
+        self.observer.is_some()
+    }
+
+    /// Look at the bytes of one piece of the body that arrived at `at`.
+    pub fn data(&mut self, at: Instant, bytes: &[u8]) {
+        if let Some(observer) = self.observer.as_mut() {
+            observer.data(at, bytes);
+        }
+    }
+
+    /// The memory [`data`](Self::data) touches first (see [`ResponseObserver::hot_lines`]).
+    pub fn hot_lines(&self) -> prefetch::Lines {
+        self.observer
+            .as_ref()
+            .map(ResponseObserver::hot_lines)
+            .unwrap_or_default()
+    }
+
+    /// The body ended at `at` as `end` says: record it and give the permit back. Later
+    /// calls do nothing.
+    pub fn finish(&mut self, at: Instant, end: BodyEnd) {
+        if let Some(mut observer) = self.observer.take() {
+            match end {
+                BodyEnd::Clean => observer.end(at),
+                // The observer's own drop decides (the end marker may have passed).
+                BodyEnd::ClientGone => drop(observer),
+                failed => observer.fail(at, failed.outcome()),
+            }
+        }
+        self.permit = None;
+    }
+}

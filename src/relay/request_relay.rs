@@ -1,0 +1,178 @@
+//! The request side of one relayed exchange: the head and body on their way upstream.
+//!
+//! The head goes on a kept connection of this worker's [`upstream_pool`] (once more on a
+//! fresh one if the upstream had just closed it) or a new one; the body follows as it
+//! arrives, `Content-Length` bytes as they came, a chunked body re-chunked as hyper's
+//! client writes it. Every body byte is fed to the request's scan once it is on its way.
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::chunked::ChunkedReader;
+use super::request_head::{ForwardHead, RequestFraming};
+use super::scratch::{read_more, READ_CHUNK};
+use super::serialize::{chunk, declared, last_chunk};
+use super::upstream_pool::{self, Origin};
+use crate::config::Config;
+use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
+use crate::observe::RequestScan;
+
+/// Why no response head came: the upstream's fault, or the client's (its body stalled
+/// or it left), after which the client connection cannot carry another request.
+pub enum Failure {
+    Upstream(ExchangeError),
+    Client(ExchangeError),
+}
+
+/// Send the request whose head starts `input` upstream, its body as it arrives, feeding
+/// the body to `scan`; leaves in `input` what the client sent after it. Returns the
+/// upstream connection, which is to carry the response. `started` turns `true` once the
+/// request has left `input` (before, a failure leaves `input` as it was).
+#[allow(clippy::too_many_arguments)]
+pub async fn send_request(
+    client: &mut TcpStream,
+    input: &mut Vec<u8>,
+    head: &ForwardHead,
+    body_len: u64,
+    origin: &Origin,
+    config: &Config,
+    scan: &mut RequestScan,
+    started: &mut bool,
+) -> Result<TcpStream, Failure> {
+    let upstream_config = &config.upstream;
+    let connect = |origin: &Origin| {
+        let origin = origin.clone();
+        let timeout = upstream_config.connect_timeout;
+        async move {
+            upstream_pool::connect(&origin, timeout)
+                .await
+                .map_err(|err| Failure::Upstream(UpstreamFault::Connect(err).into()))
+        }
+    };
+    let available = input.len() - head.head_len;
+    let initial = usize::try_from(body_len).map_or(available, |len| len.min(available));
+    let body = &input[head.head_len..head.head_len + initial];
+    let mut first = Vec::with_capacity(head.upstream_head.len() + body.len());
+    first.extend_from_slice(&head.upstream_head);
+    first.extend_from_slice(body);
+    let mut upstream = match upstream_pool::checkout(origin) {
+        Some(mut reused) => {
+            if reused.write_all(&first).await.is_ok() {
+                reused
+            } else {
+                // The upstream closed the kept connection just then: nothing of the request
+                // reached it, so it goes once more on a fresh connection.
+                let mut fresh = connect(origin).await?;
+                fresh.write_all(&first).await.map_err(request_failed)?;
+                fresh
+            }
+        }
+        None => {
+            let mut fresh = connect(origin).await?;
+            fresh.write_all(&first).await.map_err(request_failed)?;
+            fresh
+        }
+    };
+    // Scanned once it is on its way, as the hyper path scans what the upstream reads.
+    scan.feed(&input[head.head_len..head.head_len + initial]);
+    input.drain(..head.head_len + initial);
+    *started = true;
+    let body_timeout = config.limits.request_body_timeout;
+    if head.framing == RequestFraming::Chunked {
+        let max_trailer_bytes = config.limits.max_header_bytes;
+        send_chunked(
+            client,
+            &mut upstream,
+            input,
+            head,
+            body_timeout,
+            max_trailer_bytes,
+            scan,
+        )
+        .await?;
+        return Ok(upstream);
+    }
+    let mut remaining = body_len - initial as u64;
+    while remaining > 0 {
+        if input.is_empty() {
+            read_body(client, input, body_timeout).await?;
+        }
+        let take = usize::try_from(remaining).map_or(input.len(), |r| r.min(input.len()));
+        scan.feed(&input[..take]);
+        upstream
+            .write_all(&input[..take])
+            .await
+            .map_err(request_failed)?;
+        input.drain(..take);
+        remaining -= take as u64;
+    }
+    Ok(upstream)
+}
+
+/// Read more of a request body from the client within `body_timeout`.
+async fn read_body(
+    client: &mut TcpStream,
+    input: &mut Vec<u8>,
+    body_timeout: Duration,
+) -> Result<(), Failure> {
+    match tokio::time::timeout(body_timeout, read_more(client, input)).await {
+        Err(_) => Err(Failure::Client(
+            ClientFault::BodyTimeout(body_timeout).into(),
+        )),
+        Ok(Ok(0)) | Ok(Err(_)) => Err(Failure::Client(ClientFault::Gone.into())),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+/// Send a chunked request body (at the start of `input`) upstream as it arrives, in
+/// chunks of the relay's own as hyper's client writes them: one per piece of data, and
+/// the trailers the request declares in `Trailer` (hyper's client sends no others).
+async fn send_chunked(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    input: &mut Vec<u8>,
+    head: &ForwardHead,
+    body_timeout: Duration,
+    max_trailer_bytes: usize,
+    scan: &mut RequestScan,
+) -> Result<(), Failure> {
+    let mut reader = ChunkedReader::new(max_trailer_bytes);
+    let mut ranges = Vec::new();
+    let mut out = Vec::with_capacity(READ_CHUNK);
+    loop {
+        if input.is_empty() {
+            read_body(client, input, body_timeout).await?;
+        }
+        ranges.clear();
+        out.clear();
+        let used = reader
+            .feed(input, |range| ranges.push(range))
+            .map_err(|err| Failure::Client(ClientFault::MalformedBody(err.to_string()).into()))?;
+        for range in &ranges {
+            scan.feed(&input[range.clone()]);
+            chunk(&input[range.clone()], &mut out);
+        }
+        let done = reader.is_done();
+        if done {
+            last_chunk(
+                &reader.take_trailer_section(),
+                &declared(&head.headers),
+                &mut out,
+            );
+        }
+        input.drain(..used);
+        if !out.is_empty() {
+            upstream.write_all(&out).await.map_err(request_failed)?;
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+fn request_failed(err: io::Error) -> Failure {
+    Failure::Upstream(UpstreamFault::Request(err.to_string()).into())
+}

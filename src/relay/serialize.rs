@@ -1,0 +1,189 @@
+//! HTTP/1.1 serialisation for the relay: what it writes to the client and upstream
+//! itself, byte for byte as hyper's server and client write the same thing (the
+//! differential tests in `tests/it/fast_path.rs` compare the two).
+
+use http::header::HeaderName;
+
+use super::response::{BodyFraming, ResponseHead};
+use crate::exchange::Answer;
+
+/// The head the client gets, as hyper's server writes it: `connection: close` after the
+/// end-to-end fields for a closing client, and `transfer-encoding: chunked` last where the
+/// relay chunks a body the upstream delimits by closing (`add_chunked`).
+pub fn client_head(head: &ResponseHead, close: bool, add_chunked: bool, out: &mut Vec<u8>) {
+    let fields = &head.client_head[..head.client_head.len() - 2];
+    out.extend_from_slice(&fields[..head.close_at]);
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(&fields[head.close_at..]);
+    if add_chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Whether the body goes to the client in a chunked coding of the relay's own, as hyper's
+/// server writes it: one chunk per piece of data and trailers as it passes them. A
+/// chunked upstream body is re-chunked so that its trailers can be passed as hyper
+/// passes them, and a body the upstream delimits by closing is chunked so that the client
+/// connection stays open.
+pub fn rechunked(framing: Option<BodyFraming>) -> bool {
+    matches!(
+        framing,
+        Some(BodyFraming::Chunked | BodyFraming::UntilClose)
+    )
+}
+
+/// Whether a request's `TE` asks for trailers.
+pub fn te_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TE)
+        .iter()
+        .any(|value| super::lists(value.as_bytes(), b"trailers"))
+}
+
+/// The trailer names a response head declares in `Trailer`, as hyper's server reads them.
+pub fn declared(headers: &http::HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(http::header::TRAILER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// The end of a re-chunked body: the last chunk, with the trailers of `section` (a
+/// trailer section as the upstream sent it) that hyper's server passes: those in
+/// `declared` that may be trailers at all, each name's lines together, names in lower case.
+pub fn last_chunk(section: &[u8], declared: &[HeaderName], out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0\r\n");
+    if !declared.is_empty() {
+        let mut trailers = http::HeaderMap::new();
+        for line in section.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                continue;
+            };
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&line[..colon]),
+                http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+            ) else {
+                continue;
+            };
+            if declared.contains(&name) && may_be_a_trailer(&name) {
+                trailers.append(name, value);
+            }
+        }
+        for (name, value) in &trailers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The fields hyper's server never sends as trailers (RFC 9110 6.5.1).
+fn may_be_a_trailer(name: &HeaderName) -> bool {
+    use http::header::*;
+    ![
+        AUTHORIZATION,
+        CACHE_CONTROL,
+        CONTENT_ENCODING,
+        CONTENT_LENGTH,
+        CONTENT_RANGE,
+        CONTENT_TYPE,
+        HOST,
+        MAX_FORWARDS,
+        SET_COOKIE,
+        TRAILER,
+        TRANSFER_ENCODING,
+        TE,
+    ]
+    .contains(name)
+}
+
+/// `data` as one chunk of the chunked coding, its size in upper-case hex as hyper writes it.
+pub fn chunk(data: &[u8], out: &mut Vec<u8>) {
+    if data.is_empty() {
+        return;
+    }
+    // Upper-case hex digits, most significant first, without the formatting machinery
+    // (this runs once per relayed chunk).
+    let len = data.len();
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4);
+    for at in (0..digits).rev() {
+        out.push(b"0123456789ABCDEF"[(len >> (at * 4)) & 0xf]);
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// tokentap's own answer (`502`, `503`, `504`, a client's `4xx`), byte for byte what
+/// hyper's server writes for [`Answer::response`]: its fields, `connection: close` for a
+/// closing client, then the length hyper adds.
+pub fn answer(answer: &Answer, close: bool) -> Vec<u8> {
+    let status = answer.status;
+    let response = answer.response::<bytes::Bytes>();
+    let body = response.body();
+    let mut out = Vec::with_capacity(128 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or_default().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in response.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_s_size_is_upper_case_hex_as_hyper_writes_it() {
+        for len in [
+            1usize,
+            9,
+            10,
+            15,
+            16,
+            255,
+            256,
+            4095,
+            4096,
+            8192,
+            65_535,
+            1 << 20,
+            (1 << 20) + 0xABC,
+        ] {
+            let data = vec![b'x'; len];
+            let mut out = Vec::new();
+            chunk(&data, &mut out);
+            let mut expected = format!("{len:X}\r\n").into_bytes();
+            expected.extend_from_slice(&data);
+            expected.extend_from_slice(b"\r\n");
+            assert_eq!(out, expected, "{len}");
+        }
+        let mut out = Vec::new();
+        chunk(b"", &mut out);
+        assert!(
+            out.is_empty(),
+            "an empty piece is no chunk (it would end the body)"
+        );
+    }
+}

@@ -1,0 +1,456 @@
+//! One exchange policy, every transport: the same bytes in give the same bytes out, the
+//! same outcome and the same access line, whether the request comes over HTTP/1.1 through
+//! the relay (`proxy.http1_fast_path: true`), over HTTP/1.1 through hyper (`false`), or as
+//! an h2c stream. Each test is a table run over the three transports; each row is a case
+//! where the transports once answered differently, or one a hostile probe tried.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{access_log, find, read_request, Proxy, ScriptedBackend, Step};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// How long a client's departure may take to reach the upstream in these tests: far above
+/// what it takes (the next poll of the client's connection, well under a millisecond on
+/// an idle machine), so that a loaded 2-core CI machine does not fail it.
+const ABORT_BOUND: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    /// HTTP/1.1 through the relay.
+    Relay,
+    /// HTTP/1.1 through hyper's server and client.
+    HyperH1,
+    /// h2c through hyper.
+    H2,
+}
+
+const TRANSPORTS: [Transport; 3] = [Transport::Relay, Transport::HyperH1, Transport::H2];
+
+impl Transport {
+    /// tokentap for this transport in front of `upstream`, with more YAML.
+    async fn proxy(self, upstream: &str, yaml: &str) -> Proxy {
+        let fast = self == Transport::Relay;
+        let yaml = format!("proxy:\n  http1_fast_path: {fast}\n{yaml}");
+        Proxy::start(upstream, &yaml).await
+    }
+}
+
+/// A streamed chat request for `model`, as raw HTTP/1.1.
+fn raw_chat(model: &str) -> Vec<u8> {
+    raw_chat_with(model, "")
+}
+
+/// [`raw_chat`] with more header lines (each ending in CRLF).
+fn raw_chat_with(model: &str, headers: &str) -> Vec<u8> {
+    let body = format!(r#"{{"model":"{model}","stream":true}}"#);
+    format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The same request for hyper's h2 client.
+fn h2_chat(proxy: &Proxy, model: &str) -> http::Request<Full<Bytes>> {
+    common::chat(&proxy.url(CHAT), model, "t", true, false)
+}
+
+fn h2_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// Wait until `model` has one recorded request, and check it is the only one, has
+/// `outcome`, and left one access line saying so with `status` (`None`: no head sent).
+async fn recorded_once(proxy: &Proxy, model: &str, outcome: &str, status: Option<u16>) {
+    let m = proxy
+        .wait_metrics(&format!("{model} recorded"), |m| {
+            m.sum("tokentap_requests_total", &[("model", model)]) >= 1.0
+        })
+        .await;
+    let counted = |labels: &[(&str, &str)]| m.sum("tokentap_requests_total", labels);
+    assert_eq!(counted(&[("model", model)]), 1.0, "{model}\n{}", m.text);
+    assert_eq!(
+        counted(&[("model", model), ("outcome", outcome)]),
+        1.0,
+        "{model}: not {outcome}\n{}",
+        m.text
+            .lines()
+            .filter(|l| l.starts_with("tokentap_requests_total") && l.contains(model))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    access_log::assert_one_request_line("model", model, outcome, status).await;
+}
+
+/// An upstream that reads each request, sends `prefix` (nothing, or a head and an
+/// event), then says nothing more and reports when tokentap closes the connection.
+struct WatchingBackend {
+    addr: std::net::SocketAddr,
+    requests: Arc<AtomicUsize>,
+    closed: mpsc::UnboundedReceiver<Instant>,
+}
+
+impl WatchingBackend {
+    async fn start(prefix: Vec<u8>) -> WatchingBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (tx, closed) = mpsc::unbounded_channel();
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (seen, tx, prefix) = (seen.clone(), tx.clone(), prefix.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    if read_request(&mut stream, &mut buf).await.is_none() {
+                        return;
+                    }
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(&prefix).await.is_err() {
+                        let _ = tx.send(Instant::now());
+                        return;
+                    }
+                    let mut byte = [0u8; 64];
+                    loop {
+                        match stream.read(&mut byte).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let _ = tx.send(Instant::now());
+                });
+            }
+        });
+        WatchingBackend {
+            addr,
+            requests,
+            closed,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn wait_for_requests(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.requests.load(Ordering::SeqCst) < n {
+            assert!(
+                Instant::now() < deadline,
+                "the upstream never got request {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// How long after `left` the upstream saw its connection closed.
+    async fn closed_after(&mut self, left: Instant) -> Duration {
+        let closed = tokio::time::timeout(Duration::from_secs(10), self.closed.recv())
+            .await
+            .expect("the upstream connection was never closed")
+            .expect("backend running");
+        closed.saturating_duration_since(left)
+    }
+}
+
+/// A head and one event: the upstream then goes quiet (a long tool call, a stall).
+fn head_and_one_event() -> Vec<u8> {
+    let event = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+         transfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+        event.len()
+    )
+    .into_bytes()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Leaves {
+    /// The client closes its connection (FIN), or resets its h2 stream.
+    Closes,
+    /// The client's connection is reset (RST); on h2, the stream is reset.
+    Resets,
+}
+
+/// Run one departure: the client sends a request, waits for `seen_first` (nothing, or the
+/// first event), then leaves. Returns how long the upstream took to see it.
+async fn leave(
+    transport: Transport,
+    proxy: &Proxy,
+    backend: &mut WatchingBackend,
+    n: usize,
+    model: &str,
+    mid_body: bool,
+    how: Leaves,
+) -> Duration {
+    if transport == Transport::H2 {
+        let request = h2_client().request(h2_chat(proxy, model));
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let waiting = tokio::spawn(async move {
+            let response = request.await.expect("response head");
+            let mut body = response.into_body();
+            let first = body.frame().await.expect("a first frame").expect("data");
+            assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+            let _ = first_tx.send(());
+            // Holding the body keeps the stream open until the task is aborted.
+            std::future::pending::<()>().await;
+            drop(body);
+        });
+        backend.wait_for_requests(n).await;
+        if mid_body {
+            tokio::time::timeout(Duration::from_secs(10), first_rx)
+                .await
+                .expect("the first event in time")
+                .expect("the client task is running");
+        }
+        let left = Instant::now();
+        waiting.abort();
+        return backend.closed_after(left).await;
+    }
+    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+    client.write_all(&raw_chat(model)).await.expect("send");
+    backend.wait_for_requests(n).await;
+    if mid_body {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while find(&got, b"data:").is_none() {
+            let read = tokio::time::timeout(Duration::from_secs(10), client.read(&mut buf))
+                .await
+                .expect("the first event in time")
+                .expect("read");
+            assert!(read > 0, "closed before the first event");
+            got.extend_from_slice(&buf[..read]);
+        }
+    }
+    if let Leaves::Resets = how {
+        socket2::SockRef::from(&client)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+    }
+    let left = Instant::now();
+    drop(client);
+    backend.closed_after(left).await
+}
+
+/// A client that leaves, while the upstream thinks (before the head) or pauses mid-body,
+/// frees the upstream at once on every transport, and is counted `cancelled` once: with
+/// no status before the head (nothing was answered), with the `200` it got mid-body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_frees_the_upstream_at_once() {
+    let mut slowest = Duration::ZERO;
+    for transport in TRANSPORTS {
+        for mid_body in [false, true] {
+            let prefix = if mid_body {
+                head_and_one_event()
+            } else {
+                Vec::new()
+            };
+            let mut backend = WatchingBackend::start(prefix).await;
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let ways: &[Leaves] = if transport == Transport::H2 {
+                &[Leaves::Closes]
+            } else {
+                &[Leaves::Closes, Leaves::Resets]
+            };
+            for (n, how) in ways.iter().enumerate() {
+                let model = format!("leaves-{transport:?}-{mid_body}-{how:?}");
+                let took = leave(
+                    transport,
+                    &proxy,
+                    &mut backend,
+                    n + 1,
+                    &model,
+                    mid_body,
+                    *how,
+                )
+                .await;
+                assert!(
+                    took < ABORT_BOUND,
+                    "{model}: the upstream saw the client leave after {took:?}"
+                );
+                slowest = slowest.max(took);
+                let status = mid_body.then_some(200);
+                recorded_once(&proxy, &model, "cancelled", status).await;
+            }
+        }
+    }
+    println!("slowest client departure to upstream close: {slowest:?}");
+}
+
+/// The probe's case: the whole request, the client closes 200 ms later, and the upstream
+/// would have sent its whole response a second after that, in one write. The client got
+/// nothing, so the request is not `completed` on any transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_left_is_never_completed() {
+    let script = vec![
+        Step::Sleep(Duration::from_millis(1200)),
+        Step::Write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 59\r\n\r\n\
+              data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n"
+                .to_vec(),
+        ),
+    ];
+    let backend = ScriptedBackend::start(script).await;
+    for transport in TRANSPORTS {
+        let proxy = transport.proxy(&backend.url(), "").await;
+        let model = format!("left-early-{transport:?}");
+        if transport == Transport::H2 {
+            let request = h2_client().request(h2_chat(&proxy, &model));
+            let waiting = tokio::spawn(request);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            waiting.abort();
+        } else {
+            let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+            client.write_all(&raw_chat(&model)).await.expect("send");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(client);
+        }
+        recorded_once(&proxy, &model, "cancelled", None).await;
+    }
+}
+
+/// The upstream keeps streaming (an event every 50 ms, under `upstream.idle_timeout:
+/// 300ms`) while the client reads nothing for 1.5 s and the sockets between fill up: the
+/// time tokentap spends waiting to write to the client is not upstream idleness, so the
+/// whole body arrives and the request is `completed` on every transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reading_client_is_not_an_idle_upstream() {
+    const EVENTS: usize = 40;
+    // Large events, so that 40 of them (5 MiB) fill every buffer on the way.
+    let text = "x".repeat(128 << 10);
+    let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
+    let mut script = vec![Step::Write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+    )];
+    for _ in 0..EVENTS {
+        script.push(Step::Write(
+            format!("{:x}\r\n{event}\r\n", event.len()).into_bytes(),
+        ));
+        script.push(Step::Sleep(Duration::from_millis(50)));
+    }
+    script.push(Step::Write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n".to_vec()));
+    let backend = ScriptedBackend::start(script).await;
+    for transport in TRANSPORTS {
+        let proxy = transport
+            .proxy(&backend.url(), "upstream:\n  idle_timeout: 300ms\n")
+            .await;
+        let model = format!("slow-reader-{transport:?}");
+        let body = if transport == Transport::H2 {
+            let response = h2_client()
+                .request(h2_chat(&proxy, &model))
+                .await
+                .expect("response head");
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            response
+                .into_body()
+                .collect()
+                .await
+                .expect("whole body")
+                .to_bytes()
+        } else {
+            let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+            client.write_all(&raw_chat(&model)).await.expect("send");
+            let mut first = [0u8; 1];
+            client.read_exact(&mut first).await.expect("a first byte");
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let mut raw = first.to_vec();
+            let mut buf = vec![0u8; 1 << 16];
+            while find(&raw, b"data: [DONE]").is_none() {
+                let read = tokio::time::timeout(Duration::from_secs(20), client.read(&mut buf))
+                    .await
+                    .expect("the body in time")
+                    .expect("read");
+                assert!(read > 0, "{model}: cut after {} bytes", raw.len());
+                raw.extend_from_slice(&buf[..read]);
+            }
+            Bytes::from(raw)
+        };
+        let events = body
+            .windows(b"\"content\":\"x".len())
+            .filter(|w| w == b"\"content\":\"x")
+            .count();
+        assert_eq!(events, EVENTS, "{model}");
+        recorded_once(&proxy, &model, "completed", Some(200)).await;
+    }
+}
+
+/// What the client gets from each transport for one upstream response head.
+async fn answer_to(transport: Transport, proxy: &Proxy, model: &str) -> (u16, Bytes) {
+    if transport == Transport::H2 {
+        let response = h2_client()
+            .request(h2_chat(proxy, model))
+            .await
+            .expect("an answer");
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        return (status, body);
+    }
+    let request = raw_chat_with(model, "connection: close\r\n");
+    let raw = common::raw_exchange(proxy.addr, &request).await;
+    let (head, body, _) = common::parse_raw_response(&raw);
+    let status = head
+        .first()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("{model}: no status line in {head:?}"));
+    (status, Bytes::from(body))
+}
+
+/// Upstream answers tokentap cannot forward faithfully get the same `502`, with the same
+/// text, on every transport: a transfer coding other than `chunked` (named), and a `101`
+/// to a request that asked for no upgrade (RFC 9110 15.2.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unforwardable_upstream_heads_get_one_502_text() {
+    let cases: [(&str, &[u8], &str); 3] = [
+        (
+            "gzip",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            "tokentap: upstream response: unsupported transfer coding \"gzip\" \
+             (only chunked can be forwarded)\n",
+        ),
+        (
+            "x-custom",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: x-custom\r\n\r\n",
+            "tokentap: upstream response: unsupported transfer coding \"x-custom\" \
+             (only chunked can be forwarded)\n",
+        ),
+        (
+            "switch",
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+            "tokentap: upstream answered 101 Switching Protocols to a request that asked \
+             for no upgrade\n",
+        ),
+    ];
+    for (name, head, text) in cases {
+        let backend = ScriptedBackend::start(vec![Step::Write(head.to_vec())]).await;
+        for transport in TRANSPORTS {
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let model = format!("unforwardable-{name}-{transport:?}");
+            let (status, body) = answer_to(transport, &proxy, &model).await;
+            assert_eq!(status, 502, "{model}: {body:?}");
+            assert_eq!(body, text.as_bytes(), "{model}");
+            recorded_once(&proxy, &model, "upstream_error", Some(502)).await;
+        }
+    }
+}
