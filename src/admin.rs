@@ -4,7 +4,10 @@
 //! `/readyz` (config loaded, listener bound, upstream reachable, not draining).
 //!
 //! It is a separate listener so that scraping and probes never compete with, or show up
-//! in, proxied traffic.
+//! in, proxied traffic. It keeps its own bounded share of file descriptors: at most
+//! [`MAX_CONNECTIONS`] at once (more wait in the listen backlog), and the proxy port's
+//! `limits.max_connections` leaves them out of its budget, so a flood of clients on the
+//! proxy port cannot starve a scrape or a probe.
 //!
 //! `/metrics` text (either kind) is a streamed body rendered a chunk at a time as hyper
 //! writes it: with
@@ -28,6 +31,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::metrics::{protobuf, Exposition, Metrics};
 
@@ -36,6 +40,11 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// OpenMetrics text exposition format 1.0.0.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Admin connections served at once: scrapers and probes are few and short, so this
+/// bounds what a misbehaving one can hold, and is the admin port's reserve of file
+/// descriptors (`limits.max_connections` leaves it out of the proxy port's budget).
+pub const MAX_CONNECTIONS: usize = 16;
 
 /// Chunks rendered in one poll of the connection task before it yields (about 200 KiB,
 /// well under a millisecond): hyper keeps polling a body that is always ready until its
@@ -73,7 +82,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin listening (/metrics, /healthz, /readyz)");
     }
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // Wait for a slot before accepting: at the bound, new connections queue in the
+        // listen backlog and are served as earlier ones finish.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
@@ -81,6 +96,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<
         let metrics = metrics.clone();
         let readiness = readiness.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |request| {
                 let metrics = metrics.clone();
                 let readiness = readiness.clone();

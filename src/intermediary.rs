@@ -9,8 +9,83 @@
 //! `Transfer-Encoding` does not, and a transfer coding other than `chunked` cannot be
 //! re-expressed at all once hyper has removed the chunking.
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
+
+/// The largest upstream response head either transport reads (hyper's client read buffer
+/// on the hyper path, the relay's head limit): nginx's default is 4-8 KiB.
+pub const MAX_UPSTREAM_HEAD_BYTES: usize = 16 << 10;
+
+/// The most fields an upstream response head may have (hyper's client default, set
+/// explicitly on both transports).
+pub const MAX_UPSTREAM_HEAD_FIELDS: usize = 100;
+
+/// The fields that describe one connection rather than the message, removed by a proxy in
+/// both directions, each with its reason. Any field a `Connection` header names is one too.
+///
+/// Two have a rule of their own: a request's `TE: trailers` is forwarded (it asks for
+/// trailers end to end, as gRPC clients do), and the relay keeps a `Transfer-Encoding:
+/// chunked`, since it writes that body in the chunked coding itself where hyper would add
+/// the same field.
+pub const HOP_BY_HOP: [(&str, &str); 8] = [
+    ("connection", "RFC 9110 7.6.1: this connection's options"),
+    (
+        "keep-alive",
+        "RFC 9110 7.6.1: a connection option of HTTP/1.0",
+    ),
+    (
+        "proxy-connection",
+        "RFC 9110 7.6.1: a non-standard connection option",
+    ),
+    (
+        "proxy-authenticate",
+        "RFC 9110 11.7.1: a proxy's challenge to this client",
+    ),
+    (
+        "proxy-authorization",
+        "RFC 9110 11.7.2: credentials for this proxy",
+    ),
+    ("te", "RFC 9110 10.1.4: the codings this connection accepts"),
+    (
+        "transfer-encoding",
+        "RFC 9112 6.1: the framing on this connection",
+    ),
+    (
+        "upgrade",
+        "RFC 9110 7.8: a protocol switch of this connection",
+    ),
+];
+
+/// Whether a field (its name in lower case) is hop-by-hop by [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(lower_name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|(name, _)| *name == lower_name)
+}
+
+/// Remove hop-by-hop headers, including any named in `Connection`. `TE: trailers` is kept.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    let te_trailers = headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    for name in &named {
+        headers.remove(name);
+    }
+    for (name, _) in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
 
 /// A message whose framing tokentap cannot forward faithfully.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +168,21 @@ pub fn preserved_host(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed_and_te_trailers_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", "keep-alive, x-secret-hop".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("x-secret-hop", "1".parse().unwrap());
+        headers.insert("transfer-encoding", "chunked".parse().unwrap());
+        headers.insert("te", "trailers, deflate".parse().unwrap());
+        headers.insert("x-end-to-end", "kept".parse().unwrap());
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 2, "{headers:?}");
+        assert_eq!(headers["te"], "trailers");
+        assert_eq!(headers["x-end-to-end"], "kept");
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

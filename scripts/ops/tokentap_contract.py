@@ -35,7 +35,9 @@ METRICS = {
     "tokentap_decode_errors_total": ("counter", ("dialect",)),
     "tokentap_passthrough_requests_total": ("counter", ()),
     "tokentap_overload_rejections_total": ("counter", ()),
+    "tokentap_client_connection_limit_reached_total": ("counter", ()),
     "tokentap_streams_in_flight": ("gauge", ()),
+    "tokentap_client_connections": ("gauge", ()),
     "tokentap_upstream_up": ("gauge", ()),
     "tokentap_build_info": ("gauge", ("version",)),
 }
@@ -46,6 +48,8 @@ NOT_CHARTED = {
     "tokentap_event_tokens_total",
     "tokentap_passthrough_requests_total",
     "tokentap_overload_rejections_total",
+    "tokentap_client_connections",
+    "tokentap_client_connection_limit_reached_total",
 }
 
 # Counters whose series only exist after the event they count happened (a labelled

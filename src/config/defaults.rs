@@ -1,6 +1,8 @@
 //! The default of every optional key, one place each, as `const fn`s the validator calls
 //! when a key is not written. The field docs in `raw.rs` state the same values for readers.
-//! Histogram bucket defaults belong to the metric contract: [`crate::metrics::buckets`].
+//! Histogram bucket and native-histogram defaults belong to the metric contract:
+//! [`crate::metrics::buckets`], [`crate::metrics::native`] (through
+//! [`NativeHistograms::default`](crate::metrics::NativeHistograms)).
 
 use std::time::Duration;
 
@@ -62,10 +64,6 @@ pub(super) const fn default_label_max_value_len() -> usize {
 pub(super) const fn default_stall_threshold() -> Duration {
     Duration::from_secs(5)
 }
-/// Schema 3: at most ~4.3% relative error on a quantile.
-pub(super) const DEFAULT_NATIVE_FACTOR: f64 = 1.1;
-/// Room for a default family's whole native range at schema 3 (104-144 buckets).
-pub(super) const DEFAULT_NATIVE_MAX_BUCKETS: usize = 160;
 /// The W3C Trace Context header.
 pub(super) const DEFAULT_EXEMPLAR_HEADER: &str = "traceparent";
 pub(super) const fn default_max_event_bytes() -> usize {

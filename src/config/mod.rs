@@ -15,7 +15,7 @@ mod raw;
 pub mod units;
 mod validate;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +26,7 @@ use http::Uri;
 use crate::wire::tokenize::{TokenizerError, TokenizerSource};
 use crate::wire::Dialect;
 
+pub use crate::metrics::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use issue::ConfigIssue;
 pub use raw::RawConfig;
 
@@ -116,6 +117,8 @@ pub struct Shutdown {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_in_flight: usize,
+    /// `limits.max_connections`; `None`: derived from the descriptor limit at start.
+    pub max_connections: Option<usize>,
     pub header_read_timeout: Duration,
     pub max_headers: usize,
     pub max_header_bytes: usize,
@@ -129,65 +132,6 @@ pub enum TenantSource {
     Header(http::HeaderName),
     /// SHA-256 of the API key (`Authorization: Bearer`, `x-api-key`, `api-key`) to tenant.
     ApiKeys(HashMap<[u8; 32], String>),
-}
-
-#[derive(Clone, Debug)]
-pub struct Labels {
-    pub model: LabelPolicy,
-    pub tenant: LabelPolicy,
-    /// Distinct (model, tenant) pairs kept; a new pair past it becomes (`other`, `other`).
-    pub max_pairs: usize,
-    /// The families that carry `tenant` (`labels.tenant.families`, names from the metric
-    /// table); every other per-pair family is per model.
-    pub tenant_families: BTreeSet<&'static str>,
-}
-
-/// How values of one label are bounded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LabelPolicy {
-    /// Distinct values kept; later ones become `other`. `None` only by explicit opt-in.
-    pub max_values: Option<usize>,
-    /// If set, only these values (after aliasing) are kept; all else is `other`.
-    pub allow: Option<HashSet<String>>,
-    /// Rename values before counting (e.g. dated model snapshots to one name).
-    pub aliases: HashMap<String, String>,
-    /// Values longer than this become `other`.
-    pub max_value_len: usize,
-}
-
-/// Histogram buckets, per histogram.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Buckets {
-    pub time_to_first_byte_seconds: Vec<f64>,
-    pub time_to_first_token_seconds: Vec<f64>,
-    pub inter_token_latency_seconds: Vec<f64>,
-    pub inter_chunk_latency_seconds: Vec<f64>,
-    pub time_per_output_token_seconds: Vec<f64>,
-    pub output_tokens_per_second: Vec<f64>,
-    pub request_duration_seconds: Vec<f64>,
-}
-
-/// `metrics.native_histograms`: the native buckets kept beside each classic histogram.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NativeHistograms {
-    pub enabled: bool,
-    /// Prometheus schema, -4..=8.
-    pub schema: i8,
-    pub max_buckets: usize,
-    /// Classic buckets in the protobuf exposition too.
-    pub classic: bool,
-}
-
-impl Default for NativeHistograms {
-    /// What an unwritten `metrics.native_histograms` means.
-    fn default() -> NativeHistograms {
-        NativeHistograms {
-            enabled: true,
-            schema: crate::metrics::native::schema_for_factor(defaults::DEFAULT_NATIVE_FACTOR),
-            max_buckets: defaults::DEFAULT_NATIVE_MAX_BUCKETS,
-            classic: true,
-        }
-    }
 }
 
 /// `metrics.exemplars`: which request header's trace context becomes exemplars.
@@ -391,7 +335,7 @@ impl Config {
 }
 
 /// Parse an upstream URL: `http://host:port[/base]` or `https://...`. No credentials, no
-/// query, no fragment.
+/// query, no fragment; a port, when written, is 1 to 65535.
 pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), String> {
     let uri: Uri = text
         .parse()
@@ -413,11 +357,33 @@ pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), Str
         // Do not echo the URL: it holds credentials.
         return Err("the upstream URL must not contain credentials".to_string());
     }
+    if let Some(port) = port_text(&authority) {
+        // `Authority` keeps any digits after the colon, but `port_u16()` is `None` past
+        // 65535 and the connector would then fall back to the scheme's default port.
+        match port.parse::<u16>() {
+            Ok(1..) => {}
+            _ => {
+                return Err(format!(
+                    "port `{port}` of `{text}` is not a port number from 1 to 65535"
+                ))
+            }
+        }
+    }
     if uri.query().is_some() {
         return Err("the upstream URL must not have a query".to_string());
     }
     let base_path = uri.path().trim_end_matches('/').to_string();
     Ok((scheme, authority, base_path))
+}
+
+/// The text after the host's `:` (`""` for `host:`), or `None` when no port is written.
+/// An IPv6 host is bracketed, so its colons come before the last `]`.
+fn port_text(authority: &Authority) -> Option<&str> {
+    let text = authority.as_str();
+    let host_end = text.rfind(']').map_or(0, |bracket| bracket + 1);
+    text[host_end..]
+        .rfind(':')
+        .map(|colon| &text[host_end + colon + 1..])
 }
 
 #[cfg(test)]

@@ -18,9 +18,11 @@ use super::units::{ByteSize, Count, HumanDuration, Number};
     expecting = "a mapping of settings such as `upstream` and `listen`"
 )]
 pub struct RawConfig {
-    /// Proxy listener, `host:port`. Default `0.0.0.0:8080`.
+    /// Proxy listener, `ip:port` (port 0 to 65535; 0 takes a free port). Default
+    /// `0.0.0.0:8080`.
     pub listen: Option<String>,
-    /// Admin listener (`/metrics`, `/healthz`, `/readyz`). Default `0.0.0.0:9464`.
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`), `ip:port` like `listen`.
+    /// Default `0.0.0.0:9464`.
     pub admin: Option<String>,
     /// The upstream: its settings, or just its URL (`upstream: http://127.0.0.1:8000`).
     #[serde(default, deserialize_with = "url_or_upstream")]
@@ -71,7 +73,8 @@ pub struct RawRoute {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a URL, or a mapping with `url`")]
 pub struct RawUpstream {
-    /// `http://host:port` or `https://host[:port][/base-path]`. Required (here or `--upstream`).
+    /// `http://host:port` or `https://host[:port][/base-path]`; a port is 1 to 65535
+    /// (left out: 80 for `http`, 443 for `https`). Required (here or `--upstream`).
     pub url: Option<String>,
     /// TCP (and TLS) connect timeout. Default 5s.
     pub connect_timeout: Option<HumanDuration>,
@@ -144,6 +147,20 @@ pub struct RawShutdown {
 pub struct RawLimits {
     /// Requests in flight at once; more get 503. Default 20000.
     pub max_in_flight: Option<Count>,
+    /// Client connections open at once on the proxy port (idle keep-alive ones
+    /// included). At the limit tokentap stops accepting until one closes: new clients
+    /// wait in the kernel's listen backlog rather than being accepted and closed, and
+    /// the admin port (`/metrics`, `/healthz`, `/readyz`), which has its own descriptors,
+    /// keeps answering. Each time the limit is reached counts in
+    /// `tokentap_client_connection_limit_reached_total`; the open connections are
+    /// `tokentap_client_connections`. Default: what the process's file descriptor limit
+    /// (the soft `RLIMIT_NOFILE`, `ulimit -n`) allows, at most 65536: half of what is left
+    /// after a reserve of 48, plus 4 per worker thread, plus 16 for the admin port (each
+    /// client connection may hold an upstream connection too), e.g. 476 at `ulimit -n 1024`
+    /// with 2 workers. A value above what the descriptor limit allows is lowered to that,
+    /// with a warning at start naming both. A connection upgraded by a `101` (WebSocket)
+    /// counts until it is handed to its tunnel, not while tunnelled. Read at startup.
+    pub max_connections: Option<Count>,
     /// A client must send its whole request head within this. Default 30s.
     pub header_read_timeout: Option<HumanDuration>,
     /// Most request headers accepted. Default 100.

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeSet;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_yaml(text, "test.yaml", &Overrides::default())
@@ -162,6 +163,100 @@ fn upstream_url_forms() {
     );
     assert!(parse_upstream_url("localhost:8000").is_err());
     assert!(parse_upstream_url("http://a:1/?x=1").is_err());
+}
+
+#[test]
+fn ports_out_of_range_are_located_errors() {
+    // (text, key, line:column, what the message quotes)
+    let cases = [
+        (
+            "upstream: http://127.0.0.1:99999\n",
+            "upstream.url",
+            (1, 1),
+            "`99999`",
+        ),
+        (
+            "upstream:\n  url: http://127.0.0.1:0\n",
+            "upstream.url",
+            (2, 3),
+            "`0`",
+        ),
+        (
+            "upstream: {url: 'http://a:65536'}\n",
+            "upstream.url",
+            (1, 1),
+            "`65536`",
+        ),
+        (
+            "upstream: 'https://[::1]:70000/v1'\n",
+            "upstream.url",
+            (1, 1),
+            "`70000`",
+        ),
+        ("upstream: 'http://a:'\n", "upstream.url", (1, 1), "port ``"),
+        (
+            "upstream: http://a:1\nlisten: 0.0.0.0:99999\n",
+            "listen",
+            (2, 1),
+            "0.0.0.0:99999",
+        ),
+        (
+            "upstream: http://a:1\nadmin: '127.0.0.1:'\n",
+            "admin",
+            (2, 1),
+            "127.0.0.1:",
+        ),
+        (
+            "upstream: http://a:1\nadmin: '[::1]:65536'\n",
+            "admin",
+            (2, 1),
+            "[::1]:65536",
+        ),
+    ];
+    for (text, key, location, quoted) in cases {
+        let found = issues(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!(found[0].path, key, "{text:?}");
+        assert_eq!(found[0].location, Some(location), "{text:?}: {}", found[0]);
+        assert!(found[0].message.contains(quoted), "{text:?}: {}", found[0]);
+    }
+    let found = issues("upstream: http://127.0.0.1:99999\n");
+    assert!(found[0].message.contains("1 to 65535"), "{}", found[0]);
+    let err = parse("upstream: http://127.0.0.1:99999\n").expect_err("invalid");
+    assert!(
+        err.to_string().contains("test.yaml:1:1: `upstream.url`"),
+        "{err}"
+    );
+
+    // The ends of the range, IPv6 hosts, and no port (the scheme's) are valid; a
+    // listener may take port 0 (a free port, as the tests do).
+    for (url, port) in [
+        ("http://a:1", Some(1)),
+        ("http://a:65535", Some(65535)),
+        ("http://[::1]:8000/v1", Some(8000)),
+        ("http://[::1]", None),
+        ("https://api.example.com/v1", None),
+    ] {
+        let (_, authority, _) = parse_upstream_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(authority.port_u16(), port, "{url}");
+    }
+    let config =
+        parse("upstream: http://a:1\nlisten: 127.0.0.1:0\nadmin: '[::1]:65535'\n").expect("valid");
+    assert_eq!(config.listen.port(), 0);
+    assert_eq!(config.admin.port(), 65535);
+}
+
+#[test]
+fn max_connections_is_derived_at_start_unless_set() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    assert_eq!(config.limits.max_connections, None);
+    let config = parse("upstream: http://a:1\nlimits:\n  max_connections: 4\n").expect("valid");
+    assert_eq!(config.limits.max_connections, Some(4));
+    let found = issues("upstream: http://a:1\nlimits:\n  max_connections: 0\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].path, "limits.max_connections");
+    assert_eq!(found[0].location, Some((3, 3)));
+    assert!(found[0].message.contains("at least 1"), "{}", found[0]);
 }
 
 #[test]
@@ -362,6 +457,7 @@ fn wrong_types_say_what_was_expected_in_words() {
         ("shutdown: 5\n", "shutdown"),
         ("limits: x\n", "limits"),
         ("limits:\n  max_in_flight: many\n", "limits.max_in_flight"),
+        ("limits:\n  max_connections: -4\n", "limits.max_connections"),
         ("limits:\n  max_headers: -1\n", "limits.max_headers"),
         ("tenants: x\n", "tenants"),
         ("tenants:\n  sources: x\n", "tenants.sources"),

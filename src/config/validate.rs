@@ -32,8 +32,8 @@ impl Issues<'_> {
         });
     }
 
-    /// [`Issues::push`], located at `within` when `path` itself is not found (an item of
-    /// a flow-style list, `[a, b]`).
+    /// [`Issues::push`], located at `within` when `path` itself is not written as a key
+    /// (an item of a flow-style list, `[a, b]`; `upstream: <url>` for `upstream.url`).
     fn push_within(&mut self, path: &str, within: &str, message: impl Into<String>) {
         self.found.push(ConfigIssue {
             path: path.to_string(),
@@ -100,6 +100,7 @@ impl RawConfig {
                 .limits
                 .max_in_flight
                 .map_or(default_max_in_flight(), |n| n.0),
+            max_connections: self.limits.max_connections.map(|n| n.0),
             header_read_timeout: dur(
                 self.limits.header_read_timeout,
                 default_header_read_timeout(),
@@ -119,6 +120,9 @@ impl RawConfig {
         };
         if limits.max_in_flight == 0 {
             issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.max_connections == Some(0) {
+            issues.push("limits.max_connections", "must be at least 1");
         }
         if limits.request_body_timeout.is_zero() {
             issues.push("limits.request_body_timeout", "must be longer than 0s");
@@ -291,13 +295,6 @@ fn buckets(
     bounds
 }
 
-impl Labels {
-    /// What an unwritten `labels.tenant.families` means: the metric table's default.
-    pub fn default_tenant_families() -> BTreeSet<&'static str> {
-        crate::metrics::tenant_by_default().collect()
-    }
-}
-
 /// `labels.tenant.families`: names of the metric table's per-request families, each once.
 fn tenant_families(issues: &mut Issues<'_>, raw: Option<Vec<String>>) -> BTreeSet<&'static str> {
     const KEY: &str = "labels.tenant.families";
@@ -419,7 +416,8 @@ impl RawUpstream {
         let (scheme, authority, base_path) = match parse_upstream_url(url) {
             Ok(parts) => parts,
             Err(message) => {
-                issues.push("upstream.url", message);
+                // `upstream: <url>` has no `url` key to point at: point at `upstream`.
+                issues.push_within("upstream.url", "upstream", message);
                 return None;
             }
         };

@@ -19,8 +19,7 @@ use rand::{Rng, SeedableRng};
 
 use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
-use super::{Metrics, Outcome, RequestFigures, StreamSeries};
-use crate::config::{Buckets, LabelPolicy, Labels};
+use super::{Buckets, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StreamSeries};
 
 /// The families as the prometheus crate held them.
 struct Reference {

@@ -30,12 +30,12 @@ use super::exemplar::Exemplar;
 use super::families::{PairFamily, PairKind};
 use super::outcome::Outcome;
 use super::series::{Counter, SeriesSet, ACCURACY};
+use super::settings::Buckets;
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
 use super::text::{
     escape_help, escape_label_value, escape_openmetrics_help, openmetrics_le, push_count, push_f64,
     push_openmetrics_f64,
 };
-use crate::config::Buckets;
 
 /// The series sets of one level for one scrape in label order, and the ranges of sets
 /// sharing a model (one set each in the per-model level).

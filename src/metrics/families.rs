@@ -14,8 +14,10 @@
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
+use std::collections::BTreeSet;
+
 use super::series::{Counter, Histogram, SeriesSet, Slot};
-use crate::config::Buckets;
+use super::settings::{Buckets, Labels};
 
 /// A family with one series per (model, tenant) pair, or per model when it does not carry
 /// `tenant` (and per sub-label), kept in [`SeriesSet`] atomics and written by tokentap's own
@@ -287,6 +289,20 @@ pub(super) static OVERLOAD_REJECTIONS: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static CLIENT_CONNECTIONS: RegistryFamily = RegistryFamily {
+    name: "tokentap_client_connections",
+    help: "Client connections open on the proxy port (idle keep-alive ones included).",
+    labels: &[],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static CLIENT_CONNECTION_LIMIT_REACHED: RegistryFamily = RegistryFamily {
+    name: "tokentap_client_connection_limit_reached_total",
+    help: "Times the proxy port stopped accepting because limits.max_connections client connections were open; new clients then wait in the listen backlog until one closes.",
+    labels: &[],
+    kind: RegistryKind::Counter,
+};
+
 pub(super) static LABEL_OVERFLOW: RegistryFamily = RegistryFamily {
     name: "tokentap_label_overflow_total",
     help: "Label values folded into `other` by the label policy (cap, allowlist, length); label=\"pair\": new (model, tenant) pairs folded into (other, other) by labels.max_pairs.",
@@ -302,13 +318,15 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 };
 
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 8] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 10] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
     &DECODE_ERRORS,
     &PASSTHROUGH,
     &OVERLOAD_REJECTIONS,
+    &CLIENT_CONNECTIONS,
+    &CLIENT_CONNECTION_LIMIT_REACHED,
     &LABEL_OVERFLOW,
     &BUILD_INFO,
 ];
@@ -325,6 +343,13 @@ pub fn tenant_by_default() -> impl Iterator<Item = &'static str> {
         .iter()
         .filter(|f| f.tenant_by_default)
         .map(|f| f.name)
+}
+
+impl Labels {
+    /// What an unwritten `labels.tenant.families` means: the table's default.
+    pub fn default_tenant_families() -> BTreeSet<&'static str> {
+        tenant_by_default().collect()
+    }
 }
 
 /// The families of the whole process (no `model`, no `tenant`): they can never carry

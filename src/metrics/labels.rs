@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 
 use prometheus::IntCounter;
 
-use crate::config::LabelPolicy;
+use super::settings::LabelPolicy;
 
 /// The value for a label the request did not carry.
 pub const UNKNOWN: &str = "unknown";

@@ -28,6 +28,7 @@ pub mod native;
 mod outcome;
 pub mod protobuf;
 mod series;
+mod settings;
 pub mod snapshot;
 mod text;
 
@@ -45,20 +46,21 @@ use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Buckets, Labels, NativeHistograms};
 use crate::wire::Unobservable;
 use exemplar::{Exemplar, TraceContext};
 use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, TextFormat, Writer};
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
-    RegistryFamily, RegistryKind, BUILD_INFO, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
-    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
+    RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTION_LIMIT_REACHED,
+    DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH,
+    STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
 pub use outcome::Outcome;
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
+pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use snapshot::Snapshot;
 use snapshot::{FamilySnapshot, Label, Series, Values};
 
@@ -135,6 +137,9 @@ pub struct Metrics {
     decode_errors: IntCounterVec,
     passthrough: IntCounter,
     overload_rejections: IntCounter,
+    /// Client connections open on the proxy port.
+    pub client_connections: IntGauge,
+    client_connection_limit_reached: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -265,6 +270,8 @@ impl Metrics {
             decode_errors: counter_vec(&DECODE_ERRORS),
             passthrough: counter(&PASSTHROUGH),
             overload_rejections: counter(&OVERLOAD_REJECTIONS),
+            client_connections: gauge(&CLIENT_CONNECTIONS),
+            client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -287,6 +294,8 @@ impl Metrics {
             Box::new(metrics.decode_errors.clone()),
             Box::new(metrics.passthrough.clone()),
             Box::new(metrics.overload_rejections.clone()),
+            Box::new(metrics.client_connections.clone()),
+            Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(label_overflow),
             Box::new(build_info),
         ];
@@ -434,6 +443,11 @@ impl Metrics {
     /// Count a request refused by the in-flight limit.
     pub fn overload_rejection(&self) {
         self.overload_rejections.inc();
+    }
+
+    /// Count a time the proxy port stopped accepting at `limits.max_connections`.
+    pub fn client_connection_limit_reached(&self) {
+        self.client_connection_limit_reached.inc();
     }
 
     /// Count a request on a non-LLM route.

@@ -39,6 +39,12 @@ use super::snapshot::NativeHistogramSnapshot;
 pub const MIN_SCHEMA: i8 = -4;
 /// The finest schema Prometheus accepts (base 2^(1/256)).
 pub const MAX_SCHEMA: i8 = 8;
+/// The default growth factor (`metrics.native_histograms.factor`): schema 3, at most
+/// ~4.3% relative error on a quantile.
+pub const DEFAULT_FACTOR: f64 = 1.1;
+/// The default `metrics.native_histograms.max_buckets`: room for a default family's whole
+/// native range at schema 3 (104-144 buckets).
+pub const DEFAULT_MAX_BUCKETS: usize = 160;
 
 /// What every native histogram shares (from `metrics.native_histograms`).
 #[derive(Clone, Debug)]

@@ -32,9 +32,7 @@ use tokio::net::TcpStream;
 use super::body::UpstreamBody;
 use crate::exchange::{ExchangeError, UpstreamFault};
 use crate::idle_pool::{self, Origin, Reusable, ThreadPool};
-
-/// Largest read buffer (and response head) of an upstream connection.
-const UPSTREAM_READ_BUFFER_MAX: usize = 16 << 10;
+use crate::intermediary;
 
 thread_local! {
     /// This thread's idle connections, of every `H1Pool` (by origin).
@@ -107,7 +105,8 @@ impl H1Pool {
         // never shrinks it: one burst from the upstream (a backlog, a large JSON body)
         // would make every kept connection hold that much. 16 KiB reads still carry ~80
         // events each; a response head is bounded by it too (nginx's default: 4-8 KiB).
-        builder.max_buf_size(UPSTREAM_READ_BUFFER_MAX);
+        builder.max_buf_size(intermediary::MAX_UPSTREAM_HEAD_BYTES);
+        builder.max_headers(intermediary::MAX_UPSTREAM_HEAD_FIELDS);
         H1Pool {
             inner: Arc::new(PoolInner {
                 origin: Origin {

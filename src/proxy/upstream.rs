@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::sync::Arc;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
@@ -282,49 +282,13 @@ fn root_store(config: &Upstream) -> Result<rustls::RootCertStore, ClientError> {
     Ok(roots)
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Remove hop-by-hop headers, including any named in `Connection`. `TE: trailers` is kept
-/// (it asks for trailers end to end, as gRPC-style clients do).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
-    let te_trailers = headers.get_all(header::TE).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
-    });
-    headers.remove(header::TE);
-    if te_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-}
-
 /// Remove hop-by-hop headers from a response head, except that a `101` keeps the
 /// `Upgrade` it answers with and says `Connection: upgrade`, as the switch needs.
 pub fn strip_response_hop_by_hop(parts: &mut http::response::Parts) {
     let switching = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| parts.headers.get(header::UPGRADE).cloned())
         .flatten();
-    strip_hop_by_hop(&mut parts.headers);
+    intermediary::strip_hop_by_hop(&mut parts.headers);
     if let Some(protocol) = switching {
         tunnel::keep_upgrade(&mut parts.headers, protocol);
     }
@@ -335,7 +299,7 @@ fn prepare_headers(
     host: HostHeader,
     client_authority: Option<&http::uri::Authority>,
 ) -> Result<(), HostError> {
-    strip_hop_by_hop(headers);
+    intermediary::strip_hop_by_hop(headers);
     // Checked whichever `Host` goes upstream: two make the request invalid (RFC 9112 3.2).
     let preserved = intermediary::preserved_host(headers, client_authority)?;
     headers.remove(header::HOST);
@@ -347,24 +311,4 @@ fn prepare_headers(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_are_removed_and_te_trailers_kept() {
-        let mut headers = HeaderMap::new();
-        headers.insert("connection", "keep-alive, x-secret-hop".parse().unwrap());
-        headers.insert("keep-alive", "timeout=5".parse().unwrap());
-        headers.insert("x-secret-hop", "1".parse().unwrap());
-        headers.insert("transfer-encoding", "chunked".parse().unwrap());
-        headers.insert("te", "trailers, deflate".parse().unwrap());
-        headers.insert("x-end-to-end", "kept".parse().unwrap());
-        strip_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 2, "{headers:?}");
-        assert_eq!(headers["te"], "trailers");
-        assert_eq!(headers["x-end-to-end"], "kept");
-    }
 }

@@ -40,11 +40,10 @@ use crate::exchange::{
 };
 use crate::observe::RequestHead;
 
-/// The upstream response head limits of the hyper path's plain-HTTP/1.1 client: its read
-/// buffer (16 KiB, `proxy::h1_upstream`) and hyper's default field count.
+/// The upstream response head limits, the hyper path's too.
 const RESPONSE_RULES: ResponseRules = ResponseRules {
-    max_header_bytes: 16 << 10,
-    max_headers: 100,
+    max_header_bytes: crate::intermediary::MAX_UPSTREAM_HEAD_BYTES,
+    max_headers: crate::intermediary::MAX_UPSTREAM_HEAD_FIELDS,
 };
 
 /// The request-head rules of one configuration, owned so that a connection can keep them
@@ -415,6 +414,16 @@ enum Wake {
     Timer,
 }
 
+/// What comes after one read is relayed.
+enum After {
+    /// Wait for the upstream again; it is idle from this deadline on.
+    Wait(tokio::time::Instant),
+    /// The response ended cleanly.
+    Ended { reuse_upstream: bool },
+    /// The exchange is over (broken off, or the client gone).
+    Done(ResponseEnd),
+}
+
 /// The I/O of one response: read the upstream, feed the [`ResponseRelay`], write what it
 /// says to the client, run the head and idle timers, and watch the client.
 struct ResponseLoop<'a> {
@@ -451,98 +460,111 @@ impl ResponseLoop<'_> {
                 wake = client_activity(self.client), if watch_client => wake,
                 () = &mut timer => Wake::Timer,
             };
-            let (read, mut buffers) = match wake {
-                Wake::Read(read, buffers) => (read, buffers),
-                Wake::ClientSent => {
-                    watch_client = false;
-                    continue;
+            match wake {
+                Wake::Read(read, buffers) => {
+                    let had_head = self.relay.has_head();
+                    let fed = self.relay_read(read, buffers, closing, &mut carry, &mut unsent);
+                    match fed.await {
+                        After::Wait(deadline) if !had_head && self.relay.has_head() => {
+                            timer.as_mut().reset(deadline);
+                        }
+                        After::Wait(_) => {}
+                        After::Ended { reuse_upstream } => return self.ended(reuse_upstream),
+                        After::Done(end) => return end,
+                    }
                 }
+                Wake::ClientSent => watch_client = false,
                 Wake::ClientLeft => {
                     self.observed
                         .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
                     return ResponseEnd::closed();
                 }
                 Wake::Timer => match self.timer_fired() {
-                    Ok(deadline) => {
-                        timer.as_mut().reset(deadline);
-                        continue;
-                    }
+                    Ok(deadline) => timer.as_mut().reset(deadline),
                     Err(answer) => return self.answer(answer).await,
                 },
-            };
-            carry.clear();
-            let at = Instant::now();
-            self.observed.at = at;
-            self.idle.data();
-            let read = match read {
-                Ok(0) => Upstream::Closed,
-                Ok(_) => Upstream::Sent,
-                Err(err) => Upstream::Failed(err),
-            };
-            let had_head = self.relay.has_head();
-            let shutting_down = !had_head && *closing.borrow();
-            let scratch::Buffers {
-                received,
-                pieces,
-                out,
-            } = &mut buffers;
-            let step = self.relay.feed(
-                read,
-                received,
-                shutting_down,
-                pieces,
-                out,
-                &mut self.observed,
-            );
-            if let Step::NoHead(fault) = step {
-                scratch::give_back(buffers);
-                let answer = self
-                    .observed
-                    .finish(BodyEnd::UpstreamBroken, || fault.into());
-                return self.answer(answer).await;
             }
-            let sent_at_once = send_now_or_keep(self.client, out, &mut unsent);
-            if let Step::More { used } = step {
-                carry.extend_from_slice(&received[used..]);
-            }
+        }
+    }
+
+    /// Feed what one read brought to the machine and write to the client what it says;
+    /// keeps in `carry` what the machine left for the next read.
+    async fn relay_read(
+        &mut self,
+        read: io::Result<usize>,
+        mut buffers: scratch::Buffers,
+        closing: &watch::Receiver<bool>,
+        carry: &mut Vec<u8>,
+        unsent: &mut Vec<u8>,
+    ) -> After {
+        carry.clear();
+        let at = Instant::now();
+        self.observed.at = at;
+        self.idle.data();
+        let read = match read {
+            Ok(0) => Upstream::Closed,
+            Ok(_) => Upstream::Sent,
+            Err(err) => Upstream::Failed(err),
+        };
+        let shutting_down = !self.relay.has_head() && *closing.borrow();
+        let scratch::Buffers {
+            received,
+            pieces,
+            out,
+        } = &mut buffers;
+        let step = self.relay.feed(
+            read,
+            received,
+            shutting_down,
+            pieces,
+            out,
+            &mut self.observed,
+        );
+        if let Step::NoHead(fault) = step {
             scratch::give_back(buffers);
-            let client_took_it = match sent_at_once {
-                Err(()) => false,
-                Ok(()) if unsent.is_empty() => true,
-                Ok(()) => self.client.write_all(&unsent).await.is_ok(),
-            };
-            if !client_took_it {
+            let answer = self
+                .observed
+                .finish(BodyEnd::UpstreamBroken, || fault.into());
+            return After::Done(self.answer(answer).await);
+        }
+        let sent_at_once = send_now_or_keep(self.client, out, unsent);
+        if let Step::More { used } = step {
+            carry.extend_from_slice(&received[used..]);
+        }
+        scratch::give_back(buffers);
+        let client_took_it = match sent_at_once {
+            Err(()) => false,
+            Ok(()) if unsent.is_empty() => true,
+            Ok(()) => self.client.write_all(unsent).await.is_ok(),
+        };
+        if !client_took_it {
+            self.observed
+                .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
+            return After::Done(ResponseEnd::closed());
+        }
+        // The idle clock starts now that the loop waits for the upstream again: the read's
+        // instant, unless writing to the client took a while.
+        let waiting_from = if unsent.is_empty() {
+            at
+        } else {
+            Instant::now()
+        };
+        unsent.clear();
+        match step {
+            Step::More { .. } | Step::NoHead(_) => After::Wait(
+                self.idle
+                    .waiting(tokio::time::Instant::from_std(waiting_from)),
+            ),
+            Step::Broken(why) => {
+                tracing::warn!(error = %why, "upstream stream failed mid-body");
                 self.observed
-                    .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
-                return ResponseEnd::closed();
+                    .finish(BodyEnd::UpstreamBroken, unreachable_before_head);
+                After::Done(ResponseEnd::closed())
             }
-            // The idle clock starts now that the loop waits for the upstream again: the
-            // read's instant, unless writing to the client took a while.
-            let waiting_from = if unsent.is_empty() {
-                at
-            } else {
-                Instant::now()
-            };
-            unsent.clear();
-            match step {
-                Step::More { .. } | Step::NoHead(_) => {}
-                Step::Broken(why) => {
-                    tracing::warn!(error = %why, "upstream stream failed mid-body");
-                    self.observed
-                        .finish(BodyEnd::UpstreamBroken, unreachable_before_head);
-                    return ResponseEnd::closed();
-                }
-                Step::Ended { reuse_upstream } => {
-                    self.observed
-                        .finish(BodyEnd::Clean, unreachable_before_head);
-                    return self.ended(reuse_upstream);
-                }
-            }
-            let deadline = self
-                .idle
-                .waiting(tokio::time::Instant::from_std(waiting_from));
-            if !had_head && self.relay.has_head() {
-                timer.as_mut().reset(deadline);
+            Step::Ended { reuse_upstream } => {
+                self.observed
+                    .finish(BodyEnd::Clean, unreachable_before_head);
+                After::Ended { reuse_upstream }
             }
         }
     }
@@ -583,7 +605,7 @@ impl ResponseLoop<'_> {
 
     /// No response head came: send tokentap's answer, if there is one (the upstream
     /// connection is closed either way).
-    async fn answer(self, answer: Option<Answer>) -> ResponseEnd {
+    async fn answer(&mut self, answer: Option<Answer>) -> ResponseEnd {
         let Some(answer) = answer else {
             return ResponseEnd::closed();
         };

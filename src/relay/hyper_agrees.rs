@@ -294,3 +294,38 @@ proptest! {
         }
     }
 }
+
+/// The relay forwards a request head with the same fields removed as the hyper path: every
+/// hop-by-hop field of the one table, what `Connection` names, and all of `TE` but
+/// `trailers`.
+#[test]
+fn both_transports_remove_the_same_hop_by_hop_fields() {
+    let mut input = String::from("POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n");
+    for (name, _) in crate::intermediary::HOP_BY_HOP {
+        match name {
+            // These make the relay hand the request to hyper (or frame its body).
+            "upgrade" | "transfer-encoding" => {}
+            "connection" => input.push_str("Connection: keep-alive, x-named\r\n"),
+            "te" => input.push_str("TE: trailers, deflate\r\n"),
+            _ => input.push_str(&format!("{name}: 1\r\n")),
+        }
+    }
+    input.push_str("X-Named: 1\r\nX-End-To-End: kept\r\n\r\n");
+    let Decision::Forward(head) = HeadReader::new().decide(input.as_bytes(), &RULES) else {
+        panic!("the relay takes {input:?}");
+    };
+    let mut expected = head.headers.clone();
+    crate::intermediary::strip_hop_by_hop(&mut expected);
+    let forwarded = String::from_utf8_lossy(&head.upstream_head).to_ascii_lowercase();
+    let mut names: Vec<String> = forwarded
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_once(':').map(|(name, _)| name.to_string()))
+        .collect();
+    names.sort();
+    let mut kept: Vec<String> = expected.keys().map(|name| name.to_string()).collect();
+    kept.sort();
+    kept.dedup();
+    assert_eq!(names, kept, "{forwarded}");
+    assert!(forwarded.contains("te: trailers\r\n"), "{forwarded}");
+}

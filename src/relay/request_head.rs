@@ -21,6 +21,8 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 
+use crate::intermediary;
+
 /// The HTTP/2 connection preface starts like this: such a connection is h2c.
 const H2_PREFACE_START: &[u8] = b"PRI ";
 /// The most hyper-util's protocol sniff reads (the h2 preface's length) before hyper
@@ -119,17 +121,6 @@ pub struct ForwardHead {
     /// The head to send upstream.
     pub upstream_head: Vec<u8>,
 }
-
-/// Fields that describe one connection (RFC 9110 7.6.1), as
-/// [`strip_hop_by_hop`](crate::proxy::upstream::strip_hop_by_hop) removes them. The
-/// fast path keeps `Transfer-Encoding: chunked` (the body goes up still chunked), and
-/// `Upgrade` never gets this far.
-const HOP_BY_HOP: [&str; 4] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-];
 
 /// Reads one connection's request head as it arrives, parsing when hyper's server would:
 /// the bytes of the first read (at most 24, what hyper-util's protocol sniff reads) on
@@ -329,8 +320,9 @@ fn forward(
     upstream_head.extend_from_slice(b" HTTP/1.1\r\n");
     for field in request.headers.iter() {
         let lower = field.name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&lower.as_str())
-            || lower == "te"
+        // A chunked body goes up re-chunked by the relay, under the client's field.
+        let relay_frames_it = lower == "transfer-encoding";
+        if (intermediary::is_hop_by_hop(&lower) && !relay_frames_it)
             || named.iter().any(|name| name.as_str() == lower)
         {
             continue;

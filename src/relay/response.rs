@@ -18,6 +18,7 @@ use std::ops::Range;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::chunked::{ChunkedError, ChunkedReader};
+use crate::intermediary;
 
 /// What a response is read with.
 #[derive(Debug, Clone, Copy)]
@@ -120,18 +121,6 @@ pub struct ResponseReader {
     /// A chunked body's trailer section, once it has ended.
     trailer_section: Vec<u8>,
 }
-
-/// Fields that describe one connection, removed before the head reaches the client, as
-/// [`strip_hop_by_hop`](crate::proxy::upstream::strip_hop_by_hop) does (but
-/// `Transfer-Encoding`, which frames the relayed body, stays).
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "upgrade",
-];
 
 impl ResponseReader {
     /// A reader for the response to a request; `head_request` if its method was `HEAD`.
@@ -362,8 +351,8 @@ impl ResponseReader {
         client_head.extend_from_slice(b"\r\n");
         for field in response.headers.iter() {
             let lower = field.name.to_ascii_lowercase();
-            if HOP_BY_HOP.contains(&lower.as_str())
-                || lower == "te"
+            // `Transfer-Encoding` frames the relayed body: it is placed below.
+            if (intermediary::is_hop_by_hop(&lower) && lower != "transfer-encoding")
                 || (drop_length && lower == "content-length")
                 || named.iter().any(|n| n == lower.as_bytes())
             {

@@ -237,3 +237,282 @@ impl Broken {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: ResponseRules = ResponseRules {
+        max_header_bytes: 16 << 10,
+        max_headers: 100,
+    };
+
+    /// What the watcher was told, in order.
+    #[derive(Default)]
+    struct Seen(Vec<String>);
+
+    impl Watcher for Seen {
+        fn head(&mut self, head: &ResponseHead) {
+            self.0.push(format!("head {}", head.status.as_u16()));
+        }
+        fn data(&mut self, bytes: &[u8]) {
+            self.0
+                .push(format!("data {}", String::from_utf8_lossy(bytes)));
+        }
+    }
+
+    /// One response's reads (`None`: the upstream closed) through a fresh machine, each
+    /// read after what the last one left: the client's bytes, the watcher's calls, the
+    /// last step.
+    struct Case {
+        name: &'static str,
+        head_request: bool,
+        keep_client: bool,
+        takes_trailers: bool,
+        shutting_down: bool,
+        reads: &'static [Option<&'static str>],
+        client: &'static str,
+        seen: &'static [&'static str],
+        step: &'static str,
+    }
+
+    const fn case(
+        name: &'static str,
+        reads: &'static [Option<&'static str>],
+        client: &'static str,
+        seen: &'static [&'static str],
+        step: &'static str,
+    ) -> Case {
+        Case {
+            name,
+            head_request: false,
+            keep_client: true,
+            takes_trailers: false,
+            shutting_down: false,
+            reads,
+            client,
+            seen,
+            step,
+        }
+    }
+
+    fn run(case: &Case) -> (String, Vec<String>, String) {
+        let mut relay = ResponseRelay::new(
+            case.head_request,
+            RULES,
+            case.keep_client,
+            case.takes_trailers,
+        );
+        let (mut pieces, mut out, mut seen) = (Vec::new(), Vec::new(), Seen::default());
+        let mut carry: Vec<u8> = Vec::new();
+        let mut last = String::new();
+        for read in case.reads {
+            let kind = match read {
+                Some(bytes) => {
+                    carry.extend_from_slice(bytes.as_bytes());
+                    Upstream::Sent
+                }
+                None => Upstream::Closed,
+            };
+            let input = std::mem::take(&mut carry);
+            let step = relay.feed(
+                kind,
+                &input,
+                case.shutting_down,
+                &mut pieces,
+                &mut out,
+                &mut seen,
+            );
+            last = match step {
+                Step::More { used } => {
+                    carry = input[used..].to_vec();
+                    format!("more, carry {}", carry.len())
+                }
+                Step::NoHead(fault) => format!("no head: {fault}"),
+                Step::Broken(why) => format!("broken: {why}"),
+                Step::Ended { reuse_upstream } => format!("ended, reuse {reuse_upstream}"),
+            };
+        }
+        (String::from_utf8_lossy(&out).into_owned(), seen.0, last)
+    }
+
+    #[test]
+    fn each_read_gives_the_client_bytes_the_observer_calls_and_the_next_step() {
+        let cases = [
+            case(
+                "a Content-Length body, relayed as it came",
+                &[Some(
+                    "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
+                )],
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
+                &["head 200", "data hello"],
+                "ended, reuse true",
+            ),
+            case(
+                "a head split across reads is carried",
+                &[
+                    Some("HTTP/1.1 200 OK\r\nContent-Le"),
+                    Some("ngth: 2\r\n\r\nhi"),
+                ],
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+                &["head 200", "data hi"],
+                "ended, reuse true",
+            ),
+            case(
+                "a chunked body is re-chunked, one chunk per piece of data",
+                &[
+                    Some("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nd"),
+                    Some("e\r\n0\r\n\r\n"),
+                ],
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 3\r\nabc\r\n1\r\nd\r\n1\r\ne\r\n0\r\n\r\n",
+                &["head 200", "data abc", "data d", "data e"],
+                "ended, reuse true",
+            ),
+            case(
+                "a body delimited by the upstream's close is chunked for the client",
+                &[Some("HTTP/1.1 200 OK\r\n\r\nsome"), None],
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nsome\r\n0\r\n\r\n",
+                &["head 200", "data some"],
+                "ended, reuse false",
+            ),
+            case(
+                "bytes after a whole response: the connection is not reused",
+                &[Some("HTTP/1.1 204 No Content\r\n\r\nstray")],
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                &["head 204"],
+                "ended, reuse false",
+            ),
+            case(
+                "an interim 100 is not relayed",
+                &[Some(
+                    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                )],
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                &["head 200"],
+                "ended, reuse true",
+            ),
+            case(
+                "closed before a head",
+                &[Some("HTTP/1.1 200"), None],
+                "",
+                &[],
+                "no head: upstream request failed: connection closed before message completed",
+            ),
+            case(
+                "an unsolicited 101",
+                &[Some(
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+                )],
+                "",
+                &[],
+                "no head: upstream answered 101 Switching Protocols to a request that asked \
+                 for no upgrade",
+            ),
+            case(
+                "a transfer coding other than chunked, named",
+                &[Some(
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                )],
+                "",
+                &[],
+                "no head: upstream response: unsupported transfer coding \"gzip\" \
+                 (only chunked can be forwarded)",
+            ),
+            case(
+                "a break mid-body relays what came before it",
+                &[Some(
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nzz\r\n",
+                )],
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n",
+                &["head 200", "data a"],
+                "broken: chunked body: invalid chunk size",
+            ),
+            case(
+                "the upstream closes mid-body",
+                &[
+                    Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc"),
+                    None,
+                ],
+                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
+                &["head 200", "data abc"],
+                "broken: upstream closed the connection before the end of the body",
+            ),
+            case(
+                "a body still coming",
+                &[Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")],
+                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
+                &["head 200", "data abc"],
+                "more, carry 0",
+            ),
+            Case {
+                keep_client: false,
+                ..case(
+                    "a closing client's head says so, after the fields the upstream sent",
+                    &[Some(
+                        "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\n\r\n",
+                    )],
+                    "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
+                    &["head 200"],
+                    "ended, reuse true",
+                )
+            },
+            Case {
+                shutting_down: true,
+                ..case(
+                    "a head that passes while the server drains closes the client",
+                    &[Some("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")],
+                    "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
+                    &["head 200"],
+                    "ended, reuse true",
+                )
+            },
+            Case {
+                head_request: true,
+                ..case(
+                    "the response to HEAD has no body whatever its length says",
+                    &[Some("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n")],
+                    "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n",
+                    &["head 200"],
+                    "ended, reuse true",
+                )
+            },
+            Case {
+                takes_trailers: true,
+                ..case(
+                    "declared trailers reach a client that asked for them",
+                    &[Some(
+                        "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                         1\r\na\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n",
+                    )],
+                    "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                     1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
+                    &["head 200", "data a"],
+                    "ended, reuse true",
+                )
+            },
+            case(
+                "trailers are dropped for a client that did not ask",
+                &[Some(
+                    "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                     1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
+                )],
+                "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 1\r\na\r\n0\r\n\r\n",
+                &["head 200", "data a"],
+                "ended, reuse true",
+            ),
+        ];
+        let mut failures = Vec::new();
+        for case in &cases {
+            let (client, seen, step) = run(case);
+            if client != case.client || seen != case.seen || step != case.step {
+                failures.push(format!(
+                    "{}:\n  client {client:?}\n  seen {seen:?}\n  step {step:?}",
+                    case.name
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}

@@ -15,6 +15,7 @@
 //! nothing, half a head, half an h2 preface) is closed at once: it has nothing to drain,
 //! and hyper alone would keep it until `limits.header_read_timeout`.
 
+mod connections;
 pub(crate) mod workers;
 
 use std::future::Future;
@@ -39,6 +40,7 @@ use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
 use crate::relay::{Relay, Relayed};
 use crate::wire::Tokenizer;
+use connections::{ConnectionLimit, ConnectionSlot};
 use workers::Workers;
 
 /// Why the server could not start.
@@ -190,29 +192,53 @@ impl Server {
         let builder = connection_builder(&config);
         let graceful = GracefulShutdown::new();
         let (closing, closing_rx) = watch::channel(false);
+        let nofile = connections::nofile_soft_limit();
+        let max_connections =
+            connections::effective(config.limits.max_connections, nofile, workers.count());
+        if let (Some((configured, allowed)), Some(nofile)) = (max_connections.lowered, nofile) {
+            tracing::warn!(
+                configured,
+                allowed,
+                nofile,
+                "limits.max_connections is {configured}, more than the file descriptor limit \
+                 (ulimit -n {nofile}) allows: using {allowed}"
+            );
+        }
+        let mut connection_limit = ConnectionLimit::new(max_connections.limit, metrics.clone());
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
             tls = tls.is_some(),
             workers = workers.count(),
+            max_connections = max_connections.limit,
             "proxy listening"
         );
 
         tokio::pin!(shutdown);
         loop {
+            // A permit first: at `limits.max_connections` the loop waits here, and new
+            // clients wait in the listen backlog, rather than being accepted and closed.
+            let permit = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                permit = connection_limit.acquire() => permit,
+            };
             let (stream, peer) = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
                 accepted = proxy_listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(err) => {
-                        // Usually out of file descriptors: back off instead of spinning.
+                        // Out of file descriptors (held elsewhere than by client
+                        // connections), say: back off instead of spinning.
                         tracing::warn!(error = %err, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 },
             };
+            // Held by the connection's task until the connection ends.
+            let slot = connection_limit.open(permit);
             let _ = stream.set_nodelay(true);
             // The socket moves to the worker's reactor when the worker first polls it.
             let stream = match stream.into_std() {
@@ -228,6 +254,7 @@ impl Server {
                 watcher: graceful.watcher(),
                 service: proxy.service(),
                 closing: closing_rx.clone(),
+                _slot: slot,
             };
             match &tls {
                 None => {
@@ -328,6 +355,9 @@ struct Connection {
     service: ProxyService,
     /// Turns `true` when the server starts to shut down.
     closing: watch::Receiver<bool>,
+    /// The connection's place under `limits.max_connections`, given back when the
+    /// connection (this value) is dropped.
+    _slot: ConnectionSlot,
 }
 
 impl Connection {

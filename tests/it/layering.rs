@@ -6,8 +6,9 @@
 //! builds the graph of which module file refers to which: `use` items, paths written in
 //! code (`crate::x::y`, `super::y`) and, in a parent, paths into its own child modules
 //! (`child::Item`, re-exports included). Comments, string literals and `#[cfg(test)]`
-//! modules are left out: a test may look anywhere. An inline `mod x { .. }` is part of its
-//! file, so its `super::` points back into that file.
+//! modules (inline, or a file declared `#[cfg(test)] mod x;`) are left out: a test may look
+//! anywhere. An inline `mod x { .. }` is part of its file, so its `super::` points back into
+//! that file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -202,6 +203,39 @@ fn metrics_takes_plain_values() {
     assert!(offending.is_empty(), "{}", offending.join("\n"));
 }
 
+#[test]
+fn config_depends_on_metrics_not_the_reverse() {
+    // `config` validates the file against the metric contract (bucket defaults, family
+    // names, native schema bounds); `metrics` is built from plain settings it defines
+    // itself (`Buckets`, `Labels`, ...), which `config` fills in and re-exports.
+    let graph = Graph::read(&src_dir());
+    let top = |module: &Module, name: &str| module.first().is_some_and(|top| top == name);
+    let edges = |from: &str, to: &str| -> Vec<String> {
+        graph
+            .edges
+            .iter()
+            .filter(|(module, _)| top(module, from))
+            .flat_map(|(module, targets)| {
+                targets
+                    .iter()
+                    .filter(|target| top(target, to))
+                    .map(move |target| format!("{} -> {}", name(module), name(target)))
+            })
+            .collect()
+    };
+    let upward = edges("metrics", "config");
+    assert!(
+        upward.is_empty(),
+        "metrics reaches into config (move the settings type into metrics):\n{}",
+        upward.join("\n")
+    );
+    // The direction that is allowed is the one in use: the check above is not vacuous.
+    assert!(
+        !edges("config", "metrics").is_empty(),
+        "config no longer refers to metrics: is the module graph read at all?"
+    );
+}
+
 /// The checker itself: a cycle written into a scratch tree is found, with comments,
 /// strings, test modules and an inline module's `super::` ignored.
 #[test]
@@ -219,7 +253,13 @@ fn the_checker_sees_a_cycle_and_ignores_what_is_not_code() {
         "a/leaf.rs",
         "pub struct Leaf;\nmod inner { use super::Leaf; }\n#[cfg(test)]\nmod tests { use crate::a::Leaf; }\n",
     );
-    write("b.rs", "use crate::a::Leaf;\n");
+    write(
+        "b.rs",
+        "use crate::a::Leaf;\nmod c;\n#[cfg(test)]\nmod t;\n",
+    );
+    std::fs::create_dir_all(dir.join("b")).expect("scratch dir");
+    write("b/c.rs", "use crate::a::Leaf;\n");
+    write("b/t.rs", "use crate::b::c;\nuse crate::a::Leaf;\n");
     let graph = Graph::read(&dir);
     let module = |path: &str| -> Module { path.split("::").map(String::from).collect() };
     assert_eq!(
@@ -228,6 +268,9 @@ fn the_checker_sees_a_cycle_and_ignores_what_is_not_code() {
     );
     assert!(graph.edges[&module("a::leaf")].is_empty());
     assert_eq!(graph.edges[&module("b")], BTreeSet::from([module("a")]));
+    // A file declared `#[cfg(test)] mod t;` is a test module: not in the graph.
+    assert_eq!(graph.edges[&module("b::c")], BTreeSet::from([module("a")]));
+    assert!(!graph.edges.contains_key(&module("b::t")));
     write("a/leaf.rs", "use crate::b;\npub struct Leaf;\n");
     write("b.rs", "use crate::a::leaf::Leaf;\n");
     let graph = Graph::read(&dir);
@@ -257,6 +300,18 @@ impl Graph {
     fn read(src: &Path) -> Graph {
         let mut files = BTreeMap::new();
         collect(src, src, &mut files);
+        // Files declared `#[cfg(test)] mod x;` (and all under them) are test code.
+        let tests: Vec<Module> = files
+            .iter()
+            .flat_map(|(module, text)| {
+                test_children(&code_only(text)).into_iter().map(|child| {
+                    let mut path = module.clone();
+                    path.push(child);
+                    path
+                })
+            })
+            .collect();
+        files.retain(|module, _| !tests.iter().any(|test| module.starts_with(test)));
         let modules: BTreeSet<Module> = files.keys().cloned().collect();
         let edges = files
             .iter()
@@ -351,6 +406,18 @@ fn longest_module(path: &[String], modules: &BTreeSet<Module>) -> Option<Module>
 fn declared_children(code: &str) -> BTreeSet<String> {
     let declaration =
         regex::Regex::new(r"(?m)^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;").expect("re");
+    declaration
+        .captures_iter(code)
+        .map(|c| c[1].to_string())
+        .collect()
+}
+
+/// `#[cfg(test)] mod x;` declarations: the file's child modules that are test code.
+fn test_children(code: &str) -> BTreeSet<String> {
+    let declaration = regex::Regex::new(
+        r"(?m)^\s*#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;",
+    )
+    .expect("re");
     declaration
         .captures_iter(code)
         .map(|c| c[1].to_string())

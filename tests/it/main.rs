@@ -9,6 +9,7 @@ mod common;
 mod bad_input;
 mod cardinality;
 mod configs;
+mod connection_limit;
 mod demo;
 mod dialects;
 mod exchange_policy;

@@ -25,12 +25,27 @@ pub struct TokentapProcess {
 impl TokentapProcess {
     /// Start `tokentap --config config_path` at log level `level`.
     pub fn start(config_path: &Path, level: &str) -> TokentapProcess {
-        Self::spawn(config_path, level, None)
+        Self::spawn(config_path, level, None, None)
     }
 
     /// Start tokentap at log level `info` with `yaml` plus `listen` and `admin` on port 0,
     /// written to a temporary directory named after `name`.
     pub fn start_with_yaml(name: &str, yaml: &str) -> TokentapProcess {
+        let path = Self::write_yaml(name, yaml);
+        let dir = path.parent().map(Path::to_path_buf);
+        Self::spawn(&path, "info", dir, None)
+    }
+
+    /// [`TokentapProcess::start_with_yaml`] with its soft file descriptor limit
+    /// (`ulimit -Sn`) set to `nofile`, and 2 worker threads (`TOKIO_WORKER_THREADS`), so
+    /// that what tokentap derives from the limit does not depend on the machine.
+    pub fn start_with_yaml_and_fd_limit(name: &str, yaml: &str, nofile: u64) -> TokentapProcess {
+        let path = Self::write_yaml(name, yaml);
+        let dir = path.parent().map(Path::to_path_buf);
+        Self::spawn(&path, "info", dir, Some(nofile))
+    }
+
+    fn write_yaml(name: &str, yaml: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tokentap-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tokentap.yaml");
@@ -39,11 +54,30 @@ impl TokentapProcess {
             format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n{yaml}"),
         )
         .unwrap();
-        Self::spawn(&path, "info", Some(dir))
+        path
     }
 
-    fn spawn(config_path: &Path, level: &str, dir: Option<PathBuf>) -> TokentapProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+    fn spawn(
+        config_path: &Path,
+        level: &str,
+        dir: Option<PathBuf>,
+        nofile: Option<u64>,
+    ) -> TokentapProcess {
+        let bin = env!("CARGO_BIN_EXE_tokentap");
+        let mut command = match nofile {
+            None => Command::new(bin),
+            Some(nofile) => {
+                // The shell lowers its own soft limit, then becomes tokentap (same pid).
+                let mut command = Command::new("sh");
+                command
+                    .arg("-c")
+                    .arg(format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""))
+                    .arg(bin)
+                    .env("TOKIO_WORKER_THREADS", "2");
+                command
+            }
+        };
+        let mut child = command
             .args([
                 "--config",
                 config_path.to_str().unwrap(),
