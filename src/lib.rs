@@ -14,6 +14,8 @@
 //! - [`relay`]: the HTTP/1.1 fast path: tokentap reads heads itself and relays bytes;
 //! - [`intermediary`]: the head rules both transports apply (hop-by-hop fields, framing,
 //!   `Host`, upstream head limits);
+//! - [`idle_pool`]: the keep-alive upstream connections of both plain-HTTP/1.1
+//!   transports (the relay's and hyper's), per worker thread, under one cap;
 //! - [`exchange`]: the request policy both transports call: admission, the configuration
 //!   in force, answers and outcomes of failures, how a body's end is counted, the idle
 //!   timeout;
@@ -31,6 +33,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod exchange;
+pub mod idle_pool;
 pub mod intermediary;
 pub mod metrics;
 pub mod observe;

@@ -63,7 +63,11 @@ pub struct Upstream {
     pub http2: bool,
     pub ca_file: Option<PathBuf>,
     pub host_header: HostHeader,
+    /// How long an idle pooled connection is kept (zero keeps none).
     pub pool_idle_timeout: Duration,
+    /// Most idle pooled connections to the upstream in the whole process, both
+    /// plain-HTTP/1.1 transports together; each worker thread keeps its part of it
+    /// ([`crate::idle_pool::thread_cap`]).
     pub pool_max_idle_per_host: usize,
     pub probe_interval: Duration,
 }

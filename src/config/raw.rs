@@ -93,9 +93,13 @@ pub struct RawUpstream {
     /// `upstream` (default): send the upstream's authority as `Host`; `preserve`: send the
     /// client's.
     pub host_header: Option<String>,
-    /// Idle pooled connections are closed after this long. Default 90s.
+    /// Idle pooled connections are closed after this long (`0s` keeps none). Default 90s.
     pub pool_idle_timeout: Option<HumanDuration>,
-    /// Idle pooled connections kept per upstream. Default 1024.
+    /// Most idle keep-alive connections to the upstream in the whole process. To a plain
+    /// `http://` HTTP/1.1 upstream the relay's and hyper's connections count together,
+    /// and each worker thread keeps its part: the cap split evenly over the workers, the
+    /// first `max % workers` keeping one more (a worker past the cap keeps none). To an
+    /// HTTPS or h2c upstream it is the bound of hyper-util's pool. Default 1024.
     pub pool_max_idle_per_host: Option<Count>,
     /// How often `/readyz` re-checks that the upstream accepts connections. Default 5s.
     pub probe_interval: Option<HumanDuration>,

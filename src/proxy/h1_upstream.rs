@@ -7,22 +7,19 @@
 //! nginx. Here the upstream connection is polled from inside the response body, by the
 //! task that writes to the client, so an event costs one wake-up of one task.
 //!
-//! Connections are kept alive in a LIFO pool. An idle connection is not polled while it
-//! waits; a sweep every few seconds (and a check at checkout) closes the ones the upstream
-//! has closed or that outlived `pool_idle_timeout`. A request that never left a reused
-//! connection (the upstream closed it just then) is retried once on a fresh one.
-//!
-//! The pool is sharded by thread: a connection is reused by the thread that used it
-//! last, whose reactor its socket is registered with, so that a server worker
-//! (`server::workers`) never wakes another thread for an event. Any thread can still poll
-//! any connection; the shards only keep that from happening.
+//! Connections are kept alive in the calling worker thread's
+//! [`idle_pool`], which decides what is kept, how long and how many
+//! (`upstream.pool_max_idle_per_host` counts them together with the relay's), so that a
+//! connection is reused by the thread that used it last, whose reactor its socket is
+//! registered with, and a server worker (`server::workers`) never wakes another thread
+//! for an event. A request that never left a reused connection (the upstream closed it
+//! just then) is retried once on a fresh one.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -34,20 +31,12 @@ use tokio::net::TcpStream;
 
 use super::body::UpstreamBody;
 use crate::exchange::{ExchangeError, UpstreamFault};
+use crate::idle_pool::{self, Origin, Reusable, ThreadPool};
 use crate::intermediary;
 
-/// How often idle connections are checked for a close by the upstream or for age.
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
-
-/// Idle shards per pool. Threads beyond this many share shards, which stays correct.
-const SHARDS: usize = 8;
-
 thread_local! {
-    /// This thread's shard in every pool.
-    static SHARD: usize = {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
-    };
+    /// This thread's idle connections, of every `H1Pool` (by origin).
+    static IDLE: ThreadPool<Conn> = const { ThreadPool::new() };
 }
 
 type Driver = http1::Connection<TokioIo<TcpStream>, UpstreamBody>;
@@ -77,7 +66,9 @@ impl Conn {
     fn drive_detached(&mut self) -> bool {
         self.drive(&mut Context::from_waker(Waker::noop()))
     }
+}
 
+impl Reusable for Conn {
     /// Ready for another request: alive, and the previous exchange fully finished.
     fn reusable(&mut self) -> bool {
         self.drive_detached() && self.sender.is_ready()
@@ -91,30 +82,16 @@ pub struct H1Pool {
 }
 
 struct PoolInner {
-    host: String,
-    port: u16,
+    origin: Origin,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// `upstream.pool_max_idle_per_host`, for the whole process.
     max_idle: usize,
     builder: http1::Builder,
-    shards: [Shard; SHARDS],
-    /// Idle connections in all shards, held to `max_idle`.
-    idle_count: AtomicUsize,
-}
-
-#[derive(Default)]
-struct Shard {
-    /// Oldest first; checkout takes the most recently used (its socket is warmest).
-    idle: Mutex<Vec<Idle>>,
-    sweeper_started: AtomicBool,
-}
-
-struct Idle {
-    conn: Conn,
-    since: Instant,
 }
 
 impl H1Pool {
+    /// The pool of the upstream at `host` (as its URL writes it) and `port`.
     pub fn new(
         host: &str,
         port: u16,
@@ -132,14 +109,14 @@ impl H1Pool {
         builder.max_headers(intermediary::MAX_UPSTREAM_HEAD_FIELDS);
         H1Pool {
             inner: Arc::new(PoolInner {
-                host: host.trim_matches(['[', ']']).to_string(),
-                port,
+                origin: Origin {
+                    host: host.to_string(),
+                    port,
+                },
                 connect_timeout,
                 idle_timeout,
                 max_idle,
                 builder,
-                shards: Default::default(),
-                idle_count: AtomicUsize::new(0),
             }),
         }
     }
@@ -150,7 +127,7 @@ impl H1Pool {
         &self,
         request: Request<UpstreamBody>,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
-        let (mut conn, reused) = match self.inner.checkout(Instant::now()) {
+        let (mut conn, reused) = match self.inner.checkout() {
             Some(conn) => (conn, true),
             None => (self.inner.connect().await?, false),
         };
@@ -210,19 +187,9 @@ async fn exchange(
 
 impl PoolInner {
     async fn connect(&self) -> Result<Conn, UpstreamFault> {
-        let connect = TcpStream::connect((self.host.as_str(), self.port));
-        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(UpstreamFault::Connect(err.to_string())),
-            Err(_) => {
-                return Err(UpstreamFault::Connect(format!(
-                    "timed out after {:?}",
-                    self.connect_timeout
-                )))
-            }
-        };
-        // Events are small writes that must leave at once.
-        let _ = stream.set_nodelay(true);
+        let stream = idle_pool::connect(&self.origin, self.connect_timeout)
+            .await
+            .map_err(UpstreamFault::Connect)?;
         let (sender, driver) = self
             .builder
             .handshake(TokioIo::new(stream))
@@ -234,88 +201,14 @@ impl PoolInner {
         })
     }
 
-    fn checkout(&self, now: Instant) -> Option<Conn> {
-        let mut idle = self.shard().lock();
-        while let Some(mut entry) = idle.pop() {
-            self.idle_count.fetch_sub(1, Ordering::Relaxed);
-            if now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable() {
-                return Some(entry.conn);
-            }
-        }
-        None
+    fn checkout(&self) -> Option<Conn> {
+        idle_pool::checkout(&IDLE, &self.origin)
     }
 
-    fn checkin(self: &Arc<Self>, mut conn: Conn) {
-        if !conn.reusable() {
-            return;
+    fn checkin(&self, mut conn: Conn) {
+        if conn.reusable() {
+            idle_pool::checkin(&IDLE, &self.origin, conn, self.idle_timeout, self.max_idle);
         }
-        if self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.max_idle {
-            self.idle_count.fetch_sub(1, Ordering::Relaxed);
-            return;
-        }
-        let shard = SHARD.with(|shard| *shard);
-        self.shards[shard].lock().push(Idle {
-            conn,
-            since: Instant::now(),
-        });
-        self.start_sweeper(shard);
-    }
-
-    /// The shard of the calling thread.
-    fn shard(&self) -> &Shard {
-        &self.shards[SHARD.with(|shard| *shard)]
-    }
-
-    /// Close the shard's idle connections that the upstream closed or that are too old.
-    /// Runs while the pool exists; started on the shard's first checkin, on the runtime
-    /// of the thread that checked in (whose reactor the connections are registered with).
-    fn start_sweeper(self: &Arc<Self>, shard: usize) {
-        let started = &self.shards[shard].sweeper_started;
-        // Every checkin comes here: once the sweeper runs, that is all it costs.
-        if started.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // A body dropped while the runtime shuts down: nothing left to sweep for.
-            return;
-        };
-        if started.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let pool: Weak<PoolInner> = Arc::downgrade(self);
-        let every = SWEEP_EVERY.min(self.idle_timeout);
-        runtime.spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let Some(pool) = pool.upgrade() else { return };
-                pool.sweep(shard, Instant::now());
-            }
-        });
-    }
-
-    fn sweep(&self, shard: usize, now: Instant) {
-        let shard = &self.shards[shard];
-        // Checking a connection reads its socket: do it outside the lock, so requests
-        // are not held up behind a sweep of a large pool.
-        let mut kept = std::mem::take(&mut *shard.lock());
-        let before = kept.len();
-        kept.retain_mut(|entry| {
-            now.duration_since(entry.since) < self.idle_timeout && entry.conn.reusable()
-        });
-        self.idle_count
-            .fetch_sub(before - kept.len(), Ordering::Relaxed);
-        let mut idle = shard.lock();
-        // Connections checked in meanwhile are newer: they go after the survivors.
-        let newer = std::mem::replace(&mut *idle, kept);
-        idle.extend(newer);
-    }
-}
-
-impl Shard {
-    fn lock(&self) -> MutexGuard<'_, Vec<Idle>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -436,12 +329,11 @@ impl Body for ResponseBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::upstream_pool;
     use std::sync::mpsc;
 
-    /// A connection one thread checked in is not handed to another thread, whose task
-    /// would then be woken from the first thread's reactor; the first thread reuses it.
-    #[test]
-    fn idle_connections_stay_with_the_thread_that_used_them() {
+    /// An upstream that accepts connections and keeps them open.
+    fn holding_listener() -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         std::thread::spawn(move || {
@@ -450,39 +342,76 @@ mod tests {
                 held.push(stream);
             }
         });
+        port
+    }
+
+    fn current_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A connection one thread checked in is not handed to another thread, whose task
+    /// would then be woken from the first thread's reactor; the first thread reuses it.
+    #[test]
+    fn idle_connections_stay_with_the_thread_that_used_them() {
+        let port = holding_listener();
         let timeout = Duration::from_secs(60);
         let pool = H1Pool::new("127.0.0.1", port, timeout, timeout, 4).inner;
-        // This thread takes its shard first, so the owner's is the next one.
-        SHARD.with(|_| ());
         let (checked_in_tx, checked_in) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
         let owner = {
             let pool = pool.clone();
             std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
+                current_thread_runtime().block_on(async {
                     let conn = pool.connect().await.unwrap();
                     pool.checkin(conn);
                     checked_in_tx.send(()).unwrap();
                     go.recv().unwrap();
-                    pool.checkout(Instant::now()).is_some()
+                    (pool.checkout().is_some(), pool.checkout().is_some())
                 })
             })
         };
         checked_in.recv().unwrap();
-        assert_eq!(pool.idle_count.load(Ordering::Relaxed), 1);
         assert!(
-            pool.checkout(Instant::now()).is_none(),
+            pool.checkout().is_none(),
             "another thread's idle connection was handed out"
         );
         go_tx.send(()).unwrap();
+        let (first, second) = owner.join().unwrap();
         assert!(
-            owner.join().unwrap(),
+            first,
             "the thread that checked the connection in did not get it back"
         );
-        assert_eq!(pool.idle_count.load(Ordering::Relaxed), 0);
+        assert!(!second, "one connection was handed out twice");
+    }
+
+    /// The relay's idle sockets and hyper's idle connections to one upstream count
+    /// against one `pool_max_idle_per_host`: with a cap of one, whichever transport
+    /// keeps a connection first keeps the only one.
+    #[test]
+    fn the_relay_and_hyper_share_one_cap() {
+        let port = holding_listener();
+        let timeout = Duration::from_secs(60);
+        let pool = H1Pool::new("127.0.0.1", port, timeout, timeout, 1).inner;
+        let origin = pool.origin.clone();
+        current_thread_runtime().block_on(async {
+            let raw = upstream_pool::connect(&origin, timeout).await.unwrap();
+            upstream_pool::checkin(&origin, raw, timeout, 1);
+            pool.checkin(pool.connect().await.unwrap());
+            assert!(
+                pool.checkout().is_none(),
+                "hyper kept a connection past the cap the relay had used up"
+            );
+            let raw = upstream_pool::checkout(&origin).expect("the relay's connection");
+            pool.checkin(pool.connect().await.unwrap());
+            upstream_pool::checkin(&origin, raw, timeout, 1);
+            assert!(
+                upstream_pool::checkout(&origin).is_none(),
+                "the relay kept a connection past the cap hyper had used up"
+            );
+            assert!(pool.checkout().is_some(), "hyper's connection");
+        });
     }
 }

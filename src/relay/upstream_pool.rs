@@ -1,116 +1,46 @@
-//! The relay's keep-alive upstream connections, one pool per worker thread.
+//! The relay's keep-alive upstream connections: raw sockets in this worker thread's
+//! [`idle_pool`], which decides what is kept, how long and how many
+//! (`upstream.pool_max_idle_per_host` counts them together with hyper's connections).
 //!
 //! The server runs one current-thread runtime per CPU (`server::workers`) and a client
 //! connection stays on its worker, so a pool per thread needs no lock, and a connection
-//! is only ever used by the thread whose reactor its socket is registered with. An idle
-//! connection is not polled while it waits: at checkout, and in a sweep every second
-//! while the thread keeps any, one that outlived `upstream.pool_idle_timeout` is closed,
-//! and so is one the upstream has closed (its end of stream is already known to the
-//! reactor, so the check costs no system call while the connection is alive).
+//! is only ever used by the thread whose reactor its socket is registered with. What a
+//! raw socket adds is how it tells that it is still open ([`Reusable`]).
 
-use std::cell::{Cell, RefCell};
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-/// Where connections go: the upstream's host and port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
-    pub host: String,
-    pub port: u16,
-}
-
-/// How often a thread's idle connections are checked while it keeps any.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
-
-struct Idle {
-    origin: Origin,
-    stream: TcpStream,
-    /// When it has been idle for `upstream.pool_idle_timeout`.
-    expires: Instant,
-}
+use crate::idle_pool::{self, Reusable, ThreadPool};
+pub use crate::idle_pool::{connect, Origin};
 
 thread_local! {
-    /// This thread's idle connections, oldest first.
-    static IDLE: RefCell<Vec<Idle>> = const { RefCell::new(Vec::new()) };
-    /// Whether this thread's sweep is running.
-    static SWEEPING: Cell<bool> = const { Cell::new(false) };
+    /// This thread's idle relay connections.
+    static IDLE: ThreadPool<TcpStream> = const { ThreadPool::new() };
 }
 
 /// The most recently used live connection to `origin` kept on this thread, if any.
 pub fn checkout(origin: &Origin) -> Option<TcpStream> {
-    IDLE.with(|idle| {
-        let mut idle = idle.borrow_mut();
-        while let Some(at) = idle.iter().rposition(|entry| entry.origin == *origin) {
-            let entry = idle.remove(at);
-            if Instant::now() < entry.expires && still_open(&entry.stream) {
-                return Some(entry.stream);
-            }
-        }
-        None
-    })
+    idle_pool::checkout(&IDLE, origin)
 }
 
 /// Keep `stream`, whose last response ended cleanly, for `idle_timeout` for the next
-/// request to `origin`, unless `max_idle` connections to it are kept already. Call it on
-/// the runtime the connection's socket is registered with (a worker's, one thread).
+/// request to `origin`, unless this thread keeps its part of `max_idle` (the whole
+/// process's `upstream.pool_max_idle_per_host`, see [`idle_pool::thread_cap`]) already.
+/// Call it on the runtime the connection's socket is registered with (a worker's, one
+/// thread).
 pub fn checkin(origin: &Origin, stream: TcpStream, idle_timeout: Duration, max_idle: usize) {
-    let kept = IDLE.with(|idle| {
-        let mut idle = idle.borrow_mut();
-        if idle.iter().filter(|entry| entry.origin == *origin).count() >= max_idle {
-            return false;
-        }
-        idle.push(Idle {
-            origin: origin.clone(),
-            stream,
-            expires: Instant::now() + idle_timeout,
-        });
-        true
-    });
-    if kept && !SWEEPING.with(|sweeping| sweeping.replace(true)) {
-        // On a current-thread runtime the sweep runs on this thread, with this pool.
-        tokio::spawn(sweep());
-    }
+    idle_pool::checkin(&IDLE, origin, stream, idle_timeout, max_idle);
 }
 
-/// Close this thread's idle connections as they expire or the upstream closes them; ends
-/// when none is left (the next checkin starts it again).
-async fn sweep() {
-    loop {
-        tokio::time::sleep(SWEEP_EVERY).await;
-        let now = Instant::now();
-        let empty = IDLE.with(|idle| {
-            let mut idle = idle.borrow_mut();
-            idle.retain(|entry| now < entry.expires && still_open(&entry.stream));
-            idle.is_empty()
-        });
-        if empty {
-            SWEEPING.with(|sweeping| sweeping.set(false));
-            return;
-        }
-    }
-}
-
-/// Whether an idle connection can carry a request: nothing has arrived on it (neither the
-/// upstream's close nor bytes that answer no request).
-fn still_open(stream: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
-}
-
-/// Open a connection to `origin` within `timeout`. The error says why, as the hyper
-/// path's upstream client words it.
-pub async fn connect(origin: &Origin, timeout: Duration) -> Result<TcpStream, String> {
-    let host = origin.host.trim_matches(['[', ']']);
-    match tokio::time::timeout(timeout, TcpStream::connect((host, origin.port))).await {
-        Ok(Ok(stream)) => {
-            // Events are small writes that must leave at once.
-            let _ = stream.set_nodelay(true);
-            Ok(stream)
-        }
-        Ok(Err(err)) => Err(err.to_string()),
-        Err(_) => Err(format!("timed out after {timeout:?}")),
+/// An idle socket can carry a request while nothing has arrived on it (neither the
+/// upstream's close nor bytes that answer no request). Its end of stream is already known
+/// to the reactor, so the check costs no system call while the connection is alive.
+impl Reusable for TcpStream {
+    fn reusable(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.try_read(&mut probe), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
     }
 }
 

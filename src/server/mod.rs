@@ -16,7 +16,7 @@
 //! and hyper alone would keep it until `limits.header_read_timeout`.
 
 mod connections;
-mod workers;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -5,14 +5,19 @@
 //! worker. At the rates a sidecar sees, that thread wake-up costs more than relaying the
 //! event (measured in `docs/PERFORMANCE.md`: one worker spent 18-27% less CPU per event
 //! than two). Here each accepted connection is handed to one worker and lives there: its
-//! client side, its upstream connections (see the per-thread shards of
-//! [`H1Pool`](crate::proxy::h1_upstream::H1Pool)) and its timers, so an event
-//! is read, measured and written on one thread. More workers still use more cores, as
+//! client side, its upstream connections (kept idle per worker thread, see
+//! [`idle_pool`](crate::idle_pool)) and its timers, so an event is read, measured and
+//! written on one thread. More workers still use more cores, as
 //! nginx's worker processes do.
 //!
 //! Connections go to the worker serving the fewest, since SSE streams are long-lived and
 //! a round-robin would leave one worker with the streams that happened to last.
+//!
+//! A worker thread knows which worker it is ([`this_worker`]), so that what is bounded
+//! for the whole process can be split over the workers without a shared counter (the
+//! idle upstream connections of [`idle_pool`](crate::idle_pool)).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +31,24 @@ use tokio::sync::{mpsc, oneshot};
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
 type Job = Box<dyn FnOnce(Occupancy) + Send>;
+
+/// Which of a server's workers a thread is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerSlot {
+    /// From 0.
+    pub index: usize,
+    /// The server's workers.
+    pub count: usize,
+}
+
+thread_local! {
+    static THIS_WORKER: Cell<Option<WorkerSlot>> = const { Cell::new(None) };
+}
+
+/// The worker the calling thread is, or `None` on any other thread.
+pub fn this_worker() -> Option<WorkerSlot> {
+    THIS_WORKER.with(Cell::get)
+}
 
 /// The connection-serving threads of one server.
 pub struct Workers {
@@ -70,8 +93,9 @@ impl<F: Future<Output = ()>> Future for Occupied<F> {
 impl Workers {
     /// Start `count` worker threads (at least one).
     pub fn start(count: usize) -> std::io::Result<Workers> {
-        let workers = (0..count.max(1))
-            .map(Worker::start)
+        let count = count.max(1);
+        let workers = (0..count)
+            .map(|index| Worker::start(WorkerSlot { index, count }))
             .collect::<std::io::Result<_>>()?;
         Ok(Workers { workers })
     }
@@ -146,7 +170,7 @@ impl Workers {
 }
 
 impl Worker {
-    fn start(index: usize) -> std::io::Result<Worker> {
+    fn start(slot: WorkerSlot) -> std::io::Result<Worker> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -156,8 +180,9 @@ impl Worker {
         let connections = Arc::new(AtomicUsize::new(0));
         let occupancy = connections.clone();
         std::thread::Builder::new()
-            .name(format!("tokentap-worker-{index}"))
+            .name(format!("tokentap-worker-{}", slot.index))
             .spawn(move || {
+                THIS_WORKER.with(|this| this.set(Some(slot)));
                 runtime.block_on(async move {
                     let serve = async {
                         while let Some(job) = queue.recv().await {
@@ -213,6 +238,33 @@ mod tests {
                 "tokentap-worker-0",
                 "tokentap-worker-1",
                 "tokentap-worker-1"
+            ]
+        );
+        release.send(true).unwrap();
+        workers.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_worker_thread_knows_which_worker_it_is() {
+        assert_eq!(this_worker(), None);
+        let workers = Workers::start(2).unwrap();
+        let (release, hold) = tokio::sync::watch::channel(false);
+        let (slot_tx, mut slots) = mpsc::unbounded_channel();
+        for _ in 0..2 {
+            let mut hold = hold.clone();
+            let slot_tx = slot_tx.clone();
+            workers.dispatch(move || async move {
+                let _ = slot_tx.send(this_worker());
+                let _ = hold.wait_for(|released| *released).await;
+            });
+        }
+        let mut seen = vec![slots.recv().await.unwrap(), slots.recv().await.unwrap()];
+        seen.sort_by_key(|slot| slot.map(|slot| slot.index));
+        assert_eq!(
+            seen,
+            [
+                Some(WorkerSlot { index: 0, count: 2 }),
+                Some(WorkerSlot { index: 1, count: 2 })
             ]
         );
         release.send(true).unwrap();

@@ -909,6 +909,110 @@ async fn idle_connection_closed_by_the_upstream_is_replaced() {
     );
 }
 
+/// A keep-alive HTTP/1.1 backend that answers requests in rounds: it holds each request
+/// until `round` of them have arrived, so that a round of concurrent requests needs that
+/// many upstream connections, and counts the connections that carried a request and
+/// those of them still open.
+struct RoundsBackend {
+    url: String,
+    /// Connections that carried at least one request.
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, the ones tokentap has not closed.
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn rounds_backend(round: usize) -> RoundsBackend {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opened = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicUsize::new(0));
+    let (arrived, _) = tokio::sync::watch::channel(0usize);
+    let arrived = Arc::new(arrived);
+    let (opened_count, open_count) = (opened.clone(), open.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (opened, open, arrived) =
+                (opened_count.clone(), open_count.clone(), arrived.clone());
+            tokio::spawn(async move {
+                let mut first = true;
+                let mut buf = Vec::new();
+                while let Some(length) = read_request(&mut stream, &mut buf).await {
+                    buf.drain(..length);
+                    if std::mem::take(&mut first) {
+                        opened.fetch_add(1, Ordering::SeqCst);
+                        open.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let mut this_one = 0;
+                    arrived.send_modify(|count| {
+                        *count += 1;
+                        this_one = *count;
+                    });
+                    let round_end = this_one.div_ceil(round) * round;
+                    let mut all_here = arrived.subscribe();
+                    let _ = all_here.wait_for(|count| *count >= round_end).await;
+                    let response = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                     content-length: 11\r\n\r\n{\"data\":[]}";
+                    if stream.write_all(response).await.is_err() {
+                        break;
+                    }
+                }
+                if !first {
+                    open.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    RoundsBackend {
+        url: format!("http://{addr}"),
+        opened,
+        open,
+    }
+}
+
+/// `upstream.pool_max_idle_per_host` means the same on both paths: the idle connections
+/// to the upstream in the whole process. With a cap of 2 and two workers, a round of 6
+/// concurrent requests opens 6 upstream connections; once it ends, tokentap keeps 2 of
+/// them open (one per worker), and the next round reuses both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_paths_keep_pool_max_idle_per_host_idle_connections_in_all() {
+    use std::sync::atomic::Ordering;
+    for fast_path in [true, false] {
+        let backend = rounds_backend(6).await;
+        let yaml = format!(
+            "upstream:\n  pool_max_idle_per_host: 2\nproxy:\n  http1_fast_path: {fast_path}\n"
+        );
+        let proxy = Proxy::start(&backend.url, &yaml).await;
+        for round in 1..=2 {
+            // A client of its own per round: 6 new client connections, 3 per worker.
+            let client = client();
+            let requests = (0..6).map(|_| client.get(proxy.url("/v1/models").parse().unwrap()));
+            for response in futures_util::future::join_all(requests).await {
+                let response = response.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                assert_eq!(&body_bytes(response).await[..], b"{\"data\":[]}");
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while backend.open.load(Ordering::SeqCst) != 2 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "fast path {fast_path}, round {round}: {} upstream connections left open \
+                     with pool_max_idle_per_host: 2",
+                    backend.open.load(Ordering::SeqCst)
+                );
+                tokio::time::sleep(ms(10)).await;
+            }
+        }
+        assert_eq!(
+            backend.opened.load(Ordering::SeqCst),
+            6 + 4,
+            "fast path {fast_path}: the second round did not reuse the 2 kept connections"
+        );
+    }
+}
+
 /// An idle pooled connection is closed once it is older than `pool_idle_timeout`, even
 /// when no request comes to notice it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
