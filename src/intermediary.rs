@@ -13,12 +13,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
 use http::Version;
 
-/// The largest upstream response head either transport reads (hyper's client read buffer
-/// on the hyper path, the relay's head limit): nginx's default is 4-8 KiB.
+/// The largest upstream response head tokentap reads, on every upstream client (the
+/// relay's head limit, the read buffer and header list size of hyper's clients): nginx's
+/// default is 4-8 KiB.
 pub const MAX_UPSTREAM_HEAD_BYTES: usize = 16 << 10;
 
-/// The most fields an upstream response head may have (hyper's client default, set
-/// explicitly on both transports).
+/// The most fields an upstream HTTP/1.1 response head may have (hyper's client default,
+/// set explicitly on every HTTP/1.1 upstream client).
 pub const MAX_UPSTREAM_HEAD_FIELDS: usize = 100;
 
 /// The fields that describe one connection rather than the message, removed by a proxy in

@@ -86,13 +86,13 @@ impl UpstreamClient {
         body: UpstreamBody,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         if parts.method == http::Method::CONNECT {
-            // A reverse proxy has no tunnel to offer; forwarded, it became `CONNECT /`.
+            // A reverse proxy has no tunnel to offer (forwarded, it would be `CONNECT /`).
             return Err(ClientFault::ConnectMethod.into());
         }
         intermediary::check_transfer_coding(&mut parts.headers)
             .map_err(ClientFault::RequestCoding)?;
         // Upgrades are relayed to plain HTTP/1.1 upstreams; elsewhere they are stripped
-        // like any hop-by-hop header, as before.
+        // like any hop-by-hop header.
         let upgrade = match (&self.transport, parts.extensions.remove::<OnUpgrade>()) {
             (Transport::PlainH1(_), Some(on_upgrade)) => {
                 tunnel::requested_protocol(parts.version, &parts.headers)
@@ -255,6 +255,11 @@ fn pooled_client(
         .pool_idle_timeout(config.pool_idle_timeout)
         .pool_max_idle_per_host(config.pool_max_idle_per_host)
         .http1_preserve_header_case(true)
+        .http1_max_buf_size(intermediary::MAX_UPSTREAM_HEAD_BYTES)
+        .http1_max_headers(intermediary::MAX_UPSTREAM_HEAD_FIELDS)
+        .http2_max_header_list_size(
+            u32::try_from(intermediary::MAX_UPSTREAM_HEAD_BYTES).unwrap_or(u32::MAX),
+        )
         .http2_only(config.http2)
         // A request whose body has started streaming cannot be replayed.
         .retry_canceled_requests(false)

@@ -527,6 +527,13 @@ impl ResponseLoop<'_> {
                 .finish(BodyEnd::UpstreamBroken, || fault.into());
             return After::Done(self.answer(answer).await);
         }
+        if let Step::Ended { .. } = step {
+            // Recorded as the end is handed to the client's connection, as the hyper path
+            // records it when it hands hyper the last frame: a scrape that follows the
+            // client's read of the end sees the request.
+            self.observed
+                .finish(BodyEnd::Clean, unreachable_before_head);
+        }
         let sent_at_once = send_now_or_keep(self.client, out, unsent);
         if let Step::More { used } = step {
             carry.extend_from_slice(&received[used..]);
@@ -561,11 +568,7 @@ impl ResponseLoop<'_> {
                     .finish(BodyEnd::UpstreamBroken, unreachable_before_head);
                 After::Done(ResponseEnd::closed())
             }
-            Step::Ended { reuse_upstream } => {
-                self.observed
-                    .finish(BodyEnd::Clean, unreachable_before_head);
-                After::Ended { reuse_upstream }
-            }
+            Step::Ended { reuse_upstream } => After::Ended { reuse_upstream },
         }
     }
 

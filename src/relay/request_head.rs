@@ -5,9 +5,9 @@
 //!
 //! The rule is that the fast path forwards only what it fully understands. Everything
 //! that hyper treats specially or that two parsers could read two ways is handed off, so
-//! hyper answers it exactly as it always has: HTTP/1.0, `CONNECT`, upgrades and the h2c
-//! preface, `Expect`, a `Transfer-Encoding` other than one `chunked`, `Content-Length`
-//! beside `Transfer-Encoding`, more than one `Content-Length`, a missing or repeated
+//! hyper's path answers it: HTTP/1.0, `CONNECT`, upgrades and the h2c preface, `Expect`, a
+//! `Transfer-Encoding` other than one `chunked`, `Content-Length` beside
+//! `Transfer-Encoding`, more than one `Content-Length`, a missing, repeated or invalid
 //! `Host`, a target that is not origin-form, bare LF line ends, control bytes, and heads
 //! longer than the limit. What `httparse` itself refuses (obs-fold, whitespace before a
 //! colon, invalid bytes) is rejected with the status and bytes hyper sends for it, at the

@@ -192,7 +192,9 @@ async fn broken_json_body_is_forwarded_and_counted() {
         .await;
     assert_eq!(
         m.sum("tokentap_requests_total", &[("outcome", "completed")]),
-        1.0
+        1.0,
+        "{}",
+        m.text
     );
     assert_eq!(
         m.sum("tokentap_decode_errors_total", &[]),

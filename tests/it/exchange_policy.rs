@@ -1,8 +1,9 @@
 //! One exchange policy, every transport: the same bytes in give the same bytes out, the
 //! same outcome and the same access line, whether the request comes over HTTP/1.1 through
 //! the relay (`proxy.http1_fast_path: true`), over HTTP/1.1 through hyper (`false`), or as
-//! an h2c stream. Each test is a table run over the three transports; each row is a case
-//! where the transports once answered differently, or one a hostile probe tried.
+//! an h2c stream. Each test runs its cases over every transport the case exists on (the
+//! three, or the two HTTP/1.1 paths for what only HTTP/1.1 can say); the cases are those a
+//! hostile probe tried, where one transport's answer could differ from another's.
 
 use crate::common;
 
