@@ -178,7 +178,6 @@ impl Server {
             workers,
         } = self;
         let workers = Workers::start(workers).map_err(ServeError::Workers)?;
-
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
@@ -189,31 +188,65 @@ impl Server {
             readiness.clone(),
             metrics.clone(),
         ));
-        let builder = connection_builder(&config);
-        let graceful = GracefulShutdown::new();
-        let (closing, closing_rx) = watch::channel(false);
-        let nofile = connections::nofile_soft_limit();
-        let max_connections =
-            connections::effective(config.limits.max_connections, nofile, workers.count());
-        if let (Some((configured, allowed)), Some(nofile)) = (max_connections.lowered, nofile) {
-            tracing::warn!(
-                configured,
-                allowed,
-                nofile,
-                "limits.max_connections is {configured}, more than the file descriptor limit \
-                 (ulimit -n {nofile}) allows: using {allowed}"
-            );
-        }
-        let mut connection_limit = ConnectionLimit::new(max_connections.limit, metrics.clone());
+        let limit = ConnectionLimit::at_start(
+            config.limits.max_connections,
+            workers.count(),
+            metrics.clone(),
+        );
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
             tls = tls.is_some(),
             workers = workers.count(),
-            max_connections = max_connections.limit,
+            max_connections = limit.limit(),
             "proxy listening"
         );
+        let (closing, closing_rx) = watch::channel(false);
+        let accepting = Accepting {
+            listener: proxy_listener,
+            limit,
+            builder: connection_builder(&config),
+            graceful: GracefulShutdown::new(),
+            closing: closing_rx,
+            header_read_timeout: config.limits.header_read_timeout,
+            proxy: proxy.clone(),
+            tls,
+        };
+        let graceful = accepting.run(&workers, shutdown).await;
 
+        // No longer accepting: fail readiness, and let in-flight streams finish.
+        readiness.draining.store(true, Ordering::Relaxed);
+        let _ = closing.send(true);
+        drain(graceful, &proxy, &metrics).await;
+        // Streams still open are cut here; each is counted before `run` returns.
+        workers.stop().await;
+        probe_task.abort();
+        admin_task.abort();
+        Ok(())
+    }
+}
+
+/// The proxy port's accept loop and what it hands each connection.
+struct Accepting {
+    listener: TcpListener,
+    limit: ConnectionLimit,
+    builder: auto::Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+    /// Given to each connection: turns `true` when the server starts to shut down.
+    closing: watch::Receiver<bool>,
+    header_read_timeout: Duration,
+    proxy: Arc<Proxy>,
+    tls: Option<TlsAcceptor>,
+}
+
+impl Accepting {
+    /// Accept connections and hand each to a worker until `shutdown` resolves; then close
+    /// the listener and return what the drain waits on.
+    async fn run(
+        mut self,
+        workers: &Workers,
+        shutdown: impl Future<Output = ()>,
+    ) -> GracefulShutdown {
         tokio::pin!(shutdown);
         loop {
             // A permit first: at `limits.max_connections` the loop waits here, and new
@@ -221,12 +254,12 @@ impl Server {
             let permit = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                permit = connection_limit.acquire() => permit,
+                permit = self.limit.acquire() => permit,
             };
             let (stream, peer) = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                accepted = proxy_listener.accept() => match accepted {
+                accepted = self.listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(err) => {
                         // Out of file descriptors (held elsewhere than by client
@@ -238,64 +271,71 @@ impl Server {
                 },
             };
             // Held by the connection's task until the connection ends.
-            let slot = connection_limit.open(permit);
-            let _ = stream.set_nodelay(true);
-            // The socket moves to the worker's reactor when the worker first polls it.
-            let stream = match stream.into_std() {
-                Ok(stream) => stream,
-                Err(err) => {
-                    tracing::debug!(%peer, error = %err, "cannot hand over a connection");
-                    continue;
-                }
-            };
-            let connection = Connection {
-                peer,
-                builder: builder.clone(),
-                watcher: graceful.watcher(),
-                service: proxy.service(),
-                closing: closing_rx.clone(),
-                _slot: slot,
-            };
-            match &tls {
-                None => {
-                    let header_read_timeout = config.limits.header_read_timeout;
-                    // Per connection, so that a reload switches new connections over.
-                    let active = proxy.active();
-                    let relay = active
-                        .config
-                        .proxy
-                        .http1_fast_path
-                        .then(|| Relay::new(proxy.gateway().clone(), header_read_timeout));
-                    workers.dispatch(move || {
-                        serve_plain(stream, connection, header_read_timeout, relay)
-                    })
-                }
-                Some(acceptor) => {
-                    let acceptor = acceptor.clone();
-                    workers.dispatch(move || serve_tls(stream, connection, acceptor))
-                }
+            let slot = self.limit.open(permit);
+            self.hand_over(workers, stream, peer, slot);
+        }
+        // Stop accepting.
+        drop(self.listener);
+        self.graceful
+    }
+
+    /// Send one accepted connection to a worker, to be served there.
+    fn hand_over(
+        &self,
+        workers: &Workers,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slot: ConnectionSlot,
+    ) {
+        let _ = stream.set_nodelay(true);
+        // The socket moves to the worker's reactor when the worker first polls it.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::debug!(%peer, error = %err, "cannot hand over a connection");
+                return;
+            }
+        };
+        let connection = Connection {
+            peer,
+            builder: self.builder.clone(),
+            watcher: self.graceful.watcher(),
+            service: self.proxy.service(),
+            closing: self.closing.clone(),
+            _slot: slot,
+        };
+        match &self.tls {
+            None => {
+                let header_read_timeout = self.header_read_timeout;
+                // Per connection, so that a reload switches new connections over.
+                let active = self.proxy.active();
+                let relay = active
+                    .config
+                    .proxy
+                    .http1_fast_path
+                    .then(|| Relay::new(self.proxy.gateway().clone(), header_read_timeout));
+                workers
+                    .dispatch(move || serve_plain(stream, connection, header_read_timeout, relay))
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                workers.dispatch(move || serve_tls(stream, connection, acceptor))
             }
         }
+    }
+}
 
-        // Stop accepting, fail readiness, and let in-flight streams finish.
-        drop(proxy_listener);
-        readiness.draining.store(true, Ordering::Relaxed);
-        let _ = closing.send(true);
-        let in_flight = graceful.count();
-        let drain = proxy.active().config.shutdown.drain_timeout;
-        tracing::info!(connections = in_flight, deadline = ?drain, "draining");
-        match tokio::time::timeout(drain, graceful.shutdown()).await {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => tracing::warn!(
-                streams = metrics.streams_in_flight.get(),
-                "drain deadline passed; remaining streams are cut and counted as cancelled"
-            ),
-        }
-        // Streams still open are cut here; each is counted before `run` returns.
-        workers.stop().await;
-        probe_task.abort();
-        admin_task.abort();
-        Ok(())
+/// Wait for in-flight connections to finish, up to `shutdown.drain_timeout`.
+async fn drain(graceful: GracefulShutdown, proxy: &Proxy, metrics: &Metrics) {
+    let in_flight = graceful.count();
+    let drain = proxy.active().config.shutdown.drain_timeout;
+    tracing::info!(connections = in_flight, deadline = ?drain, "draining");
+    match tokio::time::timeout(drain, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained; exiting"),
+        Err(_) => tracing::warn!(
+            streams = metrics.streams_in_flight.get(),
+            "drain deadline passed; remaining streams are cut and counted as cancelled"
+        ),
     }
 }
 
