@@ -149,9 +149,11 @@ pub struct RawLimits {
     pub max_in_flight: Option<Count>,
     /// Client connections open at once on the proxy port (idle keep-alive ones
     /// included). At the limit tokentap stops accepting until one closes: new clients
-    /// wait in the kernel's listen backlog rather than being accepted and closed, and
-    /// the admin port (`/metrics`, `/healthz`, `/readyz`), which has its own descriptors,
-    /// keeps answering. Each time the limit is reached counts in
+    /// wait in the kernel's listen backlog rather than being accepted and closed, and the
+    /// admin port (`/metrics`, `/healthz`, `/readyz`), which has its own descriptors, keeps
+    /// answering. The backlog holds 1024 clients (or `net.core.somaxconn`, if less); past
+    /// it the kernel drops a new client's SYN, which the client sends again 1s, 3s, ...
+    /// later. Each time the limit is reached counts in
     /// `tokentap_client_connection_limit_reached_total`; the open connections are
     /// `tokentap_client_connections`. Default: what the process's file descriptor limit
     /// (the soft `RLIMIT_NOFILE`, `ulimit -n`) allows, at most 65536: half of what is left

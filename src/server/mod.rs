@@ -28,7 +28,7 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
@@ -115,8 +115,8 @@ impl Server {
         );
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
-        let proxy_listener = bind("proxy", config.listen).await?;
-        let admin_listener = bind("admin", config.admin).await?;
+        let proxy_listener = bind_proxy(config.listen)?;
+        let admin_listener = bind_admin(config.admin).await?;
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
@@ -339,10 +339,49 @@ async fn drain(graceful: GracefulShutdown, proxy: &Proxy, metrics: &Metrics) {
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+/// The proxy port's listen backlog: how many clients, their handshake done, the kernel
+/// holds until the accept loop takes them. Past it the kernel drops a new client's SYN and
+/// the client tries again only 1 s, 3 s, 7 s... later. At `limits.max_connections` the
+/// loop stops accepting by design, so waiting clients queue here, not just a burst: more
+/// than the 128 of std's and tokio's `TcpListener::bind`, and than nginx's 511 (sized for
+/// a burst, and to fill a power-of-two SYN table on old kernels). Each waiting client
+/// costs kernel memory, no descriptor. The kernel lowers it
+/// to `net.core.somaxconn` (4096 since Linux 5.4, 128 before).
+const PROXY_BACKLOG: u32 = 1024;
+
+/// Bind the proxy port with [`PROXY_BACKLOG`], otherwise as `TcpListener::bind` does:
+/// `SO_REUSEADDR` on Unix (a restart can rebind while old connections are in
+/// `TIME_WAIT`), an IPv6 address as the system's default (dual-stack on Linux).
+fn bind_proxy(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    let bind = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        // Not on Windows, where it would let another socket take the port (as tokio).
+        #[cfg(not(windows))]
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(PROXY_BACKLOG)
+    };
+    bind().map_err(|source| ServeError::Bind {
+        what: "proxy",
+        addr,
+        source,
+    })
+}
+
+/// Bind the admin port: at most [`admin::MAX_CONNECTIONS`] are served at once, and the
+/// default backlog of 128 is plenty for scrapes and probes.
+async fn bind_admin(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServeError::Bind { what, addr, source })
+        .map_err(|source| ServeError::Bind {
+            what: "admin",
+            addr,
+            source,
+        })
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
@@ -644,5 +683,48 @@ async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: A
             was = Some(reachable);
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_proxy_port_binds_like_tokio_on_ipv4_and_ipv6() {
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let addr: SocketAddr = addr.parse().expect("an address");
+            let listener = match bind_proxy(addr) {
+                Ok(listener) => listener,
+                // A host without IPv6 (some containers): nothing to check there.
+                Err(ServeError::Bind { source, .. })
+                    if addr.is_ipv6() && source.kind() == std::io::ErrorKind::AddrNotAvailable =>
+                {
+                    continue
+                }
+                Err(err) => panic!("{addr}: {err}"),
+            };
+            let bound = listener.local_addr().expect("bound");
+            assert_eq!(bound.ip(), addr.ip());
+            assert!(socket2::SockRef::from(&listener)
+                .reuse_address()
+                .expect("readable"));
+            let client = TcpStream::connect(bound).await.expect("connects");
+            let (_, peer) = listener.accept().await.expect("accepts");
+            assert_eq!(Some(peer), client.local_addr().ok());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_is_a_bind_error_naming_the_proxy() {
+        let taken = bind_proxy("127.0.0.1:0".parse().expect("an address")).expect("binds");
+        let addr = taken.local_addr().expect("bound");
+        match bind_proxy(addr) {
+            Err(err @ ServeError::Bind { what: "proxy", .. }) => {
+                assert!(err.to_string().contains(&addr.to_string()), "{err}");
+            }
+            Err(err) => panic!("{err}"),
+            Ok(_) => panic!("{addr} bound twice"),
+        }
     }
 }

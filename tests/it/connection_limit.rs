@@ -111,7 +111,7 @@ async fn at_the_limit_a_new_client_waits_until_a_connection_closes() {
 /// allow with 2 workers, (128 - 48 - 4 x 2 - 16) / 2 = 28, so tokentap never runs out of
 /// descriptors: the admin port answers during the flood, `accept` never fails, and once
 /// the clients leave a request is served. (The 122 clients past the limit fit in the
-/// listen backlog of 128, so each one's connect completes at once.)
+/// listen backlog, 1024 deep, so each one's connect completes at once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_clients_leaves_the_admin_port_and_later_clients_served() {
     let sim = SimHandle::start(SimConfig::default()).await;
