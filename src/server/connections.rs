@@ -131,7 +131,11 @@ impl ConnectionLimit {
         ConnectionLimit::new(effective.limit, metrics)
     }
 
+    /// Permits for `limit` connections; `tokentap_client_connections_limit` says `limit`.
     pub fn new(limit: usize, metrics: Arc<Metrics>) -> ConnectionLimit {
+        metrics
+            .client_connections_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
         ConnectionLimit {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
@@ -250,6 +254,7 @@ mod tests {
         .map(|config| Metrics::new(&config.metrics.buckets, &config.labels))
         .expect("flag-only config is valid");
         let mut limit = ConnectionLimit::new(1, metrics.clone());
+        assert_eq!(metrics.client_connections_limit.get(), 1);
         let permit = limit.acquire().await;
         let first = limit.open(permit);
         assert_eq!(metrics.client_connections.get(), 1);

@@ -178,6 +178,12 @@ impl Server {
             workers,
         } = self;
         let workers = Workers::start(workers).map_err(ServeError::Workers)?;
+        // Before the admin port serves: no scrape sees the limit gauge unset.
+        let limit = ConnectionLimit::at_start(
+            config.limits.max_connections,
+            workers.count(),
+            metrics.clone(),
+        );
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
@@ -188,11 +194,6 @@ impl Server {
             readiness.clone(),
             metrics.clone(),
         ));
-        let limit = ConnectionLimit::at_start(
-            config.limits.max_connections,
-            workers.count(),
-            metrics.clone(),
-        );
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
