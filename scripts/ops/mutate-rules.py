@@ -53,6 +53,13 @@ MUTATIONS = [
     ("upstream alert inverted", "expr: tokentap_upstream_up == 0", "expr: tokentap_upstream_up == 1"),
     ("label overflow alert on rate over 1m", "increase(tokentap_label_overflow_total[1h])",
      "increase(tokentap_label_overflow_total[1m])"),
+    ("connections threshold 0.9 -> 0.99", "expr: vector(0.9)", "expr: vector(0.99)"),
+    ("connections alert fires at exactly the threshold",
+     "tokentap_client_connections / tokentap_client_connections_limit\n            > on ()",
+     "tokentap_client_connections / tokentap_client_connections_limit\n            >= on ()"),
+    ("connections alert `for` 5m -> 1m",
+     "tokentap:threshold:client_connections_ratio\n        for: 5m",
+     "tokentap:threshold:client_connections_ratio\n        for: 1m"),
     ("decode errors alert on the wrong label", "sum by (dialect) (rate(tokentap_decode_errors_total[10m]))",
      "sum by (reason) (rate(tokentap_decode_errors_total[10m]))"),
 ]

@@ -38,6 +38,7 @@ METRICS = {
     "tokentap_client_connection_limit_reached_total": ("counter", ()),
     "tokentap_streams_in_flight": ("gauge", ()),
     "tokentap_client_connections": ("gauge", ()),
+    "tokentap_client_connections_limit": ("gauge", ()),
     "tokentap_upstream_up": ("gauge", ()),
     "tokentap_build_info": ("gauge", ("version",)),
 }
@@ -48,7 +49,6 @@ NOT_CHARTED = {
     "tokentap_event_tokens_total",
     "tokentap_passthrough_requests_total",
     "tokentap_overload_rejections_total",
-    "tokentap_client_connections",
     "tokentap_client_connection_limit_reached_total",
 }
 

@@ -149,17 +149,21 @@ pub struct RawLimits {
     pub max_in_flight: Option<Count>,
     /// Client connections open at once on the proxy port (idle keep-alive ones
     /// included). At the limit tokentap stops accepting until one closes: new clients
-    /// wait in the kernel's listen backlog rather than being accepted and closed, and
-    /// the admin port (`/metrics`, `/healthz`, `/readyz`), which has its own descriptors,
-    /// keeps answering. Each time the limit is reached counts in
+    /// wait in the kernel's listen backlog rather than being accepted and closed, and the
+    /// admin port (`/metrics`, `/healthz`, `/readyz`), which has its own descriptors, keeps
+    /// answering. The backlog holds 1024 clients (or `net.core.somaxconn`, if less); past
+    /// it the kernel drops a new client's SYN, which the client sends again 1s, 3s, ...
+    /// later. Each time the limit is reached counts in
     /// `tokentap_client_connection_limit_reached_total`; the open connections are
-    /// `tokentap_client_connections`. Default: what the process's file descriptor limit
-    /// (the soft `RLIMIT_NOFILE`, `ulimit -n`) allows, at most 65536: half of what is left
-    /// after a reserve of 48, plus 4 per worker thread, plus 16 for the admin port (each
-    /// client connection may hold an upstream connection too), e.g. 476 at `ulimit -n 1024`
-    /// with 2 workers. A value above what the descriptor limit allows is lowered to that,
-    /// with a warning at start naming both. A connection upgraded by a `101` (WebSocket)
-    /// counts until it is handed to its tunnel, not while tunnelled. Read at startup.
+    /// `tokentap_client_connections`, the limit in force
+    /// `tokentap_client_connections_limit`. Default: what the process's file descriptor
+    /// limit (the soft `RLIMIT_NOFILE`, `ulimit -n`) allows, at most 65536: half of what is
+    /// left after a reserve of 48, plus 4 per worker thread, plus 16 for the admin port
+    /// (each client connection may hold an upstream connection too), e.g. 476 at
+    /// `ulimit -n 1024` with 2 workers. A value above what the descriptor limit allows is
+    /// lowered to that, with a warning at start naming both. A connection upgraded by a
+    /// `101` (WebSocket) counts until it is handed to its tunnel, not while tunnelled. Read
+    /// at startup.
     pub max_connections: Option<Count>,
     /// A client must send its whole request head within this. Default 30s.
     pub header_read_timeout: Option<HumanDuration>,

@@ -55,8 +55,11 @@ impl Issues<'_> {
 impl RawConfig {
     /// Check every field and build the [`Config`]; returns all issues at once.
     /// `origin` names the text in errors found later ([`Written`]).
+    ///
+    /// Sections are checked in the order they are documented, so issues are listed in
+    /// that order too.
     pub fn validate(
-        mut self,
+        self,
         text: &str,
         origin: &str,
         overrides: &Overrides,
@@ -66,7 +69,6 @@ impl RawConfig {
             origin,
             found: Vec::new(),
         };
-
         let listen = socket_addr(
             &mut issues,
             "listen",
@@ -95,139 +97,11 @@ impl RawConfig {
                 .http1_fast_path
                 .unwrap_or(default_http1_fast_path()),
         };
-        let limits = Limits {
-            max_in_flight: self
-                .limits
-                .max_in_flight
-                .map_or(default_max_in_flight(), |n| n.0),
-            max_connections: self.limits.max_connections.map(|n| n.0),
-            header_read_timeout: dur(
-                self.limits.header_read_timeout,
-                default_header_read_timeout(),
-            ),
-            max_headers: self
-                .limits
-                .max_headers
-                .map_or(default_max_headers(), |n| n.0),
-            max_header_bytes: self
-                .limits
-                .max_header_bytes
-                .map_or(default_max_header_bytes(), |b| b.0),
-            request_body_timeout: dur(
-                self.limits.request_body_timeout,
-                default_request_body_timeout(),
-            ),
-        };
-        if limits.max_in_flight == 0 {
-            issues.push("limits.max_in_flight", "must be at least 1");
-        }
-        if limits.max_connections == Some(0) {
-            issues.push("limits.max_connections", "must be at least 1");
-        }
-        if limits.request_body_timeout.is_zero() {
-            issues.push("limits.request_body_timeout", "must be longer than 0s");
-        }
-        if limits.max_header_bytes < 8192 {
-            // hyper's floor for its read buffer.
-            issues.push("limits.max_header_bytes", "must be at least 8KiB");
-        }
+        let limits = self.limits.validate(&mut issues);
         let tenants = self.tenants.validate(&mut issues);
-        if self.labels.model.families.is_some() {
-            issues.push(
-                "labels.model.families",
-                "every per-request family carries `model`; list the families that also \
-                 carry `tenant` in `labels.tenant.families`",
-            );
-        }
-        let tenant_families = tenant_families(&mut issues, self.labels.tenant.families.take());
-        let model = self.labels.model.validate(&mut issues, "labels.model");
-        let tenant = self.labels.tenant.validate(&mut issues, "labels.tenant");
-        // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
-        let unbounded = model.max_values.is_none() || tenant.max_values.is_none();
-        let labels = Labels {
-            max_pairs: self.labels.max_pairs.map_or(
-                if unbounded {
-                    usize::MAX
-                } else {
-                    DEFAULT_MAX_PAIRS
-                },
-                |n| n.0,
-            ),
-            model,
-            tenant,
-            tenant_families,
-        };
-        if labels.max_pairs == 0 {
-            issues.push("labels.max_pairs", "must be at least 1");
-        }
-        let b = self.metrics.buckets;
-        let buckets = Buckets {
-            time_to_first_byte_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.time_to_first_byte_seconds",
-                b.time_to_first_byte_seconds,
-                LATENCY_BUCKETS,
-            ),
-            time_to_first_token_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.time_to_first_token_seconds",
-                b.time_to_first_token_seconds,
-                LATENCY_BUCKETS,
-            ),
-            inter_token_latency_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.inter_token_latency_seconds",
-                b.inter_token_latency_seconds,
-                ITL_BUCKETS,
-            ),
-            inter_chunk_latency_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.inter_chunk_latency_seconds",
-                b.inter_chunk_latency_seconds,
-                INTER_CHUNK_BUCKETS,
-            ),
-            time_per_output_token_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.time_per_output_token_seconds",
-                b.time_per_output_token_seconds,
-                ITL_BUCKETS,
-            ),
-            output_tokens_per_second: buckets(
-                &mut issues,
-                "metrics.buckets.output_tokens_per_second",
-                b.output_tokens_per_second,
-                TOKENS_PER_SECOND_BUCKETS,
-            ),
-            request_duration_seconds: buckets(
-                &mut issues,
-                "metrics.buckets.request_duration_seconds",
-                b.request_duration_seconds,
-                DURATION_BUCKETS,
-            ),
-        };
-        let native_histograms = native_histograms(&mut issues, self.metrics.native_histograms);
-        let exemplars = exemplars(&mut issues, self.metrics.exemplars);
-        let metrics = MetricsConfig {
-            buckets,
-            native_histograms,
-            exemplars,
-            stall_threshold: dur(self.metrics.stall_threshold, default_stall_threshold()),
-        };
-        let observe = Observe {
-            max_event_bytes: self
-                .observe
-                .max_event_bytes
-                .map_or(default_max_event_bytes(), |b| b.0),
-            max_body_bytes: self
-                .observe
-                .max_body_bytes
-                .map_or(default_max_body_bytes(), |b| b.0),
-            skip_special_tokens: self.observe.skip_special_tokens,
-            tokenizer: self.observe.tokenizer.and_then(|t| t.validate(&mut issues)),
-        };
-        if observe.max_event_bytes < 1024 {
-            issues.push("observe.max_event_bytes", "must be at least 1KiB");
-        }
+        let labels = self.labels.validate(&mut issues);
+        let metrics = self.metrics.validate(&mut issues);
+        let observe = self.observe.validate(&mut issues);
         let routes = routes(&mut issues, self.routes);
         let log = self.log.validate(&mut issues, overrides);
 
@@ -249,6 +123,149 @@ impl RawConfig {
             }),
             _ => Err(issues.found),
         }
+    }
+}
+
+impl RawLimits {
+    fn validate(self, issues: &mut Issues<'_>) -> Limits {
+        let limits = Limits {
+            max_in_flight: self.max_in_flight.map_or(default_max_in_flight(), |n| n.0),
+            max_connections: self.max_connections.map(|n| n.0),
+            header_read_timeout: dur(self.header_read_timeout, default_header_read_timeout()),
+            max_headers: self.max_headers.map_or(default_max_headers(), |n| n.0),
+            max_header_bytes: self
+                .max_header_bytes
+                .map_or(default_max_header_bytes(), |b| b.0),
+            request_body_timeout: dur(self.request_body_timeout, default_request_body_timeout()),
+        };
+        if limits.max_in_flight == 0 {
+            issues.push("limits.max_in_flight", "must be at least 1");
+        }
+        if limits.max_connections == Some(0) {
+            issues.push("limits.max_connections", "must be at least 1");
+        }
+        if limits.request_body_timeout.is_zero() {
+            issues.push("limits.request_body_timeout", "must be longer than 0s");
+        }
+        if limits.max_header_bytes < 8192 {
+            // hyper's floor for its read buffer.
+            issues.push("limits.max_header_bytes", "must be at least 8KiB");
+        }
+        limits
+    }
+}
+
+impl RawLabels {
+    fn validate(mut self, issues: &mut Issues<'_>) -> Labels {
+        if self.model.families.is_some() {
+            issues.push(
+                "labels.model.families",
+                "every per-request family carries `model`; list the families that also \
+                 carry `tenant` in `labels.tenant.families`",
+            );
+        }
+        let tenant_families = tenant_families(issues, self.tenant.families.take());
+        let model = self.model.validate(issues, "labels.model");
+        let tenant = self.tenant.validate(issues, "labels.tenant");
+        // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
+        let unbounded = model.max_values.is_none() || tenant.max_values.is_none();
+        let default_max_pairs = if unbounded {
+            usize::MAX
+        } else {
+            DEFAULT_MAX_PAIRS
+        };
+        let labels = Labels {
+            max_pairs: self.max_pairs.map_or(default_max_pairs, |n| n.0),
+            model,
+            tenant,
+            tenant_families,
+        };
+        if labels.max_pairs == 0 {
+            issues.push("labels.max_pairs", "must be at least 1");
+        }
+        labels
+    }
+}
+
+impl RawMetrics {
+    fn validate(self, issues: &mut Issues<'_>) -> MetricsConfig {
+        let buckets = self.buckets.validate(issues);
+        let native_histograms = native_histograms(issues, self.native_histograms);
+        let exemplars = exemplars(issues, self.exemplars);
+        MetricsConfig {
+            buckets,
+            native_histograms,
+            exemplars,
+            stall_threshold: dur(self.stall_threshold, default_stall_threshold()),
+        }
+    }
+}
+
+impl RawBuckets {
+    fn validate(self, issues: &mut Issues<'_>) -> Buckets {
+        Buckets {
+            time_to_first_byte_seconds: buckets(
+                issues,
+                "metrics.buckets.time_to_first_byte_seconds",
+                self.time_to_first_byte_seconds,
+                LATENCY_BUCKETS,
+            ),
+            time_to_first_token_seconds: buckets(
+                issues,
+                "metrics.buckets.time_to_first_token_seconds",
+                self.time_to_first_token_seconds,
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency_seconds: buckets(
+                issues,
+                "metrics.buckets.inter_token_latency_seconds",
+                self.inter_token_latency_seconds,
+                ITL_BUCKETS,
+            ),
+            inter_chunk_latency_seconds: buckets(
+                issues,
+                "metrics.buckets.inter_chunk_latency_seconds",
+                self.inter_chunk_latency_seconds,
+                INTER_CHUNK_BUCKETS,
+            ),
+            time_per_output_token_seconds: buckets(
+                issues,
+                "metrics.buckets.time_per_output_token_seconds",
+                self.time_per_output_token_seconds,
+                ITL_BUCKETS,
+            ),
+            output_tokens_per_second: buckets(
+                issues,
+                "metrics.buckets.output_tokens_per_second",
+                self.output_tokens_per_second,
+                TOKENS_PER_SECOND_BUCKETS,
+            ),
+            request_duration_seconds: buckets(
+                issues,
+                "metrics.buckets.request_duration_seconds",
+                self.request_duration_seconds,
+                DURATION_BUCKETS,
+            ),
+        }
+    }
+}
+
+impl RawObserve {
+    fn validate(self, issues: &mut Issues<'_>) -> Observe {
+        let observe = Observe {
+            max_event_bytes: self
+                .max_event_bytes
+                .map_or(default_max_event_bytes(), |b| b.0),
+            max_body_bytes: self
+                .max_body_bytes
+                .map_or(default_max_body_bytes(), |b| b.0),
+            skip_special_tokens: self.skip_special_tokens,
+            tokenizer: self.tokenizer.and_then(|t| t.validate(issues)),
+        };
+        if observe.max_event_bytes < 1024 {
+            issues.push("observe.max_event_bytes", "must be at least 1KiB");
+        }
+        observe
     }
 }
 

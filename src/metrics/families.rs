@@ -296,6 +296,13 @@ pub(super) static CLIENT_CONNECTIONS: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Gauge,
 };
 
+pub(super) static CLIENT_CONNECTIONS_LIMIT: RegistryFamily = RegistryFamily {
+    name: "tokentap_client_connections_limit",
+    help: "Client connections the proxy port keeps open at most: limits.max_connections as in force (lowered to what ulimit -n allows), set at start.",
+    labels: &[],
+    kind: RegistryKind::Gauge,
+};
+
 pub(super) static CLIENT_CONNECTION_LIMIT_REACHED: RegistryFamily = RegistryFamily {
     name: "tokentap_client_connection_limit_reached_total",
     help: "Times the proxy port stopped accepting because limits.max_connections client connections were open; new clients then wait in the listen backlog until one closes.",
@@ -318,7 +325,7 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 };
 
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 10] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 11] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -326,6 +333,7 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 10] = [
     &PASSTHROUGH,
     &OVERLOAD_REJECTIONS,
     &CLIENT_CONNECTIONS,
+    &CLIENT_CONNECTIONS_LIMIT,
     &CLIENT_CONNECTION_LIMIT_REACHED,
     &LABEL_OVERFLOW,
     &BUILD_INFO,

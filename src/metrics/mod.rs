@@ -51,9 +51,9 @@ use exemplar::{Exemplar, TraceContext};
 use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, TextFormat, Writer};
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
-    RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTION_LIMIT_REACHED,
-    DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH,
-    STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
+    RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
+    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
+    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
@@ -139,6 +139,8 @@ pub struct Metrics {
     overload_rejections: IntCounter,
     /// Client connections open on the proxy port.
     pub client_connections: IntGauge,
+    /// The most client connections open at once (`limits.max_connections` in force).
+    pub client_connections_limit: IntGauge,
     client_connection_limit_reached: IntCounter,
     models: LabelSet,
     tenants: LabelSet,
@@ -271,6 +273,7 @@ impl Metrics {
             passthrough: counter(&PASSTHROUGH),
             overload_rejections: counter(&OVERLOAD_REJECTIONS),
             client_connections: gauge(&CLIENT_CONNECTIONS),
+            client_connections_limit: gauge(&CLIENT_CONNECTIONS_LIMIT),
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
             models: LabelSet::new(
                 labels.model.clone(),
@@ -295,6 +298,7 @@ impl Metrics {
             Box::new(metrics.passthrough.clone()),
             Box::new(metrics.overload_rejections.clone()),
             Box::new(metrics.client_connections.clone()),
+            Box::new(metrics.client_connections_limit.clone()),
             Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(label_overflow),
             Box::new(build_info),

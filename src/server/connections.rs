@@ -30,13 +30,13 @@ const RESERVED_PER_WORKER: u64 = 4;
 /// The most client connections the default allows, whatever the descriptor limit (a
 /// container's is often 1048576): far more than one sidecar or gateway serves, and a
 /// bound on the memory idle connections can take.
-pub(super) const DEFAULT_CEILING: usize = 65_536;
+const DEFAULT_CEILING: usize = 65_536;
 /// How often, at most, reaching the limit is logged (it is counted every time).
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The effective `limits.max_connections`, and whether the configured value was lowered.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Effective {
+struct Effective {
     pub limit: usize,
     /// `(configured, allowed)` when the configured value was more than the descriptor
     /// limit allows.
@@ -46,7 +46,7 @@ pub(super) struct Effective {
 /// The client connections `nofile` descriptors allow with `workers` worker threads:
 /// half of what the reserve leaves (a client connection may hold an upstream connection
 /// too), at least 1. `None`: no limit (`RLIM_INFINITY`).
-pub(super) fn allowed_by(nofile: Option<u64>, workers: usize) -> Option<usize> {
+fn allowed_by(nofile: Option<u64>, workers: usize) -> Option<usize> {
     let nofile = nofile?;
     let workers = u64::try_from(workers).unwrap_or(u64::MAX);
     let reserve = RESERVED_FOR_THE_PROCESS
@@ -59,11 +59,7 @@ pub(super) fn allowed_by(nofile: Option<u64>, workers: usize) -> Option<usize> {
 /// `limits.max_connections` as it applies: the configured value, lowered to what the
 /// descriptor limit allows; or, when not configured, that allowance up to
 /// [`DEFAULT_CEILING`].
-pub(super) fn effective(
-    configured: Option<usize>,
-    nofile: Option<u64>,
-    workers: usize,
-) -> Effective {
+fn effective(configured: Option<usize>, nofile: Option<u64>, workers: usize) -> Effective {
     let allowed = allowed_by(nofile, workers);
     let (limit, lowered) = match (configured, allowed) {
         (Some(configured), Some(allowed)) if configured > allowed => {
@@ -83,7 +79,7 @@ pub(super) fn effective(
 /// The soft `RLIMIT_NOFILE` of this process; `None` when it is unlimited, or cannot be
 /// read (then no descriptor bound is known, and the limit is the configured value or the
 /// default ceiling).
-pub(super) fn nofile_soft_limit() -> Option<u64> {
+fn nofile_soft_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -114,13 +110,43 @@ pub(super) struct ConnectionLimit {
 }
 
 impl ConnectionLimit {
+    /// The limit in force from `limits.max_connections` (`configured`) and the descriptor
+    /// limit the process runs with; warns when the configured value had to be lowered.
+    pub fn at_start(
+        configured: Option<usize>,
+        workers: usize,
+        metrics: Arc<Metrics>,
+    ) -> ConnectionLimit {
+        let nofile = nofile_soft_limit();
+        let effective = effective(configured, nofile, workers);
+        if let (Some((configured, allowed)), Some(nofile)) = (effective.lowered, nofile) {
+            tracing::warn!(
+                configured,
+                allowed,
+                nofile,
+                "limits.max_connections is {configured}, more than the file descriptor limit \
+                 (ulimit -n {nofile}) allows: using {allowed}"
+            );
+        }
+        ConnectionLimit::new(effective.limit, metrics)
+    }
+
+    /// Permits for `limit` connections; `tokentap_client_connections_limit` says `limit`.
     pub fn new(limit: usize, metrics: Arc<Metrics>) -> ConnectionLimit {
+        metrics
+            .client_connections_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
         ConnectionLimit {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
             metrics,
             warned: None,
         }
+    }
+
+    /// The most client connections open at once.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// A permit for the next connection to accept, waiting (and counting the wait in
@@ -228,6 +254,7 @@ mod tests {
         .map(|config| Metrics::new(&config.metrics.buckets, &config.labels))
         .expect("flag-only config is valid");
         let mut limit = ConnectionLimit::new(1, metrics.clone());
+        assert_eq!(metrics.client_connections_limit.get(), 1);
         let permit = limit.acquire().await;
         let first = limit.open(permit);
         assert_eq!(metrics.client_connections.get(), 1);

@@ -28,7 +28,7 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
@@ -115,8 +115,8 @@ impl Server {
         );
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
-        let proxy_listener = bind("proxy", config.listen).await?;
-        let admin_listener = bind("admin", config.admin).await?;
+        let proxy_listener = bind_proxy(config.listen)?;
+        let admin_listener = bind_admin(config.admin).await?;
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
@@ -178,7 +178,12 @@ impl Server {
             workers,
         } = self;
         let workers = Workers::start(workers).map_err(ServeError::Workers)?;
-
+        // Before the admin port serves: no scrape sees the limit gauge unset.
+        let limit = ConnectionLimit::at_start(
+            config.limits.max_connections,
+            workers.count(),
+            metrics.clone(),
+        );
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
@@ -189,31 +194,60 @@ impl Server {
             readiness.clone(),
             metrics.clone(),
         ));
-        let builder = connection_builder(&config);
-        let graceful = GracefulShutdown::new();
-        let (closing, closing_rx) = watch::channel(false);
-        let nofile = connections::nofile_soft_limit();
-        let max_connections =
-            connections::effective(config.limits.max_connections, nofile, workers.count());
-        if let (Some((configured, allowed)), Some(nofile)) = (max_connections.lowered, nofile) {
-            tracing::warn!(
-                configured,
-                allowed,
-                nofile,
-                "limits.max_connections is {configured}, more than the file descriptor limit \
-                 (ulimit -n {nofile}) allows: using {allowed}"
-            );
-        }
-        let mut connection_limit = ConnectionLimit::new(max_connections.limit, metrics.clone());
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
             tls = tls.is_some(),
             workers = workers.count(),
-            max_connections = max_connections.limit,
+            max_connections = limit.limit(),
             "proxy listening"
         );
+        let (closing, closing_rx) = watch::channel(false);
+        let accepting = Accepting {
+            listener: proxy_listener,
+            limit,
+            builder: connection_builder(&config),
+            graceful: GracefulShutdown::new(),
+            closing: closing_rx,
+            header_read_timeout: config.limits.header_read_timeout,
+            proxy: proxy.clone(),
+            tls,
+        };
+        let graceful = accepting.run(&workers, shutdown).await;
 
+        // No longer accepting: fail readiness, and let in-flight streams finish.
+        readiness.draining.store(true, Ordering::Relaxed);
+        let _ = closing.send(true);
+        drain(graceful, &proxy, &metrics).await;
+        // Streams still open are cut here; each is counted before `run` returns.
+        workers.stop().await;
+        probe_task.abort();
+        admin_task.abort();
+        Ok(())
+    }
+}
+
+/// The proxy port's accept loop and what it hands each connection.
+struct Accepting {
+    listener: TcpListener,
+    limit: ConnectionLimit,
+    builder: auto::Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+    /// Given to each connection: turns `true` when the server starts to shut down.
+    closing: watch::Receiver<bool>,
+    header_read_timeout: Duration,
+    proxy: Arc<Proxy>,
+    tls: Option<TlsAcceptor>,
+}
+
+impl Accepting {
+    /// Accept connections and hand each to a worker until `shutdown` resolves; then close
+    /// the listener and return what the drain waits on.
+    async fn run(
+        mut self,
+        workers: &Workers,
+        shutdown: impl Future<Output = ()>,
+    ) -> GracefulShutdown {
         tokio::pin!(shutdown);
         loop {
             // A permit first: at `limits.max_connections` the loop waits here, and new
@@ -221,12 +255,12 @@ impl Server {
             let permit = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                permit = connection_limit.acquire() => permit,
+                permit = self.limit.acquire() => permit,
             };
             let (stream, peer) = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                accepted = proxy_listener.accept() => match accepted {
+                accepted = self.listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(err) => {
                         // Out of file descriptors (held elsewhere than by client
@@ -238,71 +272,117 @@ impl Server {
                 },
             };
             // Held by the connection's task until the connection ends.
-            let slot = connection_limit.open(permit);
-            let _ = stream.set_nodelay(true);
-            // The socket moves to the worker's reactor when the worker first polls it.
-            let stream = match stream.into_std() {
-                Ok(stream) => stream,
-                Err(err) => {
-                    tracing::debug!(%peer, error = %err, "cannot hand over a connection");
-                    continue;
-                }
-            };
-            let connection = Connection {
-                peer,
-                builder: builder.clone(),
-                watcher: graceful.watcher(),
-                service: proxy.service(),
-                closing: closing_rx.clone(),
-                _slot: slot,
-            };
-            match &tls {
-                None => {
-                    let header_read_timeout = config.limits.header_read_timeout;
-                    // Per connection, so that a reload switches new connections over.
-                    let active = proxy.active();
-                    let relay = active
-                        .config
-                        .proxy
-                        .http1_fast_path
-                        .then(|| Relay::new(proxy.gateway().clone(), header_read_timeout));
-                    workers.dispatch(move || {
-                        serve_plain(stream, connection, header_read_timeout, relay)
-                    })
-                }
-                Some(acceptor) => {
-                    let acceptor = acceptor.clone();
-                    workers.dispatch(move || serve_tls(stream, connection, acceptor))
-                }
+            let slot = self.limit.open(permit);
+            self.hand_over(workers, stream, peer, slot);
+        }
+        // Stop accepting.
+        drop(self.listener);
+        self.graceful
+    }
+
+    /// Send one accepted connection to a worker, to be served there.
+    fn hand_over(
+        &self,
+        workers: &Workers,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slot: ConnectionSlot,
+    ) {
+        let _ = stream.set_nodelay(true);
+        // The socket moves to the worker's reactor when the worker first polls it.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::debug!(%peer, error = %err, "cannot hand over a connection");
+                return;
+            }
+        };
+        let connection = Connection {
+            peer,
+            builder: self.builder.clone(),
+            watcher: self.graceful.watcher(),
+            service: self.proxy.service(),
+            closing: self.closing.clone(),
+            _slot: slot,
+        };
+        match &self.tls {
+            None => {
+                let header_read_timeout = self.header_read_timeout;
+                // Per connection, so that a reload switches new connections over.
+                let active = self.proxy.active();
+                let relay = active
+                    .config
+                    .proxy
+                    .http1_fast_path
+                    .then(|| Relay::new(self.proxy.gateway().clone(), header_read_timeout));
+                workers
+                    .dispatch(move || serve_plain(stream, connection, header_read_timeout, relay))
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                workers.dispatch(move || serve_tls(stream, connection, acceptor))
             }
         }
-
-        // Stop accepting, fail readiness, and let in-flight streams finish.
-        drop(proxy_listener);
-        readiness.draining.store(true, Ordering::Relaxed);
-        let _ = closing.send(true);
-        let in_flight = graceful.count();
-        let drain = proxy.active().config.shutdown.drain_timeout;
-        tracing::info!(connections = in_flight, deadline = ?drain, "draining");
-        match tokio::time::timeout(drain, graceful.shutdown()).await {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => tracing::warn!(
-                streams = metrics.streams_in_flight.get(),
-                "drain deadline passed; remaining streams are cut and counted as cancelled"
-            ),
-        }
-        // Streams still open are cut here; each is counted before `run` returns.
-        workers.stop().await;
-        probe_task.abort();
-        admin_task.abort();
-        Ok(())
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+/// Wait for in-flight connections to finish, up to `shutdown.drain_timeout`.
+async fn drain(graceful: GracefulShutdown, proxy: &Proxy, metrics: &Metrics) {
+    let in_flight = graceful.count();
+    let drain = proxy.active().config.shutdown.drain_timeout;
+    tracing::info!(connections = in_flight, deadline = ?drain, "draining");
+    match tokio::time::timeout(drain, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained; exiting"),
+        Err(_) => tracing::warn!(
+            streams = metrics.streams_in_flight.get(),
+            "drain deadline passed; remaining streams are cut and counted as cancelled"
+        ),
+    }
+}
+
+/// The proxy port's listen backlog: how many clients, their handshake done, the kernel
+/// holds until the accept loop takes them. Past it the kernel drops a new client's SYN and
+/// the client tries again only 1 s, 3 s, 7 s... later. At `limits.max_connections` the
+/// loop stops accepting by design, so waiting clients queue here, not just a burst: more
+/// than the 128 of std's and tokio's `TcpListener::bind`, and than nginx's 511 (sized for
+/// a burst, and to fill a power-of-two SYN table on old kernels). Each waiting client
+/// costs kernel memory, no descriptor. The kernel lowers it
+/// to `net.core.somaxconn` (4096 since Linux 5.4, 128 before).
+const PROXY_BACKLOG: u32 = 1024;
+
+/// Bind the proxy port with [`PROXY_BACKLOG`], otherwise as `TcpListener::bind` does:
+/// `SO_REUSEADDR` on Unix (a restart can rebind while old connections are in
+/// `TIME_WAIT`), an IPv6 address as the system's default (dual-stack on Linux).
+fn bind_proxy(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    let bind = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        // Not on Windows, where it would let another socket take the port (as tokio).
+        #[cfg(not(windows))]
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(PROXY_BACKLOG)
+    };
+    bind().map_err(|source| ServeError::Bind {
+        what: "proxy",
+        addr,
+        source,
+    })
+}
+
+/// Bind the admin port: at most [`admin::MAX_CONNECTIONS`] are served at once, and the
+/// default backlog of 128 is plenty for scrapes and probes.
+async fn bind_admin(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServeError::Bind { what, addr, source })
+        .map_err(|source| ServeError::Bind {
+            what: "admin",
+            addr,
+            source,
+        })
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,
@@ -604,5 +684,48 @@ async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: A
             was = Some(reachable);
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_proxy_port_binds_like_tokio_on_ipv4_and_ipv6() {
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let addr: SocketAddr = addr.parse().expect("an address");
+            let listener = match bind_proxy(addr) {
+                Ok(listener) => listener,
+                // A host without IPv6 (some containers): nothing to check there.
+                Err(ServeError::Bind { source, .. })
+                    if addr.is_ipv6() && source.kind() == std::io::ErrorKind::AddrNotAvailable =>
+                {
+                    continue
+                }
+                Err(err) => panic!("{addr}: {err}"),
+            };
+            let bound = listener.local_addr().expect("bound");
+            assert_eq!(bound.ip(), addr.ip());
+            assert!(socket2::SockRef::from(&listener)
+                .reuse_address()
+                .expect("readable"));
+            let client = TcpStream::connect(bound).await.expect("connects");
+            let (_, peer) = listener.accept().await.expect("accepts");
+            assert_eq!(Some(peer), client.local_addr().ok());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_is_a_bind_error_naming_the_proxy() {
+        let taken = bind_proxy("127.0.0.1:0".parse().expect("an address")).expect("binds");
+        let addr = taken.local_addr().expect("bound");
+        match bind_proxy(addr) {
+            Err(err @ ServeError::Bind { what: "proxy", .. }) => {
+                assert!(err.to_string().contains(&addr.to_string()), "{err}");
+            }
+            Err(err) => panic!("{err}"),
+            Ok(_) => panic!("{addr} bound twice"),
+        }
     }
 }

@@ -84,6 +84,12 @@ async fn at_the_limit_a_new_client_waits_until_a_connection_closes() {
         .await
         .expect("/metrics answers at the limit");
     assert_eq!(m.sum("tokentap_client_connections", &[]), 4.0, "{}", m.text);
+    assert_eq!(
+        m.sum("tokentap_client_connections_limit", &[]),
+        4.0,
+        "{}",
+        m.text
+    );
     assert_eq!(admin_status(proxy.admin, "/healthz").await, StatusCode::OK);
     wait_ready(proxy.admin).await;
 
@@ -111,7 +117,7 @@ async fn at_the_limit_a_new_client_waits_until_a_connection_closes() {
 /// allow with 2 workers, (128 - 48 - 4 x 2 - 16) / 2 = 28, so tokentap never runs out of
 /// descriptors: the admin port answers during the flood, `accept` never fails, and once
 /// the clients leave a request is served. (The 122 clients past the limit fit in the
-/// listen backlog of 128, so each one's connect completes at once.)
+/// listen backlog, 1024 deep, so each one's connect completes at once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_clients_leaves_the_admin_port_and_later_clients_served() {
     let sim = SimHandle::start(SimConfig::default()).await;
@@ -134,6 +140,13 @@ async fn a_flood_of_idle_clients_leaves_the_admin_port_and_later_clients_served(
     .expect("/metrics answers during the flood");
     assert!(
         m.sum("tokentap_client_connection_limit_reached_total", &[]) >= 1.0,
+        "{}",
+        m.text
+    );
+    // The derived default is exported, for an alert to compare the open ones with.
+    assert_eq!(
+        m.sum("tokentap_client_connections_limit", &[]),
+        28.0,
         "{}",
         m.text
     );
@@ -185,4 +198,10 @@ async fn a_limit_above_the_descriptor_limit_is_lowered_with_a_warning() {
     assert_eq!(warning["nofile"], 256, "{warning}");
     let listening = process.wait_log("proxy listening");
     assert_eq!(listening["max_connections"], 92, "{listening}");
+    // The limit in force is exported, not the configured one.
+    process
+        .wait_metrics("the lowered limit exported", |m| {
+            m.sum("tokentap_client_connections_limit", &[]) == 92.0
+        })
+        .await;
 }
