@@ -43,6 +43,16 @@ pub struct Origin {
     pub port: u16,
 }
 
+impl Origin {
+    /// A plain-HTTP upstream's origin: its host and port (80 when none is written).
+    pub fn of(authority: &http::uri::Authority) -> Origin {
+        Origin {
+            host: authority.host().to_string(),
+            port: authority.port_u16().unwrap_or(80),
+        }
+    }
+}
+
 /// A pooled connection type: it can tell, without waiting, whether it can carry another
 /// request.
 pub trait Reusable {

@@ -9,7 +9,10 @@
 //! - a chunked request body reads the same whole and cut into pieces, and never takes a
 //!   byte past its end;
 //! - a response reads the same whole and cut into pieces (heads, body data, end, error),
-//!   and body data never lies past what the reader used.
+//!   and body data never lies past what the reader used;
+//! - the relay's response machine, fed the same response whole and cut, tells its watcher
+//!   the same head and body data and ends the same way; before a head it writes nothing
+//!   for the client, and after an end it is fed nothing more.
 //!
 //! Input layout: `[selector, split seed, bytes...]`; the selector's low bit picks a small
 //! `max_headers` (so the too-many-fields path is fuzzed), its second bit a `HEAD` request
@@ -19,7 +22,10 @@ use std::ops::Range;
 
 use tokentap::relay::chunked::{ChunkedError, ChunkedReader};
 use tokentap::relay::request_head::{self, Decision, HeadRules, RequestFraming};
-use tokentap::relay::response::{Piece, ResponseError, ResponseReader, ResponseRules};
+use tokentap::relay::response::{
+    Piece, ResponseError, ResponseHead, ResponseReader, ResponseRules,
+};
+use tokentap::relay::response_relay::{ResponseRelay, Step, Upstream, Watcher};
 
 /// Cut points for `len` bytes, from `seed` (sorted, within `0..=len`).
 pub fn cuts(len: usize, seed: u8) -> Vec<usize> {
@@ -50,6 +56,89 @@ pub fn check_fast_path(data: &[u8]) {
     };
     check_request(input, *seed, &rules);
     check_response(input, *seed, selector & 2 != 0);
+    check_response_relay(input, *seed, selector & 2 != 0);
+}
+
+/// What the relay's machine did with one response: the heads and data its watcher saw,
+/// how it ended (`None`: it wants more), and whether it would keep the upstream connection
+/// (which depends on the cuts: bytes after the end are seen only in the read that ends it).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Relayed {
+    heads: Vec<u16>,
+    data: Vec<u8>,
+    end: Option<String>,
+    reuse: bool,
+}
+
+impl Watcher for Relayed {
+    fn head(&mut self, head: &ResponseHead) {
+        self.heads.push(head.status.as_u16());
+    }
+    fn data(&mut self, bytes: &[u8]) {
+        self.data.extend_from_slice(bytes);
+    }
+}
+
+fn check_response_relay(input: &[u8], seed: u8, head_request: bool) {
+    let mut whole = relay_response(input, &[], head_request);
+    let split = relay_response(input, &cuts(input.len(), seed), head_request);
+    // Stray bytes after the end are seen whole; a cut may hide them from the last read.
+    assert!(!whole.reuse || split.reuse, "kept whole, not split");
+    whole.reuse = split.reuse;
+    assert_eq!(whole, split, "the relay's machine differs whole and split");
+}
+
+fn relay_response(input: &[u8], cuts: &[usize], head_request: bool) -> Relayed {
+    let rules = ResponseRules {
+        max_header_bytes: 1 << 20,
+        max_headers: 100,
+    };
+    let mut relay = ResponseRelay::new(head_request, rules, true, true);
+    let mut seen = Relayed::default();
+    let (mut pieces, mut out) = (Vec::new(), Vec::new());
+    let mut carry: Vec<u8> = Vec::new();
+    let mut start = 0;
+    let reads = cuts
+        .iter()
+        .copied()
+        .chain([input.len()])
+        .map(Some)
+        .chain([None]);
+    for read in reads {
+        let kind = match read {
+            Some(end) => {
+                carry.extend_from_slice(&input[start..end]);
+                start = end;
+                Upstream::Sent
+            }
+            None => Upstream::Closed,
+        };
+        let fed = std::mem::take(&mut carry);
+        let had_head = relay.has_head();
+        out.clear();
+        let step = relay.feed(kind, &fed, false, &mut pieces, &mut out, &mut seen);
+        if !relay.has_head() {
+            assert!(out.is_empty(), "client bytes before a head");
+        }
+        seen.end = match step {
+            Step::More { used } => {
+                assert!(used <= fed.len());
+                carry = fed[used..].to_vec();
+                continue;
+            }
+            Step::NoHead(fault) => {
+                assert!(!had_head, "no head after a head");
+                Some(format!("no head: {fault}"))
+            }
+            Step::Broken(why) => Some(format!("broken: {why}")),
+            Step::Ended { reuse_upstream } => {
+                seen.reuse = reuse_upstream;
+                Some("ended".to_string())
+            }
+        };
+        return seen;
+    }
+    seen
 }
 
 fn check_request(input: &[u8], seed: u8, rules: &HeadRules<'_>) {

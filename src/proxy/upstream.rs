@@ -119,36 +119,8 @@ impl UpstreamClient {
         let exchange = async {
             match &self.transport {
                 Transport::PlainH1(pool) => {
-                    // What hyper-util's client does for HTTP/1.1: origin-form, and a `Host`
-                    // from the upstream URI unless one is kept.
-                    parts.uri =
-                        Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
-                    parts.version = Version::HTTP_11;
-                    if unframed_body {
-                        parts.headers.insert(
-                            header::TRANSFER_ENCODING,
-                            HeaderValue::from_static("chunked"),
-                        );
-                    }
-                    if !parts.headers.contains_key(header::HOST) {
-                        parts.headers.insert(header::HOST, self.host.clone());
-                    }
-                    if let Some((protocol, client)) = upgrade {
-                        tunnel::keep_upgrade(&mut parts.headers, protocol);
-                        let host = self.config.authority.host().trim_matches(['[', ']']);
-                        let port = self.config.authority.port_u16().unwrap_or(80);
-                        let request = Request::from_parts(parts, body);
-                        return tunnel::send(
-                            host,
-                            port,
-                            self.config.connect_timeout,
-                            request,
-                            client,
-                        )
+                    self.send_plain_h1(pool, parts, body, path_and_query, unframed_body, upgrade)
                         .await
-                        .map(|response| response.map(ResponseBody::detached));
-                    }
-                    pool.send(Request::from_parts(parts, body)).await
                 }
                 Transport::Pooled(client) => {
                     parts.uri = self.absolute_uri(path_and_query);
@@ -177,6 +149,41 @@ impl UpstreamClient {
         intermediary::check_transfer_coding(response.headers_mut())
             .map_err(UpstreamFault::Framing)?;
         Ok(response)
+    }
+
+    /// Send to a plain HTTP/1.1 upstream what hyper-util's client would send for it:
+    /// origin-form, a `Host` from the upstream URI unless one is kept, and an upgrade on a
+    /// connection of its own.
+    async fn send_plain_h1(
+        &self,
+        pool: &H1Pool,
+        mut parts: http::request::Parts,
+        body: UpstreamBody,
+        path_and_query: String,
+        unframed_body: bool,
+        upgrade: Option<(HeaderValue, OnUpgrade)>,
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
+        parts.uri = Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
+        parts.version = Version::HTTP_11;
+        if unframed_body {
+            parts.headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        if !parts.headers.contains_key(header::HOST) {
+            parts.headers.insert(header::HOST, self.host.clone());
+        }
+        let Some((protocol, client)) = upgrade else {
+            return pool.send(Request::from_parts(parts, body)).await;
+        };
+        tunnel::keep_upgrade(&mut parts.headers, protocol);
+        let host = self.config.authority.host().trim_matches(['[', ']']);
+        let port = self.config.authority.port_u16().unwrap_or(80);
+        let request = Request::from_parts(parts, body);
+        tunnel::send(host, port, self.config.connect_timeout, request, client)
+            .await
+            .map(|response| response.map(ResponseBody::detached))
     }
 
     /// The upstream's path and query for a client URI: `base_path` + the client's.

@@ -230,10 +230,7 @@ impl<U> Relay<U> {
         let upstream_config = &active.config.upstream;
         let head_timeout = upstream_config.response_head_timeout;
         let head_deadline = tokio::time::Instant::now() + head_timeout;
-        let origin = Origin {
-            host: upstream_config.authority.host().to_string(),
-            port: upstream_config.authority.port_u16().unwrap_or(80),
-        };
+        let origin = Origin::of(&upstream_config.authority);
         let mut started = false;
         let send = send_request(
             client,
@@ -265,21 +262,16 @@ impl<U> Relay<U> {
                 });
             }
         };
-        let relay = ResponseRelay::new(
-            head.method == Method::HEAD,
-            RESPONSE_RULES,
-            !client_closing,
-            serialize::te_trailers(&head.headers),
-        );
         let response = ResponseLoop {
             client,
             upstream,
-            relay,
-            observed: Observed {
-                exchange: Some(exchange),
-                streaming: None,
-                at: Instant::now(),
-            },
+            relay: ResponseRelay::new(
+                head.method == Method::HEAD,
+                RESPONSE_RULES,
+                !client_closing,
+                serialize::te_trailers(&head.headers),
+            ),
+            observed: Observed::new(exchange),
             idle: UpstreamIdle::new(upstream_config.idle_timeout),
             head_deadline,
             head_timeout,
@@ -366,6 +358,14 @@ impl Watcher for Observed {
 }
 
 impl Observed {
+    fn new(exchange: Exchange) -> Observed {
+        Observed {
+            exchange: Some(exchange),
+            streaming: None,
+            at: Instant::now(),
+        }
+    }
+
     /// The exchange ended as `end` says (after the head) or failed with `err` (before).
     fn finish(&mut self, end: BodyEnd, err: impl FnOnce() -> ExchangeError) -> Option<Answer> {
         if let Some(streaming) = self.streaming.as_mut() {

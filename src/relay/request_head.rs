@@ -249,69 +249,12 @@ fn forward(
         return Err(HandOff::Target);
     }
     let uri = Uri::try_from(target).map_err(|_| HandOff::Target)?;
-
-    let mut headers = HeaderMap::with_capacity(request.headers.len());
-    let mut content_length = None;
-    let mut lengths = 0;
-    let mut codings = 0;
-    let mut chunked = false;
-    let mut hosts = 0;
-    let mut keep_alive = true;
-    let mut te_trailers = None;
-    let mut named: Vec<HeaderName> = Vec::new();
-    for field in request.headers.iter() {
-        let name =
-            HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| HandOff::Unparsable)?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| HandOff::Unparsable)?;
-        match name.as_str() {
-            "transfer-encoding" => {
-                codings += 1;
-                chunked = field.value.eq_ignore_ascii_case(b"chunked");
-            }
-            "content-length" => {
-                lengths += 1;
-                content_length = plain_number(field.value);
-            }
-            "connection" => {
-                for token in super::list_elements(field.value) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        keep_alive = false;
-                    } else if token.eq_ignore_ascii_case(b"upgrade") {
-                        return Err(HandOff::Upgrade);
-                    }
-                    if let Ok(listed) = HeaderName::from_bytes(token) {
-                        named.push(listed);
-                    }
-                }
-            }
-            "upgrade" => return Err(HandOff::Upgrade),
-            "expect" => return Err(HandOff::Expect),
-            "host" => {
-                hosts += 1;
-                // hyper's path answers an invalid one (400).
-                if !intermediary::valid_host(field.value) {
-                    return Err(HandOff::Host);
-                }
-            }
-            "te" if super::lists(field.value, b"trailers") && te_trailers.is_none() => {
-                te_trailers = Some(field.name);
-            }
-            _ => {}
-        }
-        headers.append(name, value);
-    }
-    let framing = match (lengths, codings) {
-        (0, 0) => RequestFraming::Empty,
-        (_, 1..) if lengths > 0 => return Err(HandOff::LengthAndCoding),
-        (1, 0) => RequestFraming::ContentLength(content_length.ok_or(HandOff::ContentLength)?),
-        (_, 0) => return Err(HandOff::ContentLength),
-        (_, 1) if chunked => RequestFraming::Chunked,
-        (_, _) => return Err(HandOff::TransferCoding),
-    };
-    if hosts != 1 {
+    let fields = RequestFields::read(request)?;
+    let framing = fields.framing()?;
+    if fields.hosts != 1 {
         return Err(HandOff::Host);
     }
-    if named.iter().any(|name| {
+    if fields.named.iter().any(|name| {
         matches!(
             name.as_str(),
             "content-length" | "transfer-encoding" | "host"
@@ -319,8 +262,126 @@ fn forward(
     }) {
         return Err(HandOff::ConnectionNamesFraming);
     }
+    let upstream_head = upstream_head(request, &method, target, &fields, head.len(), rules);
+    Ok(Box::new(ForwardHead {
+        head_len: 0,
+        method,
+        uri,
+        headers: fields.headers,
+        framing,
+        keep_alive: fields.keep_alive,
+        upstream_head,
+    }))
+}
 
-    let mut upstream_head = Vec::with_capacity(head.len() + rules.base_path.len() + 32);
+/// What a request head's fields say about its framing, `Host` and connection.
+struct RequestFields<'a> {
+    /// Every field, for observation.
+    headers: HeaderMap,
+    content_length: Option<u64>,
+    lengths: usize,
+    /// `Transfer-Encoding` fields, and whether the last was `chunked` alone.
+    codings: usize,
+    chunked: bool,
+    hosts: usize,
+    /// No `Connection: close`.
+    keep_alive: bool,
+    /// The name of a `TE` field that lists `trailers`, as the client spelt it.
+    te_trailers: Option<&'a str>,
+    /// The names `Connection` lists.
+    named: Vec<HeaderName>,
+}
+
+impl<'a> RequestFields<'a> {
+    /// Read the fields; what the relay leaves to hyper (upgrades, `Expect`, an invalid
+    /// `Host`, unparsable names or values) hands the request off at once.
+    fn read(request: &httparse::Request<'_, 'a>) -> Result<RequestFields<'a>, HandOff> {
+        let mut fields = RequestFields {
+            headers: HeaderMap::with_capacity(request.headers.len()),
+            content_length: None,
+            lengths: 0,
+            codings: 0,
+            chunked: false,
+            hosts: 0,
+            keep_alive: true,
+            te_trailers: None,
+            named: Vec::new(),
+        };
+        for field in request.headers.iter() {
+            let name =
+                HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| HandOff::Unparsable)?;
+            let value = HeaderValue::from_bytes(field.value).map_err(|_| HandOff::Unparsable)?;
+            match name.as_str() {
+                "transfer-encoding" => {
+                    fields.codings += 1;
+                    fields.chunked = field.value.eq_ignore_ascii_case(b"chunked");
+                }
+                "content-length" => {
+                    fields.lengths += 1;
+                    fields.content_length = plain_number(field.value);
+                }
+                "connection" => fields.connection(field.value)?,
+                "upgrade" => return Err(HandOff::Upgrade),
+                "expect" => return Err(HandOff::Expect),
+                "host" => {
+                    fields.hosts += 1;
+                    // hyper's path answers an invalid one (400).
+                    if !intermediary::valid_host(field.value) {
+                        return Err(HandOff::Host);
+                    }
+                }
+                "te" if super::lists(field.value, b"trailers") && fields.te_trailers.is_none() => {
+                    fields.te_trailers = Some(field.name);
+                }
+                _ => {}
+            }
+            fields.headers.append(name, value);
+        }
+        Ok(fields)
+    }
+
+    /// A `Connection` field's tokens.
+    fn connection(&mut self, value: &[u8]) -> Result<(), HandOff> {
+        for token in super::list_elements(value) {
+            if token.eq_ignore_ascii_case(b"close") {
+                self.keep_alive = false;
+            } else if token.eq_ignore_ascii_case(b"upgrade") {
+                return Err(HandOff::Upgrade);
+            }
+            if let Ok(listed) = HeaderName::from_bytes(token) {
+                self.named.push(listed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The body's framing, when the relay reads it for certain.
+    fn framing(&self) -> Result<RequestFraming, HandOff> {
+        Ok(match (self.lengths, self.codings) {
+            (0, 0) => RequestFraming::Empty,
+            (_, 1..) if self.lengths > 0 => return Err(HandOff::LengthAndCoding),
+            (1, 0) => {
+                RequestFraming::ContentLength(self.content_length.ok_or(HandOff::ContentLength)?)
+            }
+            (_, 0) => return Err(HandOff::ContentLength),
+            (_, 1) if self.chunked => RequestFraming::Chunked,
+            (_, _) => return Err(HandOff::TransferCoding),
+        })
+    }
+}
+
+/// The head that goes upstream: the base path before the target, the client's fields in
+/// order and case without the hop-by-hop ones, `Host` the upstream's unless preserved,
+/// `TE: trailers` kept.
+fn upstream_head(
+    request: &httparse::Request<'_, '_>,
+    method: &Method,
+    target: &str,
+    fields: &RequestFields<'_>,
+    head_len: usize,
+    rules: &HeadRules<'_>,
+) -> Vec<u8> {
+    let mut upstream_head = Vec::with_capacity(head_len + rules.base_path.len() + 32);
     upstream_head.extend_from_slice(method.as_str().as_bytes());
     upstream_head.push(b' ');
     upstream_head.extend_from_slice(rules.base_path.as_bytes());
@@ -331,7 +392,7 @@ fn forward(
         // A chunked body goes up re-chunked by the relay, under the client's field.
         let relay_frames_it = lower == "transfer-encoding";
         if (intermediary::is_hop_by_hop(&lower) && !relay_frames_it)
-            || named.iter().any(|name| name.as_str() == lower)
+            || fields.named.iter().any(|name| name.as_str() == lower)
         {
             continue;
         }
@@ -342,19 +403,11 @@ fn forward(
         };
         push_field(&mut upstream_head, field.name.as_bytes(), value);
     }
-    if let Some(name) = te_trailers {
+    if let Some(name) = fields.te_trailers {
         push_field(&mut upstream_head, name.as_bytes(), b"trailers");
     }
     upstream_head.extend_from_slice(b"\r\n");
-    Ok(Box::new(ForwardHead {
-        head_len: 0,
-        method,
-        uri,
-        headers,
-        framing,
-        keep_alive,
-        upstream_head,
-    }))
+    upstream_head
 }
 
 fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {

@@ -274,47 +274,41 @@ impl ResponseReader {
         range: Range<usize>,
     ) -> Result<ResponseHead, ResponseError> {
         let http11 = response.version == Some(1);
-        let mut headers = HeaderMap::with_capacity(response.headers.len());
-        let mut close = false;
-        let mut keep_alive_token = false;
-        let mut codings = 0;
-        let mut chunked = false;
-        let mut length: Option<Option<u64>> = None;
-        let mut named: Vec<Vec<u8>> = Vec::new();
-        let mut te_trailers = None;
-        for field in response.headers.iter() {
-            let name = HeaderName::from_bytes(field.name.as_bytes())
-                .map_err(|_| ResponseError::Head("field name"))?;
-            let value = HeaderValue::from_bytes(field.value)
-                .map_err(|_| ResponseError::Head("field value"))?;
-            match name.as_str() {
-                "transfer-encoding" => {
-                    codings += 1;
-                    chunked = field.value.eq_ignore_ascii_case(b"chunked");
-                }
-                "content-length" => {
-                    length = Some(same_lengths(length, field.value));
-                }
-                "connection" => {
-                    for token in super::list_elements(field.value) {
-                        close |= token.eq_ignore_ascii_case(b"close");
-                        keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
-                        named.push(token.to_ascii_lowercase());
-                    }
-                }
-                "te" if super::lists(field.value, b"trailers") && te_trailers.is_none() => {
-                    te_trailers = Some(field.name);
-                }
-                _ => {}
-            }
-            headers.append(name, value);
+        let fields = HeadFields::read(response)?;
+        let framing = self.framing(&fields, status, http11)?;
+        let reusable = framing != BodyFraming::UntilClose
+            && !fields.close
+            && (http11 || fields.keep_alive_token);
+        // A length beside `chunked` does not describe the body (RFC 9112 6.3: the coding
+        // wins, and an intermediary removes the length); a `204` must not carry one (RFC
+        // 9110 8.6), and hyper's server drops a `304`'s too.
+        let drop_length = framing == BodyFraming::Chunked || matches!(status.as_u16(), 204 | 304);
+        let (client_head, close_at) = client_head(response, status, &fields, drop_length);
+        Ok(ResponseHead {
+            range,
+            status,
+            headers: fields.headers,
+            framing,
+            reusable,
+            client_head,
+            close_at,
+        })
+    }
+
+    /// How the body of a response with these fields is delimited.
+    fn framing(
+        &self,
+        fields: &HeadFields<'_>,
+        status: StatusCode,
+        http11: bool,
+    ) -> Result<BodyFraming, ResponseError> {
+        if self.head_request || matches!(status.as_u16(), 204 | 304) {
+            return Ok(BodyFraming::Empty);
         }
-        let bodiless = self.head_request || matches!(status.as_u16(), 204 | 304);
-        let framing = if bodiless {
-            BodyFraming::Empty
-        } else if codings > 0 {
-            if !http11 || codings > 1 || !chunked {
-                let coding = crate::intermediary::foreign_coding(&headers).unwrap_or_else(|| {
+        if fields.codings > 0 {
+            if !http11 || fields.codings > 1 || !fields.chunked {
+                let headers = &fields.headers;
+                let coding = intermediary::foreign_coding(headers).unwrap_or_else(|| {
                     let sent = headers.get_all(http::header::TRANSFER_ENCODING).iter();
                     let sent: Vec<_> = sent
                         .map(|v| String::from_utf8_lossy(v.as_bytes()))
@@ -323,75 +317,134 @@ impl ResponseReader {
                 });
                 return Err(ResponseError::TransferCoding(coding));
             }
-            BodyFraming::Chunked
-        } else {
-            match length {
-                None => BodyFraming::UntilClose,
-                Some(None) => return Err(ResponseError::ContentLength),
-                Some(Some(n)) => BodyFraming::ContentLength(n),
-            }
-        };
-        let reusable = framing != BodyFraming::UntilClose && !close && (http11 || keep_alive_token);
-
-        // A chunked body is relayed chunked, so a `Content-Length` beside it goes (RFC
-        // 9112 6.3: the coding wins, and an intermediary removes the length).
-        // A length beside `chunked` does not describe the body (RFC 9112 6.3); a `204` must
-        // not carry one (RFC 9110 8.6), and hyper's server drops a `304`'s too.
-        let drop_length = framing == BodyFraming::Chunked || matches!(status.as_u16(), 204 | 304);
-        let mut framing_field = None;
-        let mut client_head = Vec::with_capacity(range.len() + 16);
-        client_head.extend_from_slice(b"HTTP/1.1 ");
-        client_head.extend_from_slice(status.as_str().as_bytes());
-        client_head.push(b' ');
-        let reason = response.reason.unwrap_or_default();
-        let reason = if reason.is_empty() {
-            status.canonical_reason().unwrap_or_default()
-        } else {
-            reason
-        };
-        client_head.extend_from_slice(reason.as_bytes());
-        client_head.extend_from_slice(b"\r\n");
-        for field in response.headers.iter() {
-            let lower = field.name.to_ascii_lowercase();
-            // `Transfer-Encoding` frames the relayed body: it is placed below.
-            if (intermediary::is_hop_by_hop(&lower) && lower != "transfer-encoding")
-                || (drop_length && lower == "content-length")
-                || named.iter().any(|n| n == lower.as_bytes())
-            {
-                continue;
-            }
-            if lower == "transfer-encoding" {
-                // The one `chunked` (any other coding was refused above): it goes last.
-                framing_field = Some(field);
-                continue;
-            }
-            client_head.extend_from_slice(field.name.as_bytes());
-            client_head.extend_from_slice(b": ");
-            client_head.extend_from_slice(field.value);
-            client_head.extend_from_slice(b"\r\n");
+            return Ok(BodyFraming::Chunked);
         }
-        if let Some(name) = te_trailers {
-            client_head.extend_from_slice(name.as_bytes());
-            client_head.extend_from_slice(b": trailers\r\n");
+        match fields.length {
+            None => Ok(BodyFraming::UntilClose),
+            Some(None) => Err(ResponseError::ContentLength),
+            Some(Some(n)) => Ok(BodyFraming::ContentLength(n)),
         }
-        let close_at = client_head.len();
-        if let Some(field) = framing_field {
-            client_head.extend_from_slice(field.name.as_bytes());
-            client_head.extend_from_slice(b": ");
-            client_head.extend_from_slice(field.value);
-            client_head.extend_from_slice(b"\r\n");
-        }
-        client_head.extend_from_slice(b"\r\n");
-        Ok(ResponseHead {
-            range,
-            status,
-            headers,
-            framing,
-            reusable,
-            client_head,
-            close_at,
-        })
     }
+}
+
+/// What a final head's fields say about its connection and framing.
+struct HeadFields<'a> {
+    /// Every field, for observation.
+    headers: HeaderMap,
+    /// `Connection: close`.
+    close: bool,
+    /// `Connection: keep-alive` (what an HTTP/1.0 response needs to be kept).
+    keep_alive_token: bool,
+    /// `Transfer-Encoding` fields, and whether the last was `chunked` alone.
+    codings: usize,
+    chunked: bool,
+    /// `None`: no `Content-Length`; `Some(None)`: lengths that disagree or are invalid.
+    length: Option<Option<u64>>,
+    /// The names `Connection` lists, in lower case.
+    named: Vec<Vec<u8>>,
+    /// The name of a `TE` field that lists `trailers`, as the upstream spelt it.
+    te_trailers: Option<&'a str>,
+}
+
+impl<'a> HeadFields<'a> {
+    fn read(response: &httparse::Response<'_, 'a>) -> Result<HeadFields<'a>, ResponseError> {
+        let mut fields = HeadFields {
+            headers: HeaderMap::with_capacity(response.headers.len()),
+            close: false,
+            keep_alive_token: false,
+            codings: 0,
+            chunked: false,
+            length: None,
+            named: Vec::new(),
+            te_trailers: None,
+        };
+        for field in response.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| ResponseError::Head("field name"))?;
+            let value = HeaderValue::from_bytes(field.value)
+                .map_err(|_| ResponseError::Head("field value"))?;
+            match name.as_str() {
+                "transfer-encoding" => {
+                    fields.codings += 1;
+                    fields.chunked = field.value.eq_ignore_ascii_case(b"chunked");
+                }
+                "content-length" => {
+                    fields.length = Some(same_lengths(fields.length, field.value));
+                }
+                "connection" => {
+                    for token in super::list_elements(field.value) {
+                        fields.close |= token.eq_ignore_ascii_case(b"close");
+                        fields.keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                        fields.named.push(token.to_ascii_lowercase());
+                    }
+                }
+                "te" if super::lists(field.value, b"trailers") && fields.te_trailers.is_none() => {
+                    fields.te_trailers = Some(field.name);
+                }
+                _ => {}
+            }
+            fields.headers.append(name, value);
+        }
+        Ok(fields)
+    }
+}
+
+/// The head the client gets and where `connection: close` goes in it: the status line as
+/// HTTP/1.1, then the upstream's fields in order and case without the hop-by-hop ones
+/// (and without the length when `drop_length`), `TE: trailers` kept, and the
+/// `Transfer-Encoding: chunked` last, where hyper's server writes the framing it adds.
+fn client_head(
+    response: &httparse::Response<'_, '_>,
+    status: StatusCode,
+    fields: &HeadFields<'_>,
+    drop_length: bool,
+) -> (Vec<u8>, usize) {
+    let mut framing_field = None;
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(status.as_str().as_bytes());
+    head.push(b' ');
+    let reason = response.reason.unwrap_or_default();
+    let reason = if reason.is_empty() {
+        status.canonical_reason().unwrap_or_default()
+    } else {
+        reason
+    };
+    head.extend_from_slice(reason.as_bytes());
+    head.extend_from_slice(b"\r\n");
+    for field in response.headers.iter() {
+        let lower = field.name.to_ascii_lowercase();
+        // `Transfer-Encoding` frames the relayed body: it is placed below.
+        if (intermediary::is_hop_by_hop(&lower) && lower != "transfer-encoding")
+            || (drop_length && lower == "content-length")
+            || fields.named.iter().any(|n| n == lower.as_bytes())
+        {
+            continue;
+        }
+        if lower == "transfer-encoding" {
+            // The one `chunked` (any other coding was refused): it goes last.
+            framing_field = Some(field);
+            continue;
+        }
+        push_field(&mut head, field.name.as_bytes(), field.value);
+    }
+    if let Some(name) = fields.te_trailers {
+        push_field(&mut head, name.as_bytes(), b"trailers");
+    }
+    let close_at = head.len();
+    if let Some(field) = framing_field {
+        push_field(&mut head, field.name.as_bytes(), field.value);
+    }
+    head.extend_from_slice(b"\r\n");
+    (head, close_at)
+}
+
+/// One `name: value` line.
+fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Fold one more `Content-Length` value (a comma list allowed, as hyper's client allows
