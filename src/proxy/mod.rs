@@ -33,12 +33,15 @@ use crate::wire::Tokenizer;
 pub use body::ProxyBody;
 use body::{BoxError, ScannedBody, StreamingBody};
 use request_body::ClientBody;
+use tunnel::Tunnels;
 use upstream::UpstreamClient;
 
 /// The proxy: the exchange policy's shared state, with the hyper transport's upstream
 /// client as part of the configuration in force.
 pub struct Proxy {
     gateway: Arc<Gateway<UpstreamClient>>,
+    /// Upgraded connections, which the drain waits for.
+    tunnels: Tunnels,
 }
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
@@ -60,12 +63,18 @@ impl Proxy {
         };
         Arc::new(Proxy {
             gateway: Arc::new(Gateway::new(active, metrics)),
+            tunnels: Tunnels::default(),
         })
     }
 
     /// The exchange policy's shared state, for the other transport (the relay).
     pub fn gateway(&self) -> &Arc<Gateway<UpstreamClient>> {
         &self.gateway
+    }
+
+    /// The upgraded connections (WebSocket tunnels) open now.
+    pub fn tunnels(&self) -> &Tunnels {
+        &self.tunnels
     }
 
     /// The configuration in force.
@@ -120,6 +129,7 @@ impl Proxy {
         parts: http::request::Parts,
         body: Incoming,
         admitted: Admitted<UpstreamClient>,
+        tunnels: Tunnels,
     ) -> Response<ProxyBody> {
         let Admitted {
             active,
@@ -130,7 +140,7 @@ impl Proxy {
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
-        let sent = active.upstream.send(parts, body).await;
+        let sent = active.upstream.send(parts, body, &tunnels).await;
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let response = match sent {
@@ -180,7 +190,8 @@ impl hyper::service::Service<Request<Incoming>> for ProxyService {
         let (parts, body) = request.into_parts();
         match self.0.gateway.begin(RequestHead::of(&parts), t_req) {
             Ok(admitted) => {
-                Box::pin(async move { Ok(Proxy::forward(parts, body, admitted).await) })
+                let tunnels = self.0.tunnels.clone();
+                Box::pin(async move { Ok(Proxy::forward(parts, body, admitted, tunnels).await) })
             }
             Err(answer) => Box::pin(std::future::ready(Ok(text(&answer)))),
         }

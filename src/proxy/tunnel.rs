@@ -8,13 +8,17 @@
 //! protocols, both connections are handed over by hyper and bytes are copied both ways
 //! until either side closes. Nothing in the tunnel is observed: it is a passthrough.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use super::body::UpstreamBody;
 use super::h1_upstream::error_chain;
@@ -49,6 +53,54 @@ pub fn requested_protocol(version: Version, headers: &HeaderMap) -> Option<Heade
         .flatten()
 }
 
+/// The tunnels open now. hyper lets go of a connection once it is upgraded, so the
+/// server's drain waits for these as well ([`Tunnels::all_closed`]): a tunnel open at
+/// shutdown lives on until it closes or the drain deadline passes, like any stream.
+#[derive(Clone, Default)]
+pub struct Tunnels(Arc<OpenTunnels>);
+
+#[derive(Default)]
+struct OpenTunnels {
+    count: AtomicUsize,
+    closed: Notify,
+}
+
+/// One open tunnel, counted until dropped.
+struct Held(Tunnels);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.0 .0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0 .0.closed.notify_waiters();
+        }
+    }
+}
+
+impl Tunnels {
+    fn hold(&self) -> Held {
+        self.0.count.fetch_add(1, Ordering::AcqRel);
+        Held(self.clone())
+    }
+
+    /// How many are open.
+    pub fn open(&self) -> usize {
+        self.0.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no tunnel is open.
+    pub async fn all_closed(&self) {
+        loop {
+            let closed = self.0.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.open() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
 /// Put back the two headers an upgrade needs after the hop-by-hop strip.
 pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
     headers.insert(header::UPGRADE, protocol);
@@ -57,13 +109,14 @@ pub fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
 
 /// Send an upgrade request to `host:port` on a new connection; if the upstream answers
 /// `101`, relay bytes between it and the client (`client`, the client connection's
-/// pending upgrade) in a task of their own.
+/// pending upgrade) in a task of their own, counted in `tunnels` while it runs.
 pub async fn send(
     host: &str,
     port: u16,
     connect_timeout: Duration,
     request: Request<UpstreamBody>,
     client: OnUpgrade,
+    tunnels: &Tunnels,
 ) -> Result<Response<Incoming>, ExchangeError> {
     let connect = TcpStream::connect((host, port));
     let stream = match tokio::time::timeout(connect_timeout, connect).await {
@@ -92,7 +145,11 @@ pub async fn send(
         .map_err(|err| UpstreamFault::Request(error_chain(&err)))?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let upstream = hyper::upgrade::on(&mut response);
-        tokio::spawn(relay(client, upstream));
+        let held = tunnels.hold();
+        tokio::spawn(async move {
+            relay(client, upstream).await;
+            drop(held);
+        });
     }
     Ok(response)
 }

@@ -23,7 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::UpstreamBody;
 use super::h1_upstream::{error_chain, H1Pool, ResponseBody};
-use super::tunnel;
+use super::tunnel::{self, Tunnels};
 use crate::config::{HostHeader, Upstream};
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
 use crate::intermediary::{self, HostError};
@@ -84,6 +84,7 @@ impl UpstreamClient {
         &self,
         mut parts: http::request::Parts,
         body: UpstreamBody,
+        tunnels: &Tunnels,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         if parts.method == http::Method::CONNECT {
             // A reverse proxy has no tunnel to offer (forwarded, it would be `CONNECT /`).
@@ -119,6 +120,7 @@ impl UpstreamClient {
         let exchange = async {
             match &self.transport {
                 Transport::PlainH1(pool) => {
+                    let upgrade = upgrade.map(|(protocol, client)| (protocol, client, tunnels));
                     self.send_plain_h1(pool, parts, body, path_and_query, unframed_body, upgrade)
                         .await
                 }
@@ -161,7 +163,7 @@ impl UpstreamClient {
         body: UpstreamBody,
         path_and_query: String,
         unframed_body: bool,
-        upgrade: Option<(HeaderValue, OnUpgrade)>,
+        upgrade: Option<(HeaderValue, OnUpgrade, &Tunnels)>,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         parts.uri = Uri::try_from(path_and_query).unwrap_or_else(|_| Uri::from_static("/"));
         parts.version = Version::HTTP_11;
@@ -174,14 +176,15 @@ impl UpstreamClient {
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, self.host.clone());
         }
-        let Some((protocol, client)) = upgrade else {
+        let Some((protocol, client, tunnels)) = upgrade else {
             return pool.send(Request::from_parts(parts, body)).await;
         };
         tunnel::keep_upgrade(&mut parts.headers, protocol);
         let host = self.config.authority.host().trim_matches(['[', ']']);
         let port = self.config.authority.port_u16().unwrap_or(80);
         let request = Request::from_parts(parts, body);
-        tunnel::send(host, port, self.config.connect_timeout, request, client)
+        let timeout = self.config.connect_timeout;
+        tunnel::send(host, port, timeout, request, client, tunnels)
             .await
             .map(|response| response.map(ResponseBody::detached))
     }

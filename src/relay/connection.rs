@@ -655,12 +655,27 @@ fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Res
 /// once), or it sent more (a pipelined request: it is still there). A client that only
 /// shut its write side looks the same as one that closed: both are taken as gone, as
 /// nginx and Envoy take them.
-async fn client_activity(client: &TcpStream) -> Wake {
-    let mut byte = [0u8; 1];
-    match client.peek(&mut byte).await {
-        Ok(0) | Err(_) => Wake::ClientLeft,
-        Ok(_) => Wake::ClientSent,
-    }
+///
+/// It waits in the socket's reader slot (`poll_read_ready`), not in a readiness future:
+/// this is polled once per event while the upstream streams, and the slot costs no
+/// registration to undo each time another branch wins.
+fn client_activity(client: &TcpStream) -> impl Future<Output = Wake> + '_ {
+    std::future::poll_fn(move |cx| loop {
+        if std::task::ready!(client.poll_read_ready(cx)).is_err() {
+            return Poll::Ready(Wake::ClientLeft);
+        }
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        let peeked = client.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(client).peek(&mut byte)
+        });
+        match peeked {
+            Ok(0) => return Poll::Ready(Wake::ClientLeft),
+            Ok(_) => return Poll::Ready(Wake::ClientSent),
+            // Readiness that was stale is cleared: wait again.
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(Wake::ClientLeft),
+        }
+    })
 }
 
 /// Read what the upstream sent into the worker's buffers, after the bytes `carry`ied

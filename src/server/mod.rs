@@ -330,8 +330,14 @@ impl Accepting {
 async fn drain(graceful: GracefulShutdown, proxy: &Proxy, metrics: &Metrics) {
     let in_flight = graceful.count();
     let drain = proxy.active().config.shutdown.drain_timeout;
-    tracing::info!(connections = in_flight, deadline = ?drain, "draining");
-    match tokio::time::timeout(drain, graceful.shutdown()).await {
+    let tunnels = proxy.tunnels().open();
+    tracing::info!(connections = in_flight, tunnels, deadline = ?drain, "draining");
+    // hyper lets go of an upgraded connection: its tunnel is waited for on its own.
+    let connections_and_tunnels = async {
+        graceful.shutdown().await;
+        proxy.tunnels().all_closed().await;
+    };
+    match tokio::time::timeout(drain, connections_and_tunnels).await {
         Ok(()) => tracing::info!("drained; exiting"),
         Err(_) => tracing::warn!(
             streams = metrics.streams_in_flight.get(),

@@ -796,6 +796,93 @@ async fn shutdown_closes_connections_without_a_request_at_once() {
     }
 }
 
+/// An upstream that answers each upgrade request `101` and then echoes bytes.
+async fn echoing_upgrade_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                if read_request(&mut stream, &mut buf).await.is_none() {
+                    return;
+                }
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                    Connection: Upgrade\r\n\r\n";
+                if stream.write_all(switch).await.is_err() {
+                    return;
+                }
+                let mut chunk = [0u8; 1024];
+                while let Ok(n @ 1..) = stream.read(&mut chunk).await {
+                    if stream.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Whether `client`'s tunnel echoes `message` within a second.
+async fn echoes(client: &mut TcpStream, message: &[u8]) -> bool {
+    if client.write_all(message).await.is_err() {
+        return false;
+    }
+    let mut echoed = vec![0u8; message.len()];
+    let read = tokio::time::timeout(Duration::from_secs(1), client.read_exact(&mut echoed));
+    matches!(read.await, Ok(Ok(_))) && echoed == message
+}
+
+/// A WebSocket tunnel open at shutdown is drained like any stream: it carries bytes
+/// until the drain deadline (2 s here), not just until the accept loop stops, and is cut
+/// after it.
+#[tokio::test]
+async fn a_tunnel_open_at_shutdown_lives_until_the_drain_deadline() {
+    let upstream = echoing_upgrade_upstream().await;
+    let proxy = Proxy::start(
+        &format!("http://{upstream}"),
+        "shutdown:\n  drain_timeout: 2s\n",
+    )
+    .await;
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(
+            b"GET /v1/realtime HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n\
+              Connection: Upgrade\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while find(&seen, b"\r\n\r\n").is_none() {
+        let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+            .await
+            .expect("101 within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed before the 101");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    assert!(echoes(&mut client, b"before").await);
+    let stopped = std::time::Instant::now();
+    proxy.shutdown();
+    // Past the second a drain with nothing to wait for would have taken.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        echoes(&mut client, b"while draining").await,
+        "the tunnel was cut {:?} into a 2 s drain",
+        stopped.elapsed()
+    );
+    // After the deadline the server has stopped, and the tunnel with it.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the tunnel outlived the drain deadline");
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(2),
+        "cut before the deadline"
+    );
+}
+
 /// Item 9: an HTTP/1.1 `Upgrade` (WebSocket) reaches the upstream with `Upgrade` and
 /// `Connection: upgrade`, the client gets the `101` with `Upgrade`, and then bytes flow
 /// both ways untouched (the raw upstream echoes them); counted as a passthrough.
