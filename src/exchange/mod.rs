@@ -34,6 +34,16 @@ pub use answer::Answer;
 pub use fault::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
 pub use idle::{IdleTimeout, UpstreamIdle};
 
+/// Resolves once the server starts to shut down (`closing` turns `true`): a transport then
+/// closes connections that wait for a request, and lets a request in flight finish with
+/// `connection: close`.
+pub async fn shutting_down(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    if closing.wait_for(|closing| *closing).await.is_err() {
+        // The server is gone without saying so: nothing to wait for any more.
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The configuration in force and what was built from it: the tokenizer, and `U`, the
 /// hyper transport's upstream client (the relay builds what it needs per connection).
 pub struct Active<U> {

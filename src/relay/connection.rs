@@ -35,8 +35,8 @@ use super::serialize;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::exchange::{
-    Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError, Gateway, Streaming,
-    UpstreamFault, UpstreamIdle,
+    shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError,
+    Gateway, Streaming, UpstreamFault, UpstreamIdle,
 };
 use crate::observe::RequestHead;
 
@@ -723,13 +723,6 @@ fn hot_lines(relay: &ResponseRelay, observed: &Observed) -> crate::prefetch::Lin
         .unwrap_or_default();
     lines.value(relay.reader());
     lines
-}
-
-/// Resolves once the server starts to shut down.
-async fn shutting_down(closing: &mut watch::Receiver<bool>) {
-    if closing.wait_for(|closing| *closing).await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }
 
 /// Send what the socket takes of `data` now, without waiting: tokio's `try_write` with

@@ -34,6 +34,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
+use crate::exchange::shutting_down;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
@@ -507,14 +508,6 @@ async fn serve_plain(
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
         connection_ended(connection.peer, result);
-    }
-}
-
-/// Resolves once the server starts to shut down.
-async fn shutting_down(closing: &mut watch::Receiver<bool>) {
-    if closing.wait_for(|closing| *closing).await.is_err() {
-        // The server is gone without saying so: nothing to wait for any more.
-        std::future::pending::<()>().await;
     }
 }
 
