@@ -123,11 +123,14 @@ impl<U> Gateway<U> {
             active.tokenizer.as_ref(),
             &self.metrics,
         );
+        let head_timeout = active.config.upstream.response_head_timeout;
         let exchange = Exchange {
             pending,
             permit,
             method: head.method.clone(),
             uri: head.uri.clone(),
+            head_timeout,
+            head_deadline: tokio::time::Instant::now() + head_timeout,
         };
         Ok(Admitted {
             active,
@@ -145,9 +148,24 @@ pub struct Exchange {
     /// For the log line of a failure.
     method: Method,
     uri: Uri,
+    /// `upstream.response_head_timeout`, and when it runs out.
+    head_timeout: std::time::Duration,
+    head_deadline: tokio::time::Instant,
 }
 
 impl Exchange {
+    /// When the response head must have arrived: `upstream.response_head_timeout` after the
+    /// exchange began, connecting and sending the request (and its body) included. A
+    /// transport that misses it fails the exchange with [`Exchange::head_timed_out`].
+    pub fn head_deadline(&self) -> tokio::time::Instant {
+        self.head_deadline
+    }
+
+    /// The fault of a response head that missed [`Exchange::head_deadline`] (a `504`).
+    pub fn head_timed_out(&self) -> ExchangeError {
+        UpstreamFault::HeadTimeout(self.head_timeout).into()
+    }
+
     /// The request got no response head: log and record it, and return what to answer
     /// (`None` when the client is gone: nobody would read an answer).
     pub fn failed(self, err: &ExchangeError) -> Option<Answer> {

@@ -140,7 +140,10 @@ impl Proxy {
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
-        let sent = active.upstream.send(parts, body, &tunnels).await;
+        let send = active.upstream.send(parts, body, &tunnels);
+        let sent = tokio::time::timeout_at(exchange.head_deadline(), send)
+            .await
+            .unwrap_or_else(|_| Err(exchange.head_timed_out()));
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let response = match sent {

@@ -116,7 +116,6 @@ impl UpstreamClient {
         let unframed_body = !body.is_end_stream()
             && matches!(parts.method, http::Method::GET | http::Method::HEAD)
             && !parts.headers.contains_key(header::CONTENT_LENGTH);
-        let timeout = self.config.response_head_timeout;
         let exchange = async {
             match &self.transport {
                 Transport::PlainH1(pool) => {
@@ -142,9 +141,8 @@ impl UpstreamClient {
                 }
             }
         };
-        let mut response = tokio::time::timeout(timeout, exchange)
-            .await
-            .unwrap_or(Err(UpstreamFault::HeadTimeout(timeout).into()))?;
+        // The head deadline is the exchange policy's; the caller holds it.
+        let mut response = exchange.await?;
         if response.status() == StatusCode::SWITCHING_PROTOCOLS && !upgrading {
             return Err(UpstreamFault::UnsolicitedSwitch.into());
         }

@@ -228,8 +228,7 @@ impl<U> Relay<U> {
             }
         };
         let upstream_config = &active.config.upstream;
-        let head_timeout = upstream_config.response_head_timeout;
-        let head_deadline = tokio::time::Instant::now() + head_timeout;
+        let head_deadline = exchange.head_deadline();
         let origin = Origin::of(&upstream_config.authority);
         let mut started = false;
         let send = send_request(
@@ -242,10 +241,9 @@ impl<U> Relay<U> {
             &mut scan,
             &mut started,
         );
-        let head_timed_out = || Failure::Upstream(UpstreamFault::HeadTimeout(head_timeout).into());
         let sent = tokio::time::timeout_at(head_deadline, send)
             .await
-            .unwrap_or_else(|_| Err(head_timed_out()));
+            .unwrap_or_else(|_| Err(Failure::Upstream(exchange.head_timed_out())));
         let upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
@@ -274,7 +272,6 @@ impl<U> Relay<U> {
             observed: Observed::new(exchange),
             idle: UpstreamIdle::new(upstream_config.idle_timeout),
             head_deadline,
-            head_timeout,
         };
         let ended = response.run(closing).await;
         if let UpstreamAfter::Reuse(upstream) = ended.upstream {
@@ -433,7 +430,6 @@ struct ResponseLoop<'a> {
     observed: Observed,
     idle: UpstreamIdle,
     head_deadline: tokio::time::Instant,
-    head_timeout: Duration,
 }
 
 impl ResponseLoop<'_> {
@@ -576,8 +572,11 @@ impl ResponseLoop<'_> {
     /// deadline, what the exchange answers (the response has ended).
     fn timer_fired(&mut self) -> Result<tokio::time::Instant, Option<Answer>> {
         if !self.relay.has_head() {
-            let fault = UpstreamFault::HeadTimeout(self.head_timeout);
-            return Err(self.observed.finish(BodyEnd::UpstreamIdle, || fault.into()));
+            let answer = self.observed.exchange.take().and_then(|exchange| {
+                let fault = exchange.head_timed_out();
+                exchange.failed(&fault)
+            });
+            return Err(answer);
         }
         let now = tokio::time::Instant::now();
         if !self.idle.expired(now) {
