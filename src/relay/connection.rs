@@ -36,7 +36,7 @@ use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::exchange::{
     shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError,
-    Gateway, Streaming, UpstreamFault, UpstreamIdle,
+    Gateway, Streaming, UpstreamIdle,
 };
 use crate::observe::RequestHead;
 
@@ -363,15 +363,28 @@ impl Observed {
         }
     }
 
-    /// The exchange ended as `end` says (after the head) or failed with `err` (before).
-    fn finish(&mut self, end: BodyEnd, err: impl FnOnce() -> ExchangeError) -> Option<Answer> {
+    /// The body, after its head, ended as `end` says.
+    fn ended(&mut self, end: BodyEnd) {
         if let Some(streaming) = self.streaming.as_mut() {
             streaming.finish(Instant::now(), end);
-            return None;
         }
-        self.exchange
-            .take()
-            .and_then(|exchange| exchange.failed(&err()))
+    }
+
+    /// No head came: the exchange fails with the fault `fault` names, and says what to
+    /// answer.
+    fn failed(&mut self, fault: impl FnOnce(&Exchange) -> ExchangeError) -> Option<Answer> {
+        let exchange = self.exchange.take()?;
+        let fault = fault(&exchange);
+        exchange.failed(&fault)
+    }
+
+    /// The client left, before the head or after it.
+    fn client_left(&mut self) {
+        if self.streaming.is_some() {
+            self.ended(BodyEnd::ClientGone);
+        } else {
+            self.failed(|_| ClientFault::Gone.into());
+        }
     }
 }
 
@@ -471,8 +484,7 @@ impl ResponseLoop<'_> {
                 }
                 Wake::ClientSent => watch_client = false,
                 Wake::ClientLeft => {
-                    self.observed
-                        .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
+                    self.observed.client_left();
                     return ResponseEnd::closed();
                 }
                 Wake::Timer => match self.timer_fired() {
@@ -518,17 +530,14 @@ impl ResponseLoop<'_> {
         );
         if let Step::NoHead(fault) = step {
             scratch::give_back(buffers);
-            let answer = self
-                .observed
-                .finish(BodyEnd::UpstreamBroken, || fault.into());
+            let answer = self.observed.failed(|_| fault.into());
             return After::Done(self.answer(answer).await);
         }
         if let Step::Ended { .. } = step {
             // Recorded as the end is handed to the client's connection, as the hyper path
             // records it when it hands hyper the last frame: a scrape that follows the
             // client's read of the end sees the request.
-            self.observed
-                .finish(BodyEnd::Clean, unreachable_before_head);
+            self.observed.ended(BodyEnd::Clean);
         }
         let sent_at_once = send_now_or_keep(self.client, out, unsent);
         if let Step::More { used } = step {
@@ -541,8 +550,7 @@ impl ResponseLoop<'_> {
             Ok(()) => self.client.write_all(unsent).await.is_ok(),
         };
         if !client_took_it {
-            self.observed
-                .finish(BodyEnd::ClientGone, || ClientFault::Gone.into());
+            self.observed.client_left();
             return After::Done(ResponseEnd::closed());
         }
         // The idle clock starts now that the loop waits for the upstream again: the read's
@@ -560,8 +568,7 @@ impl ResponseLoop<'_> {
             ),
             Step::Broken(why) => {
                 tracing::warn!(error = %why, "upstream stream failed mid-body");
-                self.observed
-                    .finish(BodyEnd::UpstreamBroken, unreachable_before_head);
+                self.observed.ended(BodyEnd::UpstreamBroken);
                 After::Done(ResponseEnd::closed())
             }
             Step::Ended { reuse_upstream } => After::Ended { reuse_upstream },
@@ -572,11 +579,7 @@ impl ResponseLoop<'_> {
     /// deadline, what the exchange answers (the response has ended).
     fn timer_fired(&mut self) -> Result<tokio::time::Instant, Option<Answer>> {
         if !self.relay.has_head() {
-            let answer = self.observed.exchange.take().and_then(|exchange| {
-                let fault = exchange.head_timed_out();
-                exchange.failed(&fault)
-            });
-            return Err(answer);
+            return Err(self.observed.failed(Exchange::head_timed_out));
         }
         let now = tokio::time::Instant::now();
         if !self.idle.expired(now) {
@@ -584,8 +587,7 @@ impl ResponseLoop<'_> {
         }
         let timeout = self.idle.timeout();
         tracing::warn!(?timeout, "upstream stream idle; aborting it");
-        self.observed
-            .finish(BodyEnd::UpstreamIdle, unreachable_before_head);
+        self.observed.ended(BodyEnd::UpstreamIdle);
         Err(None)
     }
 
@@ -626,11 +628,6 @@ impl ResponseLoop<'_> {
             upstream: UpstreamAfter::Closed,
         }
     }
-}
-
-/// The failure of an exchange past its head, which [`Observed::finish`] never asks for.
-fn unreachable_before_head() -> ExchangeError {
-    UpstreamFault::Request("response ended before its head".to_string()).into()
 }
 
 /// Send what the client socket takes of `out` now, keeping the rest in `unsent` to be

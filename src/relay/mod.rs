@@ -48,3 +48,11 @@ fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 fn lists(value: &[u8], token: &[u8]) -> bool {
     list_elements(value).any(|element| element.eq_ignore_ascii_case(token))
 }
+
+/// One `name: value` field line of an HTTP/1.1 head, as the relay writes every one.
+fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}

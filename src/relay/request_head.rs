@@ -401,20 +401,13 @@ fn upstream_head(
         } else {
             field.value
         };
-        push_field(&mut upstream_head, field.name.as_bytes(), value);
+        super::push_field(&mut upstream_head, field.name.as_bytes(), value);
     }
     if let Some(name) = fields.te_trailers {
-        push_field(&mut upstream_head, name.as_bytes(), b"trailers");
+        super::push_field(&mut upstream_head, name.as_bytes(), b"trailers");
     }
     upstream_head.extend_from_slice(b"\r\n");
     upstream_head
-}
-
-fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Whether `input` holds what hyper's quick scan takes for the end of a head (CRLFCRLF,

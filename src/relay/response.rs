@@ -426,25 +426,17 @@ fn client_head(
             framing_field = Some(field);
             continue;
         }
-        push_field(&mut head, field.name.as_bytes(), field.value);
+        super::push_field(&mut head, field.name.as_bytes(), field.value);
     }
     if let Some(name) = fields.te_trailers {
-        push_field(&mut head, name.as_bytes(), b"trailers");
+        super::push_field(&mut head, name.as_bytes(), b"trailers");
     }
     let close_at = head.len();
     if let Some(field) = framing_field {
-        push_field(&mut head, field.name.as_bytes(), field.value);
+        super::push_field(&mut head, field.name.as_bytes(), field.value);
     }
     head.extend_from_slice(b"\r\n");
     (head, close_at)
-}
-
-/// One `name: value` line.
-fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Fold one more `Content-Length` value (a comma list allowed, as hyper's client allows

@@ -77,10 +77,7 @@ pub fn last_chunk(section: &[u8], declared: &[HeaderName], out: &mut Vec<u8>) {
             }
         }
         for (name, value) in &trailers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            super::push_field(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }
     out.extend_from_slice(b"\r\n");
@@ -137,10 +134,7 @@ pub fn answer(answer: &Answer, close: bool) -> Vec<u8> {
     out.extend_from_slice(status.canonical_reason().unwrap_or_default().as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in response.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        super::push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
