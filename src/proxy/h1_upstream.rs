@@ -91,10 +91,10 @@ struct PoolInner {
 }
 
 impl H1Pool {
-    /// The pool of the upstream at `host` (as its URL writes it) and `port`.
+    /// The pool of the upstream at `origin` (as the relay's pool names it: the two share
+    /// their idle connections' cap).
     pub fn new(
-        host: &str,
-        port: u16,
+        origin: Origin,
         connect_timeout: Duration,
         idle_timeout: Duration,
         max_idle: usize,
@@ -109,10 +109,7 @@ impl H1Pool {
         builder.max_headers(intermediary::MAX_UPSTREAM_HEAD_FIELDS);
         H1Pool {
             inner: Arc::new(PoolInner {
-                origin: Origin {
-                    host: host.to_string(),
-                    port,
-                },
+                origin,
                 connect_timeout,
                 idle_timeout,
                 max_idle,
@@ -332,6 +329,14 @@ mod tests {
     use crate::relay::upstream_pool;
     use std::sync::mpsc;
 
+    /// The origin of a listener on this machine.
+    fn local(port: u16) -> Origin {
+        Origin {
+            host: "127.0.0.1".to_string(),
+            port,
+        }
+    }
+
     /// An upstream that accepts connections and keeps them open.
     fn holding_listener() -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -358,7 +363,7 @@ mod tests {
     fn idle_connections_stay_with_the_thread_that_used_them() {
         let port = holding_listener();
         let timeout = Duration::from_secs(60);
-        let pool = H1Pool::new("127.0.0.1", port, timeout, timeout, 4).inner;
+        let pool = H1Pool::new(local(port), timeout, timeout, 4).inner;
         let (checked_in_tx, checked_in) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
         let owner = {
@@ -394,7 +399,7 @@ mod tests {
     fn the_relay_and_hyper_share_one_cap() {
         let port = holding_listener();
         let timeout = Duration::from_secs(60);
-        let pool = H1Pool::new("127.0.0.1", port, timeout, timeout, 1).inner;
+        let pool = H1Pool::new(local(port), timeout, timeout, 1).inner;
         let origin = pool.origin.clone();
         current_thread_runtime().block_on(async {
             let raw = upstream_pool::connect(&origin, timeout).await.unwrap();

@@ -26,6 +26,7 @@ use super::h1_upstream::{error_chain, H1Pool, ResponseBody};
 use super::tunnel::{self, Tunnels};
 use crate::config::{HostHeader, Upstream};
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
+use crate::idle_pool::Origin;
 use crate::intermediary::{self, HostError};
 
 /// Why the upstream client could not be built.
@@ -62,8 +63,7 @@ impl UpstreamClient {
     pub fn new(config: &Upstream) -> Result<UpstreamClient, ClientError> {
         let transport = if config.is_plain_http1() {
             Transport::PlainH1(H1Pool::new(
-                config.authority.host(),
-                config.authority.port_u16().unwrap_or(80),
+                Origin::of(&config.authority),
                 config.connect_timeout,
                 config.pool_idle_timeout,
                 config.pool_max_idle_per_host,
