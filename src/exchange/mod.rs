@@ -130,7 +130,7 @@ impl<U> Gateway<U> {
             method: head.method.clone(),
             uri: head.uri.clone(),
             head_timeout,
-            head_deadline: tokio::time::Instant::now() + head_timeout,
+            head_deadline: tokio::time::Instant::from_std(t_req) + head_timeout,
         };
         Ok(Admitted {
             active,
@@ -155,7 +155,7 @@ pub struct Exchange {
 
 impl Exchange {
     /// When the response head must have arrived: `upstream.response_head_timeout` after the
-    /// exchange began, connecting and sending the request (and its body) included. A
+    /// request's head was received (`t_req`), connecting and sending the request (and its body) included. A
     /// transport that misses it fails the exchange with [`Exchange::head_timed_out`].
     pub fn head_deadline(&self) -> tokio::time::Instant {
         self.head_deadline
