@@ -824,6 +824,21 @@ async fn echoing_upgrade_upstream() -> SocketAddr {
     addr
 }
 
+/// What `client` reads up to the end of the `101`'s head (within 10 s).
+async fn switched(client: &mut TcpStream) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while find(&seen, b"\r\n\r\n").is_none() {
+        let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+            .await
+            .expect("101 within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed before the 101: {seen:?}");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    seen
+}
+
 /// Whether `client`'s tunnel echoes `message` within a second.
 async fn echoes(client: &mut TcpStream, message: &[u8]) -> bool {
     if client.write_all(message).await.is_err() {
@@ -853,16 +868,7 @@ async fn a_tunnel_open_at_shutdown_lives_until_the_drain_deadline() {
         )
         .await
         .unwrap();
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while find(&seen, b"\r\n\r\n").is_none() {
-        let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
-            .await
-            .expect("101 within 10 s")
-            .unwrap();
-        assert!(n > 0, "closed before the 101");
-        seen.extend_from_slice(&chunk[..n]);
-    }
+    switched(&mut client).await;
     assert!(echoes(&mut client, b"before").await);
     let stopped = std::time::Instant::now();
     proxy.shutdown();
@@ -933,16 +939,7 @@ async fn websocket_upgrades_are_tunnelled_as_a_byte_relay() {
         )
         .await
         .unwrap();
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while find(&seen, b"\r\n\r\n").is_none() {
-        let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
-            .await
-            .expect("101 within 10 s")
-            .unwrap();
-        assert!(n > 0, "closed before the 101: {seen:?}");
-        seen.extend_from_slice(&chunk[..n]);
-    }
+    let seen = switched(&mut client).await;
     let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
     assert!(
         head.starts_with("http/1.1 101 switching protocols\r\n"),
