@@ -18,7 +18,8 @@
 #                Operator CRD schema + unknown-field check (scripts/ops/node/validate.mjs)
 #   policy       scripts/ops/check-manifests.py: probes, ports, securityContext,
 #                grace period vs drain, selectors, monitors, PDB, ...
-#   rules sync   the PrometheusRule is generated from deploy/prometheus/rules.yaml
+#   rules sync   the SLO groups of rules.yaml are generated from deploy/prometheus/slo.yaml and
+#                the PrometheusRule from rules.yaml (and that check can fail)
 #   config       `tokentap check-config` on the ConfigMap configs (skipped without a binary)
 #   dockerfile   hadolint (failure threshold: style) + scripts/ops/check-dockerfile.py
 #   yaml         yamllint --strict, relaxed-based config scripts/ops/yamllint.yaml
@@ -131,7 +132,22 @@ EOF
 check "Prometheus Operator objects: CRD schema + no unknown fields (@kubernetes-models/prometheus-operator, tsc)" \
   bash -c 'python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) else 1)" "$1" || { echo "no operator objects rendered"; exit 1; }
            cd "$2" && node validate.mjs crds "$1"' _ "$TMP/crds.json" "$NODE_DIR"
-check "PrometheusRule is in sync with deploy/prometheus/rules.yaml" python3 "$OPS/gen-prometheusrule.py" --check
+check "SLO groups of rules.yaml in sync with deploy/prometheus/slo.yaml, PrometheusRule with rules.yaml" \
+  python3 "$OPS/gen-prometheusrule.py" --check
+# The sync check and the bucket-bound rule must be able to fail: a changed objective is
+# drift, a threshold between two classic bucket bounds is refused.
+check "gen-prometheusrule.py --check fails on a changed objective and refuses a threshold off the bucket bounds" bash -c '
+  sed "s/objective: 0.99\$/objective: 0.995/" deploy/prometheus/slo.yaml >"$1/slo-changed.yaml"
+  sed "s/threshold_seconds: 0.1\$/threshold_seconds: 0.12/" deploy/prometheus/slo.yaml >"$1/slo-off-bound.yaml"
+  if python3 "$2/gen-prometheusrule.py" --check --slo "$1/slo-changed.yaml" >"$1/changed.log" 2>&1 ||
+     ! grep -q "rules.yaml is out of date" "$1/changed.log"; then
+    echo "a changed objective was not reported as drift:"; cat "$1/changed.log"; exit 1
+  fi
+  if python3 "$2/gen-prometheusrule.py" --check --slo "$1/slo-off-bound.yaml" >"$1/bound.log" 2>&1 ||
+     ! grep -q "is not a bound of ITL_BUCKETS" "$1/bound.log"; then
+    echo "a threshold of 0.12 s was not refused:"; cat "$1/bound.log"; exit 1
+  fi
+  echo "drift reported; 0.12 s refused: $(cat "$1/bound.log")"' _ "$TMP" "$OPS"
 
 TOKENTAP=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 if [ -x "$TOKENTAP" ]; then

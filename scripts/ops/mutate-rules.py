@@ -5,10 +5,14 @@ Each mutation is a plausible mistake (a wrong threshold, a dropped guard, a wron
 label filter, a shorter `for:`). It is applied to a temporary copy of
 deploy/prometheus/rules.yaml next to a copy of the tests, and
 `promtool test rules` must FAIL on it. A mutation whose text is not found is an
-error too (the list must follow rules.yaml).
+error too (the list must follow rules.yaml). The test files run one at a time and a
+mutation stops at the first that fails, two mutations at once (a machine of two
+cores): the whole list takes well under a minute.
 
     scripts/ops/mutate-rules.py        # prints PASS/FAIL per mutation, exit 1 on any FAIL
 """
+import concurrent.futures
+import os
 import pathlib
 import shutil
 import subprocess
@@ -85,36 +89,83 @@ MUTATIONS = [
      "tokentap:threshold:client_connections_ratio\n        for: 1m"),
     ("decode errors alert on the wrong label", "sum by (dialect) (rate(tokentap_decode_errors_total[10m]))",
      "sum by (reason) (rate(tokentap_decode_errors_total[10m]))"),
+    # The generated SLO groups (deploy/prometheus/slo.yaml via gen-prometheusrule.py).
+    ("ITL page at 1.44x instead of 14.4x over 1h",
+     'model:tokentap_slo_burn_rate:1h{slo="inter_token_latency"} > 14.4',
+     'model:tokentap_slo_burn_rate:1h{slo="inter_token_latency"} > 1.44'),
+    ("ITL page without the 5m window that resets it",
+     'model:tokentap_slo_burn_rate:5m{slo="inter_token_latency"} > 14.4',
+     'model:tokentap_slo_burn_rate:1h{slo="inter_token_latency"} > 14.4'),
+    ("ITL page over 6h and 30m at 10x instead of 6x",
+     'model:tokentap_slo_burn_rate:6h{slo="inter_token_latency"} > 6\n',
+     'model:tokentap_slo_burn_rate:6h{slo="inter_token_latency"} > 10\n'),
+    ("ITL ticket over 1d and 2h at 6x instead of 3x",
+     'model:tokentap_slo_burn_rate:1d{slo="inter_token_latency"} > 3',
+     'model:tokentap_slo_burn_rate:1d{slo="inter_token_latency"} > 6'),
+    ("ITL ticket over 3d and 6h at 2.5x instead of 1x",
+     'model:tokentap_slo_burn_rate:3d{slo="inter_token_latency"} > 1',
+     'model:tokentap_slo_burn_rate:3d{slo="inter_token_latency"} > 2.5'),
+    ("ITL page without the traffic guard",
+     'model:tokentap_slo_burn_rate:30m{slo="inter_token_latency"} > 6\n            )\n          )\n'
+     '          and on (model)\n          model:tokentap_requests:rate5m\n'
+     '            >= on () group_left () tokentap:threshold:min_request_rate\n',
+     'model:tokentap_slo_burn_rate:30m{slo="inter_token_latency"} > 6\n            )\n          )\n'),
+    ("ITL objective read from the 0.15 s bucket",
+     'rate(tokentap_inter_token_latency_seconds_bucket{le="0.1"}[1h])',
+     'rate(tokentap_inter_token_latency_seconds_bucket{le="0.15"}[1h])'),
+    ("ITL burn rate of the good gaps instead of the bad",
+     '1 - sum by (model) (rate(tokentap_inter_token_latency_seconds_bucket{le="0.1"}[6h]))',
+     'sum by (model) (rate(tokentap_inter_token_latency_seconds_bucket{le="0.1"}[6h]))'),
+    ("TTFT objective misses the text format's spelling of the 2 s bucket",
+     'tokentap_time_to_first_token_seconds_bucket{le=~"2|2\\\\.0"}[30d]',
+     'tokentap_time_to_first_token_seconds_bucket{le="2.0"}[30d]'),
+    ("ITL error budget over 1d instead of the 30d period",
+     "rate(tokentap_inter_token_latency_seconds_count[30d])",
+     "rate(tokentap_inter_token_latency_seconds_count[1d])"),
 ]
+
+
+def caught(rules_text, tests, workdir):
+    """True when some test file fails on `rules_text` (written next to a copy of the tests)."""
+    (workdir / "rules.yaml").write_text(rules_text)
+    for t in tests:
+        r = subprocess.run(["promtool", "test", "rules", str(workdir / "tests" / t.name)], capture_output=True)
+        if r.returncode != 0:
+            return True
+    return False
 
 
 def main():
     rules = (PROM / "rules.yaml").read_text()
-    failed = 0
+    tests = sorted((PROM / "tests").glob("*.yaml"))
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = pathlib.Path(tmp)
-        shutil.copytree(PROM / "tests", tmp / "tests")
-        tests = sorted(str(p) for p in (tmp / "tests").glob("*.yaml"))
         # Baseline: the unmodified rules pass, or the mutations prove nothing.
-        (tmp / "rules.yaml").write_text(rules)
-        base = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
+        base_dir = pathlib.Path(tmp) / "base"
+        shutil.copytree(PROM / "tests", base_dir / "tests")
+        (base_dir / "rules.yaml").write_text(rules)
+        base = subprocess.run(["promtool", "test", "rules", *(str(base_dir / "tests" / t.name) for t in tests)],
+                              capture_output=True, text=True)
         if base.returncode != 0:
             print("FAIL baseline: promtool test rules fails on the unmodified rules")
             print(base.stdout[-2000:], base.stderr[-2000:])
             return 1
-        for what, old, new in MUTATIONS:
+
+        def run(index):
+            what, old, new = MUTATIONS[index]
             n = rules.count(old)
             if n != 1:
-                print(f"FAIL mutation \"{what}\": its text occurs {n} times in rules.yaml (expected 1)")
-                failed += 1
-                continue
-            (tmp / "rules.yaml").write_text(rules.replace(old, new))
-            r = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"PASS mutation \"{what}\" is caught by the tests")
-            else:
-                print(f"FAIL mutation \"{what}\" is NOT caught: promtool test rules still passes")
-                failed += 1
+                return f"FAIL mutation \"{what}\": its text occurs {n} times in rules.yaml (expected 1)"
+            workdir = pathlib.Path(tmp) / f"mutation-{index}"
+            shutil.copytree(PROM / "tests", workdir / "tests")
+            if caught(rules.replace(old, new), tests, workdir):
+                return f"PASS mutation \"{what}\" is caught by the tests"
+            return f"FAIL mutation \"{what}\" is NOT caught: promtool test rules still passes"
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+            lines = list(pool.map(run, range(len(MUTATIONS))))
+    for line in lines:
+        print(line)
+    failed = sum(1 for line in lines if line.startswith("FAIL"))
     print(f"rule mutations: {len(MUTATIONS) - failed} caught, {failed} not")
     return 1 if failed else 0
 
