@@ -172,8 +172,8 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
     },
     PairFamily {
         name: "tokentap_requests_total",
-        help: "Requests on LLM routes by how they ended.",
-        labels: &["model", "outcome", "tenant"],
+        help: "Requests on LLM routes by how they ended (outcome) and what the client was told (status).",
+        labels: &["model", "outcome", "status", "tenant"],
         tenant_by_default: true,
         slot: Slot::Requests,
         kind: PairKind::Requests,
@@ -393,7 +393,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::metrics::Outcome;
+    use crate::metrics::{Outcome, StatusClass, Verdict};
 
     /// The ops scripts' statement of the contract.
     const OPS_CONTRACT: &str = include_str!("../../scripts/ops/tokentap_contract.py");
@@ -489,6 +489,10 @@ mod tests {
         }
         let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(python_strings("OUTCOMES", '(', ')'), outcomes);
+        let mut statuses: Vec<&str> = Verdict::ALL.iter().map(|v| v.status.as_str()).collect();
+        statuses.sort_by_key(|s| StatusClass::ALL.iter().position(|c| c.as_str() == *s));
+        statuses.dedup();
+        assert_eq!(python_strings("STATUSES", '(', ')'), statuses);
     }
 
     /// Each family's `slot` is the storage its getter reads: a set that keeps that slot

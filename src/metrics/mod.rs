@@ -57,7 +57,7 @@ use families::{
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
-pub use outcome::Outcome;
+pub use outcome::{Outcome, StatusClass, Verdict};
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
 pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
@@ -459,10 +459,16 @@ impl Metrics {
         self.passthrough.inc();
     }
 
+    /// Count a request tokentap answered itself before it was measured (refused at
+    /// admission, or a head it could not read): the counter only, no figures.
+    pub fn count_request(&self, stream: &StreamSeries, verdict: Verdict) {
+        stream.requests(verdict).inc();
+    }
+
     /// Record the per-request figures of a finished request on its series (exactly once
     /// per request).
-    pub fn record_request(&self, stream: &StreamSeries, outcome: Outcome, figures: RequestFigures) {
-        stream.requests(outcome).inc();
+    pub fn record_request(&self, stream: &StreamSeries, verdict: Verdict, figures: RequestFigures) {
+        stream.requests(verdict).inc();
         stream.duration().observe(figures.duration.as_secs_f64());
         if figures.output_tokens > 0 {
             stream.output_tokens().inc_by(figures.output_tokens);
@@ -747,8 +753,8 @@ mod tests {
                     tokens_per_second: decode.then_some(50.0),
                     exemplar: None,
                 };
-                let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
-                metrics.record_request(&stream, outcome, figures);
+                let verdict = Verdict::ALL[(m + t) as usize % Verdict::COUNT];
+                metrics.record_request(&stream, verdict, figures);
             }
         }
         metrics
@@ -843,13 +849,13 @@ mod tests {
         let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
         for (model, tenant) in [(Some("a"), Some("x")), (None, None), (Some("b"), Some("y"))] {
             let stream = metrics.stream(model, tenant);
-            metrics.record_request(&stream, Outcome::Completed, RequestFigures::default());
+            metrics.record_request(&stream, Verdict::COMPLETED, RequestFigures::default());
         }
         let text = without_process(&metrics.render());
         for line in [
-            r#"tokentap_requests_total{model="a",outcome="completed",tenant="x"} 1"#,
-            r#"tokentap_requests_total{model="unknown",outcome="completed",tenant="unknown"} 1"#,
-            r#"tokentap_requests_total{model="other",outcome="completed",tenant="other"} 1"#,
+            r#"tokentap_requests_total{model="a",outcome="completed",status="2xx",tenant="x"} 1"#,
+            r#"tokentap_requests_total{model="unknown",outcome="completed",status="2xx",tenant="unknown"} 1"#,
+            r#"tokentap_requests_total{model="other",outcome="completed",status="2xx",tenant="other"} 1"#,
             r#"tokentap_time_to_first_token_seconds_count{model="other",tenant="other"} 0"#,
             r#"tokentap_request_duration_seconds_count{model="a"} 1"#,
             r#"tokentap_request_duration_seconds_count{model="b"} 1"#,
@@ -871,7 +877,7 @@ mod tests {
         let pair = metrics.stream(Some("m"), Some("t"));
         metrics.record_request(
             &pair,
-            Outcome::Completed,
+            Verdict::COMPLETED,
             RequestFigures {
                 input_tokens: Some(3),
                 ..RequestFigures::default()
@@ -927,7 +933,7 @@ mod tests {
         pair.observe_itl(itl, 2);
         metrics.record_request(
             &pair,
-            Outcome::Completed,
+            Verdict::COMPLETED,
             RequestFigures {
                 duration: Duration::from_millis(700),
                 output_tokens: 3,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tokentap::clock::TokenClock;
 use tokentap::config::{Config, Overrides};
-use tokentap::metrics::{Metrics as Families, Outcome};
+use tokentap::metrics::{Metrics as Families, Verdict};
 
 const VALUES: usize = 100_000;
 
@@ -37,7 +37,7 @@ fn record(metrics: &Families, model: &str, tenant: &str) {
     let t = Instant::now();
     let stream = metrics.stream(Some(model), Some(tenant));
     let timings = TokenClock::new(t).timings(t + Duration::from_millis(5));
-    metrics.record_request(&stream, Outcome::Completed, (&timings).into());
+    metrics.record_request(&stream, Verdict::COMPLETED, (&timings).into());
 }
 
 /// Distinct values of `label` among the samples of `family` in an exposition.
@@ -141,7 +141,7 @@ fn series_are_bounded_by_the_product_of_the_caps() {
     let timings = TokenClock::new(t).timings(t);
     metrics.record_request(
         &metrics.stream(None, None),
-        Outcome::Completed,
+        Verdict::COMPLETED,
         (&timings).into(),
     );
     let text = String::from_utf8(metrics.render()).unwrap();
@@ -387,7 +387,7 @@ fn the_default_label_set_makes_the_text_at_least_three_times_smaller() {
                 stream.inter_chunk().observe(0.02);
                 metrics.record_request(
                     &stream,
-                    Outcome::Completed,
+                    Verdict::COMPLETED,
                     tokentap::metrics::RequestFigures {
                         duration: Duration::from_secs(1),
                         output_tokens: 31,
