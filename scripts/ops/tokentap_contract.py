@@ -40,6 +40,9 @@ METRICS = {
     "tokentap_client_connections": ("gauge", ()),
     "tokentap_client_connections_limit": ("gauge", ()),
     "tokentap_upstream_up": ("gauge", ()),
+    "tokentap_upstream_rate_limit_limit": ("gauge", ("model", "resource")),
+    "tokentap_upstream_rate_limit_remaining": ("gauge", ("model", "resource")),
+    "tokentap_upstream_retry_after_seconds": ("gauge", ("model",)),
     "tokentap_build_info": ("gauge", ("version",)),
 }
 
@@ -61,6 +64,9 @@ EVENT_DRIVEN = {
     "tokentap_label_overflow_total",
     "tokentap_unobserved_responses_total",
     "tokentap_decode_errors_total",
+    "tokentap_upstream_rate_limit_limit",
+    "tokentap_upstream_rate_limit_remaining",
+    "tokentap_upstream_retry_after_seconds",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

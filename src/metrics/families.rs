@@ -317,6 +317,27 @@ pub(super) static LABEL_OVERFLOW: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static UPSTREAM_RATE_LIMIT_LIMIT: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_rate_limit_limit",
+    help: "The quota the upstream last reported for a model (x-ratelimit-limit-*, anthropic-ratelimit-*-limit), by resource.",
+    labels: &["model", "resource"],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UPSTREAM_RATE_LIMIT_REMAINING: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_rate_limit_remaining",
+    help: "What the upstream last reported left of a model's quota (x-ratelimit-remaining-*, anthropic-ratelimit-*-remaining), by resource.",
+    labels: &["model", "resource"],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UPSTREAM_RETRY_AFTER: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_retry_after_seconds",
+    help: "The wait the upstream last asked for in a 429 or 503 for a model (retry-after-ms or Retry-After).",
+    labels: &["model"],
+    kind: RegistryKind::Gauge,
+};
+
 pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
     name: "tokentap_build_info",
     help: "Always 1; the version label says which tokentap is running.",
@@ -325,7 +346,7 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 };
 
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 11] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 14] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -336,6 +357,9 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 11] = [
     &CLIENT_CONNECTIONS_LIMIT,
     &CLIENT_CONNECTION_LIMIT_REACHED,
     &LABEL_OVERFLOW,
+    &UPSTREAM_RATE_LIMIT_LIMIT,
+    &UPSTREAM_RATE_LIMIT_REMAINING,
+    &UPSTREAM_RETRY_AFTER,
     &BUILD_INFO,
 ];
 

@@ -43,7 +43,8 @@ use bytes::Bytes;
 use prometheus::core::Collector;
 use prometheus::proto;
 use prometheus::{
-    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::wire::Unobservable;
@@ -53,7 +54,8 @@ pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
     CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
-    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
+    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT,
+    UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
@@ -137,6 +139,10 @@ pub struct Metrics {
     decode_errors: IntCounterVec,
     passthrough: IntCounter,
     overload_rejections: IntCounter,
+    /// What upstreams report of their rate limits, per model.
+    rate_limit_limit: IntGaugeVec,
+    rate_limit_remaining: IntGaugeVec,
+    retry_after: GaugeVec,
     /// Client connections open on the proxy port.
     pub client_connections: IntGauge,
     /// The most client connections open at once (`limits.max_connections` in force).
@@ -177,6 +183,11 @@ fn counter_vec(family: &RegistryFamily) -> IntCounterVec {
 fn gauge(family: &RegistryFamily) -> IntGauge {
     debug_assert!(family.kind == RegistryKind::Gauge && family.labels.is_empty());
     IntGauge::with_opts(opts(family)).expect("static gauge definition is valid")
+}
+
+fn float_gauge_vec(family: &RegistryFamily) -> GaugeVec {
+    debug_assert!(family.kind == RegistryKind::Gauge);
+    GaugeVec::new(opts(family), family.labels).expect("static gauge definition is valid")
 }
 
 fn gauge_vec(family: &RegistryFamily) -> IntGaugeVec {
@@ -272,6 +283,9 @@ impl Metrics {
             decode_errors: counter_vec(&DECODE_ERRORS),
             passthrough: counter(&PASSTHROUGH),
             overload_rejections: counter(&OVERLOAD_REJECTIONS),
+            rate_limit_limit: gauge_vec(&UPSTREAM_RATE_LIMIT_LIMIT),
+            rate_limit_remaining: gauge_vec(&UPSTREAM_RATE_LIMIT_REMAINING),
+            retry_after: float_gauge_vec(&UPSTREAM_RETRY_AFTER),
             client_connections: gauge(&CLIENT_CONNECTIONS),
             client_connections_limit: gauge(&CLIENT_CONNECTIONS_LIMIT),
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
@@ -301,6 +315,9 @@ impl Metrics {
             Box::new(metrics.client_connections_limit.clone()),
             Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(label_overflow),
+            Box::new(metrics.rate_limit_limit.clone()),
+            Box::new(metrics.rate_limit_remaining.clone()),
+            Box::new(metrics.retry_after.clone()),
             Box::new(build_info),
         ];
         for collector in collectors {
@@ -457,6 +474,37 @@ impl Metrics {
     /// Count a request on a non-LLM route.
     pub fn passthrough(&self) {
         self.passthrough.inc();
+    }
+
+    /// The latest quota an upstream reported for `stream`'s model: `resource`'s `limit`
+    /// and what `remaining` of it (each only where reported). A value past `i64::MAX`
+    /// shows as `i64::MAX`.
+    pub fn upstream_quota(
+        &self,
+        stream: &StreamSeries,
+        resource: &str,
+        limit: Option<u64>,
+        remaining: Option<u64>,
+    ) {
+        let labels = [&**stream.model(), resource];
+        let set = |gauges: &IntGaugeVec, n: u64| {
+            gauges
+                .with_label_values(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        if let Some(n) = limit {
+            set(&self.rate_limit_limit, n);
+        }
+        if let Some(n) = remaining {
+            set(&self.rate_limit_remaining, n);
+        }
+    }
+
+    /// The latest wait an upstream asked a refused client of `stream`'s model for.
+    pub fn upstream_retry_after(&self, stream: &StreamSeries, wait: Duration) {
+        self.retry_after
+            .with_label_values(&[&**stream.model()])
+            .set(wait.as_secs_f64());
     }
 
     /// Count a request tokentap answered itself before it was measured (refused at
@@ -885,6 +933,8 @@ mod tests {
         );
         metrics.unobserved(Unobservable::ContentType);
         metrics.decode_errors("openai_chat", 1);
+        metrics.upstream_quota(&pair, "requests", Some(10), Some(9));
+        metrics.upstream_retry_after(&pair, Duration::from_millis(1500));
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();

@@ -19,12 +19,15 @@
 //! itself goes on.
 
 pub mod inspect;
+mod rate_limits;
 mod recorder;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
+
+use rate_limits::RateLimits;
 
 use http::{header, HeaderMap, Method, StatusCode, Uri};
 
@@ -241,6 +244,9 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
+                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now()) {
+                    recorder.rate_limits(limits);
+                }
                 let metrics = recorder.metrics().clone();
                 let dialect = recorder.dialect();
                 let decoder = decoder_for(

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::StatusCode;
 use prometheus::IntGauge;
 
+use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
 use crate::metrics::{
@@ -89,6 +90,9 @@ pub struct Recorder {
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
+    /// The rate limits the response head reported, recorded with the outcome (when the
+    /// model that labels them is known for sure).
+    rate_limits: Option<Box<RateLimits>>,
     /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
     slowest_itl: Option<Duration>,
     in_flight: InFlight,
@@ -114,6 +118,7 @@ impl Recorder {
             stream_error: false,
             end_marker: false,
             malformed: 0,
+            rate_limits: None,
             slowest_itl: None,
             in_flight,
         }
@@ -133,6 +138,11 @@ impl Recorder {
     pub fn response_head(&mut self, at: Instant, status: StatusCode) {
         self.clock.response_head(at);
         self.status = Some(status);
+    }
+
+    /// The rate limits the upstream reported in its response head.
+    pub fn rate_limits(&mut self, limits: RateLimits) {
+        self.rate_limits = Some(Box::new(limits));
     }
 
     /// No upstream head came and tokentap answered the client itself with `status`: the
@@ -262,6 +272,19 @@ impl Recorder {
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
         self.metrics.record_request(handles, verdict, figures);
+        if let Some(limits) = self.rate_limits.take() {
+            for (resource, quota) in Resource::ALL.iter().zip(limits.quotas) {
+                self.metrics.upstream_quota(
+                    handles,
+                    resource.as_str(),
+                    quota.limit,
+                    quota.remaining,
+                );
+            }
+            if let Some(wait) = limits.retry_after {
+                self.metrics.upstream_retry_after(handles, wait);
+            }
+        }
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
 

@@ -998,3 +998,67 @@ async fn an_unreadable_request_head_is_counted_as_the_clients_error() {
         }
     }
 }
+
+/// The rate limits an upstream reports become per-model gauges of the latest values, on
+/// every transport: OpenAI's headers on a success, Anthropic's and `Retry-After` on a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_rate_limits_become_per_model_gauges() {
+    let openai = ScriptedBackend::start(vec![Step::Write(response(
+        "200 OK",
+        "content-type: text/event-stream\r\nx-ratelimit-limit-requests: 500\r\n\
+         x-ratelimit-remaining-requests: 499\r\nx-ratelimit-remaining-tokens: 149000\r\n",
+        "data: [DONE]\n\n",
+    ))])
+    .await;
+    let anthropic = ScriptedBackend::start(vec![Step::Write(response(
+        "429 Too Many Requests",
+        "content-type: application/json\r\nretry-after: 7\r\n\
+         anthropic-ratelimit-input-tokens-limit: 40000\r\n\
+         anthropic-ratelimit-input-tokens-remaining: 0\r\n",
+        r#"{"type":"error","error":{"type":"rate_limit_error"}}"#,
+    ))])
+    .await;
+    for transport in TRANSPORTS {
+        let proxy = transport.proxy(&openai.url(), "").await;
+        let model = format!("quota-{transport:?}");
+        answer_to(transport, &proxy, &model).await;
+        classified_once(&proxy, &model, "completed", "2xx", 200).await;
+        let m = proxy.metrics().await;
+        let gauge = |name: &str, resource: &str| {
+            m.sum(name, &[("model", model.as_str()), ("resource", resource)])
+        };
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_limit", "requests"),
+            500.0
+        );
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_remaining", "requests"),
+            499.0
+        );
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_remaining", "tokens"),
+            149000.0
+        );
+        assert!(!m.text.contains("tokentap_upstream_retry_after_seconds{"));
+
+        let proxy = transport.proxy(&anthropic.url(), "").await;
+        let model = format!("refused-quota-{transport:?}");
+        answer_to(transport, &proxy, &model).await;
+        classified_once(&proxy, &model, "upstream_refused", "429", 429).await;
+        let m = proxy.metrics().await;
+        let labels = |resource| [("model", model.as_str()), ("resource", resource)];
+        let input = labels("input_tokens");
+        assert_eq!(m.sum("tokentap_upstream_rate_limit_limit", &input), 40000.0);
+        let exhausted = format!(
+            "tokentap_upstream_rate_limit_remaining{{model=\"{model}\",resource=\"input_tokens\"}} 0\n"
+        );
+        assert!(m.text.contains(&exhausted), "{}", m.text);
+        assert_eq!(
+            m.sum(
+                "tokentap_upstream_retry_after_seconds",
+                &[("model", &model)]
+            ),
+            7.0
+        );
+    }
+}
