@@ -44,7 +44,7 @@ use http_body_util::{BodyExt, StreamBody};
 use tokentap::config::{Config, NativeHistograms, Overrides};
 use tokentap::exchange::{Active, Gateway, Streaming, UpstreamIdle};
 use tokentap::metrics::exemplar::TraceContext;
-use tokentap::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures};
+use tokentap::metrics::{Metrics, RequestExemplar, RequestFigures, Verdict};
 use tokentap::observe::{self, RequestHead, ResponseObserver};
 use tokentap::proxy::body::StreamingBody;
 use tokentap::relay::response::{Piece, ResponseReader, ResponseRules};
@@ -360,7 +360,7 @@ fn bench_record_request(c: &mut Criterion) {
     let mut group = c.benchmark_group("record_request");
     for (name, figures) in [("untraced", untraced), ("traced", traced)] {
         group.bench_function(name, |b| {
-            b.iter(|| metrics.record_request(&pair, Outcome::Completed, black_box(figures)))
+            b.iter(|| metrics.record_request(&pair, Verdict::COMPLETED, black_box(figures)))
         });
     }
     group.finish();

@@ -500,7 +500,7 @@ if has_target tokentap && ! skip scrape; then
     # family that carries `model` carries `tenant` too.
     ALL_PAIR_FAMILIES=$(python3 -c 'import sys; sys.path.insert(0, "scripts/ops"); import tokentap_contract as c
 print(", ".join(n for n, (_, labels) in c.METRICS.items() if "model" in labels))')
-    # max_pairs: every one of the M x T pairs is kept (the default keeps 2,000).
+    # max_pairs: every one of the M x T pairs is kept (the default keeps 250).
     TODAY_YAML="labels:
   max_pairs: $((M * T))
   tenant:

@@ -1,11 +1,13 @@
 //! `tokentap demo`: the whole product in one process, with nothing to install.
 //!
 //! Starts the simulator with three models of different speeds, tokentap in front of it,
-//! and a small traffic generator that streams chat completions as three tenants. Every
-//! few seconds it prints tokentap's own view, read from a snapshot of its metric families:
-//! per model and tenant, requests, TTFT and ITL p50/p99 and decode tokens/s, read from the
-//! native histograms exactly as Prometheus' `histogram_quantile` would (each p99 with the
-//! classic buckets' coarser estimate beside it).
+//! and a small traffic generator that streams chat completions as three tenants, a few of
+//! them refused with a `429` as a rate-limited upstream refuses them. Every few seconds it
+//! prints tokentap's own view, read from a snapshot of its metric families: per model and
+//! tenant, requests (and how many the upstream refused or failed), TTFT and ITL p50/p99
+//! and decode tokens/s, read from the native histograms exactly as Prometheus'
+//! `histogram_quantile` would (each p99 with the classic buckets' coarser estimate beside
+//! it), and below it every request counted by outcome and status.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -178,6 +180,9 @@ pub async fn run(
     Ok(())
 }
 
+/// The share of the demo's requests the simulator refuses with a `429`.
+const REFUSED_SHARE: f64 = 0.03;
+
 /// One client: stream requests back to back until told to stop.
 async fn traffic(
     proxy: SocketAddr,
@@ -197,12 +202,17 @@ async fn traffic(
             "stream_options": {"include_usage": true},
             "messages": [{"role": "user", "content": "Why does inter-token latency matter?"}],
         });
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(format!("http://{proxy}/v1/chat/completions"))
             .header("content-type", "application/json")
-            .header("x-tenant-id", tenant)
-            .body(Full::new(Bytes::from(body.to_string())));
+            .header("x-tenant-id", tenant);
+        // A few requests meet a rate limit, as real traffic to a busy engine or a hosted
+        // API does: the simulator answers them 429 without streaming.
+        if rng.gen_bool(REFUSED_SHARE) {
+            request = request.header("x-sim-fault", "status=429");
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_string())));
         let Ok(request) = request else { return };
         match client.request(request).await {
             Ok(response) => {
@@ -227,6 +237,10 @@ pub struct SummaryRow {
     pub model: String,
     pub tenant: String,
     pub requests: u64,
+    /// Requests the upstream refused (`upstream_refused`).
+    pub refused: u64,
+    /// Requests that failed (`upstream_error`, `timeout`, `overloaded`).
+    pub failed: u64,
     pub ttft_p50: Option<f64>,
     pub ttft_p99: Option<f64>,
     pub classic_ttft_p99: Option<f64>,
@@ -259,6 +273,8 @@ fn key<T>(series: &Series<T>) -> (String, String) {
 #[derive(Default)]
 struct Pair<'a> {
     requests: u64,
+    refused: u64,
+    failed: u64,
     ttft: Option<&'a HistogramSnapshot>,
     itl: Option<&'a HistogramSnapshot>,
     tokens_per_second: Option<&'a HistogramSnapshot>,
@@ -274,7 +290,14 @@ pub fn summarize(snapshot: &Snapshot) -> Vec<SummaryRow> {
         match (&*family.name, &family.values) {
             ("tokentap_requests_total", Values::Counter(series)) => {
                 for s in series {
-                    pairs.entry(key(s)).or_default().requests += s.value as u64;
+                    let pair = pairs.entry(key(s)).or_default();
+                    let n = s.value as u64;
+                    pair.requests += n;
+                    match s.label("outcome").unwrap_or_default() {
+                        "upstream_refused" => pair.refused += n,
+                        "upstream_error" | "timeout" | "overloaded" => pair.failed += n,
+                        _ => {}
+                    }
                 }
             }
             (name, Values::Histogram(series)) => {
@@ -309,6 +332,8 @@ pub fn summarize(snapshot: &Snapshot) -> Vec<SummaryRow> {
                 .or(model_wide.and_then(|m| m.tokens_per_second));
             SummaryRow {
                 requests: pair.requests,
+                refused: pair.refused,
+                failed: pair.failed,
                 ttft_p50: quantile(ttft, 0.5),
                 ttft_p99: quantile(ttft, 0.99),
                 classic_ttft_p99: classic_quantile(ttft, 0.99),
@@ -335,20 +360,47 @@ fn print_summary(metrics: &Metrics, sent: u64) {
     out.push_str(&render_table(&rows));
     if rows.is_empty() {
         out.push_str("(waiting for the first streams to finish...)\n");
+    } else {
+        out.push_str(&render_verdicts(&metrics.snapshot()));
     }
     print!("{out}");
     let _ = std::io::stdout().flush();
 }
 
+/// Every request counted so far by outcome and status, most frequent first, in one line
+/// under the table: `outcomes: completed/2xx 1520, upstream_refused/429 47`.
+pub fn render_verdicts(snapshot: &Snapshot) -> String {
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for family in &snapshot.families {
+        if let ("tokentap_requests_total", Values::Counter(series)) =
+            (&*family.name, &family.values)
+        {
+            for s in series {
+                let label = |name| s.label(name).unwrap_or_default().to_string();
+                *counts
+                    .entry((label("outcome"), label("status")))
+                    .or_default() += s.value as u64;
+            }
+        }
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|((outcome, status), n)| format!("{outcome}/{status} {n}"))
+        .collect();
+    format!("\noutcomes: {}\n", parts.join(", "))
+}
+
 /// The summary as a text table: quantiles from the native histograms, each p99 with the
 /// classic buckets' estimate beside it in the `classic` column.
 pub fn render_table(rows: &[SummaryRow]) -> String {
-    fn line(cells: [&str; 10]) -> String {
-        let [model, tenant, requests, ttft_p50, ttft_p99, ttft_classic, itl_p50, itl_p99, itl_classic, tokens] =
+    fn line(cells: [&str; 12]) -> String {
+        let [model, tenant, requests, refused, failed, ttft_p50, ttft_p99, ttft_classic, itl_p50, itl_p99, itl_classic, tokens] =
             cells;
         format!(
-            "{model:<14} {tenant:<12} {requests:>8} {ttft_p50:>9} {ttft_p99:>9} {ttft_classic:>8} \
-             {itl_p50:>8} {itl_p99:>8} {itl_classic:>8} {tokens:>10}\n"
+            "{model:<14} {tenant:<12} {requests:>8} {refused:>7} {failed:>6} {ttft_p50:>9} \
+             {ttft_p99:>9} {ttft_classic:>8} {itl_p50:>8} {itl_p99:>8} {itl_classic:>8} {tokens:>10}\n"
         )
     }
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v * 1e3));
@@ -356,6 +408,8 @@ pub fn render_table(rows: &[SummaryRow]) -> String {
         "model",
         "tenant",
         "requests",
+        "refused",
+        "failed",
         "TTFT p50",
         "TTFT p99",
         "classic",
@@ -365,7 +419,7 @@ pub fn render_table(rows: &[SummaryRow]) -> String {
         "tok/s p50",
     ]);
     out.push_str(&line([
-        "", "", "", "ms", "ms", "p99 ms", "ms", "ms", "p99 ms", "",
+        "", "", "", "", "", "ms", "ms", "p99 ms", "ms", "ms", "p99 ms", "",
     ]));
     for row in rows {
         let tokens_per_second = row
@@ -375,6 +429,8 @@ pub fn render_table(rows: &[SummaryRow]) -> String {
             &row.model,
             &row.tenant,
             &row.requests.to_string(),
+            &row.refused.to_string(),
+            &row.failed.to_string(),
             &ms(row.ttft_p50),
             &ms(row.ttft_p99),
             &ms(row.classic_ttft_p99),
@@ -436,8 +492,22 @@ mod tests {
     #[test]
     fn rows_read_native_buckets_and_share_a_per_model_family_with_every_tenant() {
         let requests = |tenant| Series {
-            labels: labels(&[("model", "m"), ("outcome", "completed"), ("tenant", tenant)]),
+            labels: labels(&[
+                ("model", "m"),
+                ("outcome", "completed"),
+                ("status", "2xx"),
+                ("tenant", tenant),
+            ]),
             value: 3.0,
+        };
+        let refused = Series {
+            labels: labels(&[
+                ("model", "m"),
+                ("outcome", "upstream_refused"),
+                ("status", "429"),
+                ("tenant", "a"),
+            ]),
+            value: 2.0,
         };
         let snapshot = Snapshot {
             families: vec![
@@ -451,7 +521,7 @@ mod tests {
                 ),
                 family(
                     "tokentap_requests_total",
-                    Values::Counter(vec![requests("a"), requests("b")]),
+                    Values::Counter(vec![requests("a"), refused, requests("b")]),
                 ),
                 family(
                     "tokentap_time_to_first_token_seconds",
@@ -466,8 +536,12 @@ mod tests {
         assert_eq!(rows.len(), 2);
         let (a, b) = (&rows[0], &rows[1]);
         assert_eq!(
-            (&*a.tenant, a.requests, &*b.tenant, b.requests),
-            ("a", 3, "b", 3)
+            (&*a.tenant, a.requests, a.refused, &*b.tenant, b.requests, b.refused),
+            ("a", 5, 2, "b", 3, 0)
+        );
+        assert_eq!(
+            render_verdicts(&snapshot),
+            "\noutcomes: completed/2xx 6, upstream_refused/429 2\n"
         );
         // p50 of ten in (0.125, 0.25]: half-way, from the native bucket; the classic
         // estimate is half-way through (0.1, 0.2].

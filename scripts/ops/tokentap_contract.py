@@ -25,7 +25,7 @@ METRICS = {
     "tokentap_time_per_output_token_seconds": ("histogram", ("model",)),
     "tokentap_output_tokens_per_second": ("histogram", ("model",)),
     "tokentap_request_duration_seconds": ("histogram", ("model",)),
-    "tokentap_requests_total": ("counter", ("model", "tenant", "outcome")),
+    "tokentap_requests_total": ("counter", ("model", "tenant", "outcome", "status")),
     "tokentap_output_tokens_total": ("counter", ("model", "tenant")),
     "tokentap_input_tokens_total": ("counter", ("model", "tenant")),
     "tokentap_event_tokens_total": ("counter", ("model", "tenant", "accuracy")),
@@ -40,6 +40,9 @@ METRICS = {
     "tokentap_client_connections": ("gauge", ()),
     "tokentap_client_connections_limit": ("gauge", ()),
     "tokentap_upstream_up": ("gauge", ()),
+    "tokentap_upstream_rate_limit_limit": ("gauge", ("model", "resource")),
+    "tokentap_upstream_rate_limit_remaining": ("gauge", ("model", "resource")),
+    "tokentap_upstream_retry_after_seconds": ("gauge", ("model",)),
     "tokentap_build_info": ("gauge", ("version",)),
 }
 
@@ -61,11 +64,21 @@ EVENT_DRIVEN = {
     "tokentap_label_overflow_total",
     "tokentap_unobserved_responses_total",
     "tokentap_decode_errors_total",
+    "tokentap_upstream_rate_limit_limit",
+    "tokentap_upstream_rate_limit_remaining",
+    "tokentap_upstream_retry_after_seconds",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}
 
-OUTCOMES = ("completed", "cancelled", "upstream_error", "timeout", "client_error")
+OUTCOMES = ("completed", "cancelled", "upstream_error", "upstream_refused", "timeout",
+            "client_error", "overloaded")
+
+# The `status` label of tokentap_requests_total: the upstream's status class, or
+# tokentap's own answer.
+STATUSES = ("none", "1xx", "2xx", "3xx", "429", "4xx", "503", "5xx", "tokentap_400",
+            "tokentap_405", "tokentap_408", "tokentap_414", "tokentap_431", "tokentap_501",
+            "tokentap_502", "tokentap_503", "tokentap_504", "tokentap_4xx", "tokentap_5xx")
 
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)

@@ -37,9 +37,11 @@ pub(super) const fn default_max_in_flight() -> usize {
 pub(super) const fn default_header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }
-/// Enough for 50 models x 40 tenants; a million pairs of the per-label caps would make a
-/// scrape of hundreds of megabytes.
-pub(super) const DEFAULT_MAX_PAIRS: usize = 2000;
+/// Sized for a sidecar: what its engine serves (a few models, LoRA adapters included)
+/// times the tenants that call it, with room to spare. Each pair costs 48 series (about
+/// 3.8 KB of `/metrics`), so the worst a hostile client can make of the default caps is
+/// about 12,000 series (README, "Cardinality").
+pub(super) const DEFAULT_MAX_PAIRS: usize = 250;
 pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -52,8 +54,12 @@ pub(super) const fn default_max_headers() -> usize {
 pub(super) const fn default_max_header_bytes() -> usize {
     64 << 10
 }
-pub(super) const fn default_label_max_values() -> usize {
-    1000
+/// A model costs 137 series (about 9.7 KB of `/metrics`) with its first pair.
+pub(super) const fn default_model_max_values() -> usize {
+    32
+}
+pub(super) const fn default_tenant_max_values() -> usize {
+    200
 }
 pub(super) const fn label_max_values_ceiling() -> usize {
     100_000

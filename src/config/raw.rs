@@ -207,7 +207,7 @@ pub struct RawLabels {
     pub tenant: RawLabelPolicy,
     /// Distinct (model, tenant) pairs kept, whatever the per-label caps allow; past it a
     /// new pair is counted as (`other`, `other`) and in
-    /// `tokentap_label_overflow_total{label="pair"}`. Default 2000; no bound by default
+    /// `tokentap_label_overflow_total{label="pair"}`. Default 250; no bound by default
     /// when a label is `unbounded`.
     pub max_pairs: Option<Count>,
 }
@@ -218,7 +218,7 @@ pub struct RawLabels {
     expecting = "a mapping of label bounds such as `max_values`"
 )]
 pub struct RawLabelPolicy {
-    /// Distinct values kept before new ones become `other`. Default 1000 for `model`, 1000
+    /// Distinct values kept before new ones become `other`. Default 32 for `model`, 200
     /// for `tenant`; at most 100000 unless `unbounded` is set.
     pub max_values: Option<Count>,
     /// Opt in to unbounded cardinality (ignores `max_values`). Default false.

@@ -29,8 +29,9 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(config.upstream.connect_timeout, Duration::from_secs(5));
     assert_eq!(config.upstream.idle_timeout, Duration::from_secs(120));
     assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(30));
-    assert_eq!(config.labels.model.max_values, Some(1000));
-    assert_eq!(config.labels.tenant.max_values, Some(1000));
+    assert_eq!(config.labels.model.max_values, Some(32));
+    assert_eq!(config.labels.tenant.max_values, Some(200));
+    assert_eq!(config.labels.max_pairs, 250);
     assert!(matches!(&config.tenants[..], [TenantSource::Header(h)] if h == "x-tenant-id"));
     assert_eq!(config.log.format, LogFormat::Text);
 }

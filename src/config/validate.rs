@@ -165,8 +165,12 @@ impl RawLabels {
             );
         }
         let tenant_families = tenant_families(issues, self.tenant.families.take());
-        let model = self.model.validate(issues, "labels.model");
-        let tenant = self.tenant.validate(issues, "labels.tenant");
+        let model = self
+            .model
+            .validate(issues, "labels.model", default_model_max_values());
+        let tenant = self
+            .tenant
+            .validate(issues, "labels.tenant", default_tenant_max_values());
         // A label opted in to `unbounded` keeps every value: no default pair cap undoes that.
         let unbounded = model.max_values.is_none() || tenant.max_values.is_none();
         let default_max_pairs = if unbounded {
@@ -620,11 +624,11 @@ impl RawTenants {
 }
 
 impl RawLabelPolicy {
-    fn validate(self, issues: &mut Issues<'_>, path: &str) -> LabelPolicy {
+    fn validate(self, issues: &mut Issues<'_>, path: &str, default_max: usize) -> LabelPolicy {
         let max_values = if self.unbounded {
             None
         } else {
-            let max = self.max_values.map_or(default_label_max_values(), |n| n.0);
+            let max = self.max_values.map_or(default_max, |n| n.0);
             if max == 0 {
                 issues.push(&format!("{path}.max_values"), "must be at least 1");
             } else if max > label_max_values_ceiling() {

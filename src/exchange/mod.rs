@@ -27,7 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::observe::{self, Pending, RequestHead, RequestScan, ResponseObserver};
+use crate::observe::{self, Outcome, Pending, RequestHead, RequestScan, ResponseObserver};
 use crate::prefetch;
 use crate::wire::Tokenizer;
 pub use answer::Answer;
@@ -97,6 +97,23 @@ impl<U> Gateway<U> {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(active);
     }
 
+    /// A request head the transport could not read, which it answered with `status`
+    /// (`400`, `414`, `431`): counted and logged as the client's error. Its route, model
+    /// and tenant are unknown.
+    pub fn unreadable_head(&self, status: StatusCode) {
+        tracing::debug!(
+            status = status.as_u16(),
+            "refused a request head that cannot be read"
+        );
+        observe::refused(
+            None,
+            &self.active().config,
+            &self.metrics,
+            status,
+            Outcome::ClientError,
+        );
+    }
+
     /// The metric families requests are recorded in.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
@@ -113,7 +130,15 @@ impl<U> Gateway<U> {
                 limit = active.config.limits.max_in_flight,
                 "rejecting request: too many in flight"
             );
-            return Err(Answer::overloaded());
+            let answer = Answer::overloaded();
+            observe::refused(
+                Some(head),
+                &active.config,
+                &self.metrics,
+                answer.status,
+                Outcome::Overloaded,
+            );
+            return Err(answer);
         };
         let active = self.active();
         let (scan, pending) = observe::start(

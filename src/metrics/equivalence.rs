@@ -19,7 +19,10 @@ use rand::{Rng, SeedableRng};
 
 use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
-use super::{Buckets, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StreamSeries};
+use super::{
+    Buckets, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StatusClass, StreamSeries,
+    Verdict,
+};
 
 /// The families as the prometheus crate held them.
 struct Reference {
@@ -149,8 +152,8 @@ impl Reference {
                 &r,
                 t,
                 "tokentap_requests_total",
-                "Requests on LLM routes by how they ended.",
-                &["model", "tenant", "outcome"],
+                "Requests on LLM routes by how they ended (outcome) and what the client was told (status).",
+                &["model", "tenant", "outcome", "status"],
             ),
             output_tokens: counter(
                 &r,
@@ -212,16 +215,11 @@ impl Reference {
     }
 
     /// What `Metrics::record_request` did.
-    fn finish(&self, model: &str, tenant: &str, outcome: Outcome, timings: &RequestFigures) {
+    fn finish(&self, model: &str, tenant: &str, verdict: Verdict, timings: &RequestFigures) {
         let v = |name: &str| self.pair(name, model, tenant);
-        let with = |name: &str, extra: &'static str| {
-            let mut values = v(name);
-            values.push(extra);
-            values
-        };
-        self.requests
-            .with_label_values(&with("tokentap_requests_total", outcome.as_str()))
-            .inc();
+        let mut requests = v("tokentap_requests_total");
+        requests.extend([verdict.outcome.as_str(), verdict.status.as_str()]);
+        self.requests.with_label_values(&requests).inc();
         self.duration
             .with_label_values(&v("tokentap_request_duration_seconds"))
             .observe(timings.duration.as_secs_f64());
@@ -241,9 +239,9 @@ impl Reference {
             ("estimated", timings.estimated_event_tokens),
         ] {
             if count > 0 {
-                self.token_counts
-                    .with_label_values(&with("tokentap_event_tokens_total", accuracy))
-                    .inc_by(count);
+                let mut values = v("tokentap_event_tokens_total");
+                values.push(accuracy);
+                self.token_counts.with_label_values(&values).inc_by(count);
             }
         }
         if let Some(tpot) = timings.tpot {
@@ -554,7 +552,7 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
                 .inc();
         }
         if rng.gen_bool(0.6) {
-            let outcome = Outcome::ALL[rng.gen_range(0..Outcome::ALL.len())];
+            let verdict = Verdict::ALL[rng.gen_range(0..Verdict::COUNT)];
             let decode = rng.gen_bool(0.7).then(|| {
                 (
                     seconds(value(&mut rng, &b.time_per_output_token_seconds)),
@@ -595,8 +593,8 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
                 tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
                 exemplar: None,
             };
-            metrics.record_request(handles, outcome, timings);
-            reference.finish(m, t, outcome, &timings);
+            metrics.record_request(handles, verdict, timings);
+            reference.finish(m, t, verdict, &timings);
         }
         if step % 997 == 0 {
             assert_same(&actual(&metrics), &expected(&metrics, &reference));
@@ -652,8 +650,9 @@ fn extreme_values_match_too() {
         tokens_per_second: Some(1e15),
         exemplar: None,
     };
-    metrics.record_request(&handles, Outcome::Timeout, timings);
-    reference.finish("m", "t", Outcome::Timeout, &timings);
+    let timeout = Verdict::new(Outcome::Timeout, StatusClass::Success);
+    metrics.record_request(&handles, timeout, timings);
+    reference.finish("m", "t", timeout, &timings);
     let text = actual(&metrics);
     assert_same(&text, &expected(&metrics, &reference));
     assert_same(&gathered(&metrics), &text);

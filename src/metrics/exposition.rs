@@ -28,7 +28,7 @@ use prometheus::proto;
 
 use super::exemplar::Exemplar;
 use super::families::{PairFamily, PairKind};
-use super::outcome::Outcome;
+use super::outcome::Verdict;
 use super::series::{Counter, SeriesSet, ACCURACY};
 use super::settings::Buckets;
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
@@ -121,16 +121,19 @@ pub(super) struct Family {
     le: Vec<Box<[u8]>>,
     /// The same with OpenMetrics' canonical bounds.
     openmetrics_le: Vec<Box<[u8]>>,
-    /// Requests: outcomes in label-value order; event tokens: accuracies.
+    /// Requests: verdicts in label-value order; event tokens: accuracies.
     sub_labels: Vec<SubLabel>,
 }
 
-/// A value of the extra label of requests (`outcome`) or event tokens (`accuracy`).
+/// The values of the extra labels of requests (`outcome`, `status`) or event tokens
+/// (`accuracy`).
 struct SubLabel {
     /// Index of the pair's counter for it.
     index: usize,
-    value: Arc<str>,
-    /// `,outcome="…"` or `accuracy="…",`: where it goes between the pair's labels.
+    /// (label name, value).
+    values: Vec<(&'static str, Arc<str>)>,
+    /// `,outcome="…",status="…"` or `accuracy="…",`: where it goes between the pair's
+    /// labels (both sort between `model` and `tenant`, or before `model`).
     text: Box<[u8]>,
 }
 
@@ -192,14 +195,24 @@ impl Family {
             }
             PairKind::Counter { .. } => {}
             PairKind::Requests => {
-                let mut outcomes = Outcome::ALL;
-                outcomes.sort_by_key(|o| o.as_str());
-                family.sub_labels = outcomes
-                    .iter()
-                    .map(|o| SubLabel {
-                        index: *o as usize,
-                        value: Arc::from(o.as_str()),
-                        text: format!(",outcome=\"{}\"", o.as_str()).into_bytes().into(),
+                let mut verdicts: Vec<(usize, Verdict)> =
+                    Verdict::ALL.iter().copied().enumerate().collect();
+                verdicts.sort_by_key(|(_, v)| (v.outcome.as_str(), v.status.as_str()));
+                family.sub_labels = verdicts
+                    .into_iter()
+                    .map(|(index, v)| SubLabel {
+                        index,
+                        values: vec![
+                            ("outcome", Arc::from(v.outcome.as_str())),
+                            ("status", Arc::from(v.status.as_str())),
+                        ],
+                        text: format!(
+                            ",outcome=\"{}\",status=\"{}\"",
+                            v.outcome.as_str(),
+                            v.status.as_str()
+                        )
+                        .into_bytes()
+                        .into(),
                     })
                     .collect();
             }
@@ -209,7 +222,7 @@ impl Family {
                     .enumerate()
                     .map(|(index, value)| SubLabel {
                         index,
-                        value: Arc::from(*value),
+                        values: vec![("accuracy", Arc::from(*value))],
                         text: format!("accuracy=\"{value}\",").into_bytes().into(),
                     })
                     .collect();
@@ -230,8 +243,8 @@ impl Family {
     }
 
     /// How many runs of pairs this family's samples come in: one for histograms and
-    /// counters, one per (model, outcome) for requests (ordered by model, then outcome,
-    /// then tenant), one per accuracy for event tokens.
+    /// counters, one per (model, verdict) for requests (ordered by model, then outcome and
+    /// status, then tenant), one per accuracy for event tokens.
     fn runs(&self, pairs: &Level) -> usize {
         match self.spec.kind {
             PairKind::Histogram { .. } | PairKind::Counter { .. } => 1,
@@ -245,9 +258,9 @@ impl Family {
         match self.spec.kind {
             PairKind::Histogram { .. } | PairKind::Counter { .. } => (&pairs.series, 0),
             PairKind::Requests => {
-                let outcomes = self.sub_labels.len();
-                let models = pairs.models[run / outcomes].clone();
-                (&pairs.series[models], run % outcomes)
+                let verdicts = self.sub_labels.len();
+                let models = pairs.models[run / verdicts].clone();
+                (&pairs.series[models], run % verdicts)
             }
             PairKind::EventTokens => (&pairs.series, run),
         }
@@ -589,8 +602,9 @@ impl Family {
                     "model" => pair.model.clone(),
                     "tenant" => pair.tenant.clone()?,
                     _ => sub
-                        .expect("only families with a sub-label have a third label")
-                        .value
+                        .and_then(|sub| sub.values.iter().find(|(n, _)| *n == name))
+                        .expect("only families with sub-labels have more labels")
+                        .1
                         .clone(),
                 };
                 Some(Label {

@@ -172,8 +172,8 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
     },
     PairFamily {
         name: "tokentap_requests_total",
-        help: "Requests on LLM routes by how they ended.",
-        labels: &["model", "outcome", "tenant"],
+        help: "Requests on LLM routes by how they ended (outcome) and what the client was told (status).",
+        labels: &["model", "outcome", "status", "tenant"],
         tenant_by_default: true,
         slot: Slot::Requests,
         kind: PairKind::Requests,
@@ -317,6 +317,27 @@ pub(super) static LABEL_OVERFLOW: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static UPSTREAM_RATE_LIMIT_LIMIT: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_rate_limit_limit",
+    help: "The quota the upstream last reported for a model (x-ratelimit-limit-*, anthropic-ratelimit-*-limit), by resource.",
+    labels: &["model", "resource"],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UPSTREAM_RATE_LIMIT_REMAINING: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_rate_limit_remaining",
+    help: "What the upstream last reported left of a model's quota (x-ratelimit-remaining-*, anthropic-ratelimit-*-remaining), by resource.",
+    labels: &["model", "resource"],
+    kind: RegistryKind::Gauge,
+};
+
+pub(super) static UPSTREAM_RETRY_AFTER: RegistryFamily = RegistryFamily {
+    name: "tokentap_upstream_retry_after_seconds",
+    help: "The wait the upstream last asked for in a 429 or 503 for a model (retry-after-ms or Retry-After).",
+    labels: &["model"],
+    kind: RegistryKind::Gauge,
+};
+
 pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
     name: "tokentap_build_info",
     help: "Always 1; the version label says which tokentap is running.",
@@ -325,7 +346,7 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 };
 
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 11] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 14] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -336,6 +357,9 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 11] = [
     &CLIENT_CONNECTIONS_LIMIT,
     &CLIENT_CONNECTION_LIMIT_REACHED,
     &LABEL_OVERFLOW,
+    &UPSTREAM_RATE_LIMIT_LIMIT,
+    &UPSTREAM_RATE_LIMIT_REMAINING,
+    &UPSTREAM_RETRY_AFTER,
     &BUILD_INFO,
 ];
 
@@ -393,7 +417,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::metrics::Outcome;
+    use crate::metrics::{Outcome, StatusClass, Verdict};
 
     /// The ops scripts' statement of the contract.
     const OPS_CONTRACT: &str = include_str!("../../scripts/ops/tokentap_contract.py");
@@ -489,6 +513,10 @@ mod tests {
         }
         let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(python_strings("OUTCOMES", '(', ')'), outcomes);
+        let mut statuses: Vec<&str> = Verdict::ALL.iter().map(|v| v.status.as_str()).collect();
+        statuses.sort_by_key(|s| StatusClass::ALL.iter().position(|c| c.as_str() == *s));
+        statuses.dedup();
+        assert_eq!(python_strings("STATUSES", '(', ')'), statuses);
     }
 
     /// Each family's `slot` is the storage its getter reads: a set that keeps that slot

@@ -43,7 +43,8 @@ use bytes::Bytes;
 use prometheus::core::Collector;
 use prometheus::proto;
 use prometheus::{
-    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::wire::Unobservable;
@@ -53,11 +54,12 @@ pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
     CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
-    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_UP,
+    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT,
+    UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
-pub use outcome::Outcome;
+pub use outcome::{Outcome, StatusClass, Verdict};
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
 pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
@@ -137,6 +139,10 @@ pub struct Metrics {
     decode_errors: IntCounterVec,
     passthrough: IntCounter,
     overload_rejections: IntCounter,
+    /// What upstreams report of their rate limits, per model.
+    rate_limit_limit: IntGaugeVec,
+    rate_limit_remaining: IntGaugeVec,
+    retry_after: GaugeVec,
     /// Client connections open on the proxy port.
     pub client_connections: IntGauge,
     /// The most client connections open at once (`limits.max_connections` in force).
@@ -177,6 +183,11 @@ fn counter_vec(family: &RegistryFamily) -> IntCounterVec {
 fn gauge(family: &RegistryFamily) -> IntGauge {
     debug_assert!(family.kind == RegistryKind::Gauge && family.labels.is_empty());
     IntGauge::with_opts(opts(family)).expect("static gauge definition is valid")
+}
+
+fn float_gauge_vec(family: &RegistryFamily) -> GaugeVec {
+    debug_assert!(family.kind == RegistryKind::Gauge);
+    GaugeVec::new(opts(family), family.labels).expect("static gauge definition is valid")
 }
 
 fn gauge_vec(family: &RegistryFamily) -> IntGaugeVec {
@@ -272,6 +283,9 @@ impl Metrics {
             decode_errors: counter_vec(&DECODE_ERRORS),
             passthrough: counter(&PASSTHROUGH),
             overload_rejections: counter(&OVERLOAD_REJECTIONS),
+            rate_limit_limit: gauge_vec(&UPSTREAM_RATE_LIMIT_LIMIT),
+            rate_limit_remaining: gauge_vec(&UPSTREAM_RATE_LIMIT_REMAINING),
+            retry_after: float_gauge_vec(&UPSTREAM_RETRY_AFTER),
             client_connections: gauge(&CLIENT_CONNECTIONS),
             client_connections_limit: gauge(&CLIENT_CONNECTIONS_LIMIT),
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
@@ -301,6 +315,9 @@ impl Metrics {
             Box::new(metrics.client_connections_limit.clone()),
             Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(label_overflow),
+            Box::new(metrics.rate_limit_limit.clone()),
+            Box::new(metrics.rate_limit_remaining.clone()),
+            Box::new(metrics.retry_after.clone()),
             Box::new(build_info),
         ];
         for collector in collectors {
@@ -459,10 +476,47 @@ impl Metrics {
         self.passthrough.inc();
     }
 
+    /// The latest quota an upstream reported for `stream`'s model: `resource`'s `limit`
+    /// and what `remaining` of it (each only where reported). A value past `i64::MAX`
+    /// shows as `i64::MAX`.
+    pub fn upstream_quota(
+        &self,
+        stream: &StreamSeries,
+        resource: &str,
+        limit: Option<u64>,
+        remaining: Option<u64>,
+    ) {
+        let labels = [&**stream.model(), resource];
+        let set = |gauges: &IntGaugeVec, n: u64| {
+            gauges
+                .with_label_values(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        if let Some(n) = limit {
+            set(&self.rate_limit_limit, n);
+        }
+        if let Some(n) = remaining {
+            set(&self.rate_limit_remaining, n);
+        }
+    }
+
+    /// The latest wait an upstream asked a refused client of `stream`'s model for.
+    pub fn upstream_retry_after(&self, stream: &StreamSeries, wait: Duration) {
+        self.retry_after
+            .with_label_values(&[&**stream.model()])
+            .set(wait.as_secs_f64());
+    }
+
+    /// Count a request tokentap answered itself before it was measured (refused at
+    /// admission, or a head it could not read): the counter only, no figures.
+    pub fn count_request(&self, stream: &StreamSeries, verdict: Verdict) {
+        stream.requests(verdict).inc();
+    }
+
     /// Record the per-request figures of a finished request on its series (exactly once
     /// per request).
-    pub fn record_request(&self, stream: &StreamSeries, outcome: Outcome, figures: RequestFigures) {
-        stream.requests(outcome).inc();
+    pub fn record_request(&self, stream: &StreamSeries, verdict: Verdict, figures: RequestFigures) {
+        stream.requests(verdict).inc();
         stream.duration().observe(figures.duration.as_secs_f64());
         if figures.output_tokens > 0 {
             stream.output_tokens().inc_by(figures.output_tokens);
@@ -747,8 +801,8 @@ mod tests {
                     tokens_per_second: decode.then_some(50.0),
                     exemplar: None,
                 };
-                let outcome = Outcome::ALL[(m + t) as usize % Outcome::ALL.len()];
-                metrics.record_request(&stream, outcome, figures);
+                let verdict = Verdict::ALL[(m + t) as usize % Verdict::COUNT];
+                metrics.record_request(&stream, verdict, figures);
             }
         }
         metrics
@@ -843,13 +897,13 @@ mod tests {
         let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
         for (model, tenant) in [(Some("a"), Some("x")), (None, None), (Some("b"), Some("y"))] {
             let stream = metrics.stream(model, tenant);
-            metrics.record_request(&stream, Outcome::Completed, RequestFigures::default());
+            metrics.record_request(&stream, Verdict::COMPLETED, RequestFigures::default());
         }
         let text = without_process(&metrics.render());
         for line in [
-            r#"tokentap_requests_total{model="a",outcome="completed",tenant="x"} 1"#,
-            r#"tokentap_requests_total{model="unknown",outcome="completed",tenant="unknown"} 1"#,
-            r#"tokentap_requests_total{model="other",outcome="completed",tenant="other"} 1"#,
+            r#"tokentap_requests_total{model="a",outcome="completed",status="2xx",tenant="x"} 1"#,
+            r#"tokentap_requests_total{model="unknown",outcome="completed",status="2xx",tenant="unknown"} 1"#,
+            r#"tokentap_requests_total{model="other",outcome="completed",status="2xx",tenant="other"} 1"#,
             r#"tokentap_time_to_first_token_seconds_count{model="other",tenant="other"} 0"#,
             r#"tokentap_request_duration_seconds_count{model="a"} 1"#,
             r#"tokentap_request_duration_seconds_count{model="b"} 1"#,
@@ -871,7 +925,7 @@ mod tests {
         let pair = metrics.stream(Some("m"), Some("t"));
         metrics.record_request(
             &pair,
-            Outcome::Completed,
+            Verdict::COMPLETED,
             RequestFigures {
                 input_tokens: Some(3),
                 ..RequestFigures::default()
@@ -879,6 +933,8 @@ mod tests {
         );
         metrics.unobserved(Unobservable::ContentType);
         metrics.decode_errors("openai_chat", 1);
+        metrics.upstream_quota(&pair, "requests", Some(10), Some(9));
+        metrics.upstream_retry_after(&pair, Duration::from_millis(1500));
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();
@@ -927,7 +983,7 @@ mod tests {
         pair.observe_itl(itl, 2);
         metrics.record_request(
             &pair,
-            Outcome::Completed,
+            Verdict::COMPLETED,
             RequestFigures {
                 duration: Duration::from_millis(700),
                 output_tokens: 3,

@@ -630,7 +630,7 @@ mod tests {
     /// collector's families aside: they change from one read to the next).
     #[test]
     fn a_scrape_decodes_back_to_the_metrics_snapshot() {
-        use crate::metrics::{Metrics, Outcome, RequestFigures};
+        use crate::metrics::{Metrics, RequestFigures, Verdict};
         use std::time::Duration;
         let config = crate::config::Config::from_overrides(&crate::config::Overrides {
             upstream: Some("http://127.0.0.1:9".to_string()),
@@ -647,7 +647,7 @@ mod tests {
             stream.ttfb().observe(0.0);
             metrics.record_request(
                 &stream,
-                Outcome::Completed,
+                Verdict::COMPLETED,
                 RequestFigures {
                     duration: Duration::from_millis(1500),
                     output_tokens: 8,

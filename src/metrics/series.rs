@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::exemplar::{Exemplar, ExemplarSlots};
 use super::native::{NativeHistogram, NativeSettings};
-use super::outcome::Outcome;
+use super::outcome::Verdict;
 use super::snapshot::NativeHistogramSnapshot;
 use super::text::escape_label_value;
 
@@ -232,8 +232,8 @@ pub struct SeriesSet {
     pub(super) tpot: Kept<Histogram>,
     pub(super) tokens_per_second: Kept<Histogram>,
     pub(super) duration: Kept<Histogram>,
-    /// Indexed by `Outcome as usize`.
-    pub(super) requests: Kept<[Counter; Outcome::ALL.len()]>,
+    /// Indexed by [`Verdict::index`].
+    pub(super) requests: Kept<[Counter; Verdict::COUNT]>,
     pub(super) output_tokens: Kept<Counter>,
     pub(super) input_tokens: Kept<Counter>,
     /// Indexed like [`ACCURACY`].
@@ -276,7 +276,8 @@ impl SeriesSet {
             tpot: histogram(Slot::Tpot, &bounds.tpot),
             tokens_per_second: histogram(Slot::TokensPerSecond, &bounds.tokens_per_second),
             duration: histogram(Slot::Duration, &bounds.duration),
-            requests: kept(Slot::Requests).then(Box::default),
+            requests: kept(Slot::Requests)
+                .then(|| Box::new(std::array::from_fn(|_| Counter::default()))),
             output_tokens: counter(Slot::OutputTokens),
             input_tokens: counter(Slot::InputTokens),
             event_tokens: kept(Slot::EventTokens).then(Box::default),
@@ -371,8 +372,8 @@ impl StreamSeries {
         kept(&self.pair.duration, &self.model.duration)
     }
 
-    pub(super) fn requests(&self, outcome: Outcome) -> &Counter {
-        &kept(&self.pair.requests, &self.model.requests)[outcome as usize]
+    pub(super) fn requests(&self, verdict: Verdict) -> &Counter {
+        &kept(&self.pair.requests, &self.model.requests)[verdict.index()]
     }
 
     pub(super) fn output_tokens(&self) -> &Counter {
@@ -520,7 +521,7 @@ mod tests {
         assert!(stream.pair.stalls.is_none() && stream.model.stalls.is_some());
         stream.ttft().observe(0.5);
         stream.ttfb().observe(0.5);
-        stream.requests(Outcome::Completed).inc();
+        stream.requests(Verdict::ALL[0]).inc();
         assert_eq!(
             stream
                 .pair

@@ -19,12 +19,15 @@
 //! itself goes on.
 
 pub mod inspect;
+mod rate_limits;
 mod recorder;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
+
+use rate_limits::RateLimits;
 
 use http::{header, HeaderMap, Method, StatusCode, Uri};
 
@@ -104,6 +107,61 @@ pub fn start(
         tokenizer: tokenizer.cloned(),
     }));
     (RequestScan::new(facts), pending)
+}
+
+/// A request tokentap answered with `status` itself, without sending it upstream and
+/// without reading its body: refused at admission (`head` given), or a head it could not
+/// read at all (`None`). Counted once like every other request, with `outcome` and
+/// tokentap's status: on a measured route (or an unreadable head, whose route nobody
+/// knows) in `tokentap_requests_total` with model `unknown`, on any other route as
+/// passthrough.
+pub fn refused(
+    head: Option<RequestHead<'_>>,
+    config: &Config,
+    metrics: &Metrics,
+    status: StatusCode,
+    outcome: Outcome,
+) {
+    let dialect = match head {
+        Some(head) => {
+            let routed = inspect::routed_dialect(
+                &config.routes,
+                head.method,
+                head.uri.path(),
+                head.uri.query(),
+            );
+            let Some(dialect) = routed else {
+                metrics.passthrough();
+                tracing::info!(
+                    target: "tokentap::access",
+                    method = %head.method,
+                    path = %head.uri.path(),
+                    status = status.as_u16(),
+                    "passthrough"
+                );
+                return;
+            };
+            Some(dialect)
+        }
+        None => None,
+    };
+    let tenant = head.and_then(|head| inspect::tenant_for(head.headers, &config.tenants));
+    let series = metrics.stream(None, tenant.as_deref());
+    let verdict =
+        crate::metrics::Verdict::new(outcome, crate::metrics::StatusClass::tokentap(status));
+    metrics.count_request(&series, verdict);
+    tracing::info!(
+        target: "tokentap::access",
+        method = head.map(|head| head.method.as_str()),
+        path = head.map(|head| head.uri.path()),
+        dialect = dialect.map(Dialect::as_str),
+        model = %series.model(),
+        tenant = %series.tenant(),
+        status = status.as_u16(),
+        status_class = verdict.status.as_str(),
+        outcome = verdict.outcome.as_str(),
+        "request"
+    );
 }
 
 /// The request body's scan for `model` and `stream`, fed bytes as they go upstream.
@@ -186,6 +244,9 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
+                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now()) {
+                    recorder.rate_limits(limits);
+                }
                 let metrics = recorder.metrics().clone();
                 let dialect = recorder.dialect();
                 let decoder = decoder_for(

@@ -12,9 +12,12 @@ use std::time::{Duration, Instant, SystemTime};
 use http::StatusCode;
 use prometheus::IntGauge;
 
+use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
-use crate::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures, StreamSeries};
+use crate::metrics::{
+    Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries, Verdict,
+};
 use crate::wire::{Dialect, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
@@ -79,12 +82,17 @@ pub struct Recorder {
     facts: Arc<RequestFacts>,
     response_model: Option<String>,
     handles: Option<StreamSeries>,
+    /// The status the client was told, and whether tokentap (not the upstream) said it.
     status: Option<StatusCode>,
+    answered_by_tokentap: bool,
     stall_threshold: Duration,
     stream_error: bool,
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
+    /// The rate limits the response head reported, recorded with the outcome (when the
+    /// model that labels them is known for sure).
+    rate_limits: Option<Box<RateLimits>>,
     /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
     slowest_itl: Option<Duration>,
     in_flight: InFlight,
@@ -105,10 +113,12 @@ impl Recorder {
             response_model: None,
             handles: None,
             status: None,
+            answered_by_tokentap: false,
             stall_threshold,
             stream_error: false,
             end_marker: false,
             malformed: 0,
+            rate_limits: None,
             slowest_itl: None,
             in_flight,
         }
@@ -130,10 +140,16 @@ impl Recorder {
         self.status = Some(status);
     }
 
+    /// The rate limits the upstream reported in its response head.
+    pub fn rate_limits(&mut self, limits: RateLimits) {
+        self.rate_limits = Some(Box::new(limits));
+    }
+
     /// No upstream head came and tokentap answered the client itself with `status`: the
     /// access log shows what the client got. No clock is stamped (there was no TTFB).
     pub fn answered_by_tokentap(&mut self, status: StatusCode) {
         self.status = Some(status);
+        self.answered_by_tokentap = true;
     }
 
     /// Apply the signals decoded from one frame that arrived at `at`, in order.
@@ -227,15 +243,15 @@ impl Recorder {
         self.end_marker
     }
 
-    /// Record the outcome and per-request figures. Consumes the recorder: once only.
-    pub fn record(mut self, at: Instant, outcome: Outcome) {
-        let outcome = match outcome {
-            Outcome::Completed if self.stream_error => Outcome::UpstreamError,
-            Outcome::Completed if self.status.is_some_and(|s| s.is_server_error()) => {
-                Outcome::UpstreamError
-            }
-            other => other,
+    /// Record the request's verdict and per-request figures, the transport having seen it
+    /// end as `end`. Consumes the recorder: once only.
+    pub fn record(mut self, at: Instant, end: Outcome) {
+        let status = match self.status {
+            None => StatusClass::None,
+            Some(status) if self.answered_by_tokentap => StatusClass::tokentap(status),
+            Some(status) => StatusClass::upstream(status),
         };
+        let verdict = verdict(end, status, self.stream_error);
         let timings = self.clock.timings(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
@@ -255,7 +271,20 @@ impl Recorder {
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
-        self.metrics.record_request(handles, outcome, figures);
+        self.metrics.record_request(handles, verdict, figures);
+        if let Some(limits) = self.rate_limits.take() {
+            for (resource, quota) in Resource::ALL.iter().zip(limits.quotas) {
+                self.metrics.upstream_quota(
+                    handles,
+                    resource.as_str(),
+                    quota.limit,
+                    quota.remaining,
+                );
+            }
+            if let Some(wait) = limits.retry_after {
+                self.metrics.upstream_retry_after(handles, wait);
+            }
+        }
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
 
@@ -268,7 +297,8 @@ impl Recorder {
             model = %handles.model(),
             tenant = %handles.tenant(),
             status = self.status.map(|s| s.as_u16()),
-            outcome = outcome.as_str(),
+            status_class = verdict.status.as_str(),
+            outcome = verdict.outcome.as_str(),
             stream = self.facts.stream.get().copied(),
             ttfb_ms = ms(timings.ttfb),
             ttft_ms = ms(timings.ttft),
@@ -282,6 +312,23 @@ impl Recorder {
             "request"
         );
     }
+}
+
+/// The verdict on a request the transport saw end as `end`, with `status` the class of
+/// what the client was told, and `stream_error` whether the stream reported an error of
+/// its own. A body that ended cleanly still failed when the stream said so or the status
+/// was a 5xx, and was refused when the status was a 4xx; every other end stands.
+fn verdict(end: Outcome, status: StatusClass, stream_error: bool) -> Verdict {
+    let outcome = match end {
+        Outcome::Completed if stream_error => Outcome::UpstreamError,
+        Outcome::Completed => match status {
+            StatusClass::Unavailable | StatusClass::ServerError => Outcome::UpstreamError,
+            StatusClass::TooManyRequests | StatusClass::ClientError => Outcome::UpstreamRefused,
+            _ => Outcome::Completed,
+        },
+        other => other,
+    };
+    Verdict::new(outcome, status)
 }
 
 /// What [`Metrics::record_request`] records of the clock's timings.
@@ -324,12 +371,14 @@ mod tests {
             Some("t".into()),
         );
         let _ = facts.model.set("m".into());
-        Recorder::new(
+        let mut recorder = Recorder::new(
             metrics.clone(),
             t_req,
             Arc::new(facts),
             Duration::from_secs(5),
-        )
+        );
+        recorder.response_head(t_req, StatusCode::OK);
+        recorder
     }
 
     fn output(tokens: u32, exact: bool) -> Signal {
@@ -406,5 +455,85 @@ mod tests {
             "tokentap_event_tokens_total{accuracy=\"apportioned\",model=\"m\",tenant=\"t\"} 13"
         ));
         assert!(!text.contains("accuracy=\"estimated\""));
+    }
+
+    /// Every end a transport reports, with every status it can come with, has a listed
+    /// verdict (`Verdict::new` asserts so in tests): the failures before a head with
+    /// tokentap's answer (or none), the body ends with any upstream status.
+    #[test]
+    fn every_end_with_every_status_it_can_have_gets_a_listed_verdict() {
+        use crate::exchange::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
+        use crate::intermediary::HostError;
+        let faults: Vec<ExchangeError> = vec![
+            UpstreamFault::Connect("refused".into()).into(),
+            UpstreamFault::HeadTimeout(ms(1)).into(),
+            UpstreamFault::Request("reset".into()).into(),
+            UpstreamFault::UnsolicitedSwitch.into(),
+            ClientFault::MalformedBody("x".into()).into(),
+            ClientFault::BodyTimeout(ms(1)).into(),
+            ClientFault::InvalidHost(HostError::Missing).into(),
+            ClientFault::ConnectMethod.into(),
+        ];
+        for fault in &faults {
+            let status = StatusClass::tokentap(fault.status().expect("answered"));
+            assert!(!status.is_upstream());
+            let v = verdict(fault.outcome(), status, false);
+            assert_eq!(v.outcome, fault.outcome(), "{fault}");
+            assert_eq!(v.status, status, "{fault}");
+        }
+        assert_eq!(
+            verdict(Outcome::Cancelled, StatusClass::None, false),
+            Verdict::new(Outcome::Cancelled, StatusClass::None)
+        );
+        for code in 100..=599 {
+            let status = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
+            for end in [
+                BodyEnd::Clean,
+                BodyEnd::UpstreamIdle,
+                BodyEnd::UpstreamBroken,
+                BodyEnd::ClientGone,
+            ] {
+                for stream_error in [false, true] {
+                    let v = verdict(end.outcome(), status, stream_error);
+                    assert_eq!(v.status, status, "{code} {end:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_clean_body_is_judged_by_its_status_and_its_stream() {
+        let cases = [
+            (200, false, "completed", "2xx"),
+            (204, false, "completed", "2xx"),
+            (304, false, "completed", "3xx"),
+            (200, true, "upstream_error", "2xx"),
+            (400, false, "upstream_refused", "4xx"),
+            (401, false, "upstream_refused", "4xx"),
+            (404, false, "upstream_refused", "4xx"),
+            (429, false, "upstream_refused", "429"),
+            (500, false, "upstream_error", "5xx"),
+            (503, false, "upstream_error", "503"),
+            (529, false, "upstream_error", "503"),
+        ];
+        for (code, stream_error, outcome, status) in cases {
+            let class = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
+            let v = verdict(Outcome::Completed, class, stream_error);
+            assert_eq!(
+                (v.outcome.as_str(), v.status.as_str()),
+                (outcome, status),
+                "{code} stream_error={stream_error}"
+            );
+        }
+        // Ends other than a clean one stand whatever the status says.
+        let refused = StatusClass::upstream(StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            verdict(Outcome::Cancelled, refused, false).outcome,
+            Outcome::Cancelled
+        );
+        assert_eq!(
+            verdict(Outcome::Timeout, refused, false).outcome,
+            Outcome::Timeout
+        );
     }
 }

@@ -259,7 +259,7 @@ mod tests {
             .map(|s| Ok(Frame::data(Bytes::from(s))))
             .collect();
         let inner = StreamBody::new(futures_util::stream::iter(frames));
-        let recorder = Recorder::new(
+        let mut recorder = Recorder::new(
             metrics.clone(),
             Instant::now(),
             Arc::new(RequestFacts::new(
@@ -270,6 +270,7 @@ mod tests {
             )),
             Duration::from_secs(5),
         );
+        recorder.response_head(Instant::now(), http::StatusCode::OK);
         let observer = ResponseObserver::new(
             recorder,
             Some(Box::new(Panicking { frames: 0 })),
@@ -287,7 +288,7 @@ mod tests {
         assert_eq!(&forwarded[..], b"onetwothree");
         let exposition = text(&metrics);
         assert!(exposition.contains(
-            "tokentap_requests_total{model=\"unknown\",outcome=\"completed\",tenant=\"t\"} 1"
+            "tokentap_requests_total{model=\"unknown\",outcome=\"completed\",status=\"2xx\",tenant=\"t\"} 1"
         ));
         assert!(
             exposition.contains("tokentap_output_tokens_total{model=\"unknown\",tenant=\"t\"} 1")

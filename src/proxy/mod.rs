@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -152,7 +152,7 @@ impl Proxy {
                 return match exchange.failed(&err) {
                     Some(answer) => text(&answer),
                     // Nobody is left to read an answer; hyper drops the connection.
-                    None => text(&Answer::new(http::StatusCode::BAD_REQUEST, err.to_string())),
+                    None => text(&Answer::new(StatusCode::BAD_REQUEST, err.to_string())),
                 };
             }
         };
@@ -179,6 +179,44 @@ fn text(answer: &Answer) -> Response<ProxyBody> {
 /// The per-connection hyper service.
 #[derive(Clone)]
 pub struct ProxyService(Arc<Proxy>);
+
+impl ProxyService {
+    /// A connection hyper served ended with `err`: if hyper answered a request head it
+    /// could not read (its automatic `400`, `414` or `431`), count that request.
+    pub fn connection_failed(&self, err: &(dyn std::error::Error + 'static)) {
+        if let Some(status) = answered_parse_error(err) {
+            self.0.gateway.unreadable_head(status);
+        }
+    }
+}
+
+/// The status hyper's HTTP/1 server answered a request head it could not parse with, as
+/// its `on_error` decides (hyper answers these itself, before any service sees them):
+/// `None` for every other error, and for the parse errors hyper closes on without an
+/// answer (an h2 preface on HTTP/1, an internal error).
+fn answered_parse_error(err: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
+    let mut source = Some(err);
+    let hyper_err = loop {
+        let err = source?;
+        if let Some(hyper_err) = err.downcast_ref::<hyper::Error>() {
+            break hyper_err;
+        }
+        source = err.source();
+    };
+    if !hyper_err.is_parse() || hyper_err.is_parse_version_h2() || hyper_err.is_parse_status() {
+        return None;
+    }
+    // hyper tells `URI too long` from a head too large only in its message.
+    let message = hyper_err.to_string();
+    if hyper_err.is_parse_too_large() {
+        return Some(if message.starts_with("URI too long") {
+            StatusCode::URI_TOO_LONG
+        } else {
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        });
+    }
+    (!message.starts_with("internal error")).then_some(StatusCode::BAD_REQUEST)
+}
 
 impl hyper::service::Service<Request<Incoming>> for ProxyService {
     type Response = Response<ProxyBody>;

@@ -166,6 +166,7 @@ impl<U> Relay<U> {
                     }
                 }
                 Decision::Reject(status) => {
+                    self.gateway.unreadable_head(status);
                     client.write_all(&request_head::rejection(status)).await?;
                     client.flush().await?;
                     return Ok(Relayed::Closed);

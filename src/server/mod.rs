@@ -500,6 +500,7 @@ async fn serve_plain(
             }
         },
     };
+    let counter = connection.service.clone();
     let (service, first_request) = FirstRequest::wrap(connection.service, true);
     // With upgrades: a `101` from the upstream hands the connection to `proxy::tunnel`.
     let http = connection
@@ -507,7 +508,7 @@ async fn serve_plain(
         .serve_connection_with_upgrades(TokioIo::new(Rewind::new(read_already, stream)), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
-        connection_ended(connection.peer, result);
+        connection_ended(connection.peer, result, &counter);
     }
 }
 
@@ -612,19 +613,26 @@ async fn serve_tls(stream: std::net::TcpStream, connection: Connection, acceptor
     } else {
         connection.builder.http1_only()
     };
+    let counter = connection.service.clone();
     let (service, first_request) = FirstRequest::wrap(connection.service, false);
     // Without upgrades: hyper-util's upgradeable connection always sniffs the protocol
     // (ignoring `http1_only`) with no deadline, which would hold a silent TLS client.
     let http = builder.serve_connection(TokioIo::new(stream), service);
     let served = connection.watcher.watch(http);
     if let Some(result) = unless_closed_before_a_request(served, &first_request, closing).await {
-        connection_ended(peer, result);
+        connection_ended(peer, result, &counter);
     }
 }
 
-fn connection_ended<E: std::fmt::Display>(peer: SocketAddr, result: Result<(), E>) {
+/// A connection hyper served ended: a request head hyper refused is counted.
+fn connection_ended(
+    peer: SocketAddr,
+    result: Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    service: &ProxyService,
+) {
     if let Err(err) = result {
         tracing::debug!(%peer, error = %err, "connection ended with an error");
+        service.connection_failed(&*err);
     }
 }
 

@@ -856,7 +856,25 @@ async fn http2_garbage_closes_the_connection_and_nothing_else() {
         );
     }
     let m = proxy.metrics().await;
-    assert_eq!(m.sum("tokentap_requests_total", &[]), 1.0, "{}", m.text);
+    // The real request, and the two HTTP/1 heads tokentap could not read (answered 400,
+    // counted as the client's error); the h2 garbage got no answer and is no request.
+    assert_eq!(m.sum("tokentap_requests_total", &[]), 3.0, "{}", m.text);
+    assert_eq!(
+        m.sum(
+            "tokentap_requests_total",
+            &[("model", "m"), ("outcome", "completed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.sum(
+            "tokentap_requests_total",
+            &[("outcome", "client_error"), ("status", "tokentap_400")]
+        ),
+        2.0,
+        "{}",
+        m.text
+    );
     assert_eq!(m.sum("tokentap_streams_in_flight", &[]), 0.0);
 }
 

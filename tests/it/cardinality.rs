@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tokentap::clock::TokenClock;
 use tokentap::config::{Config, Overrides};
-use tokentap::metrics::{Metrics as Families, Outcome};
+use tokentap::metrics::{Metrics as Families, Verdict};
 
 const VALUES: usize = 100_000;
 
@@ -37,7 +37,7 @@ fn record(metrics: &Families, model: &str, tenant: &str) {
     let t = Instant::now();
     let stream = metrics.stream(Some(model), Some(tenant));
     let timings = TokenClock::new(t).timings(t + Duration::from_millis(5));
-    metrics.record_request(&stream, Outcome::Completed, (&timings).into());
+    metrics.record_request(&stream, Verdict::COMPLETED, (&timings).into());
 }
 
 /// Distinct values of `label` among the samples of `family` in an exposition.
@@ -141,7 +141,7 @@ fn series_are_bounded_by_the_product_of_the_caps() {
     let timings = TokenClock::new(t).timings(t);
     metrics.record_request(
         &metrics.stream(None, None),
-        Outcome::Completed,
+        Verdict::COMPLETED,
         (&timings).into(),
     );
     let text = String::from_utf8(metrics.render()).unwrap();
@@ -270,12 +270,12 @@ fn unbounded_labels_need_an_explicit_opt_in() {
 
     // The default is bounded.
     let default = config("{}");
-    assert_eq!(default.labels.model.max_values, Some(1000));
-    assert_eq!(default.labels.tenant.max_values, Some(1000));
+    assert_eq!(default.labels.model.max_values, Some(32));
+    assert_eq!(default.labels.tenant.max_values, Some(200));
 
     let opted = config("labels:\n  tenant:\n    unbounded: true\n");
     assert_eq!(opted.labels.tenant.max_values, None);
-    assert_eq!(opted.labels.model.max_values, Some(1000), "per label");
+    assert_eq!(opted.labels.model.max_values, Some(32), "per label");
     let metrics = Families::new(&opted.metrics.buckets, &opted.labels);
     for i in 0..5000 {
         record(&metrics, "m", &format!("tenant-{i}"));
@@ -387,7 +387,7 @@ fn the_default_label_set_makes_the_text_at_least_three_times_smaller() {
                 stream.inter_chunk().observe(0.02);
                 metrics.record_request(
                     &stream,
-                    Outcome::Completed,
+                    Verdict::COMPLETED,
                     tokentap::metrics::RequestFigures {
                         duration: Duration::from_secs(1),
                         output_tokens: 31,
@@ -408,4 +408,44 @@ fn the_default_label_set_makes_the_text_at_least_three_times_smaller() {
         sizes[0], sizes[1]
     );
     assert!(ratio >= 3.0, "{sizes:?}");
+}
+
+/// What the default caps cost at worst, the figures README's "Cardinality" table states:
+/// a client that sends 100,000 distinct models and tenants, then every admitted model
+/// with every admitted tenant, fills `labels.model.max_values` (32), `labels.tenant.
+/// max_values` (200) and `labels.max_pairs` (250), and no more.
+#[test]
+fn the_default_caps_cost_what_the_readme_says() {
+    let _memory = MEMORY.blocking_read();
+    let config = config("");
+    let metrics = Families::new(&config.metrics.buckets, &config.labels);
+    for i in 0..VALUES {
+        record(&metrics, &format!("model-{i}"), &format!("tenant-{i}"));
+    }
+    for model in 0..32 {
+        for tenant in 0..200 {
+            record(
+                &metrics,
+                &format!("model-{model}"),
+                &format!("tenant-{tenant}"),
+            );
+        }
+    }
+    let text = String::from_utf8(metrics.render()).unwrap();
+    let models = label_values(&text, "tokentap_request_duration_seconds_count", "model");
+    let pairs = text
+        .lines()
+        .filter(|l| l.starts_with("tokentap_time_to_first_token_seconds_count{"))
+        .count();
+    let (series, bytes) = (series(&text), text.len());
+    eprintln!(
+        "default caps at worst: {} models, {pairs} pairs, {series} series, {bytes} bytes",
+        models.len()
+    );
+    assert_eq!(metrics.admitted_labels(), (32, 200));
+    assert_eq!(models.len(), 33, "32 admitted + other");
+    assert_eq!(pairs, 250, "the pair cap, (other, other) included");
+    // README: "about 15,000 series and 1.3 MB" (with label values this short).
+    assert!(series <= 15_000, "{series} series");
+    assert!(bytes <= 1_400_000, "{bytes} bytes");
 }

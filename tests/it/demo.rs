@@ -43,7 +43,7 @@ fn demo_runs_and_shows_per_model_figures() {
         let ttfts: Vec<f64> = summary
             .lines()
             .filter(|l| l.starts_with(model))
-            .filter_map(|row| row.split_whitespace().nth(3)?.parse().ok())
+            .filter_map(|row| row.split_whitespace().nth(5)?.parse().ok())
             .collect();
         assert!(!ttfts.is_empty(), "no TTFT for {model}:\n{summary}");
         assert!(
@@ -51,6 +51,8 @@ fn demo_runs_and_shows_per_model_figures() {
             "{model}: {ttfts:?}"
         );
     }
+    // Every request is counted by outcome and status under the table.
+    assert!(summary.contains("\noutcomes: completed/2xx "), "{summary}");
 }
 
 const TENANT: &str = "demo-native-quantiles";

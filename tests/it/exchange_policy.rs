@@ -393,11 +393,19 @@ async fn a_slow_reading_client_is_not_an_idle_upstream() {
 
 /// What the client gets from each transport for one upstream response head.
 async fn answer_to(transport: Transport, proxy: &Proxy, model: &str) -> (u16, Bytes) {
+    answer_as(transport, proxy, model, None).await
+}
+
+/// [`answer_to`] for a request of `tenant` (`None`: the h2 client's `t`, none on HTTP/1.1).
+async fn answer_as(
+    transport: Transport,
+    proxy: &Proxy,
+    model: &str,
+    tenant: Option<&str>,
+) -> (u16, Bytes) {
     if transport == Transport::H2 {
-        let response = h2_client()
-            .request(h2_chat(proxy, model))
-            .await
-            .expect("an answer");
+        let request = common::chat(&proxy.url(CHAT), model, tenant.unwrap_or("t"), true, false);
+        let response = h2_client().request(request).await.expect("an answer");
         let status = response.status().as_u16();
         let body = response
             .into_body()
@@ -407,7 +415,8 @@ async fn answer_to(transport: Transport, proxy: &Proxy, model: &str) -> (u16, By
             .to_bytes();
         return (status, body);
     }
-    let request = raw_chat_with(model, "connection: close\r\n");
+    let tenant = tenant.map_or(String::new(), |t| format!("x-tenant-id: {t}\r\n"));
+    let request = raw_chat_with(model, &format!("{tenant}connection: close\r\n"));
     let raw = common::raw_exchange(proxy.addr, &request).await;
     let (head, body, _) = common::parse_raw_response(&raw);
     let status = head
@@ -726,5 +735,330 @@ async fn an_upload_abandoned_mid_body_is_cancelled() {
         within(closed.recv())
             .await
             .expect("the upstream connection closed");
+    }
+}
+
+/// Wait until `model` has one recorded request, and check it is counted once with
+/// `outcome` and `status` (the label) and logged once with the same, and with `code`.
+async fn classified_once(proxy: &Proxy, model: &str, outcome: &str, status: &str, code: u16) {
+    classified_once_as(proxy, ("model", model), outcome, status, code).await;
+}
+
+/// [`classified_once`] for the requests with one label pair.
+async fn classified_once_as(
+    proxy: &Proxy,
+    (label, value): (&str, &str),
+    outcome: &str,
+    status: &str,
+    code: u16,
+) {
+    let m = proxy
+        .wait_metrics(&format!("{value} recorded"), |m| {
+            m.sum("tokentap_requests_total", &[(label, value)]) >= 1.0
+        })
+        .await;
+    let labels = [(label, value), ("outcome", outcome), ("status", status)];
+    assert_eq!(
+        (
+            m.sum("tokentap_requests_total", &[(label, value)]),
+            m.sum("tokentap_requests_total", &labels)
+        ),
+        (1.0, 1.0),
+        "{value}: not {outcome}/{status}\n{}",
+        m.text
+            .lines()
+            .filter(|l| l.starts_with("tokentap_requests_total") && l.contains(value))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let line = access_log::assert_one_request_line(label, value, outcome, Some(code)).await;
+    assert_eq!(
+        line.field("status_class"),
+        Some(status),
+        "{value}: {line:?}"
+    );
+}
+
+/// A response with `content-length`, status line `status`, and `headers` (CRLF-ended).
+fn response(status: &str, headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// An OpenAI chat stream of one token, then `last` (an event, or `[DONE]`).
+fn sse(last: &str) -> Vec<u8> {
+    let body = format!(
+        "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}}}}]}}\n\n\
+         data: {last}\n\n"
+    );
+    response("200 OK", "content-type: text/event-stream\r\n", &body)
+}
+
+/// Every answer an upstream can give is counted with the same outcome and status label,
+/// and logged with the same fields, on every transport: a success, the refusals (429 on
+/// its own, any other 4xx), the failures (503 and 529 as "overloaded", any other 5xx),
+/// and an error reported inside a 200 stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transport_classifies_the_upstreams_answers_alike() {
+    let json = "content-type: application/json\r\n";
+    let cases: Vec<(&str, Vec<u8>, u16, &str, &str)> = vec![
+        ("ok", sse("[DONE]"), 200, "completed", "2xx"),
+        (
+            "rate-limited",
+            response(
+                "429 Too Many Requests",
+                "content-type: application/json\r\nretry-after: 7\r\n",
+                r#"{"error":{"type":"requests","code":"rate_limit_exceeded"}}"#,
+            ),
+            429,
+            "upstream_refused",
+            "429",
+        ),
+        (
+            "unknown-model",
+            response(
+                "404 Not Found",
+                json,
+                r#"{"error":{"code":"model_not_found"}}"#,
+            ),
+            404,
+            "upstream_refused",
+            "4xx",
+        ),
+        (
+            "bad-key",
+            response(
+                "401 Unauthorized",
+                json,
+                r#"{"error":{"code":"invalid_api_key"}}"#,
+            ),
+            401,
+            "upstream_refused",
+            "4xx",
+        ),
+        (
+            "server-error",
+            response("500 Internal Server Error", json, "{}"),
+            500,
+            "upstream_error",
+            "5xx",
+        ),
+        (
+            "unavailable",
+            response("503 Service Unavailable", "retry-after: 1\r\n", ""),
+            503,
+            "upstream_error",
+            "503",
+        ),
+        (
+            "overloaded-529",
+            response(
+                "529 Site Overloaded",
+                json,
+                r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+            ),
+            529,
+            "upstream_error",
+            "503",
+        ),
+        (
+            "stream-error",
+            sse(r#"{"error":{"message":"boom","type":"server_error"}}"#),
+            200,
+            "upstream_error",
+            "2xx",
+        ),
+    ];
+    for (name, answer, code, outcome, status) in cases {
+        let backend = ScriptedBackend::start(vec![Step::Write(answer)]).await;
+        for transport in TRANSPORTS {
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let model = format!("classified-{name}-{transport:?}");
+            let (got, _) = answer_to(transport, &proxy, &model).await;
+            assert_eq!(got, code, "{model}");
+            classified_once(&proxy, &model, outcome, status, code).await;
+        }
+    }
+}
+
+/// tokentap's own answers are told apart from the upstream's by their status label
+/// (`tokentap_502` is never an upstream's 502), on every transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokentaps_own_answers_are_labelled_as_its_own() {
+    // Nothing listens on a port bound and dropped: a connect failure.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let slow = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(5))]).await;
+    // By tenant: a request that fails before its body went upstream may not have had its
+    // model read.
+    for transport in TRANSPORTS {
+        let proxy = transport.proxy(&nowhere, "").await;
+        let tenant = format!("unreachable-{transport:?}");
+        let (code, _) = answer_as(transport, &proxy, "m", Some(&tenant)).await;
+        assert_eq!(code, 502, "{tenant}");
+        let tenant = ("tenant", tenant.as_str());
+        classified_once_as(&proxy, tenant, "upstream_error", "tokentap_502", 502).await;
+
+        let yaml = "upstream:\n  response_head_timeout: 200ms\n";
+        let proxy = transport.proxy(&slow.url(), yaml).await;
+        let tenant = format!("head-timeout-{transport:?}");
+        let (code, _) = answer_as(transport, &proxy, "m", Some(&tenant)).await;
+        assert_eq!(code, 504, "{tenant}");
+        let tenant = ("tenant", tenant.as_str());
+        classified_once_as(&proxy, tenant, "timeout", "tokentap_504", 504).await;
+    }
+}
+
+/// A request refused at `limits.max_in_flight` is a request: counted once in
+/// `tokentap_requests_total` (model `unknown`: its body was never read) as `overloaded`
+/// with tokentap's 503, on every transport, and still in the older counter of refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_at_the_in_flight_limit_is_counted_once() {
+    let slow = ScriptedBackend::start(vec![
+        Step::Sleep(Duration::from_millis(1500)),
+        Step::Write(sse("[DONE]")),
+    ])
+    .await;
+    for transport in TRANSPORTS {
+        let proxy = transport
+            .proxy(&slow.url(), "limits:\n  max_in_flight: 1\n")
+            .await;
+        let holder = {
+            let (addr, request) = (proxy.addr, raw_chat(&format!("holder-{transport:?}")));
+            tokio::spawn(async move { common::raw_exchange(addr, &request).await })
+        };
+        proxy
+            .wait_metrics("the holder in flight", |m| {
+                m.sum("tokentap_streams_in_flight", &[]) >= 1.0
+            })
+            .await;
+        let tenant = format!("refused-{transport:?}");
+        let (status, _) = answer_as(transport, &proxy, "m", Some(&tenant)).await;
+        assert_eq!(status, 503, "{tenant}");
+        let m = proxy.metrics().await;
+        let labels = [
+            ("model", "unknown"),
+            ("tenant", tenant.as_str()),
+            ("outcome", "overloaded"),
+            ("status", "tokentap_503"),
+        ];
+        assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+        assert_eq!(m.sum("tokentap_overload_rejections_total", &[]), 1.0);
+        let line =
+            access_log::assert_one_request_line("tenant", &tenant, "overloaded", Some(503)).await;
+        assert_eq!(line.field("status_class"), Some("tokentap_503"));
+        holder.await.unwrap();
+    }
+}
+
+/// A request head tokentap cannot read is answered (400, 431) and counted once as the
+/// client's error, on both HTTP/1.1 paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_request_head_is_counted_as_the_clients_error() {
+    let backend = ScriptedBackend::start(vec![Step::Write(sse("[DONE]"))]).await;
+    let huge = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(128 * 1024)
+    );
+    let cases: [(&str, Vec<u8>, &str); 2] = [
+        (
+            "garbage",
+            b"\x01\x02 not http\r\n\r\n".to_vec(),
+            "tokentap_400",
+        ),
+        ("too large", huge.into_bytes(), "tokentap_431"),
+    ];
+    for transport in [Transport::Relay, Transport::HyperH1] {
+        for (name, request, status) in &cases {
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let raw = common::raw_exchange(proxy.addr, request).await;
+            let code = &status["tokentap_".len()..];
+            assert!(
+                raw.starts_with(format!("HTTP/1.1 {code}").as_bytes()),
+                "{name} {transport:?}: {:?}",
+                String::from_utf8_lossy(&raw[..raw.len().min(80)])
+            );
+            let m = proxy
+                .wait_metrics(&format!("{name} counted"), |m| {
+                    m.sum("tokentap_requests_total", &[]) >= 1.0
+                })
+                .await;
+            let labels = [
+                ("model", "unknown"),
+                ("tenant", "unknown"),
+                ("outcome", "client_error"),
+                ("status", *status),
+            ];
+            assert_eq!(m.sum("tokentap_requests_total", &[]), 1.0, "{}", m.text);
+            assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+        }
+    }
+}
+
+/// The rate limits an upstream reports become per-model gauges of the latest values, on
+/// every transport: OpenAI's headers on a success, Anthropic's and `Retry-After` on a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_rate_limits_become_per_model_gauges() {
+    let openai = ScriptedBackend::start(vec![Step::Write(response(
+        "200 OK",
+        "content-type: text/event-stream\r\nx-ratelimit-limit-requests: 500\r\n\
+         x-ratelimit-remaining-requests: 499\r\nx-ratelimit-remaining-tokens: 149000\r\n",
+        "data: [DONE]\n\n",
+    ))])
+    .await;
+    let anthropic = ScriptedBackend::start(vec![Step::Write(response(
+        "429 Too Many Requests",
+        "content-type: application/json\r\nretry-after: 7\r\n\
+         anthropic-ratelimit-input-tokens-limit: 40000\r\n\
+         anthropic-ratelimit-input-tokens-remaining: 0\r\n",
+        r#"{"type":"error","error":{"type":"rate_limit_error"}}"#,
+    ))])
+    .await;
+    for transport in TRANSPORTS {
+        let proxy = transport.proxy(&openai.url(), "").await;
+        let model = format!("quota-{transport:?}");
+        answer_to(transport, &proxy, &model).await;
+        classified_once(&proxy, &model, "completed", "2xx", 200).await;
+        let m = proxy.metrics().await;
+        let gauge = |name: &str, resource: &str| {
+            m.sum(name, &[("model", model.as_str()), ("resource", resource)])
+        };
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_limit", "requests"),
+            500.0
+        );
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_remaining", "requests"),
+            499.0
+        );
+        assert_eq!(
+            gauge("tokentap_upstream_rate_limit_remaining", "tokens"),
+            149000.0
+        );
+        assert!(!m.text.contains("tokentap_upstream_retry_after_seconds{"));
+
+        let proxy = transport.proxy(&anthropic.url(), "").await;
+        let model = format!("refused-quota-{transport:?}");
+        answer_to(transport, &proxy, &model).await;
+        classified_once(&proxy, &model, "upstream_refused", "429", 429).await;
+        let m = proxy.metrics().await;
+        let labels = |resource| [("model", model.as_str()), ("resource", resource)];
+        let input = labels("input_tokens");
+        assert_eq!(m.sum("tokentap_upstream_rate_limit_limit", &input), 40000.0);
+        let exhausted = format!(
+            "tokentap_upstream_rate_limit_remaining{{model=\"{model}\",resource=\"input_tokens\"}} 0\n"
+        );
+        assert!(m.text.contains(&exhausted), "{}", m.text);
+        assert_eq!(
+            m.sum(
+                "tokentap_upstream_retry_after_seconds",
+                &[("model", &model)]
+            ),
+            7.0
+        );
     }
 }

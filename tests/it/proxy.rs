@@ -475,7 +475,7 @@ async fn non_llm_routes_and_error_statuses_pass_through() {
         StatusCode::NOT_FOUND
     );
 
-    for (status, outcome) in [(429u16, "completed"), (503, "upstream_error")] {
+    for (status, outcome) in [(429u16, "upstream_refused"), (503, "upstream_error")] {
         let mut request = chat(
             &proxy.url(CHAT),
             "llama-3-8b",

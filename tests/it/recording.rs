@@ -224,9 +224,13 @@ async fn responses_without_a_body_are_recorded_by_their_status() {
         (
             "429 Too Many Requests",
             "content-length: 0\r\n",
-            "completed",
+            "upstream_refused",
         ),
-        ("401 Unauthorized", "content-length: 0\r\n", "completed"),
+        (
+            "401 Unauthorized",
+            "content-length: 0\r\n",
+            "upstream_refused",
+        ),
         (
             "200 OK",
             "content-type: application/json\r\ncontent-length: 0\r\n",

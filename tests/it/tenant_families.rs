@@ -116,7 +116,7 @@ async fn the_configured_families_carry_tenant_and_no_others() {
     );
     assert_eq!(
         label_names(&m, "tokentap_requests_total"),
-        ["model", "outcome"]
+        ["model", "outcome", "status"]
     );
     assert_eq!(
         label_names(&m, "tokentap_time_to_first_token_seconds_count"),
@@ -160,7 +160,7 @@ async fn a_reload_that_changes_the_set_warns_and_keeps_the_running_one() {
     let stream = metrics.stream(Some("m"), Some("t"));
     metrics.record_request(
         &stream,
-        tokentap::metrics::Outcome::Completed,
+        tokentap::metrics::Verdict::COMPLETED,
         tokentap::metrics::RequestFigures::default(),
     );
     let text = String::from_utf8(metrics.render()).expect("UTF-8");
