@@ -6,7 +6,7 @@
 Checks grafana/dashboards/tokentap.json:
   * schemaVersion >= 39, a uid, no __inputs (portable: a `datasource` variable of
     type prometheus instead), variables datasource / job / model / tenant as agreed;
-  * the four rows, unique panel ids, gridPos inside 24 columns with no overlaps;
+  * the rows in ROWS, unique panel ids, gridPos inside 24 columns with no overlaps;
   * every panel: a description, the `${datasource}` data source, a unit from the
     agreed set, queries with unique refIds; heatmaps read `_bucket` series by le
     and the native series, in heatmap format;
@@ -47,7 +47,7 @@ DB_PROV = ROOT / "grafana/provisioning/dashboards/tokentap.yaml"
 RULES = ROOT / "deploy/prometheus/rules.yaml"
 
 UNITS = {"s", "reqps", "short", "percentunit", "bytes"}
-ROWS = ["Overview", "Latency", "Per model and tenant", "tokentap health"]
+ROWS = ["Overview", "Latency", "SLOs", "Per model and tenant", "Upstream rate limits", "tokentap health"]
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 
 passes = failures = 0
