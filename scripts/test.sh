@@ -4,7 +4,8 @@
 # formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
 # under a real Prometheus of each kind (classic and native) with the dashboard's queries,
-# and the exemplars through both.
+# the exemplars through both, and the shipped alerts through a real Alertmanager to a
+# webhook.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,3 +50,6 @@ bash scripts/ops/e2e-prometheus.sh
 
 step "end to end: exemplars through a real Prometheus of each kind, the OpenMetrics text through a third-party parser"
 bash scripts/ops/e2e-exemplars.sh
+
+step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
+bash scripts/ops/e2e-alerts.sh

@@ -9,12 +9,13 @@
       drops every target, which no promtool would catch).
 
   prom_config.py derive CONFIG OUT [--rules PATH] [--interval 1s]
-                 [--target ADDR[,label=value...]]...
+                 [--target ADDR[,label=value...]]... [--alertmanager ADDR]
       Write a runnable config: the same job with the same relabel_configs, but
       static targets that carry the __meta_kubernetes_* labels the pod role would
-      set. Used by ops-check (`promtool check config` on everything but the SD
-      block) and by e2e-prometheus.sh (the real relabel rules decide which loopback
-      targets are scraped).
+      set, and with --alertmanager an Alertmanager to send alerts to. Used by
+      ops-check (`promtool check config` on everything but the SD block) and by
+      e2e-prometheus.sh and e2e-alerts.sh (the real relabel rules decide which
+      loopback targets are scraped).
 """
 import argparse
 import copy
@@ -87,11 +88,13 @@ def check_sd(path):
     return 1 if problems else 0
 
 
-def derive(path, out, rules, interval, targets):
+def derive(path, out, rules, interval, targets, alertmanager=None):
     cfg = yaml.safe_load(open(path))
     new = copy.deepcopy(cfg)
     new["global"] = dict(new.get("global") or {}, scrape_interval=interval, evaluation_interval=interval)
     new["rule_files"] = [rules] if rules else []
+    if alertmanager:
+        new["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     j = job(new)
     j.pop("kubernetes_sd_configs", None)
     j["scrape_interval"] = interval
@@ -118,10 +121,11 @@ def main():
     d.add_argument("--rules")
     d.add_argument("--interval", default="15s")
     d.add_argument("--target", action="append", default=[])
+    d.add_argument("--alertmanager", help="host:port of an Alertmanager")
     a = ap.parse_args()
     if a.cmd == "check-sd":
         return check_sd(a.config)
-    return derive(a.config, a.out, a.rules, a.interval, a.target)
+    return derive(a.config, a.out, a.rules, a.interval, a.target, a.alertmanager)
 
 
 if __name__ == "__main__":
