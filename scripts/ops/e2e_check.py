@@ -24,7 +24,11 @@ Sections (each line PASS / FAIL / SKIP):
   rules       every recording rule expression returns data and its recorded series
               exists; every alert expression is valid and every series it reads
               (recorded series, thresholds, raw metrics) returns data, so each alert
-              can fire on this kind of Prometheus
+              can fire on this kind of Prometheus; the SLO burn rates of the
+              --quantile-model traffic, whose gaps all lie above the ITL objective's
+              100 ms and whose first tokens all lie under the TTFT objective's 2 s,
+              are exactly 100 and 0 (the native arm's histogram_fraction and the
+              classic arm's le bucket count the same)
   native      (native kind) the native-histogram checks: TTFT and ITL are stored as
               native histograms; histogram_quantile(q) over them for q = 0.5, 0.9, 0.99
               lies within --tolerance of the exact quantile of the values tokentap
@@ -403,6 +407,14 @@ def check_queries(prom, a, dashboard, rules, sections, absent_events):
                 for sel in series_read(expr):
                     run(f"alert {r['alert']} input {sel}", sel, refs_from=recorded.get(sel, sel))
         run("TokentapUpstreamDown expr sees the dead upstream", "tokentap_upstream_up == 0")
+        # The quantile traffic (gaps 146-270 ms, first tokens 144-266 ms, see
+        # e2e-prometheus.sh) lies wholly inside the 5m window: every gap misses the ITL
+        # objective (burn rate = 1 / budget 0.01), no first token misses the TTFT one.
+        for slo, want in (("inter_token_latency", 100.0), ("time_to_first_token", 0.0)):
+            sel = f'model:tokentap_slo_burn_rate:5m{{slo="{slo}", model="{a.quantile_model}"}}'
+            got = scalar(prom, sel)
+            ok(got is not None and abs(got - want) < 1e-6,
+               f"{sel} = {want:g} (every quantile-traffic event on one side of the objective)", got)
 
 
 def exact_quantile(values, q):
