@@ -15,7 +15,7 @@ use prometheus::IntGauge;
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
 use crate::metrics::{Metrics, Outcome, RequestExemplar, RequestFigures, StreamSeries};
-use crate::wire::{Dialect, Signal};
+use crate::wire::{Dialect, ErrorClass, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
@@ -81,7 +81,8 @@ pub struct Recorder {
     handles: Option<StreamSeries>,
     status: Option<StatusCode>,
     stall_threshold: Duration,
-    stream_error: bool,
+    /// The class of the first error the stream itself reported.
+    stream_error: Option<ErrorClass>,
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
@@ -106,7 +107,7 @@ impl Recorder {
             handles: None,
             status: None,
             stall_threshold,
-            stream_error: false,
+            stream_error: None,
             end_marker: false,
             malformed: 0,
             slowest_itl: None,
@@ -186,7 +187,9 @@ impl Recorder {
                         self.response_model = Some(model.clone());
                     }
                 }
-                Signal::Error => self.stream_error = true,
+                Signal::Error(class) => {
+                    self.stream_error.get_or_insert(*class);
+                }
                 Signal::Malformed => self.malformed += 1,
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
@@ -230,7 +233,7 @@ impl Recorder {
     /// Record the outcome and per-request figures. Consumes the recorder: once only.
     pub fn record(mut self, at: Instant, outcome: Outcome) {
         let outcome = match outcome {
-            Outcome::Completed if self.stream_error => Outcome::UpstreamError,
+            Outcome::Completed if self.stream_error.is_some() => Outcome::UpstreamError,
             Outcome::Completed if self.status.is_some_and(|s| s.is_server_error()) => {
                 Outcome::UpstreamError
             }
