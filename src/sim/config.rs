@@ -181,8 +181,9 @@ pub enum Fault {
     /// Stop sending (but keep the connection open) after N tokens.
     StallAfter(u32),
     /// Report an error mid-stream after N tokens, as the dialect does (an OpenAI error
-    /// object, Anthropic `error` event, Responses `response.failed`, ...), then end.
-    ErrorAfter(u32),
+    /// object, Anthropic `error` event, Responses `response.failed`, ...), naming what
+    /// the [`StreamError`] says, then end.
+    ErrorAfter(u32, StreamError),
     /// End the stream cleanly after N tokens, without finish chunk, usage or `[DONE]`.
     EndAfter(u32),
     /// Answer with this status and an OpenAI-style error body.
@@ -195,7 +196,7 @@ impl Fault {
         match self {
             Fault::ResetAfter(n)
             | Fault::StallAfter(n)
-            | Fault::ErrorAfter(n)
+            | Fault::ErrorAfter(n, _)
             | Fault::EndAfter(n) => Some(n),
             Fault::Status(_) => None,
         }
@@ -207,12 +208,26 @@ impl Fault {
         match name.trim() {
             "reset-after" => Some(Fault::ResetAfter(n)),
             "stall-after" => Some(Fault::StallAfter(n)),
-            "error-after" => Some(Fault::ErrorAfter(n)),
+            "error-after" => Some(Fault::ErrorAfter(n, StreamError::Failure)),
+            "rate-limit-error-after" => Some(Fault::ErrorAfter(n, StreamError::RateLimit)),
+            "overloaded-error-after" => Some(Fault::ErrorAfter(n, StreamError::Overload)),
             "end-after" => Some(Fault::EndAfter(n)),
             "status" => u16::try_from(n).ok().map(Fault::Status),
             _ => None,
         }
     }
+}
+
+/// What a mid-stream error report ([`Fault::ErrorAfter`]) names as its cause, each in
+/// the dialect's own shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// An engine failure (`x-sim-fault: error-after=N`): a server error naming no cause.
+    Failure,
+    /// A rate limit (`rate-limit-error-after=N`).
+    RateLimit,
+    /// An overload (`overloaded-error-after=N`).
+    Overload,
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them (the benchmark

@@ -54,7 +54,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use compress::{Coding, Encoder};
-pub use config::{unix_ns, Fault, ModelProfile, SimConfig, TokensPerEvent, UsageMode};
+pub use config::{unix_ns, Fault, ModelProfile, SimConfig, StreamError, TokensPerEvent, UsageMode};
 use render::{Api, Script};
 use stream::{Schedule, SimStream};
 
