@@ -202,6 +202,10 @@ impl Fault {
         }
     }
 
+    /// The names [`Fault::parse`] reads, as `x-sim-fault` values.
+    pub(super) const FORMS: &'static str = "reset-after=N, stall-after=N, error-after=N, \
+        rate-limit-error-after=N, overloaded-error-after=N, end-after=N or status=CODE";
+
     pub(super) fn parse(value: &str) -> Option<Fault> {
         let (name, n) = value.split_once('=')?;
         let n: u32 = n.trim().parse().ok()?;

@@ -23,11 +23,24 @@
 //! | `POST /generate_stream`, `/generate` | TGI | `/generate_stream` |
 //! | `POST /v2/models/{m}/generate_stream`, `/generate` | Triton | `generate_stream` |
 //!
-//! Also `GET /v1/models` and `GET /health`. A request may ask for a fault with the
-//! `x-sim-fault` header (see [`Fault`]), which is how the tests make an upstream reset,
-//! stall, report an error mid-stream (in the dialect's own way) or fail with a status. A
-//! request that accepts `gzip` or `zstd` gets a compressed response when
-//! [`SimConfig::compress`] is set (flushed after every event, as streaming servers do).
+//! Also `GET /v1/models` and `GET /health`. A request may change its own response with
+//! these headers, which is how the tests make an upstream misbehave:
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-sim-fault: reset-after=N` | reset the connection after N tokens |
+//! | `x-sim-fault: stall-after=N` | stop sending after N tokens, the connection left open |
+//! | `x-sim-fault: error-after=N` | report an engine failure mid-stream after N tokens, in the dialect's own way, then end |
+//! | `x-sim-fault: rate-limit-error-after=N` | the same, the error naming a rate limit (OpenAI `rate_limit_exceeded`, Anthropic `rate_limit_error`, Gemini 429 `RESOURCE_EXHAUSTED`; see [`StreamError`]) |
+//! | `x-sim-fault: overloaded-error-after=N` | the same, the error naming an overload (OpenAI `server_is_overloaded`, Anthropic `overloaded_error`, Gemini 503 `UNAVAILABLE`, TGI `overloaded`) |
+//! | `x-sim-fault: end-after=N` | end cleanly after N tokens, without finish, usage or end marker |
+//! | `x-sim-fault: status=CODE` | answer `CODE` with an OpenAI-style error body (`Retry-After: 7` on a 429 or 503) |
+//! | `x-sim-itl-ms: N` | N milliseconds between tokens in this response, in place of its model's (TTFT unchanged; 0 to 600000) |
+//!
+//! A value either header cannot read is answered `400` with a message saying why, so a
+//! typo cannot pass for a healthy stream. A request that accepts `gzip` or `zstd` gets a
+//! compressed response when [`SimConfig::compress`] is set (flushed after every event,
+//! as streaming servers do).
 
 mod compress;
 mod config;
@@ -182,7 +195,16 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
             None => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
         },
     };
-    let fault = request::requested_fault(request.headers());
+    let bad_request =
+        |message: String| error_json(StatusCode::BAD_REQUEST, &message, "invalid_request_error");
+    let fault = match request::requested_fault(request.headers()) {
+        Ok(fault) => fault,
+        Err(message) => return bad_request(message),
+    };
+    let itl = match request::requested_itl(request.headers()) {
+        Ok(itl) => itl,
+        Err(message) => return bad_request(message),
+    };
     let coding = request::accepted_coding(&state.config, request.headers());
     let (body, json) = match read_json(request.into_body()).await {
         Ok(read) => read,
@@ -203,6 +225,17 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         Err(message) => {
             return error_json(StatusCode::NOT_FOUND, &message, "invalid_request_error")
         }
+    };
+    let with_itl;
+    let profile = match itl {
+        Some(itl) => {
+            with_itl = ModelProfile {
+                itl,
+                ..profile.clone()
+            };
+            &with_itl
+        }
+        None => profile,
     };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
     let script = script(&state.config, &llm, profile, n, received_unix_ns);
