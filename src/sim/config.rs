@@ -1,6 +1,6 @@
-//! What a simulator is configured with (its models, usage reporting, injected faults)
-//! and the wall clock its stamps carry: a leaf that the request handling, the rendering
-//! and the stream schedule all build on.
+//! What a simulator is configured with (its models, usage reporting, rate limit,
+//! injected faults) and the wall clock its stamps carry: a leaf that the request
+//! handling, the rendering and the stream schedule all build on.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -152,6 +152,20 @@ pub struct SimConfig {
     /// Compress responses with `zstd` or `gzip` when the request's `Accept-Encoding`
     /// allows (the first of the two it lists), flushing after every event.
     pub compress: bool,
+    /// Limit requests and output tokens per minute, as hosted APIs do (`None`: no limit,
+    /// and no rate-limit headers).
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A hosted API's rate limit: one budget of requests and one of output tokens per
+/// minute, shared by all the simulator's models (as one API key's limit would be), each
+/// a token bucket that holds a minute's worth and refills continuously.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub requests_per_minute: u32,
+    /// Output tokens per minute: a request costs the output tokens its response will
+    /// have (the profile's, capped by the request's own limit).
+    pub tokens_per_minute: u32,
 }
 
 impl Default for SimConfig {
@@ -169,6 +183,7 @@ impl Default for SimConfig {
             seed: 1,
             fixed_clock: None,
             compress: false,
+            rate_limit: None,
         }
     }
 }

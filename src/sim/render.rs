@@ -602,6 +602,14 @@ fn merge(value: &mut Value, extra: Value) {
     }
 }
 
+/// The RFC 3339 UTC time of `unix_secs`, to the second (`2024-01-01T00:00:00Z`).
+pub(super) fn rfc3339(unix_secs: u64) -> String {
+    let (days, rem) = (unix_secs / 86_400, unix_secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (h, min, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}Z")
+}
+
 /// Year, month, day of the proleptic Gregorian calendar for days since 1970-01-01
 /// (Howard Hinnant's `civil_from_days`).
 fn civil_from_days(days: u64) -> (i64, u32, u32) {
@@ -672,5 +680,7 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_709_254_861), "2024-03-01T01:01:01Z");
     }
 }
