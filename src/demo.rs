@@ -29,7 +29,7 @@ use crate::config::{Config, ConfigError, Overrides};
 use crate::metrics::snapshot::{HistogramSnapshot, Series, Values};
 use crate::metrics::{Metrics, Snapshot};
 use crate::server::{ServeError, Server};
-use crate::sim::{ModelProfile, Sim, SimConfig, TokensPerEvent, UsageMode};
+use crate::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 /// Demo settings (all have defaults that work on a fresh machine).
 #[derive(Clone, Debug)]
@@ -101,6 +101,12 @@ pub async fn run(
         SimConfig {
             models: demo_models(),
             usage: UsageMode::Requested,
+            // A hosted API's quota, far above the demo's traffic: every response reports
+            // what is left of it, as `tokentap_upstream_rate_limit_*` shows.
+            rate_limit: Some(RateLimit {
+                requests_per_minute: 100_000,
+                tokens_per_minute: 10_000_000,
+            }),
             ..SimConfig::default()
         },
     )

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
 use tokentap::server::load_tokenizer;
-use tokentap::sim::{ModelProfile, Sim, SimConfig, TokensPerEvent, UsageMode};
+use tokentap::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 /// tokentap: a transparent proxy that measures how fast LLMs stream (TTFT, inter-token
 /// latency, tokens/s) and exports Prometheus metrics.
@@ -102,6 +102,15 @@ struct SimArgs {
     /// Compress responses (zstd or gzip) for clients that accept it, flushed per event.
     #[arg(long)]
     compress: bool,
+    /// Rate-limit the hosted APIs' paths (OpenAI, Anthropic, Gemini) to this many requests
+    /// per minute, shared by all models: every answer carries the API's rate-limit
+    /// headers, and a request past the limit is a 429 with Retry-After.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_limit_rpm: Option<u32>,
+    /// With --rate-limit-rpm, also limit output tokens per minute (default: enough for
+    /// that many full-length responses, so requests run out first).
+    #[arg(long, requires = "rate_limit_rpm", value_parser = clap::value_parser!(u32).range(1..))]
+    rate_limit_tpm: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -284,12 +293,19 @@ async fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             ..ModelProfile::new(name, args.ttft, args.itl, args.tokens)
         })
         .collect();
+    let rate_limit = args.rate_limit_rpm.map(|requests_per_minute| RateLimit {
+        requests_per_minute,
+        tokens_per_minute: args
+            .rate_limit_tpm
+            .unwrap_or_else(|| requests_per_minute.saturating_mul(args.tokens.max(1))),
+    });
     let config = SimConfig {
         models,
         usage: args.usage,
         role_chunk: !args.no_role_chunk,
         stamp: args.stamp,
         compress: args.compress,
+        rate_limit,
         ..SimConfig::default()
     };
     let sim = Sim::bind(args.listen, config)

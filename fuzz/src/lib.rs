@@ -267,3 +267,60 @@ pub fn check_request_scanner(data: &[u8]) {
         assert_eq!(whole.1, expected, "stream");
     }
 }
+
+/// A response head from the network (`data`, parsed by httparse as hyper and the relay
+/// parse it) into [`RateLimits::read`]: never a panic, and every value it reports is the
+/// decimal value of a field whose name reports that resource's limit or remainder (OpenAI's
+/// or Anthropic's form); `Retry-After` only on a `429` or `503`.
+///
+/// [`RateLimits::read`]: tokentap::observe::rate_limits::RateLimits::read
+pub fn check_rate_limits(data: &[u8]) {
+    use tokentap::observe::rate_limits::{RateLimits, Resource};
+    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let mut head = httparse::Response::new(&mut fields);
+    if head.parse(data).is_err() {
+        return;
+    }
+    let Some(status) = head.code.and_then(|c| http::StatusCode::from_u16(c).ok()) else {
+        return;
+    };
+    let mut headers = http::HeaderMap::new();
+    for field in head.headers.iter() {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(field.name.as_bytes()),
+            http::HeaderValue::from_bytes(field.value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+    let Some(limits) = RateLimits::read(status, &headers, now) else {
+        return;
+    };
+    let sent = |names: [String; 2], n: u64| {
+        names.iter().any(|name| {
+            headers
+                .get_all(name.as_str())
+                .iter()
+                .any(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) == Some(n))
+        })
+    };
+    for (resource, quota) in Resource::ALL.iter().zip(limits.quotas) {
+        let header = resource.as_str().replace('_', "-");
+        for (field, value) in [("limit", quota.limit), ("remaining", quota.remaining)] {
+            if let Some(n) = value {
+                let names = [
+                    format!("x-ratelimit-{field}-{header}"),
+                    format!("anthropic-ratelimit-{header}-{field}"),
+                ];
+                assert!(sent(names, n), "{resource:?} {field} {n} was not sent");
+            }
+        }
+    }
+    if limits.retry_after.is_some() {
+        assert!(
+            matches!(status.as_u16(), 429 | 503),
+            "Retry-After read on {status}"
+        );
+    }
+}

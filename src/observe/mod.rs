@@ -19,7 +19,7 @@
 //! itself goes on.
 
 pub mod inspect;
-mod rate_limits;
+pub mod rate_limits;
 mod recorder;
 
 use std::cell::Cell;

@@ -18,7 +18,7 @@ use crate::metrics::exemplar::TraceContext;
 use crate::metrics::{
     Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries, Verdict,
 };
-use crate::wire::{Dialect, Signal};
+use crate::wire::{Dialect, ErrorClass, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
@@ -86,7 +86,8 @@ pub struct Recorder {
     status: Option<StatusCode>,
     answered_by_tokentap: bool,
     stall_threshold: Duration,
-    stream_error: bool,
+    /// The class of the first error the stream itself reported.
+    stream_error: Option<ErrorClass>,
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
@@ -115,7 +116,7 @@ impl Recorder {
             status: None,
             answered_by_tokentap: false,
             stall_threshold,
-            stream_error: false,
+            stream_error: None,
             end_marker: false,
             malformed: 0,
             rate_limits: None,
@@ -202,7 +203,9 @@ impl Recorder {
                         self.response_model = Some(model.clone());
                     }
                 }
-                Signal::Error => self.stream_error = true,
+                Signal::Error(class) => {
+                    self.stream_error.get_or_insert(*class);
+                }
                 Signal::Malformed => self.malformed += 1,
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
@@ -315,12 +318,19 @@ impl Recorder {
 }
 
 /// The verdict on a request the transport saw end as `end`, with `status` the class of
-/// what the client was told, and `stream_error` whether the stream reported an error of
-/// its own. A body that ended cleanly still failed when the stream said so or the status
-/// was a 5xx, and was refused when the status was a 4xx; every other end stands.
-fn verdict(end: Outcome, status: StatusClass, stream_error: bool) -> Verdict {
+/// what the client was told, and `stream_error` the class of the first error the stream
+/// reported of its own. A body that ended cleanly still failed when the stream said so or
+/// the status was a 5xx, and was refused when the status was a 4xx; every other end
+/// stands. A stream error that names a rate limit or an overload gives the status the
+/// same refusal would have had before the head (`429`, `503`).
+fn verdict(end: Outcome, status: StatusClass, stream_error: Option<ErrorClass>) -> Verdict {
+    let status = match (stream_error, status) {
+        (Some(ErrorClass::RateLimited), s) if s.is_upstream() => StatusClass::TooManyRequests,
+        (Some(ErrorClass::Overloaded), s) if s.is_upstream() => StatusClass::Unavailable,
+        _ => status,
+    };
     let outcome = match end {
-        Outcome::Completed if stream_error => Outcome::UpstreamError,
+        Outcome::Completed if stream_error.is_some() => Outcome::UpstreamError,
         Outcome::Completed => match status {
             StatusClass::Unavailable | StatusClass::ServerError => Outcome::UpstreamError,
             StatusClass::TooManyRequests | StatusClass::ClientError => Outcome::UpstreamRefused,
@@ -477,12 +487,12 @@ mod tests {
         for fault in &faults {
             let status = StatusClass::tokentap(fault.status().expect("answered"));
             assert!(!status.is_upstream());
-            let v = verdict(fault.outcome(), status, false);
+            let v = verdict(fault.outcome(), status, None);
             assert_eq!(v.outcome, fault.outcome(), "{fault}");
             assert_eq!(v.status, status, "{fault}");
         }
         assert_eq!(
-            verdict(Outcome::Cancelled, StatusClass::None, false),
+            verdict(Outcome::Cancelled, StatusClass::None, None),
             Verdict::new(Outcome::Cancelled, StatusClass::None)
         );
         for code in 100..=599 {
@@ -493,9 +503,12 @@ mod tests {
                 BodyEnd::UpstreamBroken,
                 BodyEnd::ClientGone,
             ] {
-                for stream_error in [false, true] {
+                for stream_error in [None, Some(ErrorClass::Other)] {
                     let v = verdict(end.outcome(), status, stream_error);
                     assert_eq!(v.status, status, "{code} {end:?}");
+                }
+                for class in [ErrorClass::RateLimited, ErrorClass::Overloaded] {
+                    verdict(end.outcome(), status, Some(class));
                 }
             }
         }
@@ -503,18 +516,26 @@ mod tests {
 
     #[test]
     fn a_clean_body_is_judged_by_its_status_and_its_stream() {
+        let (other, rate, overload) = (
+            Some(ErrorClass::Other),
+            Some(ErrorClass::RateLimited),
+            Some(ErrorClass::Overloaded),
+        );
         let cases = [
-            (200, false, "completed", "2xx"),
-            (204, false, "completed", "2xx"),
-            (304, false, "completed", "3xx"),
-            (200, true, "upstream_error", "2xx"),
-            (400, false, "upstream_refused", "4xx"),
-            (401, false, "upstream_refused", "4xx"),
-            (404, false, "upstream_refused", "4xx"),
-            (429, false, "upstream_refused", "429"),
-            (500, false, "upstream_error", "5xx"),
-            (503, false, "upstream_error", "503"),
-            (529, false, "upstream_error", "503"),
+            (200, None, "completed", "2xx"),
+            (204, None, "completed", "2xx"),
+            (304, None, "completed", "3xx"),
+            (200, other, "upstream_error", "2xx"),
+            (200, rate, "upstream_error", "429"),
+            (200, overload, "upstream_error", "503"),
+            (500, rate, "upstream_error", "429"),
+            (400, None, "upstream_refused", "4xx"),
+            (401, None, "upstream_refused", "4xx"),
+            (404, None, "upstream_refused", "4xx"),
+            (429, None, "upstream_refused", "429"),
+            (500, None, "upstream_error", "5xx"),
+            (503, None, "upstream_error", "503"),
+            (529, None, "upstream_error", "503"),
         ];
         for (code, stream_error, outcome, status) in cases {
             let class = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
@@ -522,17 +543,17 @@ mod tests {
             assert_eq!(
                 (v.outcome.as_str(), v.status.as_str()),
                 (outcome, status),
-                "{code} stream_error={stream_error}"
+                "{code} stream_error={stream_error:?}"
             );
         }
         // Ends other than a clean one stand whatever the status says.
         let refused = StatusClass::upstream(StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
-            verdict(Outcome::Cancelled, refused, false).outcome,
+            verdict(Outcome::Cancelled, refused, None).outcome,
             Outcome::Cancelled
         );
         assert_eq!(
-            verdict(Outcome::Timeout, refused, false).outcome,
+            verdict(Outcome::Timeout, refused, None).outcome,
             Outcome::Timeout
         );
     }

@@ -1,6 +1,6 @@
-//! What a simulator is configured with (its models, usage reporting, injected faults)
-//! and the wall clock its stamps carry: a leaf that the request handling, the rendering
-//! and the stream schedule all build on.
+//! What a simulator is configured with (its models, usage reporting, rate limit,
+//! injected faults) and the wall clock its stamps carry: a leaf that the request
+//! handling, the rendering and the stream schedule all build on.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -152,6 +152,20 @@ pub struct SimConfig {
     /// Compress responses with `zstd` or `gzip` when the request's `Accept-Encoding`
     /// allows (the first of the two it lists), flushing after every event.
     pub compress: bool,
+    /// Limit requests and output tokens per minute, as hosted APIs do (`None`: no limit,
+    /// and no rate-limit headers).
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A hosted API's rate limit: one budget of requests and one of output tokens per
+/// minute, shared by all the simulator's models (as one API key's limit would be), each
+/// a token bucket that holds a minute's worth and refills continuously.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub requests_per_minute: u32,
+    /// Output tokens per minute: a request costs the output tokens its response will
+    /// have (the profile's, capped by the request's own limit).
+    pub tokens_per_minute: u32,
 }
 
 impl Default for SimConfig {
@@ -169,6 +183,7 @@ impl Default for SimConfig {
             seed: 1,
             fixed_clock: None,
             compress: false,
+            rate_limit: None,
         }
     }
 }
@@ -181,8 +196,9 @@ pub enum Fault {
     /// Stop sending (but keep the connection open) after N tokens.
     StallAfter(u32),
     /// Report an error mid-stream after N tokens, as the dialect does (an OpenAI error
-    /// object, Anthropic `error` event, Responses `response.failed`, ...), then end.
-    ErrorAfter(u32),
+    /// object, Anthropic `error` event, Responses `response.failed`, ...), naming what
+    /// the [`StreamError`] says, then end.
+    ErrorAfter(u32, StreamError),
     /// End the stream cleanly after N tokens, without finish chunk, usage or `[DONE]`.
     EndAfter(u32),
     /// Answer with this status and an OpenAI-style error body.
@@ -195,11 +211,15 @@ impl Fault {
         match self {
             Fault::ResetAfter(n)
             | Fault::StallAfter(n)
-            | Fault::ErrorAfter(n)
+            | Fault::ErrorAfter(n, _)
             | Fault::EndAfter(n) => Some(n),
             Fault::Status(_) => None,
         }
     }
+
+    /// The names [`Fault::parse`] reads, as `x-sim-fault` values.
+    pub(super) const FORMS: &'static str = "reset-after=N, stall-after=N, error-after=N, \
+        rate-limit-error-after=N, overloaded-error-after=N, end-after=N or status=CODE";
 
     pub(super) fn parse(value: &str) -> Option<Fault> {
         let (name, n) = value.split_once('=')?;
@@ -207,12 +227,26 @@ impl Fault {
         match name.trim() {
             "reset-after" => Some(Fault::ResetAfter(n)),
             "stall-after" => Some(Fault::StallAfter(n)),
-            "error-after" => Some(Fault::ErrorAfter(n)),
+            "error-after" => Some(Fault::ErrorAfter(n, StreamError::Failure)),
+            "rate-limit-error-after" => Some(Fault::ErrorAfter(n, StreamError::RateLimit)),
+            "overloaded-error-after" => Some(Fault::ErrorAfter(n, StreamError::Overload)),
             "end-after" => Some(Fault::EndAfter(n)),
             "status" => u16::try_from(n).ok().map(Fault::Status),
             _ => None,
         }
     }
+}
+
+/// What a mid-stream error report ([`Fault::ErrorAfter`]) names as its cause, each in
+/// the dialect's own shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// An engine failure (`x-sim-fault: error-after=N`): a server error naming no cause.
+    Failure,
+    /// A rate limit (`rate-limit-error-after=N`).
+    RateLimit,
+    /// An overload (`overloaded-error-after=N`).
+    Overload,
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, as the stamps carry them (the benchmark

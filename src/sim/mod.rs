@@ -23,14 +23,30 @@
 //! | `POST /generate_stream`, `/generate` | TGI | `/generate_stream` |
 //! | `POST /v2/models/{m}/generate_stream`, `/generate` | Triton | `generate_stream` |
 //!
-//! Also `GET /v1/models` and `GET /health`. A request may ask for a fault with the
-//! `x-sim-fault` header (see [`Fault`]), which is how the tests make an upstream reset,
-//! stall, report an error mid-stream (in the dialect's own way) or fail with a status. A
-//! request that accepts `gzip` or `zstd` gets a compressed response when
-//! [`SimConfig::compress`] is set (flushed after every event, as streaming servers do).
+//! Also `GET /v1/models` and `GET /health`. A request may change its own response with
+//! these headers, which is how the tests make an upstream misbehave:
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-sim-fault: reset-after=N` | reset the connection after N tokens |
+//! | `x-sim-fault: stall-after=N` | stop sending after N tokens, the connection left open |
+//! | `x-sim-fault: error-after=N` | report an engine failure mid-stream after N tokens, in the dialect's own way, then end |
+//! | `x-sim-fault: rate-limit-error-after=N` | the same, the error naming a rate limit (OpenAI `rate_limit_exceeded`, Anthropic `rate_limit_error`, Gemini 429 `RESOURCE_EXHAUSTED`; see [`StreamError`]) |
+//! | `x-sim-fault: overloaded-error-after=N` | the same, the error naming an overload (OpenAI `server_is_overloaded`, Anthropic `overloaded_error`, Gemini 503 `UNAVAILABLE`, TGI `overloaded`) |
+//! | `x-sim-fault: end-after=N` | end cleanly after N tokens, without finish, usage or end marker |
+//! | `x-sim-fault: status=CODE` | answer `CODE` with an OpenAI-style error body (`Retry-After: 7` on a 429 or 503) |
+//! | `x-sim-itl-ms: N` | N milliseconds between tokens in this response, in place of its model's (TTFT unchanged; 0 to 600000) |
+//!
+//! A value either header cannot read is answered `400` with a message saying why, so a
+//! typo cannot pass for a healthy stream. With [`SimConfig::rate_limit`] the hosted APIs'
+//! paths carry their rate-limit headers and are refused with a `429` past the limit (see
+//! `ratelimit.rs`). A request that accepts `gzip` or `zstd` gets a compressed response
+//! when [`SimConfig::compress`] is set (flushed after every event, as streaming servers
+//! do).
 
 mod compress;
 mod config;
+mod ratelimit;
 mod render;
 mod request;
 mod stream;
@@ -39,7 +55,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -54,7 +70,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use compress::{Coding, Encoder};
-pub use config::{unix_ns, Fault, ModelProfile, SimConfig, TokensPerEvent, UsageMode};
+pub use config::{
+    unix_ns, Fault, ModelProfile, RateLimit, SimConfig, StreamError, TokensPerEvent, UsageMode,
+};
+use ratelimit::Limiter;
 use render::{Api, Script};
 use stream::{Schedule, SimStream};
 
@@ -68,16 +87,22 @@ struct SimState {
     config: SimConfig,
     requests: AtomicU64,
     open_streams: Arc<AtomicU64>,
+    /// The rate limit's buckets, when [`SimConfig::rate_limit`] sets one.
+    limiter: Option<Mutex<Limiter>>,
 }
 
 impl Sim {
     pub async fn bind(addr: SocketAddr, config: SimConfig) -> std::io::Result<Sim> {
+        let limiter = config
+            .rate_limit
+            .map(|limit| Mutex::new(Limiter::new(limit, Instant::now())));
         Ok(Sim {
             listener: TcpListener::bind(addr).await?,
             state: Arc::new(SimState {
                 config,
                 requests: AtomicU64::new(0),
                 open_streams: Arc::new(AtomicU64::new(0)),
+                limiter,
             }),
         })
     }
@@ -182,7 +207,16 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
             None => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
         },
     };
-    let fault = request::requested_fault(request.headers());
+    let bad_request =
+        |message: String| error_json(StatusCode::BAD_REQUEST, &message, "invalid_request_error");
+    let fault = match request::requested_fault(request.headers()) {
+        Ok(fault) => fault,
+        Err(message) => return bad_request(message),
+    };
+    let itl = match request::requested_itl(request.headers()) {
+        Ok(itl) => itl,
+        Err(message) => return bad_request(message),
+    };
     let coding = request::accepted_coding(&state.config, request.headers());
     let (body, json) = match read_json(request.into_body()).await {
         Ok(read) => read,
@@ -204,8 +238,34 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
             return error_json(StatusCode::NOT_FOUND, &message, "invalid_request_error")
         }
     };
+    let with_itl;
+    let profile = match itl {
+        Some(itl) => {
+            with_itl = ModelProfile {
+                itl,
+                ..profile.clone()
+            };
+            &with_itl
+        }
+        None => profile,
+    };
+    let tokens = output_tokens(&llm, profile);
+    let limit_headers = match state.limiter.as_ref().filter(|_| ratelimit::applies(api)) {
+        Some(limiter) => {
+            let admitted = limiter
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .admit(start, tokens);
+            let now = wall_clock(&state.config);
+            match admitted {
+                Ok(budgets) => Some(ratelimit::headers(api, &budgets, now)),
+                Err(refusal) => return rate_limited(api, &profile.name, &refusal, now),
+            }
+        }
+        None => None,
+    };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
-    let script = script(&state.config, &llm, profile, n, received_unix_ns);
+    let script = script(&state.config, &llm, profile, tokens, n, received_unix_ns);
     let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     // A TGI event is one token by its format (its `token` object).
     let per_event = if api == Api::Tgi {
@@ -215,11 +275,39 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     };
     let cut = llm.fault.and_then(Fault::after_tokens);
     let schedule = Schedule::new(start, profile, per_event, script.tokens, cut, rng);
-    if request::streams(api, &path, &llm.json) {
+    let mut response = if request::streams(api, &path, &llm.json) {
         streamed_response(script, schedule, coding, state.open_streams.clone())
     } else {
         whole_response(&script, schedule, coding).await
+    };
+    if let Some(headers) = limit_headers {
+        response.headers_mut().extend(headers);
     }
+    response
+}
+
+/// The wall-clock time the simulator states (its fixed clock, if it has one).
+fn wall_clock(config: &SimConfig) -> SystemTime {
+    config.fixed_clock.map_or_else(SystemTime::now, |secs| {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    })
+}
+
+/// The `429` that refuses a request past the rate limit, in its dialect's shape.
+fn rate_limited(
+    api: Api,
+    model: &str,
+    refusal: &ratelimit::Refusal,
+    now: SystemTime,
+) -> Response<SimBody> {
+    let mut response = json(
+        StatusCode::TOO_MANY_REQUESTS,
+        ratelimit::refusal_body(api, model, refusal),
+    );
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, ratelimit::retry_after(refusal));
+    headers.extend(ratelimit::headers(api, &refusal.budgets, now));
+    response
 }
 
 /// `GET /v1/models`: every configured model.
@@ -298,17 +386,23 @@ fn profile_for<'a>(config: &'a SimConfig, llm: &LlmRequest) -> Result<&'a ModelP
         .ok_or_else(|| format!("The model `{requested}` does not exist."))
 }
 
-/// What the response to request number `n` says, event by event: its length (the
-/// profile's, capped by the request), usage, id and creation time.
+/// The output tokens of the response to `llm`: the profile's, capped by the request.
+fn output_tokens(llm: &LlmRequest, profile: &ModelProfile) -> u32 {
+    let max_tokens = request::max_tokens(llm.api, &llm.json)
+        .map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
+    profile.tokens.min(max_tokens).max(1)
+}
+
+/// What the response to request number `n` says, event by event: its length (`tokens`),
+/// usage, id and creation time.
 fn script(
     config: &SimConfig,
     llm: &LlmRequest,
     profile: &ModelProfile,
+    tokens: u32,
     n: u64,
     received_unix_ns: Option<u64>,
 ) -> Script {
-    let max_tokens = request::max_tokens(llm.api, &llm.json)
-        .map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
     let (id, created) = match config.fixed_clock {
         Some(at) => (format!("sim-{:016x}", fnv1a(&llm.body)), at),
         None => (
@@ -324,7 +418,7 @@ fn script(
         model: profile.name.clone(),
         id,
         created,
-        tokens: profile.tokens.min(max_tokens).max(1),
+        tokens,
         prompt_tokens: (llm.body.len() as u64 / 4).max(1),
         include_usage: request::includes_usage(config.usage, &llm.json),
         continuous: config.usage == UsageMode::Continuous,

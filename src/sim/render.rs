@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::config::Fault;
+use super::config::{Fault, StreamError};
 
 /// The API a request speaks, from its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -451,28 +451,72 @@ impl Script {
         }
     }
 
-    /// The dialect's mid-stream error report, ending the stream (`events`: token-bearing
-    /// events sent before it).
-    pub(super) fn error(&self, first: bool, events: u32) -> Bytes {
+    /// The dialect's mid-stream error report of `kind`, ending the stream (`events`:
+    /// token-bearing events sent before it). A rate limit and an overload take each
+    /// dialect's real shape; TGI has no rate-limit error (its concurrency limit, sent
+    /// with a 429, is its `overloaded`), and Ollama and Triton report either as a plain
+    /// message, as they do.
+    pub(super) fn error(&self, kind: StreamError, first: bool, events: u32) -> Bytes {
         match self.api {
-            Api::Chat | Api::Completions => {
-                data(&json!({"error": {"message": FAILURE, "type": "server_error", "code": 500}}))
-            }
+            Api::Chat | Api::Completions => data(&json!({"error": match kind {
+                StreamError::Failure => json!({"message": FAILURE, "type": "server_error", "code": 500}),
+                StreamError::RateLimit => json!({
+                    "message": format!("Rate limit reached for {} in organization org-sim on tokens per min (TPM). Please try again in 1s.", self.model),
+                    "type": "tokens", "param": null, "code": "rate_limit_exceeded",
+                }),
+                StreamError::Overload => json!({
+                    "message": "The server is overloaded or not ready yet.",
+                    "type": "service_unavailable_error", "param": null, "code": "server_is_overloaded",
+                }),
+            }})),
             Api::Responses => {
+                let (code, message) = match kind {
+                    StreamError::Failure => ("server_error", FAILURE),
+                    StreamError::RateLimit => (
+                        "rate_limit_exceeded",
+                        "Rate limit reached on tokens per min (TPM). Please try again in 1s.",
+                    ),
+                    StreamError::Overload => (
+                        "server_is_overloaded",
+                        "Selected model is at capacity. Please try a different model.",
+                    ),
+                };
                 let mut response = self.responses_object("failed", None);
-                response["error"] = json!({"code": "server_error", "message": FAILURE});
+                response["error"] = json!({"code": code, "message": message});
                 sse(
                     "response.failed",
                     &json!({"type": "response.failed", "sequence_number": 4 + events, "response": response}),
                 )
             }
-            Api::Anthropic => sse(
-                "error",
-                &json!({"type": "error", "error": {"type": "api_error", "message": FAILURE}}),
-            ),
+            Api::Anthropic => {
+                let (kind, message) = match kind {
+                    StreamError::Failure => ("api_error", FAILURE),
+                    StreamError::RateLimit => (
+                        "rate_limit_error",
+                        "Number of request tokens has exceeded your per-minute rate limit",
+                    ),
+                    StreamError::Overload => ("overloaded_error", "Overloaded"),
+                };
+                sse(
+                    "error",
+                    &json!({"type": "error", "error": {"type": kind, "message": message}}),
+                )
+            }
             Api::Gemini { sse } => {
-                let error =
-                    json!({"error": {"code": 500, "message": FAILURE, "status": "INTERNAL"}});
+                let (code, message, status) = match kind {
+                    StreamError::Failure => (500, FAILURE, "INTERNAL"),
+                    StreamError::RateLimit => (
+                        429,
+                        "Resource has been exhausted (e.g. check quota).",
+                        "RESOURCE_EXHAUSTED",
+                    ),
+                    StreamError::Overload => (
+                        503,
+                        "The model is overloaded. Please try again later.",
+                        "UNAVAILABLE",
+                    ),
+                };
+                let error = json!({"error": {"code": code, "message": message, "status": status}});
                 let event = self.gemini(&error, first);
                 if sse {
                     event
@@ -480,12 +524,34 @@ impl Script {
                     Bytes::from([&event[..], b"\r\n]"].concat())
                 }
             }
-            Api::Ollama { .. } => Bytes::from(format!("{}\n", json!({"error": FAILURE}))),
-            Api::Tgi => Bytes::from(format!(
-                "data:{}\n\n",
-                json!({"error": format!("Request failed during generation: {FAILURE}"), "error_type": "generation"})
-            )),
-            Api::Triton => data(&json!({"error": FAILURE})),
+            Api::Ollama { .. } => {
+                let message = match kind {
+                    StreamError::Failure => FAILURE,
+                    StreamError::RateLimit | StreamError::Overload => {
+                        "server busy, please try again.  maximum pending requests exceeded"
+                    }
+                };
+                Bytes::from(format!("{}\n", json!({"error": message})))
+            }
+            Api::Tgi => {
+                let (error, error_type) = match kind {
+                    StreamError::Failure => (
+                        format!("Request failed during generation: {FAILURE}"),
+                        "generation",
+                    ),
+                    StreamError::RateLimit | StreamError::Overload => {
+                        ("Model is overloaded".to_string(), "overloaded")
+                    }
+                };
+                Bytes::from(format!(
+                    "data:{}\n\n",
+                    json!({"error": error, "error_type": error_type})
+                ))
+            }
+            Api::Triton => data(&json!({"error": match kind {
+                StreamError::Failure => FAILURE,
+                StreamError::RateLimit | StreamError::Overload => "Exceeds maximum queue size",
+            }})),
         }
     }
 
@@ -534,6 +600,14 @@ fn merge(value: &mut Value, extra: Value) {
     if let (Some(target), Value::Object(fields)) = (value.as_object_mut(), extra) {
         target.extend(fields);
     }
+}
+
+/// The RFC 3339 UTC time of `unix_secs`, to the second (`2024-01-01T00:00:00Z`).
+pub(super) fn rfc3339(unix_secs: u64) -> String {
+    let (days, rem) = (unix_secs / 86_400, unix_secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (h, min, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}Z")
 }
 
 /// Year, month, day of the proleptic Gregorian calendar for days since 1970-01-01
@@ -606,5 +680,7 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_709_254_861), "2024-03-01T01:01:01Z");
     }
 }

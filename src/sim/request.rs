@@ -1,6 +1,9 @@
 //! What a simulated request asks for, read from its route, headers and JSON body: the
-//! dialect and the model named in the path, whether it streams, its output-token cap and
-//! the compression it accepts.
+//! dialect and the model named in the path, whether it streams, its output-token cap, the
+//! compression it accepts, and the fault and inter-token latency its `x-sim-*` headers
+//! ask for.
+
+use std::time::Duration;
 
 use http::{header, HeaderMap, Method};
 
@@ -92,12 +95,46 @@ pub(super) fn accepted_coding(config: &SimConfig, headers: &HeaderMap) -> Option
         })
 }
 
-/// The fault a request asks for with `x-sim-fault`, if it names one.
-pub(super) fn requested_fault(headers: &HeaderMap) -> Option<Fault> {
-    headers
-        .get("x-sim-fault")
-        .and_then(|v| v.to_str().ok())
-        .and_then(Fault::parse)
+/// The fault a request asks for with `x-sim-fault`, or the message of the 400 that
+/// answers a value that names none (a typo would otherwise pass for a healthy stream).
+pub(super) fn requested_fault(headers: &HeaderMap) -> Result<Option<Fault>, String> {
+    header_value(headers, "x-sim-fault", |value| {
+        Fault::parse(value).ok_or_else(|| format!("is not one of {}", Fault::FORMS))
+    })
+}
+
+/// The largest `x-sim-itl-ms` (ten minutes): a larger one is surely a mistake, and keeps
+/// a long stream's deadlines far from the clock's range.
+const MAX_ITL_MS: u64 = 600_000;
+
+/// The inter-token latency a request asks for with `x-sim-itl-ms` (whole milliseconds,
+/// in place of its model's), or the message of the 400 that answers a bad value.
+pub(super) fn requested_itl(headers: &HeaderMap) -> Result<Option<Duration>, String> {
+    header_value(headers, "x-sim-itl-ms", |value| {
+        value
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms <= MAX_ITL_MS)
+            .map(Duration::from_millis)
+            .ok_or_else(|| format!("is not a whole number of milliseconds from 0 to {MAX_ITL_MS}"))
+    })
+}
+
+/// `parse` applied to the header `name`, if present; a value `parse` refuses is an error
+/// naming the header and the value.
+fn header_value<T>(
+    headers: &HeaderMap,
+    name: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    parse(&text)
+        .map(Some)
+        .map_err(|why| format!("{name}: `{}` {why}", text.escape_debug()))
 }
 
 /// Whether a stream reports usage, given the simulator's mode and the request.
@@ -109,6 +146,71 @@ pub(super) fn includes_usage(mode: UsageMode, body: &serde_json::Value) -> bool 
             body.pointer("/stream_options/include_usage")
                 .and_then(|v| v.as_bool())
                 == Some(true)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::StreamError;
+
+    fn headers(name: &'static str, value: &[u8]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(name, http::HeaderValue::from_bytes(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn faults_are_named_or_refused() {
+        let fault = |v: &str| requested_fault(&headers("x-sim-fault", v.as_bytes()));
+        assert_eq!(requested_fault(&HeaderMap::new()), Ok(None));
+        assert_eq!(
+            fault("error-after=3"),
+            Ok(Some(Fault::ErrorAfter(3, StreamError::Failure)))
+        );
+        assert_eq!(
+            fault("rate-limit-error-after=0"),
+            Ok(Some(Fault::ErrorAfter(0, StreamError::RateLimit)))
+        );
+        assert_eq!(
+            fault(" overloaded-error-after = 5"),
+            Ok(Some(Fault::ErrorAfter(5, StreamError::Overload)))
+        );
+        assert_eq!(fault("status=429"), Ok(Some(Fault::Status(429))));
+        for bad in [
+            "error-after",
+            "eror-after=3",
+            "error-after=-1",
+            "status=70000",
+            "",
+        ] {
+            let message = fault(bad).unwrap_err();
+            assert!(
+                message.starts_with(&format!("x-sim-fault: `{bad}` is not one of reset-after=N")),
+                "{message}"
+            );
+        }
+        let binary = requested_fault(&headers("x-sim-fault", b"error-after=\xff"));
+        assert!(binary
+            .unwrap_err()
+            .starts_with("x-sim-fault: `error-after=\u{fffd}` is not"));
+    }
+
+    #[test]
+    fn an_itl_is_whole_milliseconds_up_to_ten_minutes() {
+        let itl = |v: &str| requested_itl(&headers("x-sim-itl-ms", v.as_bytes()));
+        assert_eq!(requested_itl(&HeaderMap::new()), Ok(None));
+        assert_eq!(itl("250"), Ok(Some(Duration::from_millis(250))));
+        assert_eq!(itl("0"), Ok(Some(Duration::ZERO)));
+        assert_eq!(itl("600000"), Ok(Some(Duration::from_secs(600))));
+        for bad in ["600001", "-1", "2.5", "20ms", ""] {
+            assert_eq!(
+                itl(bad),
+                Err(format!(
+                    "x-sim-itl-ms: `{bad}` is not a whole number of milliseconds from 0 to 600000"
+                ))
+            );
         }
     }
 }

@@ -238,9 +238,10 @@ impl Body for SimStream {
                             ))));
                         }
                         Some(Fault::StallAfter(n)) if sent == n => return Poll::Pending,
-                        Some(Fault::ErrorAfter(n)) if sent == n => {
+                        Some(Fault::ErrorAfter(n, kind)) if sent == n => {
                             this.step = Step::Trailer;
-                            let error = this.script.error(this.sent == 0, this.token_events);
+                            let first = this.sent == 0;
+                            let error = this.script.error(kind, first, this.token_events);
                             return this.emit(error);
                         }
                         Some(Fault::EndAfter(n)) if sent == n => {
@@ -476,6 +477,78 @@ mod tests {
             counts.push(count);
         }
         (counts, usage.expect("a usage report"))
+    }
+
+    /// Every dialect's mid-stream error faults, served by a [`SimStream`] and read back by
+    /// tokentap's own decoder, name the class the fault stands for: the simulator's shapes
+    /// and the decoders' reading of them cannot drift apart.
+    #[tokio::test]
+    async fn error_faults_decode_to_their_class_in_every_dialect() {
+        use crate::sim::StreamError;
+        use crate::wire::{self, DecodeLimits, DecodeOptions, Dialect, ErrorClass, Signal};
+
+        let apis = [
+            (Api::Chat, Dialect::OpenAiChat),
+            (Api::Completions, Dialect::OpenAiCompletions),
+            (Api::Responses, Dialect::OpenAiResponses),
+            (Api::Anthropic, Dialect::Anthropic),
+            (Api::Gemini { sse: true }, Dialect::Gemini),
+            (Api::Gemini { sse: false }, Dialect::Gemini),
+            (Api::Ollama { chat: true }, Dialect::Ollama),
+            (Api::Ollama { chat: false }, Dialect::Ollama),
+            (Api::Tgi, Dialect::Tgi),
+            (Api::Triton, Dialect::Triton),
+        ];
+        for (api, dialect) in apis {
+            for kind in [
+                StreamError::Failure,
+                StreamError::RateLimit,
+                StreamError::Overload,
+            ] {
+                let want = match (kind, api) {
+                    (StreamError::Failure, _) | (_, Api::Ollama { .. } | Api::Triton) => {
+                        ErrorClass::Other
+                    }
+                    // TGI has no rate-limit error: it sends its overload.
+                    (StreamError::Overload, _) | (StreamError::RateLimit, Api::Tgi) => {
+                        ErrorClass::Overloaded
+                    }
+                    (StreamError::RateLimit, _) => ErrorClass::RateLimited,
+                };
+                let fault = Some(Fault::ErrorAfter(2, kind));
+                let script = script(api, 5, false, fault);
+                let content_type = script.stream_content_type();
+                let profile = ModelProfile::new("m", Duration::ZERO, Duration::ZERO, 5);
+                let (_, schedule) = schedule(&profile, TokensPerEvent::ONE, Some(2));
+                let stream = SimStream::new(script, schedule, None, Arc::new(AtomicU64::new(0)));
+                let body = stream.collect().await.expect("sim body").to_bytes();
+
+                let framing = wire::framing_for(dialect, content_type).expect("a framing");
+                let options = DecodeOptions::new(DecodeLimits::DEFAULT);
+                let mut decoder = wire::decoder(dialect, framing, options);
+                let mut signals = Vec::new();
+                decoder.feed(&body, &mut signals).expect("decodes");
+                decoder.finish(&mut signals).expect("finishes");
+                let outputs = signals
+                    .iter()
+                    .filter(|s| matches!(s, Signal::Output { .. }))
+                    .count();
+                let errors: Vec<_> = signals
+                    .iter()
+                    .filter_map(|s| match s {
+                        Signal::Error(class) => Some(*class),
+                        _ => None,
+                    })
+                    .collect();
+                let text = String::from_utf8_lossy(&body);
+                assert_eq!(errors, vec![want], "{api:?} {kind:?}:\n{text}");
+                assert_eq!(outputs, 2, "{api:?} {kind:?}: the tokens before the error");
+                assert!(
+                    !signals.contains(&Signal::Malformed),
+                    "{api:?} {kind:?}:\n{text}"
+                );
+            }
+        }
     }
 
     #[tokio::test]

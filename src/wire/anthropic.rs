@@ -11,7 +11,7 @@
 //! | `content_block_delta` with `input_json_delta` | `Output` ToolCall |
 //! | `message_delta` | `Usage`: the cumulative `output_tokens` (and input tokens if repeated) |
 //! | `message_stop` | `Done` |
-//! | `error` | `Error` |
+//! | `error` | `Error`, of the class its `error.type` names (`rate_limit_error`, `overloaded_error`) |
 //! | `ping`, `content_block_start`/`_stop`, `signature_delta`, `citations_delta` | nothing |
 //!
 //! Empty deltas (the first `input_json_delta` is often `""`) carry nothing. Anthropic
@@ -31,9 +31,10 @@
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
+use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{add, Num, Present, Str, Text};
+use super::json::{add, ErrorFields, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -75,8 +76,8 @@ impl Handler for Anthropic {
         };
         let kind = event.kind.0.as_deref().unwrap_or(name);
         match kind {
-            "error" => out.push(Signal::Error),
-            _ if name == "error" || event.error.0 => out.push(Signal::Error),
+            "error" => out.push(Signal::Error(error_class(data))),
+            _ if name == "error" || event.error.0 => out.push(Signal::Error(error_class(data))),
             "message_start" => {
                 if let Some(message) = event.message {
                     self.model(message.model, out);
@@ -117,7 +118,7 @@ impl Handler for Anthropic {
             return;
         };
         if message.kind.0.as_deref() == Some("error") || message.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(body)));
             return;
         }
         self.model(message.model, out);
@@ -136,6 +137,11 @@ impl Handler for Anthropic {
     fn finish(&mut self, out: &mut Vec<Signal>) {
         finish_count(&mut self.tokens, out);
     }
+}
+
+/// What an error event or body names as its cause: its `error` object's `type`.
+fn error_class(data: &[u8]) -> ErrorClass {
+    super::json::error_class(data, |report: ErrorReport<'_>| report.error.class())
 }
 
 /// The texts of a `content_block_delta`, for the tokenizer.
@@ -210,6 +216,13 @@ impl Usage {
         );
         Some(input.saturating_add(cached.unwrap_or(0)))
     }
+}
+
+/// An error event or body, `{"type": "error", "error": {"type": ..., "message": ...}}`.
+#[derive(Deserialize)]
+struct ErrorReport<'a> {
+    #[serde(borrow, default)]
+    error: ErrorFields<'a>,
 }
 
 /// A whole non-streaming body: a `message` or an `error`.
@@ -314,14 +327,38 @@ mod tests {
             "error",
             r#""error":{"type":"overloaded_error","message":"Overloaded"}"#,
         );
-        assert_eq!(sse(Anthropic::default(), e.as_bytes()), vec![Error]);
+        assert_eq!(
+            sse(Anthropic::default(), e.as_bytes()),
+            vec![Error(ErrorClass::Overloaded)]
+        );
+        let e = ev(
+            "error",
+            r#""error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}"#,
+        );
+        assert_eq!(
+            sse(Anthropic::default(), e.as_bytes()),
+            vec![Error(ErrorClass::RateLimited)]
+        );
         assert_eq!(
             sse(Anthropic::default(), b"event: error\ndata: <html>\n\n"),
-            vec![Error]
+            vec![Error(ErrorClass::Other)]
         );
         let err_body =
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"x"}}"#;
-        assert_eq!(body(Anthropic::default(), err_body), vec![Error]);
+        assert_eq!(
+            body(Anthropic::default(), err_body),
+            vec![Error(ErrorClass::Other)]
+        );
+        let overloaded = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_1"}"#;
+        assert_eq!(
+            body(Anthropic::default(), overloaded),
+            vec![Error(ErrorClass::Overloaded)]
+        );
+        let rate_limit = br#"{"type":"error","error":{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization of 50 requests per minute."}}"#;
+        assert_eq!(
+            body(Anthropic::default(), rate_limit),
+            vec![Error(ErrorClass::RateLimited)]
+        );
     }
 
     #[test]

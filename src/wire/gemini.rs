@@ -4,7 +4,9 @@
 //!
 //! Rules, per chunk:
 //!
-//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it.
+//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it but its
+//!   `code` (the HTTP status) and `status` (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`), which
+//!   name its cause ([`ErrorClass`](super::ErrorClass)).
 //! - The first non-empty `modelVersion` is [`Signal::Model`].
 //! - A chunk is token-bearing when some candidate's `content.parts[]` carries output:
 //!   `text` ([`OutputKind::Content`], or [`OutputKind::Reasoning`] with `thought: true`),
@@ -28,7 +30,7 @@ use serde::Deserialize;
 use super::count::{most_visible, Tally};
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{add, Count, Flag, Fold, Folded, Num, Present, Str, Text};
+use super::json::{add, Count, ErrorFields, Flag, Fold, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -51,10 +53,12 @@ impl Gemini {
         }
     }
 
-    /// Model and error of a chunk or body; `false` if it was an error.
-    fn head(&mut self, chunk: &mut Chunk<'_>, out: &mut Vec<Signal>) -> bool {
+    /// Model and error of a chunk or body (`data`); `false` if it was an error.
+    fn head(&mut self, chunk: &mut Chunk<'_>, data: &[u8], out: &mut Vec<Signal>) -> bool {
         if chunk.error.0 {
-            out.push(Signal::Error);
+            let class =
+                super::json::error_class(data, |report: ErrorReport<'_>| report.error.class());
+            out.push(Signal::Error(class));
             return false;
         }
         if !self.model_sent {
@@ -77,7 +81,7 @@ impl Handler for Gemini {
             out.push(Signal::Malformed);
             return;
         };
-        if !self.head(&mut chunk, out) {
+        if !self.head(&mut chunk, data, out) {
             return;
         }
         let usage = chunk.usage.map(UsageMetadata::counts);
@@ -103,7 +107,7 @@ impl Handler for Gemini {
             out.push(Signal::Malformed);
             return;
         };
-        if !self.head(&mut chunk, out) {
+        if !self.head(&mut chunk, body, out) {
             return;
         }
         if let Some((input, output)) = chunk
@@ -154,6 +158,13 @@ struct Chunk<'a> {
     model: Str<'a>,
     #[serde(default)]
     error: Present,
+}
+
+/// An error chunk or body: `{"error": {"code": 429, "message": ..., "status": ...}}`.
+#[derive(Deserialize)]
+struct ErrorReport<'a> {
+    #[serde(borrow, default)]
+    error: ErrorFields<'a>,
 }
 
 #[derive(Deserialize)]
@@ -266,6 +277,7 @@ impl Fold for Parts {
 mod tests {
     use super::*;
     use crate::wire::testing::{array, body, sse};
+    use crate::wire::ErrorClass;
     use Signal::{Error, Malformed, Model};
 
     fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {
@@ -358,13 +370,34 @@ mod tests {
     #[test]
     fn errors_and_blocked_prompts() {
         let err = r#"{"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}}"#;
+        let overloaded = vec![Error(ErrorClass::Overloaded)];
         assert_eq!(
             sse(Gemini::default(), format!("data: {err}\n\n").as_bytes()),
-            vec![Error]
+            overloaded
         );
         assert_eq!(
             array(Gemini::default(), format!("[{err}]").as_bytes()),
-            vec![Error]
+            overloaded
+        );
+        assert_eq!(body(Gemini::default(), err.as_bytes()), overloaded);
+        let limited = r#"{"error": {"code": 429, "message": "You exceeded your current quota, please check your plan and billing details.", "status": "RESOURCE_EXHAUSTED"}}"#;
+        let rate_limited = vec![Error(ErrorClass::RateLimited)];
+        assert_eq!(
+            sse(Gemini::default(), format!("data: {limited}\n\n").as_bytes()),
+            rate_limited
+        );
+        assert_eq!(
+            array(Gemini::default(), format!("[{limited}]").as_bytes()),
+            rate_limited
+        );
+        assert_eq!(body(Gemini::default(), limited.as_bytes()), rate_limited);
+        let internal = r#"{"error": {"code": 500, "message": "An internal error has occurred.", "status": "INTERNAL"}}"#;
+        assert_eq!(
+            sse(
+                Gemini::default(),
+                format!("data: {internal}\n\n").as_bytes()
+            ),
+            vec![Error(ErrorClass::Other)]
         );
         let blocked = r#"{"promptFeedback": {"blockReason": "SAFETY"},"usageMetadata": {"promptTokenCount": 7,"totalTokenCount": 7}}"#;
         assert_eq!(

@@ -10,8 +10,11 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
+use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+
+use super::error_class::ErrorClass;
 
 /// The length of an array whose elements are not read.
 #[derive(Default)]
@@ -149,6 +152,11 @@ impl<'a> Str<'a> {
     pub(crate) fn non_empty(self) -> Option<Cow<'a, str>> {
         self.0.filter(|s| !s.is_empty())
     }
+
+    /// The string, or `""` when there is none.
+    pub(crate) fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
@@ -189,6 +197,162 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
         }
         de.deserialize_any(StrVisitor(PhantomData))
     }
+}
+
+/// An error's `code`, which servers write as a number (an HTTP status: vLLM, Gemini) or
+/// as a name (OpenAI's `"rate_limit_exceeded"`); any other JSON value is neither.
+#[derive(Default)]
+pub(crate) struct Code<'a> {
+    pub(crate) number: Option<i64>,
+    pub(crate) name: Str<'a>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Code<'a> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct CodeVisitor<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for CodeVisitor<'a> {
+            type Value = Code<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Code<'a>, E> {
+                Ok(Code {
+                    number: Some(v),
+                    ..Code::default()
+                })
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Code<'a>, E> {
+                Ok(Code {
+                    number: i64::try_from(v).ok(),
+                    ..Code::default()
+                })
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Code<'a>, E> {
+                let integral = v.fract() == 0.0 && v.abs() < i64::MAX as f64;
+                Ok(Code {
+                    number: integral.then_some(v as i64),
+                    ..Code::default()
+                })
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Code<'a>, E> {
+                Ok(Code {
+                    name: Str(Some(Cow::Borrowed(v))),
+                    ..Code::default()
+                })
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Code<'a>, E> {
+                Ok(Code {
+                    name: Str(Some(Cow::Owned(v.to_owned()))),
+                    ..Code::default()
+                })
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Code<'a>, E> {
+                Ok(Code::default())
+            }
+            fn visit_unit<E>(self) -> Result<Code<'a>, E> {
+                Ok(Code::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Code<'a>, A::Error> {
+                drain_seq(seq).map(|_| Code::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Code<'a>, A::Error> {
+                drain_map(map).map(|()| Code::default())
+            }
+        }
+        de.deserialize_any(CodeVisitor(PhantomData))
+    }
+}
+
+/// The fields that name an error in an error object (`{"type", "code", "status", ...}`,
+/// the shape OpenAI, vLLM, Anthropic and Gemini share in spirit); an error that is a
+/// string, or any other value, names nothing. Read only once an event is known to be an
+/// error, for [`ErrorClass::of`].
+#[derive(Default)]
+pub(crate) struct ErrorFields<'a> {
+    kind: Str<'a>,
+    code: Code<'a>,
+    status: Str<'a>,
+}
+
+impl ErrorFields<'_> {
+    pub(crate) fn code(&self) -> Option<i64> {
+        self.code.number
+    }
+
+    /// The names, most specific first: OpenAI's `code` refines its `type` (`requests`
+    /// with `rate_limit_exceeded`, `insufficient_quota` with `credit_balance_exhausted`).
+    pub(crate) fn names(&self) -> [&str; 3] {
+        [
+            self.code.name.as_str(),
+            self.kind.as_str(),
+            self.status.as_str(),
+        ]
+    }
+
+    /// The class of a report that is this error object alone.
+    pub(crate) fn class(&self) -> ErrorClass {
+        ErrorClass::of(self.code(), &self.names())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ErrorFields<'a> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields<'a> {
+            #[serde(rename = "type", borrow, default)]
+            kind: Str<'a>,
+            #[serde(borrow, default)]
+            code: Code<'a>,
+            #[serde(borrow, default)]
+            status: Str<'a>,
+        }
+        struct FieldsVisitor<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for FieldsVisitor<'a> {
+            type Value = ErrorFields<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ErrorFields<'a>, A::Error> {
+                let fields = Fields::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(ErrorFields {
+                    kind: fields.kind,
+                    code: fields.code,
+                    status: fields.status,
+                })
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_unit<E>(self) -> Result<ErrorFields<'a>, E> {
+                Ok(ErrorFields::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<ErrorFields<'a>, A::Error> {
+                drain_seq(seq).map(|_| ErrorFields::default())
+            }
+        }
+        de.deserialize_any(FieldsVisitor(PhantomData))
+    }
+}
+
+/// The class of the error report `data` (one event, or a whole body), read by `read`
+/// from the report's own shape; a report that is not even JSON names nothing.
+pub(crate) fn error_class<'a, T: Deserialize<'a>>(
+    data: &'a [u8],
+    read: impl FnOnce(T) -> ErrorClass,
+) -> ErrorClass {
+    parse(data.trim_ascii()).map_or(ErrorClass::Other, read)
 }
 
 /// Skip an array's elements; returns how many there were.
@@ -279,8 +443,8 @@ pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json
 }
 
 /// The data of one typed SSE event (Anthropic, Responses): `None` when it is empty,
-/// otherwise the parsed event, or the signal an unparsable one stands for: `Error` when
-/// the SSE event is named `error`, else `Malformed`.
+/// otherwise the parsed event, or the signal an unparsable one stands for: an `Error`
+/// that names nothing when the SSE event is named `error`, else `Malformed`.
 pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
     name: &str,
     data: &'a [u8],
@@ -291,7 +455,7 @@ pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
     }
     Some(parse(data).map_err(|_| {
         if name == "error" {
-            super::types::Signal::Error
+            super::types::Signal::Error(ErrorClass::Other)
         } else {
             super::types::Signal::Malformed
         }

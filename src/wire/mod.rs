@@ -18,14 +18,17 @@
 //!
 //! | dialect | routes | framing | token-bearing events | tokens per event | usage (N, input) | error mid-stream |
 //! |---|---|---|---|---|---|---|
-//! | `openai_chat` | `POST …/chat/completions` | SSE + `[DONE]`; JSON | `delta.content`, `refusal`, `tool_calls`/`function_call`, `reasoning_content`/`reasoning` | `logprobs.content` entries, exact; else growth of a cumulative `usage.completion_tokens` (vLLM/SGLang continuous usage), exact; else 1, estimated | `usage` (final chunk or every chunk); llama.cpp `timings` | `error` object or event |
-//! | `openai_completions` | `POST …/completions` | SSE + `[DONE]`; JSON | `choices[].text` | `logprobs.tokens` entries, exact; else usage growth, exact; else 1 | `usage` | `error` object or event |
-//! | `openai_responses` | `POST …/responses`; `GET …/responses/{id}?stream=true` | typed SSE, no `[DONE]`; JSON | `response.output_text.delta`, `.refusal.delta`, `.function_call_arguments.delta` (and custom/MCP/code-interpreter input), `.reasoning_text.delta`, `.reasoning_summary_text.delta` | `logprobs` entries, exact; else 1, estimated | `usage` of `response.completed` / `.incomplete` / `.failed` | `error` event, `response.failed` |
-//! | `anthropic` | `POST …/v1/messages`; Vertex `…/publishers/anthropic/models/{m}:streamRawPredict` | typed SSE; JSON | `content_block_delta`: `text_delta`, `thinking_delta`, `input_json_delta` | 1, estimated | `message_start` input (+ cache reads/writes); `message_delta` cumulative `output_tokens`, last wins | `error` event |
-//! | `gemini` | `POST …/models/{m}:streamGenerateContent` (`?alt=sse`: SSE, else a streamed JSON array), `:generateContent` | SSE; JSON array; JSON | `parts[].text` (`thought: true` is reasoning), `functionCall`, `executableCode` | `logprobsResult.chosenCandidates` entries, exact; else growth of the cumulative `candidatesTokenCount + thoughtsTokenCount`, exact; else 1 | `usageMetadata` on every chunk | `error` object |
-//! | `ollama` | `POST …/api/chat`, `…/api/generate` | NDJSON; JSON | `message.content` / `response`, `message.tool_calls`, `thinking` | `logprobs` entries, exact; else 1, estimated | final line (`done: true`): `prompt_eval_count`, `eval_count` | `error` field |
-//! | `tgi` | `POST …/generate_stream`, `…/generate` | SSE; JSON | every `token` event (special tokens too, unless [`DecodeOptions::skip_special_tokens`]) | 1, exact | last event's `details`: `generated_tokens`, `input_length` | `error` field |
-//! | `triton` | `POST …/v2/models/{m}[/versions/{v}]/generate_stream`, `…/generate` | SSE; JSON | non-empty `text_output` | 1, estimated | none: N is the event count | `error` field (after a 200) |
+//! | `openai_chat` | `POST …/chat/completions` | SSE + `[DONE]`; JSON | `delta.content`, `refusal`, `tool_calls`/`function_call`, `reasoning_content`/`reasoning` | `logprobs.content` entries, exact; else growth of a cumulative `usage.completion_tokens` (vLLM/SGLang continuous usage), exact; else 1, estimated | `usage` (final chunk or every chunk); llama.cpp `timings` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
+//! | `openai_completions` | `POST …/completions` | SSE + `[DONE]`; JSON | `choices[].text` | `logprobs.tokens` entries, exact; else usage growth, exact; else 1 | `usage` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
+//! | `openai_responses` | `POST …/responses`; `GET …/responses/{id}?stream=true` | typed SSE, no `[DONE]`; JSON | `response.output_text.delta`, `.refusal.delta`, `.function_call_arguments.delta` (and custom/MCP/code-interpreter input), `.reasoning_text.delta`, `.reasoning_summary_text.delta` | `logprobs` entries, exact; else 1, estimated | `usage` of `response.completed` / `.incomplete` / `.failed` | `error` event (`code`), `response.failed` (`error.code`) |
+//! | `anthropic` | `POST …/v1/messages`; Vertex `…/publishers/anthropic/models/{m}:streamRawPredict` | typed SSE; JSON | `content_block_delta`: `text_delta`, `thinking_delta`, `input_json_delta` | 1, estimated | `message_start` input (+ cache reads/writes); `message_delta` cumulative `output_tokens`, last wins | `error` event (`error.type`) |
+//! | `gemini` | `POST …/models/{m}:streamGenerateContent` (`?alt=sse`: SSE, else a streamed JSON array), `:generateContent` | SSE; JSON array; JSON | `parts[].text` (`thought: true` is reasoning), `functionCall`, `executableCode` | `logprobsResult.chosenCandidates` entries, exact; else growth of the cumulative `candidatesTokenCount + thoughtsTokenCount`, exact; else 1 | `usageMetadata` on every chunk | `error` object (`code`, `status`) |
+//! | `ollama` | `POST …/api/chat`, `…/api/generate` | NDJSON; JSON | `message.content` / `response`, `message.tool_calls`, `thinking` | `logprobs` entries, exact; else 1, estimated | final line (`done: true`): `prompt_eval_count`, `eval_count` | `error` field (names nothing) |
+//! | `tgi` | `POST …/generate_stream`, `…/generate` | SSE; JSON | every `token` event (special tokens too, unless [`DecodeOptions::skip_special_tokens`]) | 1, exact | last event's `details`: `generated_tokens`, `input_length` | `error` field (`error_type`) |
+//! | `triton` | `POST …/v2/models/{m}[/versions/{v}]/generate_stream`, `…/generate` | SSE; JSON | non-empty `text_output` | 1, estimated | none: N is the event count | `error` field, after a 200 (names nothing) |
+//!
+//! The last column says where a stream reports an error and, in brackets, which of its
+//! fields name the cause for [`ErrorClass::of`] (a rate limit, an overload or other).
 //!
 //! Everywhere: one event is at most one [`Signal::Output`], of the most visible kind it
 //! carries (content > refusal > tool call > reasoning); role-only, empty, keep-alive,
@@ -41,7 +44,8 @@
 //! # Layout
 //!
 //! [`types`] is the leaf every other module imports (signals, the decoder trait, limits,
-//! dialect and framing names); [`sse`], [`ndjson`], [`jsonarray`] and `buffer` cut bodies
+//! dialect and framing names), with [`error_class`], the one rule that says what a
+//! stream's error report names as its cause (a rate limit, an overload); [`sse`], [`ndjson`], [`jsonarray`] and `buffer` cut bodies
 //! into events; `frame` turns those into [`Decoder`]s around a dialect's handler; one
 //! module per dialect says what an event means; [`factory`] alone knows them all and
 //! builds the decoder for a response; [`route`] maps a request to its dialect. This module
@@ -57,6 +61,7 @@ mod testing;
 
 pub mod anthropic;
 pub mod compress;
+pub mod error_class;
 pub mod factory;
 pub mod gemini;
 pub mod jsonarray;
@@ -73,6 +78,7 @@ pub mod tokenize;
 pub mod triton;
 pub mod types;
 
+pub use error_class::ErrorClass;
 pub use factory::{decoder, framing_for, response_decoder, DecodeOptions, Unobservable};
 pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};

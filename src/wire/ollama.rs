@@ -3,7 +3,8 @@
 //!
 //! Rules, per line:
 //!
-//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it.
+//! - A non-null `error` is [`Signal::Error`], and nothing else is read from it: Ollama's
+//!   error is a plain message, which names no class ([`ErrorClass::Other`]).
 //! - The first non-empty `model` is [`Signal::Model`].
 //! - A line is token-bearing when it carries output: `message.content` (chat) or
 //!   `response` (generate) as [`OutputKind::Content`], `message.tool_calls` (non-empty)
@@ -20,6 +21,7 @@
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
+use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
@@ -49,7 +51,7 @@ impl Ollama {
     /// and yields no usage.
     fn common(&mut self, line: &mut Line<'_>, out: &mut Vec<Signal>) -> Option<Signal> {
         if line.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(ErrorClass::Other));
             return None;
         }
         if !self.model_sent {
@@ -74,7 +76,7 @@ impl Handler for Ollama {
             return;
         };
         if line.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(ErrorClass::Other));
             return;
         }
         let usage = self.common(&mut line, out);
@@ -230,7 +232,7 @@ mod tests {
                 Model("qwen3".into()),
                 out(1, false, OutputKind::Reasoning),
                 out(1, false, OutputKind::Content),
-                Error,
+                Error(ErrorClass::Other),
                 Malformed
             ]
         );
@@ -251,7 +253,7 @@ mod tests {
         );
         assert_eq!(
             body(Ollama::default(), br#"{"error":"model 'x' not found"}"#),
-            vec![Error]
+            vec![Error(ErrorClass::Other)]
         );
     }
 }

@@ -11,7 +11,9 @@
 //! - `data: [DONE]` is [`Signal::Done`]; empty data is ignored; data that is not a JSON
 //!   object of the expected shape is [`Signal::Malformed`] (observation goes on).
 //! - An `error` event, a non-null top-level `error` (OpenAI / vLLM objects, TGI strings)
-//!   or `"object": "error"` is [`Signal::Error`], and nothing else is read from it.
+//!   or `"object": "error"` is [`Signal::Error`], and nothing else is read from it but
+//!   what names its cause: `error.code`, `error.type`, `error.status`, TGI's `error_type`,
+//!   and the top-level `code` and `type` of an `"object": "error"` (see [`ErrorClass`]).
 //! - The first non-empty `model` is [`Signal::Model`], once per stream.
 //! - A chunk is token-bearing when any choice carries output: `delta.content` (chat) or
 //!   `text` (completions) as [`OutputKind::Content`], `delta.refusal`, tool-call or legacy
@@ -40,9 +42,10 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::count::{visibility, Tally};
+use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
-use super::json::{Count, Fold, Folded, Num, Str, Text};
+use super::json::{Code, Count, ErrorFields, Fold, Folded, Num, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{Dialect, OutputKind, Signal};
@@ -74,7 +77,7 @@ impl OpenAi {
 
     fn on_chunk(&mut self, chunk: Chunk<'_>, data: &[u8], out: &mut Vec<Signal>) {
         if is_error(chunk.error.as_ref(), &chunk.object) {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(data)));
             return;
         }
         if !self.model_sent {
@@ -114,7 +117,7 @@ impl OpenAi {
 impl Handler for OpenAi {
     fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>) {
         if name == "error" {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(data)));
             return;
         }
         let data = data.trim_ascii();
@@ -174,7 +177,7 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
         }
     };
     if is_error(parsed.error.as_ref(), &parsed.object) {
-        out.push(Signal::Error);
+        out.push(Signal::Error(error_class(body)));
         return;
     }
     if let Some(model) = parsed.model.non_empty() {
@@ -191,6 +194,23 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
 /// Whether a chunk or body is an error report.
 fn is_error(error: Option<&IgnoredAny>, object: &Str<'_>) -> bool {
     error.is_some() || object.0.as_deref() == Some("error")
+}
+
+/// What an error chunk or body names as its cause, read only once it is known to be one.
+fn error_class(data: &[u8]) -> ErrorClass {
+    super::json::error_class(data, |report: ErrorReport<'_>| {
+        let [code, kind, status] = report.error.names();
+        let number = report.error.code().or(report.code.number);
+        let names = [
+            code,
+            kind,
+            status,
+            report.error_type.as_str(),
+            report.code.name.as_str(),
+            report.kind.as_str(),
+        ];
+        ErrorClass::of(number, &names)
+    })
 }
 
 /// `(input, output)` tokens from `usage`, or from llama.cpp `timings` when there is no
@@ -231,6 +251,20 @@ struct Chunk<'a> {
     choices: Option<Folded<Choices>>,
     usage: Option<Usage>,
     timings: Option<Timings>,
+}
+
+/// What names an error's cause: the `error` object (OpenAI, vLLM), TGI's `error_type`
+/// beside an `error` string, or the `code` and `type` of an `"object": "error"` body.
+#[derive(Deserialize)]
+struct ErrorReport<'a> {
+    #[serde(borrow, default)]
+    error: ErrorFields<'a>,
+    #[serde(borrow, default)]
+    error_type: Str<'a>,
+    #[serde(borrow, default)]
+    code: Code<'a>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Str<'a>,
 }
 
 /// A whole non-streaming response (its `choices` are not read).
@@ -493,11 +527,33 @@ mod tests {
         let tgi = r#"{"error":"Request failed during generation: Server error: CUDA OOM","error_type":"generation"}"#;
         let legacy_vllm =
             r#"{"object":"error","message":"boom","type":"BadRequestError","code":400}"#;
+        let other = Error(ErrorClass::Other);
         for e in [vllm, openai, tgi, legacy_vllm] {
-            assert_eq!(stream(CHAT, &[e]), vec![Error], "{e}");
+            assert_eq!(stream(CHAT, &[e]), vec![other.clone()], "{e}");
         }
         // An `error` SSE event is an error whatever its data says.
-        assert_eq!(raw_stream(CHAT, b"event: error\ndata: {}\n\n"), vec![Error]);
+        assert_eq!(raw_stream(CHAT, b"event: error\ndata: {}\n\n"), vec![other]);
+        let rate_limit = r#"{"error":{"message":"Rate limit reached for gpt-4o","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
+        let overloaded = r#"{"error":{"message":"Service is not ready to receive requests.","type":"ServiceUnavailableError","param":null,"code":503}}"#;
+        let tgi_overloaded = r#"{"error":"Model is overloaded","error_type":"overloaded"}"#;
+        assert_eq!(
+            stream(COMPLETIONS, &[rate_limit]),
+            vec![Error(ErrorClass::RateLimited)]
+        );
+        for e in [overloaded, tgi_overloaded] {
+            assert_eq!(
+                stream(CHAT, &[e]),
+                vec![Error(ErrorClass::Overloaded)],
+                "{e}"
+            );
+        }
+        assert_eq!(
+            raw_stream(
+                CHAT,
+                format!("event: error\ndata: {rate_limit}\n\n").as_bytes()
+            ),
+            vec![Error(ErrorClass::RateLimited)]
+        );
         // `"error": null` is no error.
         assert_eq!(
             stream(
@@ -764,7 +820,20 @@ mod tests {
     #[test]
     fn json_body_error_and_malformed() {
         let err = r#"{"error":{"message":"Invalid model","type":"invalid_request_error","param":"model","code":"model_not_found"}}"#;
-        assert_eq!(json(err, DecodeLimits::DEFAULT), Ok(vec![Error]));
+        assert_eq!(
+            json(err, DecodeLimits::DEFAULT),
+            Ok(vec![Error(ErrorClass::Other)])
+        );
+        let quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        assert_eq!(
+            json(quota, DecodeLimits::DEFAULT),
+            Ok(vec![Error(ErrorClass::RateLimited)])
+        );
+        let overloaded = r#"{"error":{"message":"The server is overloaded or not ready yet.","type":"service_unavailable_error","param":null,"code":"server_is_overloaded"}}"#;
+        assert_eq!(
+            json(overloaded, DecodeLimits::DEFAULT),
+            Ok(vec![Error(ErrorClass::Overloaded)])
+        );
         assert_eq!(
             json("{\"model\":", DecodeLimits::DEFAULT),
             Ok(vec![Malformed])

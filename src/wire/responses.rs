@@ -15,6 +15,10 @@
 //! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), then `Done` |
 //! | `response.failed`, or an `error` event | `Usage` if reported, `Error`, `Done` for `response.failed` |
 //!
+//! An `Error`'s class is what the report names: the `error` event's `code` (or the
+//! `error` object some servers put in it), `response.failed`'s `response.error.code`
+//! (`rate_limit_exceeded`, `server_is_overloaded`; see [`ErrorClass`]).
+//!
 //! A delta whose `delta` is empty carries nothing. Without logprobs, a delta counts one
 //! token, or with `observe.tokenizer` the tokenizer's count of its `delta` text (both
 //! estimated). `response.incomplete` (the model hit
@@ -26,9 +30,10 @@
 use serde::Deserialize;
 
 use super::count::Tally;
+use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{Count, Folded, Num, Present, Str, Text};
+use super::json::{Code, Count, ErrorFields, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -95,7 +100,7 @@ impl Handler for Responses {
                 out.push(usage);
             }
             if failed {
-                out.push(Signal::Error);
+                out.push(Signal::Error(error_class(data)));
             }
             if is_terminal(kind) {
                 out.push(Signal::Done);
@@ -103,7 +108,7 @@ impl Handler for Responses {
             return;
         }
         if kind == "error" || name == "error" {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(data)));
             return;
         }
         if let Some(output) = delta_kind(kind) {
@@ -126,7 +131,7 @@ impl Handler for Responses {
         };
         if response.error.0 && response.status.0.is_none() {
             // An error object rather than a response.
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(body)));
             return;
         }
         self.model(response.model, out);
@@ -134,13 +139,27 @@ impl Handler for Responses {
             out.push(usage.signal());
         }
         if response.status.0.as_deref() == Some("failed") {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(body)));
         }
     }
 
     fn finish(&mut self, out: &mut Vec<Signal>) {
         finish_count(&mut self.tokens, out);
     }
+}
+
+/// What an `error` event, a `response.failed` event or a failed or error body names as
+/// its cause.
+fn error_class(data: &[u8]) -> ErrorClass {
+    super::json::error_class(data, |report: ErrorReport<'_>| {
+        let failed = report.response.map(|r| r.error).unwrap_or_default();
+        let number = (report.code.number)
+            .or(report.error.code())
+            .or(failed.code());
+        let [a, b, c] = report.error.names();
+        let [d, e, f] = failed.names();
+        ErrorClass::of(number, &[report.code.name.as_str(), a, b, c, d, e, f])
+    })
 }
 
 /// The events that end a response stream.
@@ -173,6 +192,24 @@ struct Response<'a> {
     usage: Option<Usage>,
     #[serde(default)]
     error: Present,
+}
+
+/// An error report: an `error` event (`code` at the top), a body with an `error` object,
+/// or a `response.failed` event (the `response`'s `error`).
+#[derive(Deserialize)]
+struct ErrorReport<'a> {
+    #[serde(borrow, default)]
+    code: Code<'a>,
+    #[serde(borrow, default)]
+    error: ErrorFields<'a>,
+    #[serde(borrow)]
+    response: Option<FailedResponse<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FailedResponse<'a> {
+    #[serde(borrow, default)]
+    error: ErrorFields<'a>,
 }
 
 #[derive(Deserialize)]
@@ -290,15 +327,43 @@ mod tests {
             "response.failed",
             r#""response":{"status":"failed","error":{"code":"server_error","message":"x"},"usage":null}"#,
         );
+        let other = Error(ErrorClass::Other);
         assert_eq!(
             sse(Responses::default(), failed.as_bytes()),
-            vec![Error, Done]
+            vec![other.clone(), Done]
         );
         let error = typed("error", r#""code":"ERR","message":"boom","param":null"#);
-        assert_eq!(sse(Responses::default(), error.as_bytes()), vec![Error]);
+        assert_eq!(
+            sse(Responses::default(), error.as_bytes()),
+            vec![other.clone()]
+        );
         assert_eq!(
             sse(Responses::default(), b"event: error\ndata: not json\n\n"),
-            vec![Error]
+            vec![other]
+        );
+        let rate_limit = typed(
+            "error",
+            r#""sequence_number":1,"code":"rate_limit_exceeded","message":"Rate limit reached for gpt-4.1 on tokens per min (TPM).","param":null"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), rate_limit.as_bytes()),
+            vec![Error(ErrorClass::RateLimited)]
+        );
+        let overloaded = typed(
+            "response.failed",
+            r#""response":{"status":"failed","error":{"code":"server_is_overloaded","message":"Selected model is at capacity. Please try a different model."},"usage":{"input_tokens":4,"output_tokens":1}}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), overloaded.as_bytes()),
+            vec![usage(4, 1), Error(ErrorClass::Overloaded), Done]
+        );
+        let failed_rate_limit = typed(
+            "response.failed",
+            r#""response":{"status":"failed","error":{"code":"rate_limit_exceeded","message":"x"}}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), failed_rate_limit.as_bytes()),
+            vec![Error(ErrorClass::RateLimited), Done]
         );
         assert_eq!(
             sse(
@@ -317,11 +382,25 @@ mod tests {
             vec![Model("gpt-4o-mini".into()), usage(5, 7)]
         );
         let err = br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#;
-        assert_eq!(body(Responses::default(), err), vec![Error]);
+        assert_eq!(
+            body(Responses::default(), err),
+            vec![Error(ErrorClass::Other)]
+        );
         let failed = br#"{"status":"failed","model":"m","error":{"code":"server_error"}}"#;
         assert_eq!(
             body(Responses::default(), failed),
-            vec![Model("m".into()), Error]
+            vec![Model("m".into()), Error(ErrorClass::Other)]
+        );
+        let limited = br#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        assert_eq!(
+            body(Responses::default(), limited),
+            vec![Error(ErrorClass::RateLimited)]
+        );
+        let overloaded =
+            br#"{"status":"failed","model":"m","error":{"code":"server_is_overloaded"}}"#;
+        assert_eq!(
+            body(Responses::default(), overloaded),
+            vec![Model("m".into()), Error(ErrorClass::Overloaded)]
         );
     }
 }

@@ -4,7 +4,10 @@
 //! Rules, per event:
 //!
 //! - A non-null `error` (TGI sends `{"error": "...", "error_type": "generation"}` when
-//!   generation fails mid-stream) is [`Signal::Error`].
+//!   generation fails mid-stream) is [`Signal::Error`], of the class its `error_type`
+//!   names ([`ErrorClass`]): TGI's types are `generation`, `overloaded` (its concurrency
+//!   limit, "Model is overloaded", a 429 as a whole body), `validation`,
+//!   `incomplete_generation` and template and tool errors; it has none for a rate limit.
 //! - An event with a `token` object is one generated token: [`Signal::Output`] of one
 //!   token, exact, [`OutputKind::Content`]. This holds whatever the token's text: a
 //!   byte-fallback token that ends in the middle of a UTF-8 sequence has empty text but
@@ -23,8 +26,9 @@
 
 use serde::Deserialize;
 
+use super::error_class::ErrorClass;
 use super::frame::Handler;
-use super::json::{Count, Flag, Folded, Num, Present};
+use super::json::{Count, Flag, Folded, Num, Present, Str};
 use super::types::{OutputKind, Signal};
 
 /// TGI state for one response.
@@ -50,7 +54,7 @@ impl Handler for Tgi {
             return;
         };
         if event.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(data)));
             return;
         }
         if let Some(token) = event.token {
@@ -76,13 +80,27 @@ impl Handler for Tgi {
             return;
         };
         if response.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(error_class(body)));
             return;
         }
         if let Some(usage) = response.details.and_then(|d| d.usage()) {
             out.push(usage);
         }
     }
+}
+
+/// What an error event or body names as its cause: its `error_type`.
+fn error_class(data: &[u8]) -> ErrorClass {
+    super::json::error_class(data, |report: ErrorReport<'_>| {
+        ErrorClass::of(None, &[report.error_type.as_str()])
+    })
+}
+
+/// An error event or body: `{"error": "...", "error_type": "..."}`.
+#[derive(Deserialize)]
+struct ErrorReport<'a> {
+    #[serde(borrow, default)]
+    error_type: Str<'a>,
 }
 
 /// A stream event or the `/generate` body; only the fields the rules read.
@@ -166,7 +184,17 @@ mod tests {
     #[test]
     fn errors() {
         let e = b"data:{\"error\":\"Request failed during generation: Server error: CUDA out of memory\",\"error_type\":\"generation\"}\n\n";
-        assert_eq!(sse(Tgi::default(), e), vec![Error]);
+        assert_eq!(sse(Tgi::default(), e), vec![Error(ErrorClass::Other)]);
+        let overloaded = br#"{"error":"Model is overloaded","error_type":"overloaded"}"#;
+        let want = vec![Error(ErrorClass::Overloaded)];
+        assert_eq!(
+            sse(
+                Tgi::default(),
+                &[b"data:", &overloaded[..], b"\n\n"].concat()
+            ),
+            want
+        );
+        assert_eq!(body(Tgi::default(), overloaded), want);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!
 //! - A non-null `error` is [`Signal::Error`]. Triton reports a failure inside a
 //!   decoupled model as such an event after the 200 head, so this is how a mid-stream
-//!   failure is seen.
+//!   failure is seen. The error is a plain message, which names no class
+//!   ([`ErrorClass::Other`]).
 //! - The first non-empty `model_name` is [`Signal::Model`].
 //! - A non-empty `text_output` (a string, or an array of strings) is one token-bearing
 //!   event of [`OutputKind::Content`], 1 token, estimated: the generate extension reports
@@ -18,6 +19,7 @@
 
 use serde::Deserialize;
 
+use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
@@ -48,7 +50,7 @@ impl Triton {
             return None;
         };
         if response.error.0 {
-            out.push(Signal::Error);
+            out.push(Signal::Error(ErrorClass::Other));
             return None;
         }
         if !self.model_sent {
@@ -121,7 +123,12 @@ mod tests {
         );
         assert_eq!(
             sse(Triton::default(), s.as_bytes()),
-            vec![Model("ensemble".into()), TOKEN, TOKEN, Error]
+            vec![
+                Model("ensemble".into()),
+                TOKEN,
+                TOKEN,
+                Error(ErrorClass::Other)
+            ]
         );
     }
 
@@ -134,7 +141,7 @@ mod tests {
                 Triton::default(),
                 br#"{"error":"Request for unknown model"}"#
             ),
-            vec![Error]
+            vec![Error(ErrorClass::Other)]
         );
     }
 }

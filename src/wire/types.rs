@@ -2,11 +2,13 @@
 //! emits ([`Signal`], [`OutputKind`]), why it stops ([`DecodeError`]), its bounds
 //! ([`DecodeLimits`]) and the names of what it reads ([`Dialect`], [`Framing`]).
 //!
-//! This module is a leaf: it imports nothing else from `wire`, so every framer and
-//! dialect can use these names without depending on the decoder factory, which depends
-//! on them all.
+//! This module is a leaf but for [`ErrorClass`], itself a leaf: it imports nothing else
+//! from `wire`, so every framer and dialect can use these names without depending on the
+//! decoder factory, which depends on them all.
 
 use std::fmt;
+
+use super::error_class::ErrorClass;
 
 /// The response format a decoder understands. Chosen from the request path, the
 /// response content-type and (optionally) route configuration.
@@ -111,8 +113,8 @@ pub enum Signal {
     /// The model the response names. Emitted at most once per stream.
     Model(String),
     /// The stream itself reported an error (an error event or error object), even
-    /// though the HTTP status may have been 200.
-    Error,
+    /// though the HTTP status may have been 200, and what the report names as its cause.
+    Error(ErrorClass),
     /// An event (or line) that could not be understood was skipped; observation goes on.
     Malformed,
     /// At the clean end of the body: tokens of the configured tokenizer's text that only

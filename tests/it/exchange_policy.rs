@@ -871,6 +871,24 @@ async fn every_transport_classifies_the_upstreams_answers_alike() {
             "upstream_error",
             "2xx",
         ),
+        (
+            "stream-rate-limited",
+            sse(
+                r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#,
+            ),
+            200,
+            "upstream_error",
+            "429",
+        ),
+        (
+            "stream-overloaded",
+            sse(
+                r#"{"error":{"message":"busy","type":"server_error","code":"server_is_overloaded"}}"#,
+            ),
+            200,
+            "upstream_error",
+            "503",
+        ),
     ];
     for (name, answer, code, outcome, status) in cases {
         let backend = ScriptedBackend::start(vec![Step::Write(answer)]).await;

@@ -623,7 +623,7 @@ async fn sigterm_during_500_streams_drains_them_all_and_counts_each_once() {
     let process = TokentapProcess::start_with_yaml(
         "sigterm",
         &format!(
-            "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 30s\nlabels:\n  tenant:\n    max_values: 2000\n",
+            "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 30s\nlabels:\n  tenant:\n    max_values: 2000\n  max_pairs: 2000\n",
             sim.url()
         ),
     );
@@ -735,7 +735,7 @@ async fn sigterm_past_the_drain_deadline_cuts_and_counts_every_stream() {
     let process = TokentapProcess::start_with_yaml(
         "deadline",
         &format!(
-            "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 1s\nlabels:\n  tenant:\n    max_values: 2000\n",
+            "upstream:\n  url: {}\nshutdown:\n  drain_timeout: 1s\nlabels:\n  tenant:\n    max_values: 2000\n  max_pairs: 2000\n",
             sim.url()
         ),
     );

@@ -256,6 +256,42 @@ proptest! {
         checks::check_compressed(&input);
     }
 
+    /// Response heads with rate-limit fields (well-formed, odd, or overwritten with
+    /// arbitrary bytes) into the rate-limit reader.
+    #[test]
+    fn rate_limits_report_only_what_was_sent(
+        status in prop::sample::select(vec![200u16, 429, 503, 404]),
+        fields in proptest::collection::vec(
+            (
+                prop::sample::select(vec![
+                    "x-ratelimit-limit-requests", "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-remaining-images", "anthropic-ratelimit-input-tokens-limit",
+                    "anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-tokens-reset",
+                    "retry-after", "retry-after-ms", "x-ratelimit-", "anthropic-ratelimit--",
+                ]),
+                prop_oneof![
+                    any::<u64>().prop_map(|n| n.to_string()),
+                    "[ -~]{0,24}",
+                    Just("18446744073709551616".to_string()),
+                ],
+            ),
+            0..8,
+        ),
+        noise in proptest::collection::vec(any::<u8>(), 0..64),
+        overwrite in any::<bool>(),
+    ) {
+        let mut head = format!("HTTP/1.1 {status} X\r\n").into_bytes();
+        for (name, value) in &fields {
+            head.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        if overwrite && !noise.is_empty() {
+            let at = head.len() / 2;
+            head.splice(at..at.min(head.len()), noise.iter().copied());
+        }
+        head.extend_from_slice(b"\r\n");
+        checks::check_rate_limits(&head);
+    }
+
     /// Arbitrary bytes into the request scanner.
     #[test]
     fn request_scanner_never_panics_and_is_split_invariant(

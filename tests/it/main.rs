@@ -26,6 +26,7 @@ mod proxy;
 mod recording;
 mod reliability;
 mod routes;
+mod sim;
 mod tenant_families;
 mod tls;
 mod token_stream;

@@ -17,7 +17,7 @@
 //! model NAME
 //! output KIND TOKENS exact|estimated    KIND: content | reasoning | tool_call | refusal
 //! usage in=N out=N                       `-` for a count the body did not give
-//! error
+//! error CLASS                            CLASS: rate_limited | overloaded | other
 //! malformed
 //! done
 //! fail REASON                            the decoder stopped: DecodeError::reason()
@@ -185,7 +185,7 @@ fn render(signal: &Signal) -> String {
             count(output_tokens)
         ),
         Signal::Model(model) => format!("model {model}"),
-        Signal::Error => "error".to_owned(),
+        Signal::Error(class) => format!("error {}", class.as_str()),
         Signal::Malformed => "malformed".to_owned(),
         Signal::Done => "done".to_owned(),
         Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
