@@ -22,8 +22,10 @@
 #      deploy/prometheus/rules.yaml loaded;
 #   3. sends bounded streaming traffic once (scripts/ops/e2e_traffic.py): two models,
 #      tenants via x-tenant-id and none, chat + completions, non-streaming, client
-#      cancellations, slow and dead upstreams, one slow stream with a W3C traceparent,
-#      and the stamped quantile streams;
+#      cancellations, refusals (429s with Retry-After, rate-limit and overloaded errors
+#      inside the stream, a 404; the main simulator reports a rate limit on every
+#      answer), slow and dead upstreams, one slow stream with a W3C traceparent, and the
+#      stamped quantile streams;
 #   4. waits until each Prometheus has scraped the final state, then runs
 #      scripts/ops/e2e_check.py per kind: targets, EVERY dashboard panel + variable query
 #      and EVERY recording rule / alert expression and alert input through
@@ -57,6 +59,10 @@ QUANTILE_MODEL=e2e-quantiles
 QUANTILE_REQUESTS=200
 CANCELS=4
 MODELS=llama-3-8b,qwen2-7b
+# The main simulator's hosted-API rate limit: far above the traffic, so no request is
+# refused, but every answer carries the x-ratelimit-* headers the gauges read.
+RATE_LIMIT_RPM=100000
+REFUSALS_MODEL=e2e-refusals
 
 PASSED=0 FAILED=0 SKIPPED=0
 pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
@@ -129,7 +135,8 @@ H=127.0.0.1
 echo "binary: $BIN, temp: $TMP"
 
 # ------------------------------------------------------------------ backends + proxies
-start sim      "$BIN" sim --listen "$H:$P_SIM" --models "$MODELS" --ttft 150ms --itl 20ms --tokens 40
+start sim      "$BIN" sim --listen "$H:$P_SIM" --models "$MODELS,$REFUSALS_MODEL" --ttft 150ms --itl 20ms --tokens 40 \
+  --rate-limit-rpm "$RATE_LIMIT_RPM"
 start sim-slow "$BIN" sim --listen "$H:$P_SLOW" --models slow-model --ttft 50ms --itl 5500ms --tokens 3
 # The quantile backend: TTFT and gaps uniform within +-30% (as the demo's profiles), long
 # enough that timer granularity and scheduling delays are small beside them, with the
@@ -234,7 +241,7 @@ done
 # A fresh W3C trace id per run, on a deliberately slow stream (the stall backend's 5.5 s
 # gaps put its ITL exemplar in a bucket no other request reaches).
 TRACEPARENT="00-$(python3 -c 'import secrets; print(secrets.token_hex(16) + "-" + secrets.token_hex(8))')-01"
-if python3 "$OPS/e2e_traffic.py" --main "http://$H:$P_MAIN" --models "$MODELS" \
+if python3 "$OPS/e2e_traffic.py" --main "http://$H:$P_MAIN" --models "$MODELS" --refusals-model "$REFUSALS_MODEL" \
      --stall "http://$H:$P_STALL" --timeout "http://$H:$P_TO" --dead "http://$H:$P_DEADT" --odd "http://$H:$P_ODDT" \
      --traceparent "$TRACEPARENT" --quantiles "http://$H:$P_QUANT" --quantile-model "$QUANTILE_MODEL" \
      --quantile-requests "$QUANTILE_REQUESTS" --quantile-log "$TMP/quantile-gaps.jsonl" \
@@ -271,6 +278,7 @@ for kind in $KINDS; do
     --instance "quantiles=http://$H:$P_QUANT_A" \
     --roles main=main,stall=stall,timeout=timeout,dead=dead,odd=odd \
     --traffic "$TMP/traffic.json" --cancels "$CANCELS" --rate-interval 2m \
+    --refusals-model "$REFUSALS_MODEL" --rate-limit-rpm "$RATE_LIMIT_RPM" \
     --expect-dropped "$H:$P_SIM" --expect-dropped "$H:$P_MAIN" --expect-dropped "$H:$P_DECOY" \
     ${PROM_OF[classic]:+--classic-prom "${PROM_OF[classic]}"} \
     --quantile-model "$QUANTILE_MODEL" --quantile-access-log "$TMP/quantiles.log" \

@@ -18,7 +18,10 @@ Sections (each line PASS / FAIL / SKIP):
               contract metric exists with its labels and bucket layout; every
               tokentap_* name the dashboard or the rules use exists
   semantics   what the traffic did shows up: outcomes per instance, tenants incl.
-              `unknown`, stalls, timeouts, upstream_up, plausible TTFT/ITL
+              `unknown`, stalls, timeouts, upstream_up, plausible TTFT/ITL; with
+              --refusals-model the refusals by outcome and status (429 heads, rate-limit
+              and overloaded errors streamed inside a 200, the upstream's 404), the
+              Retry-After gauge and, with --rate-limit-rpm, the rate-limit gauges
   dashboard   every panel query and variable query (variables resolved) is valid
               PromQL and returns data
   rules       every recording rule expression returns data and its recorded series
@@ -57,6 +60,7 @@ import urllib.request
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dashboard_queries as dq  # noqa: E402
+import e2e_traffic  # noqa: E402
 import tokentap_contract as contract  # noqa: E402
 
 import yaml  # noqa: E402
@@ -164,6 +168,8 @@ def main():
     ap.add_argument("--dashboard", default=str(ROOT / "grafana/dashboards/tokentap.json"))
     ap.add_argument("--rules", default=str(ROOT / "deploy/prometheus/rules.yaml"))
     ap.add_argument("--cancels", type=int, default=0)
+    ap.add_argument("--refusals-model", help="semantics: the model of e2e_traffic.py --refusals-model")
+    ap.add_argument("--rate-limit-rpm", type=int, help="semantics: the main simulator's --rate-limit-rpm")
     ap.add_argument("--kind", choices=("classic", "native"), default="classic")
     ap.add_argument("--sections", default="targets,exposition,semantics,dashboard,rules,native",
                     help="comma-separated sections to run (native runs only on the native kind)")
@@ -193,6 +199,7 @@ def main():
         check_exposition(expo, present, dashboard, rules)
     if "semantics" in sections:
         check_semantics(expo, roles, inst, traffic, a.cancels)
+        check_refusals(expo, roles, traffic, a.refusals_model, a.rate_limit_rpm)
     absent_events = {m for m in contract.EVENT_DRIVEN if m not in present}
     if "dashboard" in sections or "rules" in sections:
         check_queries(prom, a, dashboard, rules, sections, absent_events)
@@ -346,6 +353,44 @@ def check_semantics(expo, roles, inst, traffic, cancels):
     if "quantile_sent" in traffic:
         ok(traffic["quantile_completed"] == traffic["quantile_sent"] > 0,
            f"quantiles: all {traffic['quantile_sent']} streams completed", traffic["quantile_errors"])
+
+
+def check_refusals(expo, roles, traffic, model, rpm):
+    """Who refused a request, and what the upstream said about its limits, on main."""
+    samples = expo.get(roles.get("main"), ([], {}))[0]
+    if not samples:
+        return
+    completed = total(samples, "tokentap_requests_total", outcome="completed")
+    ok(completed == total(samples, "tokentap_requests_total", outcome="completed", status="2xx"),
+       "main: every completed request has status 2xx",
+       {l.get("status") for n, l, _ in samples if n == "tokentap_requests_total" and l.get("outcome") == "completed"})
+    if model:
+        got = traffic["refusals"]
+        for what, outcome, status, want, client in (
+                ("429 heads", "upstream_refused", "429", e2e_traffic.REFUSED_429, got["status_429"]),
+                ("rate-limit errors streamed in a 200", "upstream_error", "429", e2e_traffic.RATE_LIMIT_STREAMED,
+                 got["rate_limit_streamed"]),
+                ("overloaded errors streamed in a 200", "upstream_error", "503", e2e_traffic.OVERLOADED_STREAMED,
+                 got["overloaded_streamed"])):
+            n = total(samples, "tokentap_requests_total", model=model, outcome=outcome, status=status)
+            ok(n == want, f"main: {want} {what} of {model} are outcome={outcome}, status={status} "
+               f"(the client saw {client})", n)
+        n = total(samples, "tokentap_requests_total", model=e2e_traffic.NOT_SERVED_MODEL, outcome="upstream_refused",
+                  status="4xx")
+        ok(n == e2e_traffic.NOT_FOUND, f"main: the upstream's 404 for {e2e_traffic.NOT_SERVED_MODEL} is "
+           f"outcome=upstream_refused, status=4xx (the client saw {got['not_found']})", n)
+        ok(total(samples, "tokentap_upstream_retry_after_seconds", model=model) == 7,
+           f"main: tokentap_upstream_retry_after_seconds{{model={model}}} = the simulator's Retry-After: 7",
+           total(samples, "tokentap_upstream_retry_after_seconds", model=model))
+    if rpm:
+        for m in traffic["models"]:
+            limit = total(samples, "tokentap_upstream_rate_limit_limit", model=m, resource="requests")
+            left = total(samples, "tokentap_upstream_rate_limit_remaining", model=m, resource="requests")
+            ok(limit == rpm and 0 < left < rpm,
+               f"main: rate-limit gauges of {m}: limit {rpm} requests (the simulator's --rate-limit-rpm), "
+               f"0 < remaining < limit", (limit, left))
+            ok(total(samples, "tokentap_upstream_rate_limit_limit", model=m, resource="tokens") > 0,
+               f"main: the token limit of {m} is reported too")
 
 
 def check_queries(prom, a, dashboard, rules, sections, absent_events):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bounded OpenAI-style traffic for scripts/ops/e2e-prometheus.sh (loopback only).
 
-    e2e_traffic.py --main URL --models m1,m2 [--stall URL --stall-model M]
+    e2e_traffic.py --main URL --models m1,m2 [--refusals-model M] [--stall URL --stall-model M]
                    [--timeout URL --timeout-model M] [--dead URL] [--odd URL]
                    [--traceparent TP] [--quantiles URL --quantile-model M
                    --quantile-requests N --quantile-log FILE]
@@ -12,6 +12,13 @@ Sends, through tokentap:
            globex / initech via x-tenant-id plus some without the header, a few
            non-streaming ones, and --cancels streams the client abandons after the
            first token (-> outcome cancelled); one GET /v1/models (passthrough);
+  refusals with --refusals-model M (a model the main simulator serves, tenant acme):
+           3 requests the simulator answers 429 with Retry-After (x-sim-fault:
+           status=429 -> upstream_refused, status 429), 2 streams that end in a
+           rate-limit error after 3 tokens (-> upstream_error, status 429), 2 in an
+           overloaded error (-> upstream_error, status 503), and 1 request for a model
+           the simulator does not serve (its 404 -> upstream_refused, status 4xx);
+           counted apart from `main`;
   stall    2 streams to a slow backend whose token gap exceeds the stall threshold;
            with --traceparent, the first carries that W3C `traceparent` and tenant
            `traced` (so its access-log line can be found): a deliberately slow request
@@ -38,6 +45,12 @@ import time
 from urllib.parse import urlparse
 
 TENANTS = ["acme", "globex", "initech", None]
+# --refusals-model: how many of each refusal (e2e_check.py reads the same numbers).
+REFUSED_429 = 3
+RATE_LIMIT_STREAMED = 2
+OVERLOADED_STREAMED = 2
+NOT_FOUND = 1
+NOT_SERVED_MODEL = "e2e-no-such-model"
 
 
 def loopback(url):
@@ -112,6 +125,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--main", required=True)
     ap.add_argument("--models", required=True)
+    ap.add_argument("--refusals-model")
     ap.add_argument("--stall")
     ap.add_argument("--stall-model", default="slow-model")
     ap.add_argument("--timeout")
@@ -133,7 +147,7 @@ def main():
             loopback(u)
     models = a.models.split(",")
     started = time.monotonic()
-    results = {"main": [], "stall": [], "timeout": [], "dead": [], "odd": [], "models_status": None}
+    results = {"main": [], "stall": [], "timeout": [], "dead": [], "odd": [], "refusals": {}, "models_status": None}
 
     # Slow streams first, in the background: they take ~10 s each.
     slow = []
@@ -176,6 +190,16 @@ def main():
         for f in futs:
             left = a.deadline - (time.monotonic() - started)
             results["main"].append(f.result(timeout=max(left, 1)))
+    if a.refusals_model:
+        for what, model, fault, n in (("status_429", a.refusals_model, "status=429", REFUSED_429),
+                                      ("rate_limit_streamed", a.refusals_model, "rate-limit-error-after=3",
+                                       RATE_LIMIT_STREAMED),
+                                      ("overloaded_streamed", a.refusals_model, "overloaded-error-after=3",
+                                       OVERLOADED_STREAMED),
+                                      ("not_found", NOT_SERVED_MODEL, None, NOT_FOUND)):
+            headers = {"x-sim-fault": fault} if fault else {}
+            results["refusals"][what] = [request(a.main, model, "acme", "chat", True, False, 10, headers)["status"]
+                                         for _ in range(n)]
     if a.dead:
         for m in models[:1] * 3:
             results["dead"].append(request(a.dead, m, "acme", "chat", True, False, 10))
@@ -209,6 +233,7 @@ def main():
         "dead_statuses": [r["status"] or r["error"] for r in results["dead"]],
         "odd": [{"model": r["model"], "status": r["status"], "done": r["done"], "error": r["error"]} for r in results["odd"]],
         "models_status": results["models_status"],
+        "refusals": results["refusals"],
         "quantile_sent": len(quantiles),
         "quantile_completed": sum(1 for r, _ in quantiles if r["done"]),
         "quantile_errors": [r for r, _ in quantiles if r["error"] or r["status"] != 200][:3],
