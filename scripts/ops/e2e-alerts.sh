@@ -21,11 +21,18 @@
 # `regress` and TokentapUpstreamRateLimited for `limited` reach the webhook with the
 # labels and annotations their rules promise, within 45 s, and resolved within 75 s
 # once the regression ends; and that nothing else did (see its --help).
+# What to expect, scaled: the ITL alert needs its 5 s window to hold slow gaps (~1 s)
+# and then `for:` 10 s, plus an evaluation (1 s) and Alertmanager's group_wait (1 s):
+# about 15 s. The rate-limit alert likewise (~13 s). The page has no `for:`; it waits
+# for the 6 min and 30 s windows to hold 6% of slow gaps (~10 s). Resolving takes the
+# 5 s windows (~5-7 s), and the page its 30 s window (~25 s). The bounds leave room for a
+# loaded machine, not for a missing `for:` scale (600 s) or a stuck Alertmanager.
 # Installs prometheus and prometheus-alertmanager with apt when missing. Every process
-# is started here and ended by PID on exit. About a minute and a half.
+# is started here and ended by PID on exit. About a minute.
 # Last lines: `e2e-alerts: N passed, M failed`, then, when all passed, `e2e-alerts: N
-# alerts fired and resolved as expected; ITL alert X s after the regression (run: Y s)`;
-# exit 1 on any failure, 2 if it could not run.
+# alerts fired and resolved as expected; ITL alert X s, ITL budget-burn page Y s,
+# rate-limit alert Z s after the regression (run: T s)`; exit 1 on any failure, 2 if it
+# could not run.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -34,7 +41,7 @@ BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 FACTOR=60
 H=127.0.0.1
 if [ -n "${1:-}" ]; then
-  sed -n '2,28p' "$0"; exit 2
+  sed -n '2,35p' "$0"; exit 2
 fi
 
 PASSED=0 FAILED=0
@@ -175,11 +182,11 @@ counts=$(grep '^E2E_ALERTS ' "$TMP/check.out" | tail -n1)
 if [ -z "$counts" ]; then
   fail "e2e_alerts.py did not finish"; log_tail prometheus; log_tail alertmanager; summary; exit 1
 fi
-read -r _ cp cf both itl <<<"$counts"
+read -r _ cp cf both itl page limited <<<"$counts"
 PASSED=$((PASSED + cp)); FAILED=$((FAILED + cf))
 if [ "$FAILED" -gt 0 ]; then
   log_tail alertmanager; log_tail prometheus
   summary; exit 1
 fi
 summary
-echo "e2e-alerts: $both alerts fired and resolved as expected; ITL alert ${itl} s after the regression (run: ${SECONDS} s)"
+echo "e2e-alerts: $both alerts fired and resolved as expected; ITL alert ${itl} s, ITL budget-burn page ${page} s, rate-limit alert ${limited} s after the regression (run: ${SECONDS} s)"
