@@ -27,7 +27,9 @@ from urllib.parse import urlparse
 
 import yaml
 
-CONFIG_KEYS = {"listen", "admin", "upstream.url", "shutdown.drain_timeout", "log.format"}
+# The gateway serves many models and tenants, so its config raises the label caps.
+CONFIG_KEYS = {"listen", "admin", "upstream.url", "shutdown.drain_timeout", "log.format",
+               "labels.model.max_values", "labels.tenant.max_values", "labels.max_pairs"}
 HTTP_PORT, ADMIN_PORT = 8080, 9464
 
 
