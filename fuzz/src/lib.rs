@@ -294,7 +294,7 @@ pub fn check_rate_limits(data: &[u8]) {
         }
     }
     let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
-    let Some(limits) = RateLimits::read(status, &headers, now) else {
+    let Some(limits) = RateLimits::read(status, &headers, || now) else {
         return;
     };
     let sent = |names: [String; 2], n: u64| {

@@ -244,7 +244,7 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
-                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now()) {
+                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
                     recorder.rate_limits(limits);
                 }
                 let metrics = recorder.metrics().clone();

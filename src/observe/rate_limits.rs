@@ -68,8 +68,12 @@ impl RateLimits {
     /// The rate limits in a response head with `status`, `None` when it reports none
     /// (most responses of a self-hosted engine). `Retry-After` is read on a `429` or `503`
     /// only, where RFC 9110 10.2.3 gives it this meaning; an HTTP date in it is counted
-    /// from `now`.
-    pub fn read(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Option<RateLimits> {
+    /// from `now()`, which is read only then (the clock is not read per response).
+    pub fn read(
+        status: StatusCode,
+        headers: &HeaderMap,
+        now: impl FnOnce() -> SystemTime,
+    ) -> Option<RateLimits> {
         let mut limits = RateLimits::default();
         let mut found = false;
         for (name, value) in headers {
@@ -119,7 +123,7 @@ impl RateLimits {
 }
 
 /// `retry-after-ms` (OpenAI's, finer) or else `Retry-After`: delay-seconds or an HTTP date.
-fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+fn retry_after(headers: &HeaderMap, now: impl FnOnce() -> SystemTime) -> Option<Duration> {
     let text = |name: &str| {
         headers
             .get(name)
@@ -136,7 +140,7 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         return Some(Duration::from_secs(seconds));
     }
     let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(date.duration_since(now()).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -169,7 +173,7 @@ mod tests {
             ("x-ratelimit-limit-tokens", "2000000"),
             ("x-ratelimit-remaining-tokens", " 1999000 "),
         ]);
-        let limits = RateLimits::read(StatusCode::OK, &openai, now).expect("reported");
+        let limits = RateLimits::read(StatusCode::OK, &openai, || now).expect("reported");
         assert_eq!(
             quota(&limits, Resource::Requests),
             (Some(10000), Some(9999))
@@ -190,7 +194,7 @@ mod tests {
             ("retry-after", "7"),
         ]);
         let limits =
-            RateLimits::read(StatusCode::TOO_MANY_REQUESTS, &anthropic, now).expect("reported");
+            RateLimits::read(StatusCode::TOO_MANY_REQUESTS, &anthropic, || now).expect("reported");
         assert_eq!(quota(&limits, Resource::Requests), (Some(50), Some(0)));
         assert_eq!(
             quota(&limits, Resource::InputTokens),
@@ -235,7 +239,8 @@ mod tests {
             ),
         ];
         for (status, lines, expected) in cases {
-            let got = RateLimits::read(status, &headers(&lines), now).and_then(|l| l.retry_after);
+            let got =
+                RateLimits::read(status, &headers(&lines), || now).and_then(|l| l.retry_after);
             assert_eq!(got, expected, "{status} {lines:?}");
         }
     }
@@ -253,9 +258,9 @@ mod tests {
             ("x-ratelimit-remaining-tokens", "18446744073709551616"),
             ("content-type", "application/json"),
         ]);
-        assert_eq!(RateLimits::read(StatusCode::OK, &odd, now), None);
+        assert_eq!(RateLimits::read(StatusCode::OK, &odd, || now), None);
         assert_eq!(
-            RateLimits::read(StatusCode::OK, &HeaderMap::new(), now),
+            RateLimits::read(StatusCode::OK, &HeaderMap::new(), || now),
             None
         );
     }
