@@ -64,6 +64,7 @@ pub mod compress;
 pub mod error_class;
 pub mod factory;
 pub mod gemini;
+pub mod grpc;
 pub mod jsonarray;
 pub mod ndjson;
 pub mod ollama;

@@ -1,0 +1,2 @@
+//! The engines' gRPC streams: the generated message types ([`proto`]).
+pub mod proto;
