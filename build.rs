@@ -79,7 +79,10 @@ fn prune(fds: &mut FileDescriptorSet) {
         }
     }
     for name in KEEP {
-        assert!(refers.contains_key(name), "build.rs KEEP: no message {name}");
+        assert!(
+            refers.contains_key(name),
+            "build.rs KEEP: no message {name}"
+        );
     }
     fds.file.retain(|f| f.package() != "google.protobuf");
     for file in &mut fds.file {

@@ -340,6 +340,47 @@ mod tests {
     }
 
     #[test]
+    fn a_tokenizer_counts_the_text_as_one_text() {
+        use std::sync::Arc;
+
+        use crate::wire::tokenize::TokenCounter;
+        let words = Tokenizer::new(
+            "words",
+            Arc::new(|t: &str| t.split_whitespace().count()) as Arc<dyn TokenCounter>,
+        );
+        // "one two" settles 1 ("two" may go on); " three fo" settles 2; "ur" ends "four",
+        // which only the end settles. Token ids, where sent, are counted, not tokenized.
+        let body = [
+            text("m", &["one two"], false),
+            text("m", &[" three fo", ""], false),
+            text("m", &["ur"], true),
+            message(ModelInferResponse {
+                outputs: vec![output(OUTPUT_IDS, "INT32", &[1, 1, 1])],
+                raw_output_contents: vec![7i32.to_le_bytes().to_vec()],
+                ..Default::default()
+            }),
+        ]
+        .concat();
+        let estimated = |n| Signal::Output {
+            tokens: n,
+            exact: false,
+            kind: OutputKind::Content,
+        };
+        assert_eq!(
+            grpc(StreamInfer::new(Some(words)), &body),
+            vec![
+                Model("m".into()),
+                estimated(1),
+                estimated(2),
+                estimated(0),
+                Done,
+                ids(1),
+                Signal::TrailingTokens(1),
+            ]
+        );
+    }
+
+    #[test]
     fn errors_and_garbage() {
         let error = frame(
             &ModelStreamInferResponse {
