@@ -74,14 +74,16 @@ bindir="fuzz/target/$host/release"
 
 # --- seed corpora -------------------------------------------------------------------
 # Input layouts are documented in fuzz/src/lib.rs. Indices follow Framing::ALL
-# (sse, json, ndjson, json array) and Dialect::ALL (openai_chat, openai_completions,
-# openai_responses, anthropic, gemini, ollama, tgi, triton); a stale index only makes a
-# seed exercise another decoder.
+# (sse, json, ndjson, json array; a gRPC dialect's two bits pick its grpc-encoding, 0 is
+# identity) and Dialect::ALL (openai_chat, openai_completions, openai_responses,
+# anthropic, gemini, ollama, tgi, triton, sglang_grpc, vllm_grpc, trtllm_grpc,
+# triton_grpc); a stale index only makes a seed exercise another decoder.
 dialect_index() {
     case "$1" in
         openai_chat) echo 0 ;; openai_completions) echo 1 ;; openai_responses) echo 2 ;;
         anthropic) echo 3 ;; gemini) echo 4 ;; ollama) echo 5 ;; tgi) echo 6 ;;
-        triton) echo 7 ;; *) echo 0 ;;
+        triton) echo 7 ;; sglang_grpc) echo 8 ;; vllm_grpc) echo 9 ;;
+        trtllm_grpc) echo 10 ;; triton_grpc) echo 11 ;; *) echo 0 ;;
     esac
 }
 # dialect of a fixture path
@@ -122,6 +124,11 @@ for fixture in tests/fixtures/*/*; do
         *.sse) framings=(0); ctype=0 ;;
         *.ndjson) framings=(2); ctype=2 ;;
         *.json) framings=(1 3); ctype=1 ;;
+        *.grpc)
+            # decode_grpc: `[dialect | encoding << 2 | messages_here << 4 | limits << 5, ...]`,
+            # the recorded stream as it is (identity), for its own gRPC dialect.
+            seed_file fuzz/corpus/decode_grpc "$name" "$((di - 8))" 42 <"$fixture"
+            framings=(0); ctype=0 ;;
         *) continue ;;
     esac
     if [ -n "$coding" ]; then
@@ -129,7 +136,8 @@ for fixture in tests/fixtures/*/*; do
         continue
     fi
     for framing in "${framings[@]}"; do
-        seed_file "fuzz/corpus/decode_$dialect" "$name.$framing" "$framing" 42 <"$fixture"
+        [ -f "fuzz/fuzz_targets/decode_$dialect.rs" ] &&
+            seed_file "fuzz/corpus/decode_$dialect" "$name.$framing" "$framing" 42 <"$fixture"
         seed_file fuzz/corpus/decode_any "$name.$framing" "$framing" 42 "$di" <"$fixture"
     done
     # Plaintext for the harness to compress (gzip, deflate, zstd).

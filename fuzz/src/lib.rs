@@ -16,20 +16,30 @@
 //! - the request scanner ([`check_request_scanner`]): split-invariant, and on every input
 //!   that is a JSON object it agrees with serde_json about the top-level `model` (when it
 //!   is a string of at most 256 bytes) and `stream` (when a bool), ignoring decoys in
-//!   nested objects and strings.
+//!   nested objects and strings;
+//! - gRPC bodies ([`check_grpc`]): a gRPC dialect's decoder and request scanner give the
+//!   same whole and split, and messages compressed by the harness decode to the same
+//!   signals as the same messages sent plain.
 //!
 //! Input layout (first bytes select, the rest is the body):
-//! - decoders: `[framing | limits << 2, split seed, body...]`;
+//! - decoders: `[framing | limits << 2, split seed, body...]`; for a gRPC dialect the
+//!   framing is gRPC's and the two bits pick the `grpc-encoding` instead ([`ENCODINGS`]);
 //! - any dialect: `[framing | limits << 2, split seed, dialect, body...]`;
 //! - compressed: `[coding | compress_here << 2 | dialect << 3, split seed, content type,
 //!   body...]`; with `compress_here` the body is compressed by the harness (gzip,
 //!   deflate, zstd) so that the inner decoders see fuzzed plaintext; without it the body
-//!   is fed as the compressed stream itself.
+//!   is fed as the compressed stream itself;
+//! - gRPC: `[dialect | encoding << 2 | messages_here << 4 | limits << 5, split seed,
+//!   body...]`: with `messages_here` the harness cuts the body into messages and frames
+//!   them (compressed, unless the encoding is `identity`); without it the body is fed as
+//!   the framed stream itself.
 
 use std::collections::HashMap;
 use std::io::Write;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use tokentap::wire::grpc::framing::frame_with;
+use tokentap::wire::grpc::request::GrpcRequestScanner;
 use tokentap::wire::request::RequestScanner;
 use tokentap::wire::{
     self, DecodeError, DecodeLimits, DecodeOptions, Decoder, Dialect, Framing, Signal,
@@ -86,8 +96,23 @@ pub fn decode<'a>(
     (out, err)
 }
 
+/// The four framings of the HTTP dialects (the gRPC dialects have their own).
 fn framing(selector: u8) -> Framing {
-    Framing::ALL[usize::from(selector) % Framing::ALL.len()]
+    const HTTP: [Framing; 4] = [
+        Framing::Sse,
+        Framing::Json,
+        Framing::Ndjson,
+        Framing::JsonArray,
+    ];
+    HTTP[usize::from(selector) % HTTP.len()]
+}
+
+/// The `grpc-encoding`s a gRPC input picks from.
+pub const ENCODINGS: [&str; 4] = ["identity", "gzip", "deflate", "zstd"];
+
+/// The gRPC dialects, in [`Dialect::ALL`]'s order.
+pub fn grpc_dialects() -> Vec<Dialect> {
+    Dialect::ALL.into_iter().filter(|d| d.is_grpc()).collect()
 }
 
 /// Decode `body` whole and split; both must give the same signals and error.
@@ -95,10 +120,15 @@ pub fn check_decoder(dialect: Dialect, data: &[u8]) {
     let [select, seed, body @ ..] = data else {
         return;
     };
-    let framing = framing(select & 3);
+    let (framing, encoding) = if dialect.is_grpc() {
+        (Framing::Grpc, Some(ENCODINGS[usize::from(select & 3)]))
+    } else {
+        (framing(select & 3), None)
+    };
     let limits = limits(select >> 2);
     let options = DecodeOptions {
         skip_special_tokens: seed & 0x80 != 0,
+        grpc_encoding: encoding.map(str::as_bytes),
         ..DecodeOptions::new(limits)
     };
     let make = || wire::decoder(dialect, framing, options);
@@ -162,7 +192,12 @@ pub fn check_compressed(data: &[u8]) {
     };
     let coding = CODINGS[usize::from(select & 3)];
     let dialect = Dialect::ALL[usize::from(select >> 3) % Dialect::ALL.len()];
-    let content_type = CONTENT_TYPES[usize::from(*ctype) % CONTENT_TYPES.len()];
+    let content_type = if dialect.is_grpc() {
+        // A gRPC body under an HTTP content coding (gRPC itself compresses per message).
+        "application/grpc"
+    } else {
+        CONTENT_TYPES[usize::from(*ctype) % CONTENT_TYPES.len()]
+    };
     let compressed;
     let body = if select & 4 != 0 {
         match compress(coding, body) {
@@ -197,6 +232,93 @@ pub fn check_compressed(data: &[u8]) {
             Some(other) => panic!("{dialect} {coding}: accepted whole, split fails: {other}"),
         }
     }
+}
+
+/// Compress one gRPC message under a `grpc-encoding` ([`ENCODINGS`]); `None` for
+/// `identity`.
+pub fn compress_message(encoding: &str, message: &[u8]) -> Option<Vec<u8>> {
+    match encoding {
+        "identity" => None,
+        // gRPC's `deflate` is zlib-wrapped, as the HTTP coding's compressor here writes it.
+        other => compress(other, message),
+    }
+}
+
+/// Frame `messages` as a gRPC body, each compressed under `encoding` unless it is
+/// `identity`.
+pub fn grpc_body<'a>(encoding: &str, messages: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    messages
+        .into_iter()
+        .flat_map(|m| match compress_message(encoding, m) {
+            Some(c) => frame_with(true, &c),
+            None => frame_with(false, m),
+        })
+        .collect()
+}
+
+fn scan_grpc<'a>(
+    dialect: Dialect,
+    frames: impl IntoIterator<Item = &'a [u8]>,
+) -> (Option<String>, bool, Option<bool>, bool) {
+    let mut scanner = GrpcRequestScanner::new(dialect);
+    for frame in frames {
+        scanner.feed(frame);
+    }
+    (
+        scanner.model().map(str::to_string),
+        scanner.model_too_long(),
+        scanner.stream(),
+        scanner.is_done(),
+    )
+}
+
+/// A gRPC body (layout in the module docs): the response decoder and the request
+/// scanner give the same whole and split; and where the harness framed the messages
+/// compressed, they decode to what the same messages give sent plain (unless a bound
+/// stopped either: a compressed message's size differs from its plaintext's).
+pub fn check_grpc(data: &[u8]) {
+    let [select, seed, body @ ..] = data else {
+        return;
+    };
+    let dialects = grpc_dialects();
+    let dialect = dialects[usize::from(select & 3) % dialects.len()];
+    let encoding = ENCODINGS[usize::from((select >> 2) & 3)];
+    let limits = limits((select >> 5) & 7);
+    let messages: Vec<&[u8]> = frames(body, *seed).into_iter().collect();
+    let framed;
+    let body = if select & 0x10 != 0 {
+        framed = grpc_body(encoding, messages.iter().copied());
+        &framed[..]
+    } else {
+        body
+    };
+    let options = DecodeOptions {
+        grpc_encoding: Some(encoding.as_bytes()),
+        ..DecodeOptions::new(limits)
+    };
+    let make = || wire::decoder(dialect, Framing::Grpc, options);
+    let whole = decode(make(), [body]);
+    let split = decode(make(), frames(body, seed.wrapping_add(1)));
+    assert_eq!(
+        whole, split,
+        "{dialect} {encoding} {limits:?}: whole and split differ"
+    );
+    if select & 0x10 != 0 && encoding != "identity" {
+        let plain = grpc_body("identity", messages.iter().copied());
+        let plain = decode(wire::decoder(dialect, Framing::Grpc, options), [&plain[..]]);
+        if whole.1.is_none() && plain.1.is_none() {
+            assert_eq!(
+                whole.0, plain.0,
+                "{dialect} {encoding}: compressed and plain differ"
+            );
+        }
+    }
+    let scanned = scan_grpc(dialect, [body]);
+    assert_eq!(
+        scan_grpc(dialect, frames(body, *seed)),
+        scanned,
+        "{dialect}: whole and split request scans differ"
+    );
 }
 
 /// The top-level members of a JSON object, in order, duplicates kept.

@@ -65,7 +65,8 @@ pub struct RawRoute {
     pub path_prefix: String,
     /// The dialect of `POST` requests under the prefix: `openai_chat`,
     /// `openai_completions`, `openai_responses`, `anthropic`, `gemini`, `ollama`, `tgi`,
-    /// `triton`; other methods are detected as usual. `none`: every request under the
+    /// `triton`, `sglang_grpc`, `vllm_grpc`, `trtllm_grpc`, `triton_grpc` (gRPC calls are
+    /// `POST`s too); other methods are detected as usual. `none`: every request under the
     /// prefix is forwarded unobserved, as a non-LLM path.
     pub dialect: String,
 }

@@ -321,6 +321,7 @@ fn decoder_for(
         },
         skip_special_tokens: config.observe.skip_special_tokens,
         tokenizer,
+        grpc_encoding: headers.get("grpc-encoding").map(|v| v.as_bytes()),
     };
     match wire::response_decoder(dialect, content_type, content_encoding, options) {
         Ok(decoder) => Some(decoder),

@@ -29,7 +29,7 @@ use super::types::{DecodeError, Decoder, Signal};
 /// 5 to 50 times.
 pub const MAX_RATIO: u64 = 1024;
 /// Inflated bytes allowed beyond the ratio, so that a small body is never cut off.
-const RATIO_ALLOWANCE: u64 = 1 << 20;
+pub const RATIO_ALLOWANCE: u64 = 1 << 20;
 /// The inflate buffer.
 const BUFFER: usize = 8 << 10;
 /// zstd's window cap: 2^23 = 8 MiB.

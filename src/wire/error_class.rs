@@ -21,12 +21,12 @@
 //! |---|---|---|
 //! | `rate_limit_exceeded` | rate limited | OpenAI `error.code` (429), Responses `error` events and `response.failed` |
 //! | `rate_limit_error` | rate limited | Anthropic `error.type` (429) |
-//! | `resource_exhausted` | rate limited | Gemini / Vertex `error.status` (429) |
+//! | `resource_exhausted` | rate limited | Gemini / Vertex `error.status` (429); gRPC status 8 (`wire::grpc::status`) |
 //! | `insufficient_quota` | rate limited | OpenAI `error.type` / `code` (429, quota or billing) |
 //! | `too_many_requests` | rate limited | OpenAI-compatible gateways |
 //! | `overloaded_error` | overloaded | Anthropic `error.type` (529) |
 //! | `overloaded` | overloaded | TGI `error_type` ("Model is overloaded", sent with 429) |
-//! | `unavailable` | overloaded | Gemini / Vertex `error.status` (503, "The model is overloaded") |
+//! | `unavailable` | overloaded | Gemini / Vertex `error.status` (503, "The model is overloaded"); gRPC status 14 |
 //! | `server_is_overloaded` | overloaded | OpenAI `error.code` (503), Responses `response.failed` |
 //! | `service_unavailable_error` | overloaded | OpenAI `error.type` (503) |
 //! | `slow_down` | overloaded | OpenAI `error.code` (503: "a sudden increase in your request rate") |

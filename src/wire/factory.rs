@@ -1,12 +1,15 @@
 //! Decoder construction: which [`Decoder`] reads a response, from its dialect, its
-//! content-type and its content-encoding.
+//! content-type and its content-encoding (and, for gRPC, its `grpc-encoding`).
 //!
 //! This is the one module that knows every dialect and every framing; nothing in `wire`
 //! imports it, so a dialect never depends on the others through it. A response the
 //! factory cannot read is [`Unobservable`] (and forwarded all the same).
 
 use super::compress;
-use super::frame::{ArrayStream, Handler, JsonBody, NdjsonStream, SseStream};
+use super::frame::{ArrayStream, GrpcStream, Handler, JsonBody, NdjsonStream, SseStream};
+use super::grpc::framing::MessageEncoding;
+use super::grpc::smg::{Engine, Smg};
+use super::grpc::triton::StreamInfer;
 use super::tokenize::Tokenizer;
 use super::types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing};
 use super::{anthropic, gemini, ollama, openai, responses, tgi, triton};
@@ -23,6 +26,10 @@ pub struct DecodeOptions<'a> {
     /// Counts the text of events without an exact count (`observe.tokenizer`, see
     /// [`super::tokenize`]); `None` (the default) never looks at the text.
     pub tokenizer: Option<&'a Tokenizer>,
+    /// The response's `grpc-encoding` header, if any: how the gRPC messages flagged
+    /// compressed are compressed ([`MessageEncoding::parse`]). Read by [`Framing::Grpc`]
+    /// only; `None` (the default) lets no message be compressed.
+    pub grpc_encoding: Option<&'a [u8]>,
 }
 
 impl DecodeOptions<'_> {
@@ -32,6 +39,7 @@ impl DecodeOptions<'_> {
             limits,
             skip_special_tokens: false,
             tokenizer: None,
+            grpc_encoding: None,
         }
     }
 }
@@ -39,40 +47,57 @@ impl DecodeOptions<'_> {
 /// Build the decoder for a dialect and framing.
 pub fn decoder(dialect: Dialect, framing: Framing, options: DecodeOptions<'_>) -> Box<dyn Decoder> {
     let tokenizer = options.tokenizer.cloned();
-    let limits = options.limits;
+    let o = &options;
     match dialect {
         Dialect::OpenAiChat | Dialect::OpenAiCompletions => {
-            framed(openai::OpenAi::new(dialect, tokenizer), framing, limits)
+            framed(openai::OpenAi::new(dialect, tokenizer), framing, o)
         }
-        Dialect::OpenAiResponses => framed(responses::Responses::new(tokenizer), framing, limits),
-        Dialect::Anthropic => framed(anthropic::Anthropic::new(tokenizer), framing, limits),
-        Dialect::Gemini => framed(gemini::Gemini::new(tokenizer), framing, limits),
-        Dialect::Ollama => framed(ollama::Ollama::new(tokenizer), framing, limits),
+        Dialect::OpenAiResponses => framed(responses::Responses::new(tokenizer), framing, o),
+        Dialect::Anthropic => framed(anthropic::Anthropic::new(tokenizer), framing, o),
+        Dialect::Gemini => framed(gemini::Gemini::new(tokenizer), framing, o),
+        Dialect::Ollama => framed(ollama::Ollama::new(tokenizer), framing, o),
         // One token per event, exact: nothing for a tokenizer to improve.
-        Dialect::Tgi => framed(tgi::Tgi::new(options.skip_special_tokens), framing, limits),
-        Dialect::Triton => framed(triton::Triton::new(tokenizer), framing, limits),
+        Dialect::Tgi => framed(tgi::Tgi::new(options.skip_special_tokens), framing, o),
+        Dialect::Triton => framed(triton::Triton::new(tokenizer), framing, o),
+        // Token ids, exact: no tokenizer either.
+        Dialect::SglangGrpc => framed(Smg::new(Engine::Sglang), framing, o),
+        Dialect::VllmGrpc => framed(Smg::new(Engine::Vllm), framing, o),
+        Dialect::TrtllmGrpc => framed(Smg::new(Engine::Trtllm), framing, o),
+        Dialect::TritonGrpc => framed(StreamInfer::new(tokenizer), framing, o),
     }
 }
 
 fn framed<H: Handler + 'static>(
     handler: H,
     framing: Framing,
-    limits: DecodeLimits,
+    options: &DecodeOptions<'_>,
 ) -> Box<dyn Decoder> {
+    let limits = options.limits;
     match framing {
         Framing::Sse => Box::new(SseStream::new(handler, limits)),
         Framing::Json => Box::new(JsonBody::new(handler, limits)),
         Framing::Ndjson => Box::new(NdjsonStream::new(handler, limits)),
         Framing::JsonArray => Box::new(ArrayStream::new(handler, limits)),
+        Framing::Grpc => Box::new(GrpcStream::new(
+            handler,
+            limits,
+            MessageEncoding::parse(options.grpc_encoding),
+        )),
     }
 }
 
 /// The framing of a response body from its `Content-Type`, or `None` for a type no
 /// dialect streams (the response is then forwarded unobserved). JSON is a streamed array
 /// for Gemini (whose array framing also reads a plain object), one document otherwise.
+/// The gRPC dialects are read from `application/grpc` (or `application/grpc+proto`) and
+/// nothing else, and no other dialect from it.
 pub fn framing_for(dialect: Dialect, content_type: &str) -> Option<Framing> {
     let mime = content_type.split(';').next().unwrap_or("").trim();
     let is = |name: &str| mime.eq_ignore_ascii_case(name);
+    let grpc = is("application/grpc") || is("application/grpc+proto");
+    if dialect.is_grpc() || grpc {
+        return (dialect.is_grpc() && grpc).then_some(Framing::Grpc);
+    }
     if is("text/event-stream") {
         Some(Framing::Sse)
     } else if is("application/x-ndjson")
@@ -102,13 +127,15 @@ pub enum Unobservable {
     /// The content-type is none of the framings ([`framing_for`]).
     #[error("unsupported content-type")]
     ContentType,
-    /// The content-encoding is not one [`compress`] decodes.
+    /// The content-encoding is not one [`compress`] decodes (or a gRPC message's
+    /// `grpc-encoding` is not one [`MessageEncoding`] names).
     #[error("unsupported content-encoding")]
     ContentEncoding,
     /// The decoder gave up (event or body over its bound, or inflating past its ratio).
     #[error("decode limit reached")]
     DecodeLimit,
-    /// Its compressed body could not be decompressed (a corrupt gzip, say).
+    /// Its compressed body could not be decompressed (a corrupt gzip, say), or its gRPC
+    /// message framing is broken.
     #[error("corrupt content-encoding")]
     CorruptEncoding,
     /// The decoder failed unexpectedly; the stream went on unobserved.
@@ -120,7 +147,8 @@ impl Unobservable {
     /// Why a decoder that failed with `err` stopped observing.
     pub const fn for_decode_error(err: &DecodeError) -> Unobservable {
         match err {
-            DecodeError::Compression => Unobservable::CorruptEncoding,
+            DecodeError::Compression | DecodeError::MessageFraming => Unobservable::CorruptEncoding,
+            DecodeError::MessageEncoding => Unobservable::ContentEncoding,
             DecodeError::EventTooLarge { .. }
             | DecodeError::BodyTooLarge { .. }
             | DecodeError::InflateRatio { .. } => Unobservable::DecodeLimit,
@@ -190,6 +218,11 @@ mod tests {
             (Dialect::Anthropic, "application/problem+json", Some(Json)),
             (Dialect::Tgi, "text/plain", None),
             (Dialect::Tgi, "", None),
+            (Dialect::SglangGrpc, "application/grpc", Some(Grpc)),
+            (Dialect::TritonGrpc, "application/grpc+proto", Some(Grpc)),
+            (Dialect::VllmGrpc, "application/grpc-web", None),
+            (Dialect::TrtllmGrpc, "text/event-stream", None),
+            (Dialect::OpenAiChat, "application/grpc", None),
         ];
         for (dialect, content_type, want) in cases {
             assert_eq!(framing_for(*dialect, content_type), *want, "{content_type}");

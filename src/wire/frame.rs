@@ -1,16 +1,18 @@
-//! Framings: the four ways a response body is cut into units a dialect reads, each as a
+//! Framings: the five ways a response body is cut into units a dialect reads, each as a
 //! [`Decoder`] around a dialect's [`Handler`].
 //!
 //! Most dialects differ only in what one event means, not in how events are cut: Anthropic
 //! and the Responses API are typed SSE, TGI and Triton plain SSE, Ollama NDJSON, Gemini SSE
 //! or a streamed JSON array, and every one of them answers non-streaming requests with one
-//! JSON document. So the cutting lives here, once, and a dialect module only implements
-//! [`Handler`]: what to make of one complete event, and of one whole body. Split
-//! invariance then only has to be proved for the framers ([`SseDecoder`],
-//! [`NdjsonDecoder`], [`ArraySplitter`], [`BodyBuffer`]), which are the only parts that
+//! JSON document; the gRPC dialects' messages are length-prefixed. So the cutting lives
+//! here, once, and a dialect module only implements [`Handler`]: what to make of one
+//! complete event (for gRPC, one message), and of one whole body. Split invariance then
+//! only has to be proved for the framers ([`SseDecoder`], [`NdjsonDecoder`],
+//! [`ArraySplitter`], [`BodyBuffer`], [`MessageReader`]), which are the only parts that
 //! see frame edges.
 
 use super::buffer::BodyBuffer;
+use super::grpc::framing::{MessageEncoding, MessageReader};
 use super::jsonarray::{ArraySplitter, Piece};
 use super::ndjson::NdjsonDecoder;
 use super::sse::{SseDecoder, SseEvent};
@@ -19,7 +21,8 @@ use super::types::{DecodeError, DecodeLimits, Decoder, Signal};
 /// What a dialect makes of complete events and whole bodies.
 pub(crate) trait Handler: Send {
     /// One complete streamed event: an SSE event (`name` is its `event:` type, empty when
-    /// the stream named none), an NDJSON line or a JSON-array element (`name` empty).
+    /// the stream named none), an NDJSON line, a JSON-array element or a gRPC message,
+    /// inflated if it was compressed (`name` empty).
     /// Whitespace around `data` is the framer's; the data may still be anything.
     fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>);
     /// A whole non-streaming body. Emits no [`Signal::Output`]: a body that arrives at
@@ -166,6 +169,39 @@ impl<H: Handler> Decoder for JsonBody<H> {
     fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
         let body = self.body.take();
         self.handler.body(&body, out);
+        self.handler.finish(out);
+        Ok(())
+    }
+}
+
+/// `application/grpc`: one [`Handler::event`] per length-prefixed message.
+pub(crate) struct GrpcStream<H> {
+    messages: MessageReader,
+    handler: H,
+}
+
+impl<H: Handler> GrpcStream<H> {
+    /// `encoding` is the response's `grpc-encoding`: how its compressed messages are.
+    pub(crate) fn new(handler: H, limits: DecodeLimits, encoding: MessageEncoding) -> Self {
+        GrpcStream {
+            messages: MessageReader::new(limits.max_event_bytes, encoding),
+            handler,
+        }
+    }
+}
+
+impl<H: Handler> Decoder for GrpcStream<H> {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        let handler = &mut self.handler;
+        self.messages
+            .feed(bytes, &mut |message: &[u8]| handler.event("", message, out))
+    }
+
+    /// A body that ends inside a message lost that message: [`Signal::Malformed`].
+    fn finish(&mut self, out: &mut Vec<Signal>) -> Result<(), DecodeError> {
+        if self.messages.finish() {
+            out.push(Signal::Malformed);
+        }
         self.handler.finish(out);
         Ok(())
     }

@@ -11,7 +11,8 @@
 //!
 //! # Dialects
 //!
-//! [`dialect_for`] picks the dialect from the request (method, path, query);
+//! [`dialect_for`] picks the dialect from the request (method, path, query), and
+//! [`dialect_for_grpc`] from a gRPC request's path;
 //! [`framing_for`] the framing from the response's content-type; [`response_decoder`]
 //! adds the content-encoding. Each dialect has its own module with the exact rules; in
 //! short (every route also matches under a base path, e.g. `/openai/v1/chat/completions`):
@@ -26,6 +27,8 @@
 //! | `ollama` | `POST …/api/chat`, `…/api/generate` | NDJSON; JSON | `message.content` / `response`, `message.tool_calls`, `thinking` | `logprobs` entries, exact; else 1, estimated | final line (`done: true`): `prompt_eval_count`, `eval_count` | `error` field (names nothing) |
 //! | `tgi` | `POST …/generate_stream`, `…/generate` | SSE; JSON | every `token` event (special tokens too, unless [`DecodeOptions::skip_special_tokens`]) | 1, exact | last event's `details`: `generated_tokens`, `input_length` | `error` field (`error_type`) |
 //! | `triton` | `POST …/v2/models/{m}[/versions/{v}]/generate_stream`, `…/generate` | SSE; JSON | non-empty `text_output` | 1, estimated | none: N is the event count | `error` field, after a 200 (names nothing) |
+//! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | gRPC `/sglang.grpc.scheduler.SglangScheduler/Generate`, `/vllm.grpc.engine.VllmEngine/Generate`, `/trtllm.TrtllmService/Generate` | gRPC messages | a `chunk` with token ids | its `token_ids`, exact | the `complete` message: `prompt_tokens`, `completion_tokens` | `finish_reason` `error` / `abort`; else `grpc-status` in the trailers ([`grpc::status`]) |
+//! | `triton_grpc` | gRPC `/inference.GRPCInferenceService/ModelStreamInfer` | gRPC messages | an `output_ids` tensor, else a non-empty `text_output` | `output_ids` elements, exact; else 1, estimated | none | `error_message` (names nothing) |
 //!
 //! The last column says where a stream reports an error and, in brackets, which of its
 //! fields name the cause for [`ErrorClass::of`] (a rate limit, an overload or other).
@@ -34,7 +37,8 @@
 //! carries (content > refusal > tool call > reasoning); role-only, empty, keep-alive,
 //! ping and usage-only events carry none. Reported usage is cumulative and replaces the
 //! event count as N. A non-streaming (JSON) body yields the model, usage and errors only:
-//! it arrives at once and has no inter-token timing. Responses compressed with `gzip`,
+//! it arrives at once and has no inter-token timing. For the gRPC dialects an event is one
+//! message ([`grpc`] has their rules). Responses compressed with `gzip`,
 //! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
 //!
 //! Where the table says "1, estimated", an optional [`Tokenizer`] (`observe.tokenizer`,
@@ -46,10 +50,12 @@
 //! [`types`] is the leaf every other module imports (signals, the decoder trait, limits,
 //! dialect and framing names), with [`error_class`], the one rule that says what a
 //! stream's error report names as its cause (a rate limit, an overload); [`sse`], [`ndjson`], [`jsonarray`] and `buffer` cut bodies
-//! into events; `frame` turns those into [`Decoder`]s around a dialect's handler; one
-//! module per dialect says what an event means; [`factory`] alone knows them all and
-//! builds the decoder for a response; [`route`] maps a request to its dialect. This module
-//! only declares them and re-exports the shared names.
+//! into events, and [`grpc::framing`] gRPC bodies into messages; `frame` turns those into
+//! [`Decoder`]s around a dialect's handler; one module per dialect says what an event
+//! means (the gRPC ones under [`grpc`], with their generated message types); [`factory`]
+//! alone knows them all and builds the decoder for a response; [`route`] maps a request to
+//! its dialect ([`grpc::route`] a gRPC one). This module only declares them and re-exports
+//! the shared names.
 
 mod buffer;
 mod count;
@@ -64,6 +70,7 @@ pub mod compress;
 pub mod error_class;
 pub mod factory;
 pub mod gemini;
+pub mod grpc;
 pub mod jsonarray;
 pub mod ndjson;
 pub mod ollama;
@@ -80,6 +87,7 @@ pub mod types;
 
 pub use error_class::ErrorClass;
 pub use factory::{decoder, framing_for, response_decoder, DecodeOptions, Unobservable};
+pub use grpc::route::dialect_for_grpc;
 pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};
 pub use types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing, OutputKind, Signal};

@@ -1,7 +1,8 @@
 //! Helpers for the dialect modules' unit tests: decode a body whole and byte by byte,
 //! insist both give the same signals, and return them.
 
-use super::frame::{ArrayStream, Handler, JsonBody, NdjsonStream, SseStream};
+use super::frame::{ArrayStream, GrpcStream, Handler, JsonBody, NdjsonStream, SseStream};
+use super::grpc::framing::MessageEncoding;
 use super::types::{DecodeLimits, Decoder, Signal};
 
 fn run<D: Decoder>(mut make: impl FnMut() -> D, body: &[u8]) -> Vec<Signal> {
@@ -43,6 +44,19 @@ pub(crate) fn array<H: Handler + Clone>(handler: H, body: &[u8]) -> Vec<Signal> 
 pub(crate) fn body<H: Handler + Clone>(handler: H, body: &[u8]) -> Vec<Signal> {
     run(
         || JsonBody::new(handler.clone(), DecodeLimits::DEFAULT),
+        body,
+    )
+}
+
+pub(crate) fn grpc<H: Handler + Clone>(handler: H, body: &[u8]) -> Vec<Signal> {
+    run(
+        || {
+            GrpcStream::new(
+                handler.clone(),
+                DecodeLimits::DEFAULT,
+                MessageEncoding::Identity,
+            )
+        },
         body,
     )
 }

@@ -30,11 +30,21 @@ pub enum Dialect {
     Tgi,
     /// Triton's generate extension, `/v2/models/{m}/generate_stream` (TensorRT-LLM).
     Triton,
+    /// SGLang's scheduler over gRPC: `sglang.grpc.scheduler.SglangScheduler/Generate`.
+    SglangGrpc,
+    /// vLLM's engine over gRPC: `vllm.grpc.engine.VllmEngine/Generate`.
+    VllmGrpc,
+    /// TensorRT-LLM's service over gRPC: `trtllm.TrtllmService/Generate`.
+    TrtllmGrpc,
+    /// Triton's streaming inference over gRPC:
+    /// `inference.GRPCInferenceService/ModelStreamInfer` (TensorRT-LLM, vLLM, Python
+    /// backends).
+    TritonGrpc,
 }
 
 impl Dialect {
     /// Every dialect, in a stable order.
-    pub const ALL: [Dialect; 8] = [
+    pub const ALL: [Dialect; 12] = [
         Dialect::OpenAiChat,
         Dialect::OpenAiCompletions,
         Dialect::OpenAiResponses,
@@ -43,6 +53,10 @@ impl Dialect {
         Dialect::Ollama,
         Dialect::Tgi,
         Dialect::Triton,
+        Dialect::SglangGrpc,
+        Dialect::VllmGrpc,
+        Dialect::TrtllmGrpc,
+        Dialect::TritonGrpc,
     ];
 
     /// Stable lower-case name, used in logs and metric labels.
@@ -56,7 +70,20 @@ impl Dialect {
             Dialect::Ollama => "ollama",
             Dialect::Tgi => "tgi",
             Dialect::Triton => "triton",
+            Dialect::SglangGrpc => "sglang_grpc",
+            Dialect::VllmGrpc => "vllm_grpc",
+            Dialect::TrtllmGrpc => "trtllm_grpc",
+            Dialect::TritonGrpc => "triton_grpc",
         }
+    }
+
+    /// Whether this dialect's responses are gRPC messages ([`Framing::Grpc`]) rather than
+    /// an HTTP API's bodies.
+    pub const fn is_grpc(self) -> bool {
+        matches!(
+            self,
+            Dialect::SglangGrpc | Dialect::VllmGrpc | Dialect::TrtllmGrpc | Dialect::TritonGrpc
+        )
     }
 
     /// The dialect named by [`Dialect::as_str`] (for configuration that forces one).
@@ -139,6 +166,13 @@ pub enum DecodeError {
     /// A compressed body inflated past `ratio` times its compressed size.
     #[error("compressed body inflates more than {ratio} times")]
     InflateRatio { ratio: u64 },
+    /// A gRPC message's compressed flag was neither 0 nor 1: the message framing is lost.
+    #[error("malformed gRPC message framing")]
+    MessageFraming,
+    /// A gRPC message flagged compressed, under a `grpc-encoding` tokentap cannot decode,
+    /// or none.
+    #[error("gRPC message in an unsupported encoding")]
+    MessageEncoding,
 }
 
 impl DecodeError {
@@ -149,6 +183,8 @@ impl DecodeError {
             DecodeError::BodyTooLarge { .. } => "body_too_large",
             DecodeError::Compression => "compression",
             DecodeError::InflateRatio { .. } => "inflate_ratio",
+            DecodeError::MessageFraming => "message_framing",
+            DecodeError::MessageEncoding => "message_encoding",
         }
     }
 }
@@ -170,7 +206,8 @@ pub trait Decoder: Send {
 /// Bounds shared by all decoders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeLimits {
-    /// Largest single SSE event, NDJSON line or JSON-array element the observer buffers.
+    /// Largest single SSE event, NDJSON line, JSON-array element or gRPC message (as sent,
+    /// and once inflated) the observer buffers.
     pub max_event_bytes: usize,
     /// Largest non-streaming JSON body the observer buffers to read usage from.
     pub max_body_bytes: usize,
@@ -197,15 +234,18 @@ pub enum Framing {
     /// `application/json` holding a streamed array of chunks (Gemini without `alt=sse`);
     /// a top-level object is read as one whole body.
     JsonArray,
+    /// `application/grpc`: length-prefixed messages (the gRPC dialects).
+    Grpc,
 }
 
 impl Framing {
     /// Every framing, in a stable order.
-    pub const ALL: [Framing; 4] = [
+    pub const ALL: [Framing; 5] = [
         Framing::Sse,
         Framing::Json,
         Framing::Ndjson,
         Framing::JsonArray,
+        Framing::Grpc,
     ];
 }
 

@@ -2,7 +2,9 @@
 //! `cargo test`: every decoder (each dialect and framing, and compressed bodies) and the
 //! request scanner get arbitrary bytes and mutated recorded fixtures; each must decode a
 //! body cut into arbitrary frames exactly as it decodes it whole, never panic, and (the
-//! scanner) agree with serde_json about `model` and `stream`.
+//! scanner) agree with serde_json about `model` and `stream`. The gRPC dialects also get
+//! generated message streams (from the engines' own message types), framed, compressed
+//! and split at random, whose exact token counts must add up to the ids sent.
 //!
 //! The coverage-guided version of the same checks is `scripts/fuzz.sh` (cargo-fuzz). The
 //! budget here is `TOKENTAP_FUZZ_CASES` cases per property (default 256).
@@ -15,7 +17,7 @@ mod checks;
 use std::path::Path;
 
 use proptest::prelude::*;
-use tokentap::wire::{framing_for, Dialect, Framing};
+use tokentap::wire::{decoder, framing_for, DecodeLimits, DecodeOptions, Dialect, Framing, Signal};
 
 fn cases() -> u32 {
     std::env::var("TOKENTAP_FUZZ_CASES")
@@ -80,6 +82,7 @@ fn fixtures() -> Vec<Fixture> {
                 "sse" => ("text/event-stream", 0u8),
                 "json" => ("application/json", 1),
                 "ndjson" => ("application/x-ndjson", 2),
+                "grpc" => ("application/grpc", 0),
                 _ => continue,
             };
             let Some(framing) = framing_for(dialect, content_type) else {
@@ -100,8 +103,16 @@ fn fixtures() -> Vec<Fixture> {
     out
 }
 
-fn framing_index(framing: Framing) -> u8 {
-    Framing::ALL.iter().position(|f| *f == framing).unwrap() as u8
+/// The low bits of a decoder input's first byte for a fixture: its framing, or for a gRPC
+/// dialect its `grpc-encoding` (0, identity: the fixtures are sent plain).
+fn framing_bits(fixture: &Fixture) -> u8 {
+    if fixture.dialect.is_grpc() {
+        return 0;
+    }
+    Framing::ALL
+        .iter()
+        .position(|f| *f == fixture.framing)
+        .unwrap() as u8
 }
 
 /// One edit of a byte string.
@@ -182,7 +193,7 @@ fn every_fixture_decodes_the_same_however_it_is_split() {
     for fixture in fixtures().into_iter().filter(|f| f.coding.is_none()) {
         for seed in (0..=255u8).step_by(7) {
             for limits in [0u8, 1, 3, 6, 9, 12, 17, 40] {
-                let mut input = vec![framing_index(fixture.framing) | (limits << 2), seed];
+                let mut input = vec![framing_bits(&fixture) | (limits << 2), seed];
                 input.extend_from_slice(&fixture.bytes);
                 checks::check_decoder(fixture.dialect, &input);
                 runs += 1;
@@ -223,8 +234,8 @@ proptest! {
         let fixture = pick.get(fixtures);
         let mut bytes = fixture.bytes.clone();
         apply(&mut bytes, &edits);
-        // Now and then the wrong framing for the body.
-        let framing = if other_framing { framing } else { framing_index(fixture.framing) };
+        // Now and then the wrong framing for the body (for gRPC, another encoding).
+        let framing = if other_framing { framing } else { framing_bits(fixture) };
         let mut input = vec![framing | (limits << 2), seed];
         input.extend_from_slice(&bytes);
         checks::check_decoder(fixture.dialect, &input);
@@ -290,6 +301,72 @@ proptest! {
         }
         head.extend_from_slice(b"\r\n");
         checks::check_rate_limits(&head);
+    }
+
+    /// Arbitrary bytes as a gRPC body, or cut into messages the harness frames and
+    /// compresses, for every gRPC dialect and encoding.
+    #[test]
+    fn grpc_bodies_agree_on_arbitrary_bytes(
+        select in any::<u8>(),
+        seed in any::<u8>(),
+        body in proptest::collection::vec(any::<u8>(), 0..2048),
+    ) {
+        let mut input = vec![select, seed];
+        input.extend_from_slice(&body);
+        checks::check_grpc(&input);
+    }
+
+    /// Streams of the SMG engines' own `GenerateResponse`s (chunks, completes and
+    /// undecodable messages), compressed or not, split anywhere: one exact output event
+    /// per chunk with ids, whose counts add up to the ids sent, and one end per complete.
+    #[test]
+    fn smg_streams_count_every_token_id(
+        engine in 0usize..3,
+        encoding in prop::sample::select(checks::ENCODINGS.to_vec()),
+        messages in proptest::collection::vec(smg_message(), 0..12),
+        seed in any::<u8>(),
+    ) {
+        let dialect = [Dialect::SglangGrpc, Dialect::VllmGrpc, Dialect::TrtllmGrpc][engine];
+        let encoded: Vec<Vec<u8>> = messages.iter().map(|m| m.encode(dialect)).collect();
+        let body = checks::grpc_body(encoding, encoded.iter().map(Vec::as_slice));
+        let signals = decode_grpc(dialect, encoding, &body, seed);
+        let sent: u64 = messages.iter().map(SmgMessage::ids).sum();
+        let mut counted = 0u64;
+        for signal in &signals {
+            if let Signal::Output { tokens, exact, .. } = signal {
+                prop_assert!(*exact);
+                prop_assert!(*tokens > 0);
+                counted += u64::from(*tokens);
+            }
+        }
+        prop_assert_eq!(counted, sent);
+        let count = |want: &Signal| signals.iter().filter(|s| *s == want).count();
+        let completes = messages.iter().filter(|m| matches!(m, SmgMessage::Complete(..))).count();
+        let garbage = messages.iter().filter(|m| matches!(m, SmgMessage::Garbage(_))).count();
+        prop_assert_eq!(count(&Signal::Done), completes);
+        prop_assert_eq!(count(&Signal::Malformed), garbage);
+    }
+
+    /// Streams of Triton's `ModelStreamInferResponse`s: each response with token ids is one
+    /// exact event of that many tokens; one with only text, one estimated event.
+    #[test]
+    fn triton_streams_count_every_output_id(
+        encoding in prop::sample::select(checks::ENCODINGS.to_vec()),
+        responses in proptest::collection::vec(triton_response(), 0..12),
+        seed in any::<u8>(),
+    ) {
+        let encoded: Vec<Vec<u8>> = responses.iter().map(TritonResponse::encode).collect();
+        let body = checks::grpc_body(encoding, encoded.iter().map(Vec::as_slice));
+        let signals = decode_grpc(Dialect::TritonGrpc, encoding, &body, seed);
+        let outputs: Vec<(u32, bool)> = signals
+            .iter()
+            .filter_map(|s| match s {
+                Signal::Output { tokens, exact, .. } => Some((*tokens, *exact)),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<(u32, bool)> = responses.iter().filter_map(TritonResponse::output).collect();
+        prop_assert_eq!(outputs, expected);
     }
 
     /// Arbitrary bytes into the request scanner.
@@ -436,4 +513,228 @@ fn request_body() -> impl Strategy<Value = Vec<(String, serde_json::Value)>> {
             }
             members
         })
+}
+
+/// Decode a gRPC body whole and split (from `seed`): the same signals, and no error.
+fn decode_grpc(dialect: Dialect, encoding: &str, body: &[u8], seed: u8) -> Vec<Signal> {
+    let options = DecodeOptions {
+        grpc_encoding: Some(encoding.as_bytes()),
+        ..DecodeOptions::new(DecodeLimits::DEFAULT)
+    };
+    let make = || decoder(dialect, Framing::Grpc, options);
+    let whole = checks::decode(make(), [body]);
+    let split = checks::decode(make(), checks::frames(body, seed));
+    assert_eq!(whole, split, "{dialect} {encoding}: whole and split differ");
+    assert_eq!(whole.1, None, "{dialect} {encoding}");
+    whole.0
+}
+
+/// One message of an SMG engine's `Generate` stream.
+#[derive(Clone, Debug)]
+enum SmgMessage {
+    Chunk(Vec<u32>, u32),
+    Complete(u32, u32, &'static str),
+    /// Bytes that are no protobuf message: a varint that never ends.
+    Garbage(Vec<u8>),
+}
+
+impl SmgMessage {
+    fn ids(&self) -> u64 {
+        match self {
+            SmgMessage::Chunk(ids, _) => ids.len() as u64,
+            _ => 0,
+        }
+    }
+
+    fn encode(&self, dialect: Dialect) -> Vec<u8> {
+        use prost::Message;
+        use tokentap::wire::grpc::proto::sglang::grpc::scheduler as sglang;
+        use tokentap::wire::grpc::proto::trtllm;
+        use tokentap::wire::grpc::proto::vllm::grpc::engine as vllm;
+        let (ids, prompt, completion, finish) = match self {
+            SmgMessage::Garbage(bytes) => return bytes.clone(),
+            SmgMessage::Chunk(ids, prompt) => (Some(ids.clone()), *prompt, 0, ""),
+            SmgMessage::Complete(prompt, completion, finish) => {
+                (None, *prompt, *completion, *finish)
+            }
+        };
+        match (dialect, ids) {
+            (Dialect::SglangGrpc, Some(token_ids)) => sglang::GenerateResponse {
+                request_id: "r".into(),
+                response: Some(sglang::generate_response::Response::Chunk(
+                    sglang::GenerateStreamChunk {
+                        token_ids,
+                        prompt_tokens: prompt,
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+            (Dialect::SglangGrpc, None) => sglang::GenerateResponse {
+                request_id: "r".into(),
+                response: Some(sglang::generate_response::Response::Complete(
+                    sglang::GenerateComplete {
+                        prompt_tokens: prompt,
+                        completion_tokens: completion,
+                        finish_reason: finish.into(),
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+            (Dialect::VllmGrpc, Some(token_ids)) => vllm::GenerateResponse {
+                response: Some(vllm::generate_response::Response::Chunk(
+                    vllm::GenerateStreamChunk {
+                        token_ids,
+                        prompt_tokens: prompt,
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+            (Dialect::VllmGrpc, None) => vllm::GenerateResponse {
+                response: Some(vllm::generate_response::Response::Complete(
+                    vllm::GenerateComplete {
+                        prompt_tokens: prompt,
+                        completion_tokens: completion,
+                        finish_reason: finish.into(),
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+            (_, Some(token_ids)) => trtllm::GenerateResponse {
+                request_id: "t".into(),
+                response: Some(trtllm::generate_response::Response::Chunk(
+                    trtllm::GenerateStreamChunk {
+                        token_ids,
+                        prompt_tokens: prompt,
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+            (_, None) => trtllm::GenerateResponse {
+                request_id: "t".into(),
+                response: Some(trtllm::generate_response::Response::Complete(
+                    trtllm::GenerateComplete {
+                        prompt_tokens: prompt,
+                        completion_tokens: completion,
+                        finish_reason: finish.into(),
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+        }
+    }
+}
+
+fn smg_message() -> impl Strategy<Value = SmgMessage> {
+    prop_oneof![
+        4 => (proptest::collection::vec(any::<u32>(), 0..8), 0u32..64)
+            .prop_map(|(ids, prompt)| SmgMessage::Chunk(ids, prompt)),
+        1 => (0u32..64, 0u32..64, prop::sample::select(vec!["stop", "length", "abort", "error"]))
+            .prop_map(|(p, c, f)| SmgMessage::Complete(p, c, f)),
+        1 => proptest::collection::vec(0x80u8..=0xff, 1..12).prop_map(SmgMessage::Garbage),
+    ]
+}
+
+/// One message of Triton's `ModelStreamInfer` stream.
+#[derive(Clone, Debug)]
+struct TritonResponse {
+    error: bool,
+    /// `output_ids` as INT32 (raw or typed), if sent.
+    ids: Option<(Vec<i32>, bool)>,
+    text: Vec<String>,
+}
+
+impl TritonResponse {
+    /// The output event it should give: (tokens, exact).
+    fn output(&self) -> Option<(u32, bool)> {
+        if self.error {
+            return None;
+        }
+        match &self.ids {
+            Some((ids, _)) => (!ids.is_empty()).then_some((ids.len() as u32, true)),
+            None => self
+                .text
+                .iter()
+                .any(|t| !t.is_empty())
+                .then_some((1, false)),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        use prost::Message;
+        use tokentap::wire::grpc::proto::inference::model_infer_response::InferOutputTensor;
+        use tokentap::wire::grpc::proto::inference::{
+            InferTensorContents, ModelInferResponse, ModelStreamInferResponse,
+        };
+        if self.error {
+            return ModelStreamInferResponse {
+                error_message: "failed".into(),
+                infer_response: None,
+            }
+            .encode_to_vec();
+        }
+        let mut outputs = vec![InferOutputTensor {
+            name: "text_output".into(),
+            datatype: "BYTES".into(),
+            shape: vec![self.text.len() as i64],
+            ..Default::default()
+        }];
+        let mut raw = vec![self
+            .text
+            .iter()
+            .flat_map(|t| [&(t.len() as u32).to_le_bytes()[..], t.as_bytes()].concat())
+            .collect::<Vec<u8>>()];
+        if let Some((ids, typed)) = &self.ids {
+            if *typed {
+                // Typed contents for every output, then: no raw bytes at all.
+                raw.clear();
+                outputs[0].contents = Some(InferTensorContents {
+                    bytes_contents: self.text.iter().map(|t| t.as_bytes().to_vec()).collect(),
+                    ..Default::default()
+                });
+                outputs.push(InferOutputTensor {
+                    name: "output_ids".into(),
+                    datatype: "INT32".into(),
+                    shape: vec![1, 1, ids.len() as i64],
+                    contents: Some(InferTensorContents {
+                        int_contents: ids.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            } else {
+                outputs.push(InferOutputTensor {
+                    name: "output_ids".into(),
+                    datatype: "INT32".into(),
+                    shape: vec![1, 1, ids.len() as i64],
+                    ..Default::default()
+                });
+                raw.push(ids.iter().flat_map(|i| i.to_le_bytes()).collect());
+            }
+        }
+        ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(ModelInferResponse {
+                model_name: "ensemble".into(),
+                outputs,
+                raw_output_contents: raw,
+                ..Default::default()
+            }),
+        }
+        .encode_to_vec()
+    }
+}
+
+fn triton_response() -> impl Strategy<Value = TritonResponse> {
+    (
+        proptest::bool::weighted(0.1),
+        proptest::option::of((proptest::collection::vec(any::<i32>(), 0..6), any::<bool>())),
+        proptest::collection::vec("[a-z ]{0,4}", 0..3),
+    )
+        .prop_map(|(error, ids, text)| TritonResponse { error, ids, text })
 }

@@ -166,6 +166,10 @@ fn event_texts(dialect: Dialect, event: &Value) -> Vec<String> {
             }
         }
         Dialect::Tgi => unreachable!("TGI counts are exact"),
+        // Protobuf messages, not JSON events; Triton's text is counted in its unit tests.
+        Dialect::SglangGrpc | Dialect::VllmGrpc | Dialect::TrtllmGrpc | Dialect::TritonGrpc => {
+            unreachable!("gRPC messages carry token ids or tensors, not JSON events")
+        }
     }
     texts.retain(|t| !t.is_empty());
     texts

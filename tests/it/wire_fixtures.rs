@@ -5,10 +5,13 @@
 //! tiny limits) makes any decoder panic.
 //!
 //! The directory picks the dialect (`responses`, `anthropic`, `gemini`, `ollama`, `tgi`,
-//! `triton`); in `openai/` the name does: `completions_*` is `/v1/completions`, `chat_*`
-//! is `/v1/chat/completions`. The extension picks the content-type as a server would send
-//! it: `.sse` is `text/event-stream`, `.json` is `application/json`, `.ndjson` is
-//! `application/x-ndjson`; a further `.gz`, `.br` or `.zst` is the `Content-Encoding`
+//! `triton`, and the gRPC ones by their names, `sglang_grpc`, `vllm_grpc`, `trtllm_grpc`,
+//! `triton_grpc`); in `openai/` the name does: `completions_*` is `/v1/completions`,
+//! `chat_*` is `/v1/chat/completions`. The extension picks the content-type as a server
+//! would send it: `.sse` is `text/event-stream`, `.json` is `application/json`, `.ndjson`
+//! is `application/x-ndjson`, `.grpc` is `application/grpc` (messages sent plain; the
+//! gRPC fixtures are built from the engines' message types by `grpc_fixtures.rs`, which
+//! also compresses their messages); a further `.gz`, `.br` or `.zst` is the `Content-Encoding`
 //! (`tests/fixtures/compress.py` makes those from the plain fixture, flushed per event).
 //! Each `NAME.EXT[.ENC]` has a `NAME.golden`, one signal per line (`#` comments and blank
 //! lines are ignored):
@@ -34,15 +37,15 @@ use tokentap::wire::{
 };
 
 /// One fixture body with the decoder it is meant for and its golden lines.
-struct Fixture {
+pub(super) struct Fixture {
     /// `DIR/FILE`, for messages.
-    name: String,
-    dialect: Dialect,
-    content_type: &'static str,
+    pub(super) name: String,
+    pub(super) dialect: Dialect,
+    pub(super) content_type: &'static str,
     /// `Content-Encoding`, if compressed.
     encoding: Option<&'static str>,
-    body: Vec<u8>,
-    golden: Vec<String>,
+    pub(super) body: Vec<u8>,
+    pub(super) golden: Vec<String>,
 }
 
 impl Fixture {
@@ -61,7 +64,7 @@ impl Fixture {
     }
 }
 
-fn fixture_root() -> PathBuf {
+pub(super) fn fixture_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
@@ -77,13 +80,15 @@ fn dialect_of(dir: &str, file: &str) -> Dialect {
         "ollama" => Dialect::Ollama,
         "tgi" => Dialect::Tgi,
         "triton" => Dialect::Triton,
-        other => panic!("tests/fixtures/{other}: unknown dialect directory"),
+        other => Dialect::from_name(other)
+            .filter(|d| d.is_grpc())
+            .unwrap_or_else(|| panic!("tests/fixtures/{other}: unknown dialect directory")),
     }
 }
 
 /// Every fixture, sorted by directory and name. Panics on a fixture without a golden, a
 /// golden without a fixture, or a file whose name does not say how to decode it.
-fn fixtures() -> Vec<Fixture> {
+pub(super) fn fixtures() -> Vec<Fixture> {
     let root = fixture_root();
     let mut dirs: Vec<String> = fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
@@ -127,6 +132,7 @@ fn fixtures() -> Vec<Fixture> {
                 "sse" => "text/event-stream",
                 "json" => "application/json",
                 "ndjson" => "application/x-ndjson",
+                "grpc" => "application/grpc",
                 _ => panic!("{dir}/{name}: unknown fixture extension"),
             };
             let encoding = match encoding {
@@ -194,7 +200,7 @@ fn render(signal: &Signal) -> String {
 
 /// Feed `frames` to a fresh decoder, then finish; the rendered signals, ending with
 /// `fail REASON` if the decoder stopped.
-fn run<'a>(
+pub(super) fn run<'a>(
     mut dec: Box<dyn tokentap::wire::Decoder>,
     frames: impl IntoIterator<Item = &'a [u8]>,
 ) -> Vec<String> {
@@ -249,7 +255,7 @@ fn decode_response<'a>(
 }
 
 /// Cut `body` into frames of the given sizes (cycled); `true` adds an empty frame after.
-fn split<'a>(body: &'a [u8], sizes: &[(usize, bool)]) -> Vec<&'a [u8]> {
+pub(super) fn split<'a>(body: &'a [u8], sizes: &[(usize, bool)]) -> Vec<&'a [u8]> {
     let mut frames = Vec::new();
     let mut rest = body;
     for &(size, then_empty) in sizes.iter().cycle() {
@@ -266,7 +272,7 @@ fn split<'a>(body: &'a [u8], sizes: &[(usize, bool)]) -> Vec<&'a [u8]> {
     frames
 }
 
-fn frame_sizes() -> impl Strategy<Value = Vec<(usize, bool)>> {
+pub(super) fn frame_sizes() -> impl Strategy<Value = Vec<(usize, bool)>> {
     vec((1usize..=64, proptest::bool::weighted(0.1)), 1..32)
 }
 
@@ -299,6 +305,15 @@ fn every_fixture_matches_its_golden() {
 fn every_dialect_and_framing_has_fixtures() {
     let all = fixtures();
     for dialect in Dialect::ALL {
+        if dialect.is_grpc() {
+            // gRPC has one framing; a call without streaming is a stream of one message.
+            assert!(
+                all.iter()
+                    .any(|fx| fx.dialect == dialect && fx.content_type == "application/grpc"),
+                "{dialect}: no gRPC fixture"
+            );
+            continue;
+        }
         assert!(
             all.iter()
                 .any(|fx| fx.dialect == dialect && fx.content_type != "application/json"),
@@ -456,8 +471,13 @@ proptest! {
         ],
     ) {
         let body = [prefix, &body[..]].concat();
-        for framing in ["text/event-stream", "application/json", "application/x-ndjson"] {
-            for dialect in Dialect::ALL {
+        for dialect in Dialect::ALL {
+            let framings: &[&str] = if dialect.is_grpc() {
+                &["application/grpc"]
+            } else {
+                &["text/event-stream", "application/json", "application/x-ndjson"]
+            };
+            for framing in framings {
                 decode_response(dialect, framing, Some(encoding), DecodeLimits::DEFAULT, split(&body, &sizes));
             }
         }

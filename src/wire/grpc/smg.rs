@@ -1,0 +1,410 @@
+//! The `Generate` RPC of the engine services the SGLang Model Gateway (`smg`) drives:
+//! SGLang's `sglang.grpc.scheduler.SglangScheduler`, vLLM's `vllm.grpc.engine.VllmEngine`
+//! and TensorRT-LLM's `trtllm.TrtllmService`. The three protos differ in field numbers and
+//! names, not in shape, so one set of rules reads them all ([`Engine`] says whose message
+//! it is).
+//!
+//! The router sends token ids and gets token ids back: each response message is a
+//! `GenerateResponse` holding either a `chunk` (`GenerateStreamChunk`: the token ids
+//! generated since the previous chunk) or a `complete` (`GenerateComplete`: the end of one
+//! output, with its usage and finish reason). Rules, per message:
+//!
+//! - A `chunk` with N > 0 `token_ids` is one token-bearing event of
+//!   [`OutputKind::Content`] carrying N tokens, exact: the ids are the tokens. Its
+//!   `prompt_tokens`, when not 0, is the input count ([`Signal::Usage`], once).
+//! - A `complete` carries no output event: in a streamed call its ids repeat what the
+//!   chunks carried (`output_ids` / `output_token_ids` are cumulative), and a call with
+//!   `stream: false` answers with a `complete` alone, which like a non-streamed HTTP body
+//!   has no inter-token timing. It reports usage: input `prompt_tokens`, output
+//!   `completion_tokens` (or, where that is 0, the count of its output ids), summed over
+//!   the `complete`s of a request with several outputs (`n > 1`, each with its `index`),
+//!   as OpenAI's usage counts every choice. Then [`Signal::Done`].
+//! - A `finish_reason` of `error` (vLLM) or `abort` (the engine aborted the request: SGLang
+//!   reports a prompt over the context length this way) is [`Signal::Error`] of
+//!   [`ErrorClass::Other`], before [`Signal::Done`].
+//! - A message that is not a `GenerateResponse` is [`Signal::Malformed`]; observation goes
+//!   on with the next.
+//!
+//! No message names the model (the router picks a worker, and a worker serves one model):
+//! the model comes from the engine's `GetModelInfo` ([`super::model_info`]) or the
+//! configuration. Errors other than a finish reason (SGLang and TensorRT-LLM removed their
+//! error message from the proto) end the stream with a non-OK `grpc-status` in the
+//! trailers, which a body decoder does not see ([`super::status`] reads one).
+
+use prost::Message;
+
+use super::super::error_class::ErrorClass;
+use super::super::frame::Handler;
+use super::super::types::{OutputKind, Signal};
+use super::proto::sglang::grpc::scheduler as sglang;
+use super::proto::trtllm;
+use super::proto::vllm::grpc::engine as vllm;
+
+/// Whose `GenerateResponse` a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    Sglang,
+    Vllm,
+    Trtllm,
+}
+
+/// What one `GenerateResponse` says, whichever engine sent it.
+enum Step {
+    Chunk {
+        tokens: usize,
+        prompt_tokens: u32,
+    },
+    Complete {
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        output_ids: usize,
+        finish_reason: String,
+    },
+    /// Neither (an empty message, or a `response` this proto does not know).
+    Nothing,
+}
+
+impl Engine {
+    fn read(self, message: &[u8]) -> Result<Step, prost::DecodeError> {
+        Ok(match self {
+            Engine::Sglang => {
+                use sglang::generate_response::Response;
+                match sglang::GenerateResponse::decode(message)?.response {
+                    Some(Response::Chunk(c)) => Step::Chunk {
+                        tokens: c.token_ids.len(),
+                        prompt_tokens: c.prompt_tokens,
+                    },
+                    Some(Response::Complete(c)) => Step::Complete {
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        output_ids: c.output_ids.len(),
+                        finish_reason: c.finish_reason,
+                    },
+                    None => Step::Nothing,
+                }
+            }
+            Engine::Vllm => {
+                use vllm::generate_response::Response;
+                match vllm::GenerateResponse::decode(message)?.response {
+                    Some(Response::Chunk(c)) => Step::Chunk {
+                        tokens: c.token_ids.len(),
+                        prompt_tokens: c.prompt_tokens,
+                    },
+                    Some(Response::Complete(c)) => Step::Complete {
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        output_ids: c.output_ids.len(),
+                        finish_reason: c.finish_reason,
+                    },
+                    None => Step::Nothing,
+                }
+            }
+            Engine::Trtllm => {
+                use trtllm::generate_response::Response;
+                match trtllm::GenerateResponse::decode(message)?.response {
+                    Some(Response::Chunk(c)) => Step::Chunk {
+                        tokens: c.token_ids.len(),
+                        prompt_tokens: c.prompt_tokens,
+                    },
+                    Some(Response::Complete(c)) => Step::Complete {
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        output_ids: c.output_token_ids.len(),
+                        finish_reason: c.finish_reason,
+                    },
+                    None => Step::Nothing,
+                }
+            }
+        })
+    }
+}
+
+/// State for one `Generate` response stream.
+#[derive(Clone, Debug)]
+pub(crate) struct Smg {
+    engine: Engine,
+    /// The input count was reported (from a chunk).
+    input_sent: bool,
+    /// Output tokens of the `complete`s so far (one per output when `n > 1`).
+    completed: u64,
+}
+
+impl Smg {
+    pub(crate) fn new(engine: Engine) -> Self {
+        Smg {
+            engine,
+            input_sent: false,
+            completed: 0,
+        }
+    }
+
+    /// One message; `streamed` is false for a body read whole, which has no output events.
+    fn message(&mut self, message: &[u8], streamed: bool, out: &mut Vec<Signal>) {
+        let Ok(step) = self.engine.read(message) else {
+            out.push(Signal::Malformed);
+            return;
+        };
+        match step {
+            Step::Chunk {
+                tokens,
+                prompt_tokens,
+            } => {
+                if streamed && tokens > 0 {
+                    out.push(Signal::Output {
+                        tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+                        exact: true,
+                        kind: OutputKind::Content,
+                    });
+                }
+                if prompt_tokens > 0 && !self.input_sent {
+                    self.input_sent = true;
+                    out.push(Signal::Usage {
+                        input_tokens: Some(u64::from(prompt_tokens)),
+                        output_tokens: None,
+                    });
+                }
+            }
+            Step::Complete {
+                prompt_tokens,
+                completion_tokens,
+                output_ids,
+                finish_reason,
+            } => {
+                let output = if completion_tokens > 0 {
+                    u64::from(completion_tokens)
+                } else {
+                    output_ids as u64
+                };
+                self.completed = self.completed.saturating_add(output);
+                let input_tokens = (prompt_tokens > 0).then_some(u64::from(prompt_tokens));
+                let output_tokens = (self.completed > 0).then_some(self.completed);
+                if input_tokens.is_some() || output_tokens.is_some() {
+                    out.push(Signal::Usage {
+                        input_tokens,
+                        output_tokens,
+                    });
+                }
+                if finish_reason.eq_ignore_ascii_case("error")
+                    || finish_reason.eq_ignore_ascii_case("abort")
+                {
+                    out.push(Signal::Error(ErrorClass::Other));
+                }
+                out.push(Signal::Done);
+            }
+            Step::Nothing => {}
+        }
+    }
+}
+
+impl Handler for Smg {
+    fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
+        self.message(data, true, out);
+    }
+
+    fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
+        self.message(body, false, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::grpc::framing::frame;
+    use crate::wire::testing::grpc;
+    use Signal::{Done, Error, Malformed, Usage};
+
+    fn tokens(n: u32) -> Signal {
+        Signal::Output {
+            tokens: n,
+            exact: true,
+            kind: OutputKind::Content,
+        }
+    }
+
+    fn usage(input: Option<u64>, output: Option<u64>) -> Signal {
+        Usage {
+            input_tokens: input,
+            output_tokens: output,
+        }
+    }
+
+    fn sglang_chunk(ids: &[u32], prompt: u32, completion: u32) -> Vec<u8> {
+        use sglang::generate_response::Response;
+        frame(
+            &sglang::GenerateResponse {
+                request_id: "r1".into(),
+                response: Some(Response::Chunk(sglang::GenerateStreamChunk {
+                    token_ids: ids.to_vec(),
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    ..Default::default()
+                })),
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    fn sglang_complete(ids: &[u32], prompt: u32, completion: u32, finish: &str) -> Vec<u8> {
+        use sglang::generate_response::Response;
+        frame(
+            &sglang::GenerateResponse {
+                request_id: "r1".into(),
+                response: Some(Response::Complete(sglang::GenerateComplete {
+                    output_ids: ids.to_vec(),
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    finish_reason: finish.into(),
+                    ..Default::default()
+                })),
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    #[test]
+    fn sglang_stream() {
+        let body = [
+            sglang_chunk(&[101, 102, 103], 12, 3),
+            sglang_chunk(&[], 12, 3),
+            sglang_chunk(&[104], 12, 4),
+            sglang_chunk(&[105, 106], 12, 6),
+            sglang_complete(&[101, 102, 103, 104, 105, 106], 12, 6, "stop"),
+        ]
+        .concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                tokens(3),
+                usage(Some(12), None),
+                tokens(1),
+                tokens(2),
+                usage(Some(12), Some(6)),
+                Done,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_call_without_streaming_is_one_complete_with_no_output_event() {
+        let body = sglang_complete(&[1, 2, 3, 4], 7, 4, "length");
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![usage(Some(7), Some(4)), Done]
+        );
+    }
+
+    #[test]
+    fn several_outputs_add_up_and_zeroes_are_not_counts() {
+        let body = [
+            sglang_chunk(&[1], 0, 0),
+            sglang_complete(&[1, 2], 5, 2, "stop"),
+            // No completion count: its ids are the count.
+            sglang_complete(&[3, 4, 5], 5, 0, "stop"),
+            // Nothing at all: no usage.
+            sglang_complete(&[], 0, 0, "stop"),
+        ]
+        .concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                tokens(1),
+                usage(Some(5), Some(2)),
+                Done,
+                usage(Some(5), Some(5)),
+                Done,
+                usage(None, Some(5)),
+                Done,
+            ]
+        );
+    }
+
+    #[test]
+    fn vllm_and_trtllm_read_their_own_fields() {
+        let vllm_body = [
+            frame(
+                &vllm::GenerateResponse {
+                    response: Some(vllm::generate_response::Response::Chunk(
+                        vllm::GenerateStreamChunk {
+                            token_ids: vec![9, 9],
+                            prompt_tokens: 4,
+                            ..Default::default()
+                        },
+                    )),
+                }
+                .encode_to_vec(),
+            ),
+            frame(
+                &vllm::GenerateResponse {
+                    response: Some(vllm::generate_response::Response::Complete(
+                        vllm::GenerateComplete {
+                            output_ids: vec![9, 9],
+                            finish_reason: "error".into(),
+                            prompt_tokens: 4,
+                            completion_tokens: 2,
+                            ..Default::default()
+                        },
+                    )),
+                }
+                .encode_to_vec(),
+            ),
+        ]
+        .concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Vllm), &vllm_body),
+            vec![
+                tokens(2),
+                usage(Some(4), None),
+                usage(Some(4), Some(2)),
+                Error(ErrorClass::Other),
+                Done,
+            ]
+        );
+        let trtllm_body = [
+            frame(
+                &trtllm::GenerateResponse {
+                    request_id: "t".into(),
+                    response: Some(trtllm::generate_response::Response::Chunk(
+                        trtllm::GenerateStreamChunk {
+                            token_ids: vec![1, 2, 3, 4],
+                            prompt_tokens: 8,
+                            ..Default::default()
+                        },
+                    )),
+                }
+                .encode_to_vec(),
+            ),
+            frame(
+                &trtllm::GenerateResponse {
+                    request_id: "t".into(),
+                    response: Some(trtllm::generate_response::Response::Complete(
+                        trtllm::GenerateComplete {
+                            output_token_ids: vec![1, 2, 3, 4],
+                            finish_reason: "length".into(),
+                            ..Default::default()
+                        },
+                    )),
+                }
+                .encode_to_vec(),
+            ),
+        ]
+        .concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Trtllm), &trtllm_body),
+            vec![tokens(4), usage(Some(8), None), usage(None, Some(4)), Done]
+        );
+    }
+
+    #[test]
+    fn abort_is_an_error_and_garbage_is_malformed() {
+        let body = [frame(b"\xff\xff\xff"), sglang_complete(&[], 3, 0, "abort")].concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                Malformed,
+                usage(Some(3), None),
+                Error(ErrorClass::Other),
+                Done
+            ]
+        );
+    }
+}
