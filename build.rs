@@ -23,17 +23,21 @@ const INCLUDES: [&str; 2] = ["proto/smg", "proto/triton"];
 
 /// The messages generated (with every message and enum they refer to): each generate
 /// RPC's request and response, each engine's model information (a request to these
-/// engines names no model), and Triton's streamed inference request and response.
-const KEEP: [&str; 11] = [
+/// engines names no model) and health answer (the simulator serves both), and Triton's
+/// streamed inference request and response.
+const KEEP: [&str; 14] = [
     ".sglang.grpc.scheduler.GenerateRequest",
     ".sglang.grpc.scheduler.GenerateResponse",
     ".sglang.grpc.scheduler.GetModelInfoResponse",
+    ".sglang.grpc.scheduler.HealthCheckResponse",
     ".vllm.grpc.engine.GenerateRequest",
     ".vllm.grpc.engine.GenerateResponse",
     ".vllm.grpc.engine.GetModelInfoResponse",
+    ".vllm.grpc.engine.HealthCheckResponse",
     ".trtllm.GenerateRequest",
     ".trtllm.GenerateResponse",
     ".trtllm.GetModelInfoResponse",
+    ".trtllm.HealthCheckResponse",
     ".inference.ModelInferRequest",
     ".inference.ModelStreamInferResponse",
 ];

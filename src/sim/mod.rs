@@ -46,6 +46,7 @@
 
 mod compress;
 mod config;
+mod grpc;
 mod ratelimit;
 mod render;
 mod request;
@@ -198,6 +199,9 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     let start = Instant::now();
     // Read only when stamping: it is the request's arrival, so it is taken first.
     let received_unix_ns = state.config.stamp.then(unix_ns);
+    if grpc::is_grpc(&request) {
+        return grpc::handle(state, request).await;
+    }
     let path = request.uri().path().to_string();
     let (api, path_model) = match (request.method(), path.as_str()) {
         (&Method::GET, "/health") => return json(StatusCode::OK, "{}".into()),

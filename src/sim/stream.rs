@@ -119,7 +119,7 @@ impl Schedule {
     }
 
     /// When the stream may end: the last event's deadline plus the hold before the end.
-    fn end_deadline(&self) -> Instant {
+    pub(super) fn end_deadline(&self) -> Instant {
         self.deadline + self.hold_before_end
     }
 
