@@ -199,8 +199,7 @@ fn sends_gzip(config: &SimConfig, headers: &HeaderMap) -> bool {
 /// One message, framed; gzip-compressed (and flagged so) when `gzip`.
 fn framed(message: &[u8], gzip: bool) -> Bytes {
     if gzip {
-        let mut encoder =
-            flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         if encoder.write_all(message).is_ok() {
             if let Ok(compressed) = encoder.finish() {
                 return Bytes::from(frame_with(true, &compressed));
@@ -241,7 +240,10 @@ fn header_profile<'a>(
 pub(super) async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
     let Some(rpc) = rpc(request.uri().path()) else {
-        return trailers_only(code::UNIMPLEMENTED, "the simulator does not serve this method");
+        return trailers_only(
+            code::UNIMPLEMENTED,
+            "the simulator does not serve this method",
+        );
     };
     let headers = request.headers();
     let fault = match request::requested_fault(headers) {
@@ -311,9 +313,13 @@ impl Calls {
             },
             None => profile.clone(),
         };
-        let tokens = profile.tokens.min(ask.max_tokens.unwrap_or(u32::MAX)).max(1);
+        let tokens = profile
+            .tokens
+            .min(ask.max_tokens.unwrap_or(u32::MAX))
+            .max(1);
         let n = state.requests.fetch_add(1, Ordering::Relaxed);
-        let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let rng =
+            SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let cut = self.fault.and_then(Fault::after_tokens);
         let schedule = Schedule::new(start, &profile, profile.tokens_per_event, tokens, cut, rng);
         Generation {
@@ -511,7 +517,11 @@ impl Ask {
                 c.int_contents
                     .first()
                     .map(|v| u32::try_from(*v).unwrap_or(0))
-                    .or_else(|| c.int64_contents.first().map(|v| u32::try_from(*v).unwrap_or(0)))
+                    .or_else(|| {
+                        c.int64_contents
+                            .first()
+                            .map(|v| u32::try_from(*v).unwrap_or(0))
+                    })
             }),
         });
         let stream = input("stream").is_none_or(|(t, raw)| match raw {
@@ -628,9 +638,7 @@ impl Generation {
                 let done = event.first + event.tokens;
                 let last = done >= self.total;
                 Action::Send(match self.engine {
-                    Engine::Triton => {
-                        self.triton_response(&ids, last && !self.ask.empty_final)
-                    }
+                    Engine::Triton => self.triton_response(&ids, last && !self.ask.empty_final),
                     _ => self.chunk(ids, done),
                 })
             }
@@ -945,9 +953,7 @@ impl Body for GrpcStream {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
                             let mut messages = Vec::new();
-                            let fed = this
-                                .reader
-                                .feed(&data, &mut |m| messages.push(m.to_vec()));
+                            let fed = this.reader.feed(&data, &mut |m| messages.push(m.to_vec()));
                             if fed.is_err() {
                                 this.incoming = None;
                                 this.generations.clear();
@@ -1056,6 +1062,9 @@ mod tests {
         assert_eq!(status_for_http(503), code::UNAVAILABLE);
         assert_eq!(status_for_http(500), code::INTERNAL);
         assert_eq!(status_for_http(200), code::OK);
-        assert_eq!(percent_encoded("a 100% é").to_str().unwrap(), "a 100%25 %C3%A9");
+        assert_eq!(
+            percent_encoded("a 100% é").to_str().unwrap(),
+            "a 100%25 %C3%A9"
+        );
     }
 }

@@ -28,6 +28,7 @@ mod recording;
 mod reliability;
 mod routes;
 mod sim;
+mod sim_grpc;
 mod tenant_families;
 mod tls;
 mod token_stream;

@@ -1,0 +1,462 @@
+//! The simulator's gRPC services, over h2c with hyper's HTTP/2 client, read back with
+//! tokentap's own decoders: each SMG engine's `Generate` and Triton's `ModelStreamInfer`
+//! stream exactly the profile's tokens, `tokens_per_event` ids per message, at its TTFT
+//! and ITL, end with `grpc-status: 0` in the trailers, and fail the way the faults say.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prost::Message;
+use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent};
+use tokentap::wire::grpc::framing::{frame, MessageEncoding, MessageReader};
+use tokentap::wire::grpc::proto::inference::infer_parameter::ParameterChoice;
+use tokentap::wire::grpc::proto::inference::model_infer_request::InferInputTensor;
+use tokentap::wire::grpc::proto::inference::{InferParameter, ModelInferRequest};
+use tokentap::wire::grpc::proto::sglang::grpc::scheduler as sglang;
+use tokentap::wire::grpc::proto::trtllm;
+use tokentap::wire::grpc::proto::vllm::grpc::engine as vllm;
+use tokentap::wire::grpc::status::status_error;
+use tokentap::wire::{response_decoder, DecodeLimits, DecodeOptions, Dialect, ErrorClass, Signal};
+
+use crate::common::SimHandle;
+
+const TTFT: Duration = Duration::from_millis(150);
+const ITL: Duration = Duration::from_millis(20);
+const TOKENS: u32 = 12;
+const PER_EVENT: u32 = 3;
+
+fn config() -> SimConfig {
+    let mut profile = ModelProfile::new("grpc-model", TTFT, ITL, TOKENS);
+    profile.tokens_per_event = TokensPerEvent::range(PER_EVENT, PER_EVENT).unwrap();
+    let other = ModelProfile::new("other-model", Duration::ZERO, Duration::from_millis(1), 5);
+    SimConfig {
+        models: vec![profile, other],
+        ..SimConfig::default()
+    }
+}
+
+/// What one call returned: its head, each DATA frame with when it came, its trailers.
+struct Call {
+    status: StatusCode,
+    headers: HeaderMap,
+    frames: Vec<(Duration, Bytes)>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Call {
+    /// The call's `grpc-status`: from the trailers, or the head of a trailers-only answer.
+    fn grpc_status(&self) -> Option<String> {
+        self.trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .or_else(|| self.headers.get("grpc-status"))
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    fn messages(&self) -> Vec<Vec<u8>> {
+        let mut reader = MessageReader::new(1 << 20, MessageEncoding::Identity);
+        let mut out = Vec::new();
+        for (_, bytes) in &self.frames {
+            reader.feed(bytes, &mut |m| out.push(m.to_vec())).unwrap();
+        }
+        out
+    }
+
+    /// The decoder's signals, each with when its frame came.
+    fn signals(&self, dialect: Dialect) -> Vec<(Duration, Signal)> {
+        let mut decoder = response_decoder(
+            dialect,
+            "application/grpc",
+            None,
+            DecodeOptions::new(DecodeLimits::DEFAULT),
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        for (at, bytes) in &self.frames {
+            let mut signals = Vec::new();
+            decoder.feed(bytes, &mut signals).unwrap();
+            out.extend(signals.into_iter().map(|s| (*at, s)));
+        }
+        let mut signals = Vec::new();
+        decoder.finish(&mut signals).unwrap();
+        out.extend(signals.into_iter().map(|s| (Duration::MAX, s)));
+        out
+    }
+}
+
+async fn grpc_call(sim: &SimHandle, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Call {
+    let addr = sim.url().trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let mut request = Request::post(format!("{}{path}", sim.url()))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(Bytes::from(body))).unwrap();
+    let started = Instant::now();
+    let response = send.send_request(request).await.unwrap();
+    let (head, mut body) = response.into_parts();
+    let mut frames = Vec::new();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        match frame.into_data() {
+            Ok(data) => frames.push((started.elapsed(), data)),
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+    Call {
+        status: head.status,
+        headers: head.headers,
+        frames,
+        trailers,
+    }
+}
+
+fn sglang_request() -> Vec<u8> {
+    frame(
+        &sglang::GenerateRequest {
+            request_id: "s1".into(),
+            tokenized: Some(sglang::TokenizedInput {
+                original_text: "hi".into(),
+                input_ids: vec![1, 2, 3, 4, 5, 6, 7],
+            }),
+            stream: true,
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    )
+}
+
+fn vllm_request() -> Vec<u8> {
+    frame(
+        &vllm::GenerateRequest {
+            request_id: "v1".into(),
+            input: Some(vllm::generate_request::Input::Tokenized(
+                vllm::TokenizedInput {
+                    original_text: "hi".into(),
+                    input_ids: vec![1, 2, 3, 4, 5, 6, 7],
+                },
+            )),
+            stream: true,
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    )
+}
+
+fn trtllm_request() -> Vec<u8> {
+    frame(
+        &trtllm::GenerateRequest {
+            request_id: "t1".into(),
+            tokenized: Some(trtllm::TokenizedInput {
+                original_text: "hi".into(),
+                input_token_ids: vec![1, 2, 3, 4, 5, 6, 7],
+                ..Default::default()
+            }),
+            streaming: true,
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    )
+}
+
+fn triton_request(id: &str, model: &str) -> Vec<u8> {
+    let mut parameters = HashMap::new();
+    parameters.insert(
+        "triton_enable_empty_final_response".to_string(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::BoolParam(true)),
+        },
+    );
+    let text = b"hi";
+    let mut text_raw = (text.len() as u32).to_le_bytes().to_vec();
+    text_raw.extend_from_slice(text);
+    frame(
+        &ModelInferRequest {
+            model_name: model.into(),
+            id: id.into(),
+            parameters,
+            inputs: vec![
+                InferInputTensor {
+                    name: "text_input".into(),
+                    datatype: "BYTES".into(),
+                    shape: vec![1, 1],
+                    ..Default::default()
+                },
+                InferInputTensor {
+                    name: "max_tokens".into(),
+                    datatype: "INT32".into(),
+                    shape: vec![1, 1],
+                    ..Default::default()
+                },
+                InferInputTensor {
+                    name: "stream".into(),
+                    datatype: "BOOL".into(),
+                    shape: vec![1, 1],
+                    ..Default::default()
+                },
+            ],
+            raw_input_contents: vec![text_raw, 100i32.to_le_bytes().to_vec(), vec![1]],
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    )
+}
+
+/// The token-bearing events: when each came and its token count, all exact.
+fn outputs(signals: &[(Duration, Signal)]) -> Vec<(Duration, u32)> {
+    signals
+        .iter()
+        .filter_map(|(at, s)| match s {
+            Signal::Output { tokens, exact, .. } => {
+                assert!(exact, "gRPC token ids are exact");
+                Some((*at, *tokens))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first event at TTFT and each next `PER_EVENT` ITLs later, within the tolerances
+/// the HTTP timing tests use on a shared machine (never early; late by a scheduling
+/// hiccup at most).
+fn assert_timing(events: &[(Duration, u32)], what: &str) {
+    let slack = Duration::from_millis(60);
+    let first = events[0].0;
+    assert!(
+        first >= TTFT && first <= TTFT + slack,
+        "{what}: first message at {first:?}"
+    );
+    for pair in events.windows(2) {
+        let gap = pair[1].0.saturating_sub(pair[0].0);
+        let expected = ITL * PER_EVENT;
+        assert!(
+            gap + Duration::from_millis(5) >= expected && gap <= expected + slack,
+            "{what}: a gap of {gap:?}, expected {expected:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sim_grpc_generate_streams_the_profiles_tokens_for_each_engine() {
+    let sim = SimHandle::start(config()).await;
+    let cases = [
+        (
+            "/sglang.grpc.scheduler.SglangScheduler/Generate",
+            sglang_request(),
+            Dialect::SglangGrpc,
+        ),
+        (
+            "/vllm.grpc.engine.VllmEngine/Generate",
+            vllm_request(),
+            Dialect::VllmGrpc,
+        ),
+        (
+            "/trtllm.TrtllmService/Generate",
+            trtllm_request(),
+            Dialect::TrtllmGrpc,
+        ),
+    ];
+    for (path, request, dialect) in cases {
+        let call = grpc_call(&sim, path, request, &[]).await;
+        assert_eq!(call.status, StatusCode::OK, "{path}");
+        assert_eq!(call.headers["content-type"], "application/grpc");
+        assert_eq!(call.grpc_status().as_deref(), Some("0"), "{path}");
+        // A chunk per step of PER_EVENT ids, then the complete.
+        assert_eq!(
+            call.messages().len() as u32,
+            TOKENS / PER_EVENT + 1,
+            "{path}"
+        );
+        let signals = call.signals(dialect);
+        let events = outputs(&signals);
+        assert_eq!(events.len() as u32, TOKENS / PER_EVENT, "{path}");
+        assert!(
+            events.iter().all(|(_, k)| *k == PER_EVENT),
+            "{path}: {events:?}"
+        );
+        assert_eq!(events.iter().map(|(_, k)| k).sum::<u32>(), TOKENS, "{path}");
+        assert_timing(&events, path);
+        let last_usage = signals.iter().rev().find_map(|(_, s)| match s {
+            Signal::Usage {
+                output_tokens: Some(n),
+                input_tokens,
+            } => Some((*input_tokens, *n)),
+            _ => None,
+        });
+        assert_eq!(last_usage, Some((Some(7), u64::from(TOKENS))), "{path}");
+        assert!(signals.iter().any(|(_, s)| *s == Signal::Done), "{path}");
+        assert!(
+            !signals
+                .iter()
+                .any(|(_, s)| matches!(s, Signal::Error(_) | Signal::Malformed)),
+            "{path}: {signals:?}"
+        );
+        println!(
+            "{path}: {} messages, {} tokens, first at {:?}, grpc-status 0",
+            call.messages().len(),
+            TOKENS,
+            events[0].0
+        );
+    }
+}
+
+#[tokio::test]
+async fn sim_grpc_model_info_and_health_answer_unary() {
+    let sim = SimHandle::start(config()).await;
+    let empty = frame(&[]);
+    let info = grpc_call(
+        &sim,
+        "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo",
+        empty.clone(),
+        &[],
+    )
+    .await;
+    assert_eq!(info.grpc_status().as_deref(), Some("0"));
+    let messages = info.messages();
+    assert_eq!(messages.len(), 1);
+    let answer = sglang::GetModelInfoResponse::decode(messages[0].as_slice()).unwrap();
+    assert_eq!(answer.served_model_name, "grpc-model");
+    let info = grpc_call(
+        &sim,
+        "/trtllm.TrtllmService/GetModelInfo",
+        empty.clone(),
+        &[("x-sim-model", "other-model")],
+    )
+    .await;
+    let answer = trtllm::GetModelInfoResponse::decode(info.messages()[0].as_slice()).unwrap();
+    assert_eq!(answer.model_id, "other-model");
+    let health = grpc_call(
+        &sim,
+        "/vllm.grpc.engine.VllmEngine/HealthCheck",
+        empty.clone(),
+        &[],
+    )
+    .await;
+    assert_eq!(health.grpc_status().as_deref(), Some("0"));
+    assert!(
+        vllm::HealthCheckResponse::decode(health.messages()[0].as_slice())
+            .unwrap()
+            .healthy
+    );
+    let unknown = grpc_call(&sim, "/vllm.grpc.engine.VllmEngine/Embed", empty, &[]).await;
+    assert_eq!(unknown.grpc_status().as_deref(), Some("12"));
+}
+
+#[tokio::test]
+async fn sim_grpc_triton_stream_infer_answers_each_request() {
+    let sim = SimHandle::start(config()).await;
+    // Two requests on one stream, the second for the other model: each gets its responses.
+    let body = [
+        triton_request("a", "grpc-model"),
+        triton_request("b", "other-model"),
+    ]
+    .concat();
+    let call = grpc_call(
+        &sim,
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        body,
+        &[],
+    )
+    .await;
+    assert_eq!(call.status, StatusCode::OK);
+    assert_eq!(call.grpc_status().as_deref(), Some("0"));
+    // grpc-model: 4 responses of 3 ids, other-model: 5 of 1, and an empty final each.
+    assert_eq!(call.messages().len(), 4 + 5 + 2);
+    let signals = call.signals(Dialect::TritonGrpc);
+    let events = outputs(&signals);
+    assert_eq!(events.iter().map(|(_, k)| k).sum::<u32>(), TOKENS + 5);
+    let grpc_model: Vec<_> = events
+        .iter()
+        .copied()
+        .filter(|(_, k)| *k == PER_EVENT)
+        .collect();
+    assert_eq!(grpc_model.len() as u32, TOKENS / PER_EVENT);
+    assert_timing(&grpc_model, "ModelStreamInfer");
+    assert_eq!(
+        signals.iter().filter(|(_, s)| *s == Signal::Done).count(),
+        2
+    );
+    assert_eq!(
+        signals.iter().find_map(|(_, s)| match s {
+            Signal::Model(m) => Some(m.clone()),
+            _ => None,
+        }),
+        Some("other-model".to_string()),
+        "the first response is the fast model's"
+    );
+    println!(
+        "ModelStreamInfer: {} messages, {} tokens, grpc-status 0",
+        call.messages().len(),
+        TOKENS + 5
+    );
+}
+
+#[tokio::test]
+async fn sim_grpc_faults_are_grpc_statuses() {
+    let sim = SimHandle::start(config()).await;
+    let path = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+    for (fault, status) in [("status=429", "8"), ("status=503", "14")] {
+        let call = grpc_call(&sim, path, sglang_request(), &[("x-sim-fault", fault)]).await;
+        assert_eq!(call.status, StatusCode::OK);
+        assert!(
+            call.frames.is_empty() && call.trailers.is_none(),
+            "{fault}: trailers-only"
+        );
+        assert_eq!(call.headers["grpc-status"], status, "{fault}");
+    }
+    // Mid-stream: the chunks before it, then the status naming the class.
+    for (fault, status, class) in [
+        ("rate-limit-error-after=3", "8", ErrorClass::RateLimited),
+        ("overloaded-error-after=6", "14", ErrorClass::Overloaded),
+        ("error-after=3", "13", ErrorClass::Other),
+    ] {
+        let call = grpc_call(&sim, path, sglang_request(), &[("x-sim-fault", fault)]).await;
+        assert_eq!(call.grpc_status().as_deref(), Some(status), "{fault}");
+        let n: u32 = fault.rsplit('=').next().unwrap().parse().unwrap();
+        let events = outputs(&call.signals(Dialect::SglangGrpc));
+        assert_eq!(events.iter().map(|(_, k)| k).sum::<u32>(), n, "{fault}");
+        assert_eq!(status_error(status.as_bytes()), Some(class), "{fault}");
+    }
+    // vLLM reports a failure in its complete message, status OK.
+    let call = grpc_call(
+        &sim,
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        vllm_request(),
+        &[("x-sim-fault", "error-after=3")],
+    )
+    .await;
+    assert_eq!(call.grpc_status().as_deref(), Some("0"));
+    let signals = call.signals(Dialect::VllmGrpc);
+    assert!(signals
+        .iter()
+        .any(|(_, s)| *s == Signal::Error(ErrorClass::Other)));
+    // Triton: an error_message in the stream.
+    let call = grpc_call(
+        &sim,
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        triton_request("a", "grpc-model"),
+        &[("x-sim-fault", "error-after=6")],
+    )
+    .await;
+    assert_eq!(call.grpc_status().as_deref(), Some("0"));
+    let signals = call.signals(Dialect::TritonGrpc);
+    assert_eq!(outputs(&signals).iter().map(|(_, k)| k).sum::<u32>(), 6);
+    assert!(signals
+        .iter()
+        .any(|(_, s)| *s == Signal::Error(ErrorClass::Other)));
+    // A header the simulator cannot read is INVALID_ARGUMENT, at once.
+    let call = grpc_call(&sim, path, sglang_request(), &[("x-sim-fault", "nonsense")]).await;
+    assert_eq!(call.headers["grpc-status"], "3");
+}
