@@ -55,7 +55,8 @@ enum Command {
         /// The YAML file to check.
         file: PathBuf,
     },
-    /// Run a simulated OpenAI-compatible streaming backend with known timing.
+    /// Run a simulated streaming backend with known timing: every HTTP dialect, and the
+    /// SGLang, vLLM, TensorRT-LLM and Triton gRPC services (h2c) on the same port.
     Sim(SimArgs),
     /// Run the simulator, tokentap and a traffic generator, and show live figures.
     Demo(DemoArgs),
@@ -99,7 +100,8 @@ struct SimArgs {
     /// the benchmark).
     #[arg(long)]
     stamp: bool,
-    /// Compress responses (zstd or gzip) for clients that accept it, flushed per event.
+    /// Compress responses (zstd or gzip) for clients that accept it, flushed per event;
+    /// gRPC messages gzip-compressed for clients whose grpc-accept-encoding names gzip.
     #[arg(long)]
     compress: bool,
     /// Rate-limit the hosted APIs' paths (OpenAI, Anthropic, Gemini) to this many requests

@@ -22,9 +22,18 @@
 //! | `POST /api/chat`, `/api/generate` | Ollama (NDJSON) | unless `"stream": false` |
 //! | `POST /generate_stream`, `/generate` | TGI | `/generate_stream` |
 //! | `POST /v2/models/{m}/generate_stream`, `/generate` | Triton | `generate_stream` |
+//! | gRPC `/sglang.grpc.scheduler.SglangScheduler/Generate`, `/vllm.grpc.engine.VllmEngine/Generate`, `/trtllm.TrtllmService/Generate` (h2c) | SGLang, vLLM, TensorRT-LLM gRPC: a `chunk` of `tokens_per_event` token ids per step, then a `complete` with usage; `grpc-status` in the trailers | `stream` (TensorRT-LLM `streaming`) |
+//! | gRPC `/inference.GRPCInferenceService/ModelStreamInfer` (h2c, bidirectional) | Triton: per request message, a response per step with INT32 `output_ids` and BYTES `text_output`, `triton_final_response` at the end | BOOL input `stream` (default true) |
+//! | gRPC `…/GetModelInfo`, `…/HealthCheck` of the three SMG services | unary | – |
 //!
-//! Also `GET /v1/models` and `GET /health`. A request may change its own response with
-//! these headers, which is how the tests make an upstream misbehave:
+//! Also `GET /v1/models` and `GET /health`. A gRPC call (`POST` of `application/grpc`) is
+//! answered by `grpc.rs`, without tonic: its model (the SMG requests name none; Triton's
+//! `model_name` wins), how the faults below become gRPC statuses (`status=429` is
+//! `RESOURCE_EXHAUSTED`, `status=503` `UNAVAILABLE`, in a trailers-only answer) and when
+//! its messages are gzip-compressed are in that module's docs.
+//!
+//! A request may change its own response with these headers, which is how the tests make
+//! an upstream misbehave (a gRPC call sends them as metadata):
 //!
 //! | header | effect |
 //! |---|---|

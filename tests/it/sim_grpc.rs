@@ -484,3 +484,129 @@ fn sim_grpc_python_clients_stream_from_the_simulator() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn sim_grpc_gzip_messages_for_a_client_that_accepts_them() {
+    let sim = SimHandle::start(SimConfig {
+        compress: true,
+        ..config()
+    })
+    .await;
+    let call = grpc_call(
+        &sim,
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        vllm_request(),
+        &[("grpc-accept-encoding", "identity,gzip")],
+    )
+    .await;
+    assert_eq!(call.headers["grpc-encoding"], "gzip");
+    assert!(
+        call.frames.iter().all(|(_, f)| f[0] == 1),
+        "each message flagged compressed"
+    );
+    let mut decoder = response_decoder(
+        Dialect::VllmGrpc,
+        "application/grpc",
+        None,
+        DecodeOptions {
+            grpc_encoding: Some(b"gzip"),
+            ..DecodeOptions::new(DecodeLimits::DEFAULT)
+        },
+    )
+    .unwrap();
+    let mut signals = Vec::new();
+    for (_, bytes) in &call.frames {
+        decoder.feed(bytes, &mut signals).unwrap();
+    }
+    let tokens: u32 = signals
+        .iter()
+        .filter_map(|s| match s {
+            Signal::Output { tokens, .. } => Some(*tokens),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(tokens, TOKENS);
+    assert_eq!(call.grpc_status().as_deref(), Some("0"));
+}
+
+/// `ModelStreamInfer` reads request messages as they come: the second request, sent only
+/// once the first one's first response arrived, is answered on the same stream.
+#[tokio::test]
+async fn sim_grpc_triton_reads_requests_as_they_come() {
+    use futures_util::StreamExt;
+    let sim = SimHandle::start(config()).await;
+    let addr = sim.url().trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let (requests, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| {
+            (
+                Ok::<_, std::convert::Infallible>(http_body::Frame::data(b)),
+                rx,
+            )
+        })
+    });
+    let body = http_body_util::StreamBody::new(stream.boxed());
+    let request = Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelStreamInfer",
+        sim.url()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(body)
+    .unwrap();
+    requests
+        .send(Bytes::from(triton_request("first", "grpc-model")))
+        .unwrap();
+    let started = Instant::now();
+    let response = send.send_request(request).await.unwrap();
+    let mut body = response.into_body();
+    let mut reader = MessageReader::new(1 << 20, MessageEncoding::Identity);
+    let mut ids = Vec::new();
+    let mut requests = Some(requests);
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                trailers = frame.into_trailers().ok();
+                continue;
+            }
+        };
+        let mut messages = Vec::new();
+        reader
+            .feed(&data, &mut |m| messages.push(m.to_vec()))
+            .unwrap();
+        for m in messages {
+            let response =
+                tokentap::wire::grpc::proto::inference::ModelStreamInferResponse::decode(
+                    m.as_slice(),
+                )
+                .unwrap();
+            let id = response.infer_response.unwrap().id;
+            if id == "first" {
+                if let Some(requests) = requests.take() {
+                    // The first response came at TTFT: now send the second, then close.
+                    assert!(started.elapsed() >= TTFT);
+                    requests
+                        .send(Bytes::from(triton_request("second", "other-model")))
+                        .unwrap();
+                }
+            }
+            ids.push(id);
+        }
+    }
+    assert_eq!(trailers.unwrap()["grpc-status"], "0");
+    // other-model answers at once (TTFT 0, 1 ms ITL): its 5 responses and final come
+    // between the first request's responses.
+    assert_eq!(ids.iter().filter(|i| *i == "first").count(), 5);
+    assert_eq!(ids.iter().filter(|i| *i == "second").count(), 6);
+    assert_eq!(ids[0], "first");
+    assert_eq!(ids[1], "second");
+}
