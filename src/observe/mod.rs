@@ -35,6 +35,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
 use crate::prefetch;
+use crate::wire::grpc::request::GrpcRequestScanner;
 use crate::wire::request::RequestScanner;
 use crate::wire::{
     self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
@@ -73,9 +74,14 @@ pub fn start(
     metrics: &Arc<Metrics>,
 ) -> (RequestScan, Pending) {
     let path = head.uri.path();
-    let Some(dialect) =
-        inspect::routed_dialect(&config.routes, head.method, path, head.uri.query())
-    else {
+    let routed = inspect::routed_dialect(
+        &config.routes,
+        head.method,
+        path,
+        head.uri.query(),
+        head.headers,
+    );
+    let Some(dialect) = routed else {
         metrics.passthrough();
         let pending = Pending(Some(Waiting::Passthrough {
             method: head.method.clone(),
@@ -129,6 +135,7 @@ pub fn refused(
                 head.method,
                 head.uri.path(),
                 head.uri.query(),
+                head.headers,
             );
             let Some(dialect) = routed else {
                 metrics.passthrough();
@@ -167,13 +174,34 @@ pub fn refused(
 /// The request body's scan for `model` and `stream`, fed bytes as they go upstream.
 pub struct RequestScan {
     /// `None` once the scan is done (or never needed: passthrough, or a panic).
-    scanner: Option<(RequestScanner, Arc<RequestFacts>)>,
+    scanner: Option<(Scanner, Arc<RequestFacts>)>,
+}
+
+/// A JSON body's scanner, or a gRPC one's (the first request message); their interfaces
+/// match.
+enum Scanner {
+    Json(RequestScanner),
+    Grpc(GrpcRequestScanner),
+}
+
+macro_rules! each_scanner {
+    ($scanner:expr, $s:ident => $body:expr) => {
+        match $scanner {
+            Scanner::Json($s) => $body,
+            Scanner::Grpc($s) => $body,
+        }
+    };
 }
 
 impl RequestScan {
     fn new(facts: Arc<RequestFacts>) -> RequestScan {
+        let scanner = if facts.dialect.is_grpc() {
+            Scanner::Grpc(GrpcRequestScanner::new(facts.dialect))
+        } else {
+            Scanner::Json(RequestScanner::new())
+        };
         RequestScan {
-            scanner: Some((RequestScanner::new(), facts)),
+            scanner: Some((scanner, facts)),
         }
     }
 
@@ -187,19 +215,21 @@ impl RequestScan {
             return;
         };
         let scanned = catch_unwind(AssertUnwindSafe(|| {
-            scanner.feed(bytes);
-            if let Some(model) = scanner.model() {
-                if facts.model.get().is_none() {
-                    let _ = facts.model.set(model.to_string());
+            each_scanner!(scanner, s => {
+                s.feed(bytes);
+                if let Some(model) = s.model() {
+                    if facts.model.get().is_none() {
+                        let _ = facts.model.set(model.to_string());
+                    }
                 }
-            }
-            if scanner.model_too_long() {
-                let _ = facts.model_too_long.set(());
-            }
-            if let Some(stream) = scanner.stream() {
-                let _ = facts.stream.set(stream);
-            }
-            scanner.is_done()
+                if s.model_too_long() {
+                    let _ = facts.model_too_long.set(());
+                }
+                if let Some(stream) = s.stream() {
+                    let _ = facts.stream.set(stream);
+                }
+                s.is_done()
+            })
         }));
         if scanned.unwrap_or(true) {
             self.scanner = None;
