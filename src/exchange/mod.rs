@@ -257,6 +257,14 @@ impl Streaming {
         }
     }
 
+    /// Look at the trailers that end the body (forwarded unchanged): a gRPC call's
+    /// `grpc-status` is there.
+    pub fn trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(observer) = self.observer.as_mut() {
+            observer.trailers(trailers);
+        }
+    }
+
     /// The memory [`data`](Self::data) touches first (see [`ResponseObserver::hot_lines`]).
     pub fn hot_lines(&self) -> prefetch::Lines {
         self.observer

@@ -45,6 +45,10 @@ pub(crate) use recorder::{Recorder, RequestFacts};
 #[cfg(not(test))]
 use recorder::{Recorder, RequestFacts};
 
+/// Where a gRPC response reports how the call ended: in its trailers, or in the head of a
+/// trailers-only response.
+const GRPC_STATUS: &str = "grpc-status";
+
 /// A request head as observation needs it: what any transport has parsed.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestHead<'a> {
@@ -274,6 +278,13 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
+                if recorder.dialect().is_grpc() {
+                    // A trailers-only response (a call that failed at once) carries its
+                    // status in the head.
+                    if let Some(value) = headers.get(GRPC_STATUS) {
+                        recorder.grpc_status(value.as_bytes());
+                    }
+                }
                 if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
                     recorder.rate_limits(limits);
                 }
@@ -432,6 +443,18 @@ impl ResponseObserver {
             observing.recorder.hot_lines(&mut lines);
         }
         lines
+    }
+
+    /// The response's trailers passed (forwarded unchanged): a gRPC call's status is there.
+    pub fn trailers(&mut self, trailers: &HeaderMap) {
+        let Some(observing) = self.observing.as_mut() else {
+            return;
+        };
+        if observing.recorder.dialect().is_grpc() {
+            if let Some(value) = trailers.get(GRPC_STATUS) {
+                observing.recorder.grpc_status(value.as_bytes());
+            }
+        }
     }
 
     /// The body ended cleanly at `at`.
