@@ -62,6 +62,8 @@ pub struct Gateway<U> {
     metrics: Arc<Metrics>,
     /// Bounds requests in flight; a permit lives as long as the response body.
     in_flight: Arc<Semaphore>,
+    /// The models the engines said they serve, kept across reloads.
+    served: Arc<observe::ServedModels>,
 }
 
 /// An admitted request: the configuration it runs under, the scan its body goes through
@@ -78,6 +80,7 @@ impl<U> Gateway<U> {
             in_flight: Arc::new(Semaphore::new(active.config.limits.max_in_flight)),
             current: RwLock::new(Arc::new(active)),
             metrics,
+            served: Arc::default(),
         }
     }
 
@@ -147,6 +150,7 @@ impl<U> Gateway<U> {
             &active.config,
             active.tokenizer.as_ref(),
             &self.metrics,
+            &self.served,
         );
         let head_timeout = active.config.upstream.response_head_timeout;
         let exchange = Exchange {

@@ -76,6 +76,7 @@ pub fn start(
     config: &Arc<Config>,
     tokenizer: Option<&Tokenizer>,
     metrics: &Arc<Metrics>,
+    served: &Arc<ServedModels>,
 ) -> (RequestScan, Pending) {
     let path = head.uri.path();
     let routed = inspect::routed_dialect(
@@ -87,10 +88,23 @@ pub fn start(
     );
     let Some(dialect) = routed else {
         metrics.passthrough();
+        // An engine's `GetModelInfo` passes through, read on the way for the model its
+        // generate calls (which name none) are labelled with.
+        let model_info = inspect::is_grpc(head.headers)
+            .then(|| wire::grpc::route::model_info_rpc(path))
+            .flatten()
+            .map(|dialect| ModelInfoReader {
+                dialect,
+                body: Vec::new(),
+                served: served.clone(),
+                upstream: ServedModels::key(config),
+                metrics: metrics.clone(),
+            });
         let pending = Pending(Some(Waiting::Passthrough {
             method: head.method.clone(),
             uri: head.uri.clone(),
             t_req,
+            model_info,
         }));
         return (RequestScan::inactive(), pending);
     };
@@ -100,6 +114,9 @@ pub fn start(
         dialect,
         inspect::tenant_for(head.headers, &config.tenants),
     );
+    if dialect.is_grpc() {
+        facts.served_model = served.get(config);
+    }
     let exemplars = &config.metrics.exemplars;
     if exemplars.enabled {
         facts.trace = inspect::trace_context(head.headers, &exemplars.header);
@@ -254,11 +271,13 @@ enum Waiting {
         /// `observe.tokenizer`, loaded.
         tokenizer: Option<Tokenizer>,
     },
-    /// Not an LLM route: only the access log hears of it.
+    /// Not an LLM route: only the access log hears of it (and, for an engine's
+    /// `GetModelInfo`, the served models).
     Passthrough {
         method: Method,
         uri: Uri,
         t_req: Instant,
+        model_info: Option<ModelInfoReader>,
     },
 }
 
@@ -300,7 +319,12 @@ impl Pending {
                 );
                 Some(ResponseObserver::new(*recorder, decoder, metrics))
             }
-            Waiting::Passthrough { method, uri, t_req } => {
+            Waiting::Passthrough {
+                method,
+                uri,
+                t_req,
+                model_info,
+            } => {
                 tracing::info!(
                     target: "tokentap::access",
                     method = %method,
@@ -309,7 +333,12 @@ impl Pending {
                     ttfb_ms = at.duration_since(t_req).as_secs_f64() * 1e3,
                     "passthrough"
                 );
-                None
+                let model_info = model_info.filter(|_| status.is_success())?;
+                Some(ResponseObserver {
+                    observing: None,
+                    metrics: model_info.metrics.clone(),
+                    model_info: Some(model_info),
+                })
             }
         }
     }
@@ -375,9 +404,90 @@ fn decoder_for(
 
 /// Watches one response body and records its request's outcome exactly once.
 pub struct ResponseObserver {
-    /// `None` once the outcome is recorded.
+    /// `None` once the outcome is recorded (or for a passthrough `GetModelInfo`).
     observing: Option<Observing>,
     metrics: Arc<Metrics>,
+    /// A passthrough `GetModelInfo` answer being read.
+    model_info: Option<ModelInfoReader>,
+}
+
+/// The models the engines behind each upstream said they serve, in the last `GetModelInfo`
+/// answer that passed through: the label of their generate calls, whose requests name no
+/// model (SGLang, vLLM, TensorRT-LLM). Kept across reloads; one entry per upstream (a
+/// reload that changes the upstream starts with none for it).
+#[derive(Debug, Default)]
+pub struct ServedModels {
+    by_upstream: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Upstreams remembered at most: more are only there after many reloads to new upstreams.
+const SERVED_UPSTREAMS: usize = 16;
+
+impl ServedModels {
+    fn key(config: &Config) -> String {
+        format!("{}{}", config.upstream.authority, config.upstream.base_path)
+    }
+
+    fn get(&self, config: &Config) -> Option<String> {
+        let by_upstream = self
+            .by_upstream
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_upstream.get(&Self::key(config)).cloned()
+    }
+
+    fn set(&self, upstream: String, model: String) {
+        let mut by_upstream = self
+            .by_upstream
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if by_upstream.len() >= SERVED_UPSTREAMS && !by_upstream.contains_key(&upstream) {
+            by_upstream.clear();
+        }
+        by_upstream.insert(upstream, model);
+    }
+}
+
+/// Largest `GetModelInfo` answer read (a few hundred bytes in practice); a longer one is
+/// forwarded unread.
+const MODEL_INFO_MAX_BYTES: usize = 64 * 1024;
+
+/// Reads a passthrough `GetModelInfo` answer (one uncompressed message) for its model.
+struct ModelInfoReader {
+    dialect: Dialect,
+    body: Vec<u8>,
+    served: Arc<ServedModels>,
+    upstream: String,
+    metrics: Arc<Metrics>,
+}
+
+impl ModelInfoReader {
+    fn data(&mut self, bytes: &[u8]) {
+        if self.body.len() + bytes.len() <= MODEL_INFO_MAX_BYTES {
+            self.body.extend_from_slice(bytes);
+        } else {
+            self.body = vec![0xff];
+        }
+    }
+
+    fn end(self) {
+        let message = match self.body.as_slice() {
+            [0, len @ ..] if len.len() >= 4 => {
+                let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                len[4..].get(..n)
+            }
+            _ => None,
+        };
+        let model = message.and_then(|m| wire::grpc::model_info::model_info_model(self.dialect, m));
+        if let Some(model) = model {
+            tracing::info!(
+                upstream = %self.upstream,
+                model = %model,
+                "the engine named the model it serves"
+            );
+            self.served.set(self.upstream, model);
+        }
+    }
 }
 
 /// The decoder plus the recorder it feeds.
@@ -412,11 +522,15 @@ impl ResponseObserver {
         ResponseObserver {
             observing: Some(Observing { recorder, decoder }),
             metrics,
+            model_info: None,
         }
     }
 
     /// Look at the bytes of one response body frame that arrived at `at`.
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
+        if let Some(model_info) = self.model_info.as_mut() {
+            model_info.data(bytes);
+        }
         let Some(observing) = self.observing.as_mut() else {
             return;
         };
@@ -459,6 +573,9 @@ impl ResponseObserver {
 
     /// The body ended cleanly at `at`.
     pub fn end(&mut self, at: Instant) {
+        if let Some(model_info) = self.model_info.take() {
+            guarded(&self.metrics, || model_info.end());
+        }
         if let Some(observing) = self.observing.take() {
             guarded(&self.metrics, || observing.end(at, &self.metrics));
         }

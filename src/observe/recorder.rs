@@ -36,6 +36,10 @@ pub struct RequestFacts {
     /// Set when the body's `model` was too long for the request scanner to read.
     pub model_too_long: OnceLock<()>,
     pub stream: OnceLock<bool>,
+    /// The model the upstream's engine said it serves (`GetModelInfo`), for a gRPC
+    /// dialect whose requests name none: the label when neither request nor response
+    /// names one.
+    pub served_model: Option<String>,
 }
 
 impl RequestFacts {
@@ -55,6 +59,7 @@ impl RequestFacts {
             model: OnceLock::new(),
             model_too_long: OnceLock::new(),
             stream: OnceLock::new(),
+            served_model: None,
         }
     }
 }
@@ -244,7 +249,9 @@ impl Recorder {
             let handles = if request_model.is_none() && self.facts.model_too_long.get().is_some() {
                 self.metrics.stream_with_model_too_long(tenant)
             } else {
-                let model = request_model.or(self.response_model.as_deref());
+                let model = request_model
+                    .or(self.response_model.as_deref())
+                    .or(self.facts.served_model.as_deref());
                 self.metrics.stream(model, tenant)
             };
             if let Some(ttfb) = self.clock.ttfb() {

@@ -23,6 +23,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 const GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
 const HEALTH: &str = "/grpc.health.v1.Health/Check";
+const MODEL_INFO: &str = "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo";
+
+/// The model the backend's `GetModelInfo` names.
+const SERVED_MODEL: &str = "llama-3.1-8b-instruct";
 
 /// The gap between two messages of the backend's stream.
 const GAP: Duration = Duration::from_millis(60);
@@ -168,6 +172,19 @@ async fn answer(
         log.len() - 1
     };
     let mark_reset = || log.lock().unwrap()[index].reset = true;
+    if parts.uri.path() == MODEL_INFO {
+        let Ok(mut send) = respond.send_response(grpc_head(None), false) else {
+            return;
+        };
+        let info = sglang::GetModelInfoResponse {
+            model_path: "/models/llama".into(),
+            served_model_name: SERVED_MODEL.into(),
+            ..Default::default()
+        };
+        let _ = send.send_data(frame(&info.encode_to_vec()).into(), false);
+        let _ = send.send_trailers(trailers("0"));
+        return;
+    }
     if parts.uri.path() == HEALTH {
         let Ok(mut send) = respond.send_response(grpc_head(None), false) else {
             return;
@@ -451,4 +468,36 @@ async fn a_health_check_is_passthrough() {
         .await;
     assert_eq!(m.sum("tokentap_passthrough_requests_total", &[]), 1.0);
     assert_eq!(m.sum("tokentap_requests_total", &[]), 0.0);
+}
+
+/// SGLang's requests name no model: until the engine's `GetModelInfo` has passed through
+/// (as passthrough, unchanged), its calls are `unknown`; after, they carry the model it
+/// named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_an_engine_names_in_get_model_info_labels_its_calls() {
+    let backend = Backend::start().await;
+    let proxy = proxy_for(&backend).await;
+    call(proxy.addr, GENERATE, "0").await;
+    let direct = call(backend.addr, MODEL_INFO, "0").await;
+    let proxied = call(proxy.addr, MODEL_INFO, "0").await;
+    assert_eq!(proxied, direct);
+    call(proxy.addr, GENERATE, "0").await;
+    let m = proxy
+        .wait_metrics("both calls", |m| {
+            m.sum("tokentap_requests_total", &[]) >= 2.0
+        })
+        .await;
+    assert_eq!(m.sum("tokentap_passthrough_requests_total", &[]), 1.0);
+    for model in ["unknown", SERVED_MODEL] {
+        assert_eq!(
+            m.sum("tokentap_requests_total", &[("model", model)]),
+            1.0,
+            "{model}: {}",
+            m.text
+        );
+        assert_eq!(
+            m.sum("tokentap_output_tokens_total", &[("model", model)]),
+            10.0
+        );
+    }
 }
