@@ -126,6 +126,7 @@ fn observer(
         config,
         None,
         metrics,
+        &Default::default(),
     );
     scan.feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
     let mut headers = http::HeaderMap::new();

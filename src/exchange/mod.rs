@@ -62,6 +62,8 @@ pub struct Gateway<U> {
     metrics: Arc<Metrics>,
     /// Bounds requests in flight; a permit lives as long as the response body.
     in_flight: Arc<Semaphore>,
+    /// The models the engines said they serve, kept across reloads.
+    served: Arc<observe::ServedModels>,
 }
 
 /// An admitted request: the configuration it runs under, the scan its body goes through
@@ -78,6 +80,7 @@ impl<U> Gateway<U> {
             in_flight: Arc::new(Semaphore::new(active.config.limits.max_in_flight)),
             current: RwLock::new(Arc::new(active)),
             metrics,
+            served: Arc::default(),
         }
     }
 
@@ -147,6 +150,7 @@ impl<U> Gateway<U> {
             &active.config,
             active.tokenizer.as_ref(),
             &self.metrics,
+            &self.served,
         );
         let head_timeout = active.config.upstream.response_head_timeout;
         let exchange = Exchange {
@@ -254,6 +258,14 @@ impl Streaming {
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
         if let Some(observer) = self.observer.as_mut() {
             observer.data(at, bytes);
+        }
+    }
+
+    /// Look at the trailers that end the body (forwarded unchanged): a gRPC call's
+    /// `grpc-status` is there.
+    pub fn trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(observer) = self.observer.as_mut() {
+            observer.trailers(trailers);
         }
     }
 

@@ -17,11 +17,14 @@ pub enum Outcome {
     /// The client went away before the end.
     Cancelled,
     /// The upstream failed: no connection or no readable head (tokentap's `502`), a 5xx
-    /// status, a body that broke off, or an error reported inside the stream.
+    /// status, a body that broke off, an error reported inside the stream, or a gRPC
+    /// error status.
     UpstreamError,
-    /// The upstream refused the request with a 4xx status (`429` included).
+    /// The upstream refused the request with a 4xx status (`429` included), or a gRPC
+    /// status that says the caller is at fault (`RESOURCE_EXHAUSTED` as `429`).
     UpstreamRefused,
-    /// The response head (tokentap's `504`) or a body frame took longer than its timeout.
+    /// The response head (tokentap's `504`) or a body frame took longer than its timeout,
+    /// or a gRPC call ended `DEADLINE_EXCEEDED`.
     Timeout,
     /// The client's own request was at fault (a malformed head or body, a stalled body,
     /// a bad `Host`, `CONNECT`): tokentap answered 4xx/501 itself and the upstream is not

@@ -17,26 +17,56 @@ use crate::wire::{self, Dialect};
 
 /// The dialect of a request. The first route whose prefix matches the path decides:
 /// `dialect: none` forwards the request unobserved whatever its method; a dialect applies
-/// to `POST`s, and other methods are detected from the path as without the route (which
-/// finds only the Responses API's `GET …/responses/{id}?stream=true`). A path no route
-/// matches is detected by [`wire::dialect_for`].
+/// to `POST`s of its kind (a gRPC dialect to gRPC calls, any other to the rest), and other
+/// methods, or calls of the other kind, are detected from the path as without the route
+/// (which finds only the Responses API's `GET …/responses/{id}?stream=true`). A path no
+/// route matches is detected by [`wire::dialect_for`], or for a gRPC call (see [`is_grpc`])
+/// by [`wire::dialect_for_grpc`]: only the engines' generate RPCs are measured, every other
+/// gRPC method (health, model info, Triton's unary `ModelInfer`) passes through.
 pub fn routed_dialect(
     routes: &[Route],
     method: &Method,
     path: &str,
     query: Option<&str>,
+    headers: &HeaderMap,
 ) -> Option<Dialect> {
+    let grpc = is_grpc(headers);
+    let detected = || {
+        if grpc {
+            // gRPC calls are `POST`s; anything else is not a call this table knows.
+            (method == Method::POST)
+                .then(|| wire::dialect_for_grpc(path))
+                .flatten()
+        } else {
+            wire::dialect_for(method, path, query)
+        }
+    };
     match routes.iter().find(|route| route.matches(path)) {
         Some(route) => {
             let forced = route.dialect?;
-            if method == Method::POST {
+            if method == Method::POST && forced.is_grpc() == grpc {
                 Some(forced)
             } else {
-                wire::dialect_for(method, path, query)
+                detected()
             }
         }
-        None => wire::dialect_for(method, path, query),
+        None => detected(),
     }
+}
+
+/// Whether a request is a gRPC call whose messages tokentap can read: `content-type`
+/// `application/grpc` or `application/grpc+proto` (parameters allowed, any case). gRPC-Web
+/// and other codecs (`+json`) are not.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/grpc")
+        || essence.eq_ignore_ascii_case("application/grpc+proto")
 }
 
 /// The tenant from the first configured source that yields one.
@@ -148,7 +178,9 @@ mod tests {
     #[test]
     fn dialect_from_path() {
         // Without routes, the path decides (`wire::dialect_for`, no query).
-        let dialect_for = |method: &Method, path: &str| routed_dialect(&[], method, path, None);
+        let dialect_for = |method: &Method, path: &str| {
+            routed_dialect(&[], method, path, None, &HeaderMap::new())
+        };
         let post = Method::POST;
         assert_eq!(
             dialect_for(&post, "/v1/chat/completions"),
@@ -183,7 +215,7 @@ mod tests {
         let post = Method::POST;
         let get = Method::GET;
         let at = |method: &Method, path: &str, query: Option<&str>| {
-            routed_dialect(&routes, method, path, query)
+            routed_dialect(&routes, method, path, query, &HeaderMap::new())
         };
         // Forced, whatever the path looks like.
         assert_eq!(at(&post, "/my/llm", None), Some(Dialect::Anthropic));
@@ -210,6 +242,76 @@ mod tests {
         );
         assert_eq!(at(&post, "/api/chat", None), Some(Dialect::Ollama));
         assert_eq!(at(&post, "/my/llmx", None), None);
+    }
+
+    #[test]
+    fn grpc_calls_are_routed_by_their_exact_method() {
+        use crate::config::Route;
+        let grpc = |content_type: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+            headers
+        };
+        let (g, gp, json, none) = (
+            grpc("application/grpc"),
+            grpc("Application/gRPC+proto; charset=x"),
+            grpc("application/json"),
+            HeaderMap::new(),
+        );
+        let post = Method::POST;
+        const GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+        let at = |routes: &[Route], headers: &HeaderMap, path: &str| {
+            routed_dialect(routes, &post, path, None, headers)
+        };
+        assert_eq!(at(&[], &g, GENERATE), Some(Dialect::SglangGrpc));
+        assert_eq!(at(&[], &gp, GENERATE), Some(Dialect::SglangGrpc));
+        assert_eq!(
+            at(&[], &g, "/inference.GRPCInferenceService/ModelStreamInfer"),
+            Some(Dialect::TritonGrpc)
+        );
+        // Not a generate RPC, not gRPC, or a codec tokentap cannot read: passthrough.
+        for (headers, path) in [
+            (&g, "/grpc.health.v1.Health/Check"),
+            (&g, "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo"),
+            (&g, "/inference.GRPCInferenceService/ModelInfer"),
+            (&g, "/v1/chat/completions"),
+            (&json, GENERATE),
+            (&none, GENERATE),
+            (&grpc("application/grpc-web"), GENERATE),
+            (&grpc("application/grpc+json"), GENERATE),
+        ] {
+            assert_eq!(at(&[], headers, path), None, "{path} {headers:?}");
+        }
+        assert_eq!(
+            routed_dialect(&[], &Method::GET, GENERATE, None, &g),
+            None,
+            "gRPC calls are POSTs"
+        );
+        // Routes: `none` wins; a gRPC dialect applies to gRPC calls only, an HTTP one to
+        // the rest.
+        let routes = [
+            Route {
+                path_prefix: "/private.Service".into(),
+                dialect: None,
+            },
+            Route {
+                path_prefix: "/my.Engine/Generate".into(),
+                dialect: Some(Dialect::VllmGrpc),
+            },
+            Route {
+                path_prefix: "/".into(),
+                dialect: Some(Dialect::OpenAiChat),
+            },
+        ];
+        assert_eq!(at(&routes, &g, "/private.Service/Generate"), None);
+        assert_eq!(
+            at(&routes, &g, "/my.Engine/Generate"),
+            Some(Dialect::VllmGrpc)
+        );
+        assert_eq!(at(&routes, &json, "/my.Engine/Generate"), None);
+        assert_eq!(at(&routes, &g, GENERATE), Some(Dialect::SglangGrpc));
+        assert_eq!(at(&routes, &g, "/grpc.health.v1.Health/Check"), None);
+        assert_eq!(at(&routes, &json, "/anything"), Some(Dialect::OpenAiChat));
     }
 
     /// Every way a `traceparent` can be wrong gives no trace context; the valid ones give

@@ -35,6 +35,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
 use crate::prefetch;
+use crate::wire::grpc::request::GrpcRequestScanner;
 use crate::wire::request::RequestScanner;
 use crate::wire::{
     self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
@@ -43,6 +44,10 @@ use crate::wire::{
 pub(crate) use recorder::{Recorder, RequestFacts};
 #[cfg(not(test))]
 use recorder::{Recorder, RequestFacts};
+
+/// Where a gRPC response reports how the call ended: in its trailers, or in the head of a
+/// trailers-only response.
+const GRPC_STATUS: &str = "grpc-status";
 
 /// A request head as observation needs it: what any transport has parsed.
 #[derive(Clone, Copy, Debug)]
@@ -71,16 +76,35 @@ pub fn start(
     config: &Arc<Config>,
     tokenizer: Option<&Tokenizer>,
     metrics: &Arc<Metrics>,
+    served: &Arc<ServedModels>,
 ) -> (RequestScan, Pending) {
     let path = head.uri.path();
-    let Some(dialect) =
-        inspect::routed_dialect(&config.routes, head.method, path, head.uri.query())
-    else {
+    let routed = inspect::routed_dialect(
+        &config.routes,
+        head.method,
+        path,
+        head.uri.query(),
+        head.headers,
+    );
+    let Some(dialect) = routed else {
         metrics.passthrough();
+        // An engine's `GetModelInfo` passes through, read on the way for the model its
+        // generate calls (which name none) are labelled with.
+        let model_info = inspect::is_grpc(head.headers)
+            .then(|| wire::grpc::route::model_info_rpc(path))
+            .flatten()
+            .map(|dialect| ModelInfoReader {
+                dialect,
+                body: Vec::new(),
+                served: served.clone(),
+                upstream: ServedModels::key(config),
+                metrics: metrics.clone(),
+            });
         let pending = Pending(Some(Waiting::Passthrough {
             method: head.method.clone(),
             uri: head.uri.clone(),
             t_req,
+            model_info,
         }));
         return (RequestScan::inactive(), pending);
     };
@@ -90,6 +114,9 @@ pub fn start(
         dialect,
         inspect::tenant_for(head.headers, &config.tenants),
     );
+    if dialect.is_grpc() {
+        facts.served_model = served.get(config);
+    }
     let exemplars = &config.metrics.exemplars;
     if exemplars.enabled {
         facts.trace = inspect::trace_context(head.headers, &exemplars.header);
@@ -129,6 +156,7 @@ pub fn refused(
                 head.method,
                 head.uri.path(),
                 head.uri.query(),
+                head.headers,
             );
             let Some(dialect) = routed else {
                 metrics.passthrough();
@@ -167,13 +195,34 @@ pub fn refused(
 /// The request body's scan for `model` and `stream`, fed bytes as they go upstream.
 pub struct RequestScan {
     /// `None` once the scan is done (or never needed: passthrough, or a panic).
-    scanner: Option<(RequestScanner, Arc<RequestFacts>)>,
+    scanner: Option<(Scanner, Arc<RequestFacts>)>,
+}
+
+/// A JSON body's scanner, or a gRPC one's (the first request message); their interfaces
+/// match.
+enum Scanner {
+    Json(RequestScanner),
+    Grpc(GrpcRequestScanner),
+}
+
+macro_rules! each_scanner {
+    ($scanner:expr, $s:ident => $body:expr) => {
+        match $scanner {
+            Scanner::Json($s) => $body,
+            Scanner::Grpc($s) => $body,
+        }
+    };
 }
 
 impl RequestScan {
     fn new(facts: Arc<RequestFacts>) -> RequestScan {
+        let scanner = if facts.dialect.is_grpc() {
+            Scanner::Grpc(GrpcRequestScanner::new(facts.dialect))
+        } else {
+            Scanner::Json(RequestScanner::new())
+        };
         RequestScan {
-            scanner: Some((RequestScanner::new(), facts)),
+            scanner: Some((scanner, facts)),
         }
     }
 
@@ -187,19 +236,21 @@ impl RequestScan {
             return;
         };
         let scanned = catch_unwind(AssertUnwindSafe(|| {
-            scanner.feed(bytes);
-            if let Some(model) = scanner.model() {
-                if facts.model.get().is_none() {
-                    let _ = facts.model.set(model.to_string());
+            each_scanner!(scanner, s => {
+                s.feed(bytes);
+                if let Some(model) = s.model() {
+                    if facts.model.get().is_none() {
+                        let _ = facts.model.set(model.to_string());
+                    }
                 }
-            }
-            if scanner.model_too_long() {
-                let _ = facts.model_too_long.set(());
-            }
-            if let Some(stream) = scanner.stream() {
-                let _ = facts.stream.set(stream);
-            }
-            scanner.is_done()
+                if s.model_too_long() {
+                    let _ = facts.model_too_long.set(());
+                }
+                if let Some(stream) = s.stream() {
+                    let _ = facts.stream.set(stream);
+                }
+                s.is_done()
+            })
         }));
         if scanned.unwrap_or(true) {
             self.scanner = None;
@@ -220,11 +271,13 @@ enum Waiting {
         /// `observe.tokenizer`, loaded.
         tokenizer: Option<Tokenizer>,
     },
-    /// Not an LLM route: only the access log hears of it.
+    /// Not an LLM route: only the access log hears of it (and, for an engine's
+    /// `GetModelInfo`, the served models).
     Passthrough {
         method: Method,
         uri: Uri,
         t_req: Instant,
+        model_info: Option<ModelInfoReader>,
     },
 }
 
@@ -244,6 +297,13 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
+                if recorder.dialect().is_grpc() {
+                    // A trailers-only response (a call that failed at once) carries its
+                    // status in the head.
+                    if let Some(value) = headers.get(GRPC_STATUS) {
+                        recorder.grpc_status(value.as_bytes());
+                    }
+                }
                 if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
                     recorder.rate_limits(limits);
                 }
@@ -259,7 +319,12 @@ impl Pending {
                 );
                 Some(ResponseObserver::new(*recorder, decoder, metrics))
             }
-            Waiting::Passthrough { method, uri, t_req } => {
+            Waiting::Passthrough {
+                method,
+                uri,
+                t_req,
+                model_info,
+            } => {
                 tracing::info!(
                     target: "tokentap::access",
                     method = %method,
@@ -268,7 +333,12 @@ impl Pending {
                     ttfb_ms = at.duration_since(t_req).as_secs_f64() * 1e3,
                     "passthrough"
                 );
-                None
+                let model_info = model_info.filter(|_| status.is_success())?;
+                Some(ResponseObserver {
+                    observing: None,
+                    metrics: model_info.metrics.clone(),
+                    model_info: Some(model_info),
+                })
             }
         }
     }
@@ -334,9 +404,90 @@ fn decoder_for(
 
 /// Watches one response body and records its request's outcome exactly once.
 pub struct ResponseObserver {
-    /// `None` once the outcome is recorded.
+    /// `None` once the outcome is recorded (or for a passthrough `GetModelInfo`).
     observing: Option<Observing>,
     metrics: Arc<Metrics>,
+    /// A passthrough `GetModelInfo` answer being read.
+    model_info: Option<ModelInfoReader>,
+}
+
+/// The models the engines behind each upstream said they serve, in the last `GetModelInfo`
+/// answer that passed through: the label of their generate calls, whose requests name no
+/// model (SGLang, vLLM, TensorRT-LLM). Kept across reloads; one entry per upstream (a
+/// reload that changes the upstream starts with none for it).
+#[derive(Debug, Default)]
+pub struct ServedModels {
+    by_upstream: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Upstreams remembered at most: more are only there after many reloads to new upstreams.
+const SERVED_UPSTREAMS: usize = 16;
+
+impl ServedModels {
+    fn key(config: &Config) -> String {
+        format!("{}{}", config.upstream.authority, config.upstream.base_path)
+    }
+
+    fn get(&self, config: &Config) -> Option<String> {
+        let by_upstream = self
+            .by_upstream
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_upstream.get(&Self::key(config)).cloned()
+    }
+
+    fn set(&self, upstream: String, model: String) {
+        let mut by_upstream = self
+            .by_upstream
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if by_upstream.len() >= SERVED_UPSTREAMS && !by_upstream.contains_key(&upstream) {
+            by_upstream.clear();
+        }
+        by_upstream.insert(upstream, model);
+    }
+}
+
+/// Largest `GetModelInfo` answer read (a few hundred bytes in practice); a longer one is
+/// forwarded unread.
+const MODEL_INFO_MAX_BYTES: usize = 64 * 1024;
+
+/// Reads a passthrough `GetModelInfo` answer (one uncompressed message) for its model.
+struct ModelInfoReader {
+    dialect: Dialect,
+    body: Vec<u8>,
+    served: Arc<ServedModels>,
+    upstream: String,
+    metrics: Arc<Metrics>,
+}
+
+impl ModelInfoReader {
+    fn data(&mut self, bytes: &[u8]) {
+        if self.body.len() + bytes.len() <= MODEL_INFO_MAX_BYTES {
+            self.body.extend_from_slice(bytes);
+        } else {
+            self.body = vec![0xff];
+        }
+    }
+
+    fn end(self) {
+        let message = match self.body.as_slice() {
+            [0, len @ ..] if len.len() >= 4 => {
+                let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                len[4..].get(..n)
+            }
+            _ => None,
+        };
+        let model = message.and_then(|m| wire::grpc::model_info::model_info_model(self.dialect, m));
+        if let Some(model) = model {
+            tracing::info!(
+                upstream = %self.upstream,
+                model = %model,
+                "the engine named the model it serves"
+            );
+            self.served.set(self.upstream, model);
+        }
+    }
 }
 
 /// The decoder plus the recorder it feeds.
@@ -371,11 +522,15 @@ impl ResponseObserver {
         ResponseObserver {
             observing: Some(Observing { recorder, decoder }),
             metrics,
+            model_info: None,
         }
     }
 
     /// Look at the bytes of one response body frame that arrived at `at`.
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
+        if let Some(model_info) = self.model_info.as_mut() {
+            model_info.data(bytes);
+        }
         let Some(observing) = self.observing.as_mut() else {
             return;
         };
@@ -404,8 +559,23 @@ impl ResponseObserver {
         lines
     }
 
+    /// The response's trailers passed (forwarded unchanged): a gRPC call's status is there.
+    pub fn trailers(&mut self, trailers: &HeaderMap) {
+        let Some(observing) = self.observing.as_mut() else {
+            return;
+        };
+        if observing.recorder.dialect().is_grpc() {
+            if let Some(value) = trailers.get(GRPC_STATUS) {
+                observing.recorder.grpc_status(value.as_bytes());
+            }
+        }
+    }
+
     /// The body ended cleanly at `at`.
     pub fn end(&mut self, at: Instant) {
+        if let Some(model_info) = self.model_info.take() {
+            guarded(&self.metrics, || model_info.end());
+        }
         if let Some(observing) = self.observing.take() {
             guarded(&self.metrics, || observing.end(at, &self.metrics));
         }

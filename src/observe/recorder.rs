@@ -36,6 +36,10 @@ pub struct RequestFacts {
     /// Set when the body's `model` was too long for the request scanner to read.
     pub model_too_long: OnceLock<()>,
     pub stream: OnceLock<bool>,
+    /// The model the upstream's engine said it serves (`GetModelInfo`), for a gRPC
+    /// dialect whose requests name none: the label when neither request nor response
+    /// names one.
+    pub served_model: Option<String>,
 }
 
 impl RequestFacts {
@@ -55,6 +59,7 @@ impl RequestFacts {
             model: OnceLock::new(),
             model_too_long: OnceLock::new(),
             stream: OnceLock::new(),
+            served_model: None,
         }
     }
 }
@@ -91,6 +96,9 @@ pub struct Recorder {
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
     end_marker: bool,
     malformed: u64,
+    /// The `grpc-status` code the response reported (in its trailers, or in the head of a
+    /// trailers-only response), for a gRPC dialect.
+    grpc_status: Option<u32>,
     /// The rate limits the response head reported, recorded with the outcome (when the
     /// model that labels them is known for sure).
     rate_limits: Option<Box<RateLimits>>,
@@ -119,6 +127,7 @@ impl Recorder {
             stream_error: None,
             end_marker: false,
             malformed: 0,
+            grpc_status: None,
             rate_limits: None,
             slowest_itl: None,
             in_flight,
@@ -144,6 +153,18 @@ impl Recorder {
     /// The rate limits the upstream reported in its response head.
     pub fn rate_limits(&mut self, limits: RateLimits) {
         self.rate_limits = Some(Box::new(limits));
+    }
+
+    /// The upstream reported `grpc-status: value` (in the trailers, or the head of a
+    /// trailers-only response). The first report stands. A value that is no decimal code
+    /// is read as `UNKNOWN` (2), as a gRPC client reads it.
+    pub fn grpc_status(&mut self, value: &[u8]) {
+        if self.grpc_status.is_none() {
+            let code = std::str::from_utf8(value.trim_ascii())
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok());
+            self.grpc_status = Some(code.unwrap_or(GRPC_UNKNOWN));
+        }
     }
 
     /// No upstream head came and tokentap answered the client itself with `status`: the
@@ -228,7 +249,9 @@ impl Recorder {
             let handles = if request_model.is_none() && self.facts.model_too_long.get().is_some() {
                 self.metrics.stream_with_model_too_long(tenant)
             } else {
-                let model = request_model.or(self.response_model.as_deref());
+                let model = request_model
+                    .or(self.response_model.as_deref())
+                    .or(self.facts.served_model.as_deref());
                 self.metrics.stream(model, tenant)
             };
             if let Some(ttfb) = self.clock.ttfb() {
@@ -254,7 +277,7 @@ impl Recorder {
             Some(status) if self.answered_by_tokentap => StatusClass::tokentap(status),
             Some(status) => StatusClass::upstream(status),
         };
-        let verdict = verdict(end, status, self.stream_error);
+        let verdict = verdict(end, status, self.stream_error, self.grpc_status);
         let timings = self.clock.timings(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
@@ -300,6 +323,7 @@ impl Recorder {
             model = %handles.model(),
             tenant = %handles.tenant(),
             status = self.status.map(|s| s.as_u16()),
+            grpc_status = self.grpc_status,
             status_class = verdict.status.as_str(),
             outcome = verdict.outcome.as_str(),
             stream = self.facts.stream.get().copied(),
@@ -318,12 +342,31 @@ impl Recorder {
 }
 
 /// The verdict on a request the transport saw end as `end`, with `status` the class of
-/// what the client was told, and `stream_error` the class of the first error the stream
-/// reported of its own. A body that ended cleanly still failed when the stream said so or
-/// the status was a 5xx, and was refused when the status was a 4xx; every other end
-/// stands. A stream error that names a rate limit or an overload gives the status the
-/// same refusal would have had before the head (`429`, `503`).
-fn verdict(end: Outcome, status: StatusClass, stream_error: Option<ErrorClass>) -> Verdict {
+/// what the client was told, `stream_error` the class of the first error the stream
+/// reported of its own, and `grpc_status` the code of a gRPC response's `grpc-status`. A
+/// body that ended cleanly still failed when the stream said so or the status was a 5xx,
+/// and was refused when the status was a 4xx; every other end stands. A stream error that
+/// names a rate limit or an overload gives the status the same refusal would have had
+/// before the head (`429`, `503`). A gRPC status other than `OK` and `CANCELLED` on an
+/// upstream 2xx decides both labels by [`grpc_status_verdict`] (a clean end takes its
+/// outcome; any other end stands, with the gRPC status class).
+fn verdict(
+    end: Outcome,
+    status: StatusClass,
+    stream_error: Option<ErrorClass>,
+    grpc_status: Option<u32>,
+) -> Verdict {
+    let grpc = grpc_status
+        .filter(|_| status == StatusClass::Success)
+        .and_then(grpc_status_verdict);
+    if let Some((outcome, class)) = grpc {
+        let outcome = if end == Outcome::Completed {
+            outcome
+        } else {
+            end
+        };
+        return Verdict::new(outcome, class);
+    }
     let status = match (stream_error, status) {
         (Some(ErrorClass::RateLimited), s) if s.is_upstream() => StatusClass::TooManyRequests,
         (Some(ErrorClass::Overloaded), s) if s.is_upstream() => StatusClass::Unavailable,
@@ -339,6 +382,42 @@ fn verdict(end: Outcome, status: StatusClass, stream_error: Option<ErrorClass>) 
         other => other,
     };
     Verdict::new(outcome, status)
+}
+
+/// gRPC's `UNKNOWN`: what an unreadable `grpc-status` is taken for.
+const GRPC_UNKNOWN: u32 = 2;
+
+/// What a gRPC status code says of a call that ended cleanly over an HTTP 200: its
+/// outcome and its status class, or `None` where the HTTP view stands (`OK` (0): as the
+/// HTTP status and the stream say; `CANCELLED` (1): as the transport saw the end).
+///
+/// The status class is the class of the HTTP status gRPC's own mapping gives the code
+/// (`google.rpc.Code`, as grpc-gateway and Google's HTTP APIs answer it), so a gRPC `429`
+/// and an HTTP `429` are one series: `RESOURCE_EXHAUSTED` 429, `UNAVAILABLE` 503,
+/// `INVALID_ARGUMENT`/`FAILED_PRECONDITION`/`OUT_OF_RANGE` 400, `UNAUTHENTICATED` 401,
+/// `PERMISSION_DENIED` 403, `NOT_FOUND` 404, `ALREADY_EXISTS` 409, `DEADLINE_EXCEEDED`
+/// 504, `UNKNOWN`/`INTERNAL`/`DATA_LOSS` 500. Two codes are classed by whose fault they
+/// are rather than by that table: `UNIMPLEMENTED` (501 there) is the client calling a
+/// method the engine does not have, a refusal (`4xx`); `ABORTED` (409 there) is the
+/// engine aborting the request (SGLang and TensorRT-LLM abort a failed `Generate` so), an
+/// error (`5xx`). A code gRPC does not define is an error (`5xx`), as `UNKNOWN`.
+pub(crate) fn grpc_status_verdict(code: u32) -> Option<(Outcome, StatusClass)> {
+    use StatusClass as S;
+    match code {
+        // OK, CANCELLED
+        0 | 1 => None,
+        // RESOURCE_EXHAUSTED
+        8 => Some((Outcome::UpstreamRefused, S::TooManyRequests)),
+        // UNAVAILABLE
+        14 => Some((Outcome::UpstreamError, S::Unavailable)),
+        // INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+        // FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED
+        3 | 5 | 6 | 7 | 9 | 11 | 12 | 16 => Some((Outcome::UpstreamRefused, S::ClientError)),
+        // DEADLINE_EXCEEDED: the engine's deadline (the client's `grpc-timeout`) ran out.
+        4 => Some((Outcome::Timeout, S::ServerError)),
+        // UNKNOWN, ABORTED, INTERNAL, DATA_LOSS, and any code gRPC does not define.
+        _ => Some((Outcome::UpstreamError, S::ServerError)),
+    }
 }
 
 /// What [`Metrics::record_request`] records of the clock's timings.
@@ -487,12 +566,12 @@ mod tests {
         for fault in &faults {
             let status = StatusClass::tokentap(fault.status().expect("answered"));
             assert!(!status.is_upstream());
-            let v = verdict(fault.outcome(), status, None);
+            let v = verdict(fault.outcome(), status, None, None);
             assert_eq!(v.outcome, fault.outcome(), "{fault}");
             assert_eq!(v.status, status, "{fault}");
         }
         assert_eq!(
-            verdict(Outcome::Cancelled, StatusClass::None, None),
+            verdict(Outcome::Cancelled, StatusClass::None, None, None),
             Verdict::new(Outcome::Cancelled, StatusClass::None)
         );
         for code in 100..=599 {
@@ -504,11 +583,17 @@ mod tests {
                 BodyEnd::ClientGone,
             ] {
                 for stream_error in [None, Some(ErrorClass::Other)] {
-                    let v = verdict(end.outcome(), status, stream_error);
+                    let v = verdict(end.outcome(), status, stream_error, None);
                     assert_eq!(v.status, status, "{code} {end:?}");
                 }
                 for class in [ErrorClass::RateLimited, ErrorClass::Overloaded] {
-                    verdict(end.outcome(), status, Some(class));
+                    verdict(end.outcome(), status, Some(class), None);
+                }
+                // Any gRPC status with any end and any status: a listed verdict.
+                for grpc in 0..=17 {
+                    for stream_error in [None, Some(ErrorClass::RateLimited)] {
+                        verdict(end.outcome(), status, stream_error, Some(grpc));
+                    }
                 }
             }
         }
@@ -539,7 +624,7 @@ mod tests {
         ];
         for (code, stream_error, outcome, status) in cases {
             let class = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
-            let v = verdict(Outcome::Completed, class, stream_error);
+            let v = verdict(Outcome::Completed, class, stream_error, None);
             assert_eq!(
                 (v.outcome.as_str(), v.status.as_str()),
                 (outcome, status),
@@ -549,12 +634,87 @@ mod tests {
         // Ends other than a clean one stand whatever the status says.
         let refused = StatusClass::upstream(StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
-            verdict(Outcome::Cancelled, refused, None).outcome,
+            verdict(Outcome::Cancelled, refused, None, None).outcome,
             Outcome::Cancelled
         );
         assert_eq!(
-            verdict(Outcome::Timeout, refused, None).outcome,
+            verdict(Outcome::Timeout, refused, None, None).outcome,
             Outcome::Timeout
         );
+    }
+
+    /// The gRPC status mapping, code by code: what a call that ended cleanly over HTTP
+    /// 200 is counted as.
+    #[test]
+    fn grpc_statuses_map_to_outcome_and_status() {
+        let ok = StatusClass::Success;
+        let cases: [(u32, &str, &str); 18] = [
+            (0, "completed", "2xx"),         // OK
+            (1, "completed", "2xx"),         // CANCELLED: as the transport saw it
+            (2, "upstream_error", "5xx"),    // UNKNOWN
+            (3, "upstream_refused", "4xx"),  // INVALID_ARGUMENT
+            (4, "timeout", "5xx"),           // DEADLINE_EXCEEDED
+            (5, "upstream_refused", "4xx"),  // NOT_FOUND
+            (6, "upstream_refused", "4xx"),  // ALREADY_EXISTS
+            (7, "upstream_refused", "4xx"),  // PERMISSION_DENIED
+            (8, "upstream_refused", "429"),  // RESOURCE_EXHAUSTED
+            (9, "upstream_refused", "4xx"),  // FAILED_PRECONDITION
+            (10, "upstream_error", "5xx"),   // ABORTED
+            (11, "upstream_refused", "4xx"), // OUT_OF_RANGE
+            (12, "upstream_refused", "4xx"), // UNIMPLEMENTED
+            (13, "upstream_error", "5xx"),   // INTERNAL
+            (14, "upstream_error", "503"),   // UNAVAILABLE
+            (15, "upstream_error", "5xx"),   // DATA_LOSS
+            (16, "upstream_refused", "4xx"), // UNAUTHENTICATED
+            (99, "upstream_error", "5xx"),   // not a gRPC code
+        ];
+        for (code, outcome, status) in cases {
+            let v = verdict(Outcome::Completed, ok, None, Some(code));
+            assert_eq!(
+                (v.outcome.as_str(), v.status.as_str()),
+                (outcome, status),
+                "grpc-status {code}"
+            );
+        }
+        // OK defers to the stream: an error it reported still fails the call.
+        let v = verdict(Outcome::Completed, ok, Some(ErrorClass::Other), Some(0));
+        assert_eq!(v.outcome, Outcome::UpstreamError);
+        // A gRPC status outranks the stream's own report.
+        let v = verdict(Outcome::Completed, ok, Some(ErrorClass::Other), Some(8));
+        assert_eq!(
+            (v.outcome.as_str(), v.status.as_str()),
+            ("upstream_refused", "429")
+        );
+        // Any other end stands, with the gRPC status class.
+        let v = verdict(Outcome::Cancelled, ok, None, Some(14));
+        assert_eq!(
+            (v.outcome.as_str(), v.status.as_str()),
+            ("cancelled", "503")
+        );
+        let v = verdict(Outcome::Cancelled, ok, None, Some(1));
+        assert_eq!(
+            (v.outcome.as_str(), v.status.as_str()),
+            ("cancelled", "2xx")
+        );
+        // Not over a 2xx (a proxy's 503 in front of the engine): the HTTP status decides.
+        let unavailable = StatusClass::upstream(StatusCode::SERVICE_UNAVAILABLE);
+        let v = verdict(Outcome::Completed, unavailable, None, Some(8));
+        assert_eq!(
+            (v.outcome.as_str(), v.status.as_str()),
+            ("upstream_error", "503")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_grpc_status_is_unknown_and_the_first_one_stands() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.grpc_status(b" x ");
+        recorder.grpc_status(b"0");
+        assert_eq!(recorder.grpc_status, Some(GRPC_UNKNOWN));
+        let mut recorder = self::recorder(&metrics, t0);
+        recorder.grpc_status(b" 14 ");
+        assert_eq!(recorder.grpc_status, Some(14));
     }
 }

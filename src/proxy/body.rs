@@ -3,7 +3,8 @@
 //!
 //! [`StreamingBody`] wraps an upstream response body on its way to the client: every frame
 //! is returned exactly as it came, its [`Streaming`] observer looks at a borrowed view of
-//! the bytes on the way through (one clock read per frame), the upstream idle timeout
+//! the bytes on the way through (one clock read per frame) and at the trailers (where a
+//! gRPC call's status is), the upstream idle timeout
 //! ([`UpstreamIdle`]) ends a stalled stream, and the body's end is told to the exchange as
 //! a [`BodyEnd`]. [`ScannedBody`] feeds a request body to its [`RequestScan`] on the way up.
 //! Neither changes a frame.
@@ -110,6 +111,8 @@ where
                     let at = Instant::now();
                     if let Some(data) = frame.data_ref() {
                         this.streaming.data(at, data);
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        this.streaming.trailers(trailers);
                     }
                     if this.inner.is_end_stream() {
                         this.streaming.finish(at, BodyEnd::Clean);

@@ -18,6 +18,7 @@ mod fast_path;
 mod faults;
 mod fuzz_decoders;
 mod fuzz_fast_path;
+mod grpc;
 mod grpc_fixtures;
 mod itl;
 mod layering;
