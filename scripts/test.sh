@@ -17,6 +17,10 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc])"
+python3 -c 'import grpc, grpc_tools, tritonclient.grpc' 2>/dev/null \
+    || python3 -m pip install -q grpcio grpcio-tools 'tritonclient[grpc]'
+
 step "cargo test (unit, fixtures, property tests, integration)"
 cargo test --all-targets 2>&1 | tee /tmp/tokentap-cargo-test.log
 # Doc tests run separately (all-targets skips them).

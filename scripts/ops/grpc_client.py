@@ -9,9 +9,15 @@ messages, token ids against the simulator's profile, the first message's time an
 gaps against its TTFT and ITL, the gRPC status, and the statuses the faults map to.
 
     python3 scripts/ops/grpc_client.py [--install] [--tokentap target/debug/tokentap]
-        [--addr HOST:PORT] [--compress]
+        [--addr HOST:PORT] [--compress] [--through-tokentap]
 
 Without --addr it starts `tokentap sim` itself (with --compress, gzip messages). With
+--through-tokentap it also starts tokentap in front of it (h2c to the simulator) and runs
+every check through tokentap, then checks what tokentap measured (`/metrics`): each call
+counted once with the outcome and status its gRPC status maps to, the token ids the
+clients received as output tokens, TTFT and ITL against the simulator's timing, health and
+model-info calls as passthrough, and a call's messages and trailers identical to a direct
+one's. With
 --install, it pip-installs grpcio, grpcio-tools and tritonclient[grpc] if they are
 missing. Exit 0: every check passed; 1: a check failed; 77: grpcio/grpcio-tools missing
 (nothing checked).
@@ -85,9 +91,123 @@ def start_sim(binary, compress):
     raise SystemExit("tokentap sim did not say where it listens")
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_tokentap(binary, upstream, workdir):
+    """tokentap in front of `upstream` over h2c; returns (process, proxy addr, admin addr)."""
+    import urllib.request
+    listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    config = os.path.join(workdir, "tokentap.yaml")
+    with open(config, "w") as f:
+        f.write(f"listen: {listen}\nadmin: {admin}\nupstream:\n  url: http://{upstream}\n"
+                f"  http2: true\n")
+    proc = subprocess.Popen([binary, "--config", config], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{admin}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return proc, listen, admin
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("tokentap did not become ready")
+
+
+def scrape(admin):
+    """`/metrics` as {(name, frozenset(labels)): value}."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels))
+        samples[(name, pairs)] = float(value)
+    return samples
+
+
+def total(samples, name, **labels):
+    want = set(labels.items())
+    return sum(v for (n, pairs), v in samples.items() if n == name and want <= pairs)
+
+
+def measured_checks(c, admin, direct_addr, proxy_addr, grpc):
+    """What tokentap measured of the calls the checks made through it."""
+    deadline = time.monotonic() + 10
+    expected = sum(c.calls.values())
+    while True:
+        m = scrape(admin)
+        if total(m, "tokentap_requests_total") >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    c.check(total(m, "tokentap_requests_total") == expected,
+            f"tokentap: {total(m, 'tokentap_requests_total'):.0f} calls counted, {expected} made")
+    for (outcome, status), n in sorted(c.calls.items()):
+        got = total(m, "tokentap_requests_total", outcome=outcome, status=status)
+        c.check(got == n, f"tokentap: {got:.0f} counted {outcome}/{status}, {n} expected")
+    # GetModelInfo and HealthCheck of each engine.
+    passthrough = total(m, "tokentap_passthrough_requests_total")
+    c.check(passthrough == 6, f"tokentap: {passthrough:.0f} model-info and health calls passthrough")
+    tokens = total(m, "tokentap_output_tokens_total")
+    c.check(tokens == c.token_ids,
+            f"tokentap: {tokens:.0f} output tokens, the clients received {c.token_ids} token ids")
+    exact = total(m, "tokentap_event_tokens_total", accuracy="exact")
+    c.check(exact == c.token_ids, f"tokentap: {exact:.0f} of them counted exact (token ids)")
+    n = total(m, "tokentap_time_to_first_token_seconds_count")
+    mean = total(m, "tokentap_time_to_first_token_seconds_sum") / max(n, 1)
+    c.check(TTFT <= mean <= TTFT + SLACK,
+            f"tokentap: mean TTFT {mean * 1000:.1f} ms over {n:.0f} calls (simulator: "
+            f"{TTFT * 1000:.0f} ms)")
+    n = total(m, "tokentap_inter_token_latency_seconds_count")
+    mean = total(m, "tokentap_inter_token_latency_seconds_sum") / max(n, 1)
+    # Each message carries PER_EVENT ids, ITL * PER_EVENT after the previous one: per token,
+    # ITL, a late timer spread over PER_EVENT tokens.
+    c.check(ITL * 0.95 <= mean <= ITL + SLACK / PER_EVENT,
+            f"tokentap: mean ITL {mean * 1000:.2f} ms over {n:.0f} tokens (simulator: "
+            f"{ITL * 1000:.0f} ms)")
+    # Byte for byte: a call's messages and trailers through tokentap and directly.
+    import sglang_scheduler_pb2 as sg
+    import sglang_scheduler_pb2_grpc as sg_grpc
+    views = []
+    for addr in (direct_addr, proxy_addr):
+        with grpc.insecure_channel(addr) as channel:
+            stub = sg_grpc.SglangSchedulerStub(channel)
+            request = sg.GenerateRequest(request_id="same", stream=True,
+                                         tokenized=sg.TokenizedInput(input_ids=[1, 2, 3]))
+            call = stub.Generate(request, metadata=[("x-sim-fault", "rate-limit-error-after=6")])
+            messages = []
+            try:
+                for response in call:
+                    messages.append(response.SerializeToString())
+            except grpc.RpcError:
+                pass
+            views.append((messages, call.code(), call.details(),
+                          sorted((k, v) for k, v in call.trailing_metadata() or ())))
+    c.check(views[0] == views[1],
+            f"tokentap: messages, status and trailers identical to a direct call "
+            f"({len(views[1][0])} messages, {views[1][1].name})")
+
+
 class Checks:
     def __init__(self):
         self.failed = 0
+        # Token ids every streamed call delivered to its client, and the calls ended by
+        # (outcome, status) as tokentap should count them.
+        self.token_ids = 0
+        self.calls = {}
+
+    def expect(self, outcome, status):
+        self.calls[(outcome, status)] = self.calls.get((outcome, status), 0) + 1
 
     def check(self, ok, what):
         print(("ok   " if ok else "FAIL ") + what)
@@ -144,6 +264,8 @@ def smg_checks(c, grpc, addr):
                 times.append(time.monotonic() - started)
             elif kind == "complete":
                 complete = response.complete
+        c.token_ids += sum(len(k) for k in chunks)
+        c.expect("completed", "2xx")
         c.check(call.code() == grpc.StatusCode.OK, f"{name} Generate: status {call.code().name}")
         c.check(len(chunks) == TOKENS // PER_EVENT and all(len(k) == PER_EVENT for k in chunks),
                 f"{name} Generate: {len(chunks)} chunks of {[len(k) for k in chunks]} token ids")
@@ -165,18 +287,22 @@ def smg_checks(c, grpc, addr):
 
     # Faults, through a real client: the gRPC status each maps to.
     stub, request = services[0][1], services[0][2]
-    for fault, want, chunks_before in [
-        ("status=429", grpc.StatusCode.RESOURCE_EXHAUSTED, 0),
-        ("status=503", grpc.StatusCode.UNAVAILABLE, 0),
-        ("rate-limit-error-after=3", grpc.StatusCode.RESOURCE_EXHAUSTED, 1),
-        ("overloaded-error-after=6", grpc.StatusCode.UNAVAILABLE, 2),
-        ("error-after=3", grpc.StatusCode.INTERNAL, 1),
+    for fault, want, chunks_before, counted in [
+        ("status=429", grpc.StatusCode.RESOURCE_EXHAUSTED, 0, ("upstream_refused", "429")),
+        ("status=503", grpc.StatusCode.UNAVAILABLE, 0, ("upstream_error", "503")),
+        ("rate-limit-error-after=3", grpc.StatusCode.RESOURCE_EXHAUSTED, 1,
+         ("upstream_refused", "429")),
+        ("overloaded-error-after=6", grpc.StatusCode.UNAVAILABLE, 2, ("upstream_error", "503")),
+        ("error-after=3", grpc.StatusCode.INTERNAL, 1, ("upstream_error", "5xx")),
     ]:
         call = stub.Generate(request, metadata=[("x-sim-fault", fault)])
         got = 0
+        c.expect(*counted)
         try:
             for response in call:
-                got += response.WhichOneof("response") == "chunk"
+                if response.WhichOneof("response") == "chunk":
+                    got += 1
+                    c.token_ids += len(response.chunk.token_ids)
             code = call.code()
         except grpc.RpcError as e:
             code = e.code()
@@ -184,9 +310,12 @@ def smg_checks(c, grpc, addr):
                 f"sglang Generate x-sim-fault {fault}: {code.name} after {got} chunks")
     vstub, vrequest = services[1][1], services[1][2]
     finish = None
+    c.expect("upstream_error", "2xx")
     for response in vstub.Generate(vrequest, metadata=[("x-sim-fault", "error-after=3")]):
         if response.WhichOneof("response") == "complete":
             finish = response.complete.finish_reason
+        elif response.WhichOneof("response") == "chunk":
+            c.token_ids += len(response.chunk.token_ids)
     c.check(finish == "error", f"vllm Generate x-sim-fault error-after=3: finish_reason {finish!r}")
     channel.close()
 
@@ -226,6 +355,8 @@ def triton_checks(c, addr):
     c.check(not errors, f"triton ModelStreamInfer: errors {errors}")
     c.check(responses == TOKENS // PER_EVENT + 1 and final,
             f"triton ModelStreamInfer: {responses} responses, the last with triton_final_response")
+    c.token_ids += len(ids)
+    c.expect("completed", "2xx")
     c.check(len(ids) == TOKENS and len(times) == TOKENS // PER_EVENT,
             f"triton ModelStreamInfer: {len(ids)} output_ids in {len(times)} responses, "
             f"text_output {text[:40]!r}...")
@@ -239,6 +370,7 @@ def main():
     parser.add_argument("--tokentap", default=os.path.join(ROOT, "target", "debug", "tokentap"))
     parser.add_argument("--addr")
     parser.add_argument("--compress", action="store_true")
+    parser.add_argument("--through-tokentap", action="store_true")
     args = parser.parse_args()
     if args.install and not have("grpc", "grpc_tools", "tritonclient.grpc"):
         install(["grpcio", "grpcio-tools", "tritonclient[grpc]"])
@@ -251,10 +383,14 @@ def main():
     c = Checks()
     with tempfile.TemporaryDirectory() as stubs:
         generate_stubs(stubs)
-        proc = None
+        proc = proxy = None
         addr = args.addr
         if addr is None:
             proc, addr = start_sim(args.tokentap, args.compress)
+        sim_addr = addr
+        if args.through_tokentap:
+            proxy, addr, admin = start_tokentap(args.tokentap, sim_addr, stubs)
+            print(f"through tokentap at {addr} (metrics at {admin})")
         try:
             print(f"tokentap sim at {addr}{' (gzip)' if args.compress else ''}: {MODEL}, "
                   f"TTFT {TTFT * 1000:.0f} ms, ITL {ITL * 1000:.0f} ms, {TOKENS} tokens, "
@@ -264,10 +400,13 @@ def main():
                 triton_checks(c, addr)
             else:
                 print("skip: tritonclient[grpc] is not installed: ModelStreamInfer not checked")
+            if proxy is not None:
+                measured_checks(c, admin, sim_addr, addr, grpc)
         finally:
-            if proc is not None:
-                proc.kill()
-                proc.wait()
+            for p in (proxy, proc):
+                if p is not None:
+                    p.kill()
+                    p.wait()
     print(f"{'FAILED' if c.failed else 'passed'}: {c.failed} failed")
     return 1 if c.failed else 0
 

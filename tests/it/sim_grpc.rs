@@ -456,33 +456,47 @@ async fn sim_grpc_faults_are_grpc_statuses() {
 }
 
 /// Real third-party clients: `scripts/ops/grpc_client.py` drives `tokentap sim` with
-/// `grpcio` (stubs generated from `proto/` at run time) and `tritonclient[grpc]`. Run only
-/// where Python has `grpcio` and `grpcio-tools`; elsewhere it says it skipped.
+/// `grpcio` (stubs generated from `proto/` at run time) and `tritonclient[grpc]`, directly
+/// and through tokentap, where it also checks what tokentap measured. `scripts/test.sh`
+/// installs the Python packages; without them (outside CI) it says it skipped.
 #[test]
-fn sim_grpc_python_clients_stream_from_the_simulator() {
+fn sim_grpc_python_clients_through_tokentap_and_direct() {
     let present = std::process::Command::new("python3")
-        .args(["-c", "import grpc, grpc_tools"])
+        .args(["-c", "import grpc, grpc_tools, tritonclient.grpc"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !present {
-        eprintln!("skip: python3 with grpcio and grpcio-tools is not installed");
+        // `scripts/test.sh` installs them, so CI never skips this.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 with grpcio, grpcio-tools and tritonclient[grpc] is missing"
+        );
+        eprintln!(
+            "skip: python3 with grpcio, grpcio-tools and tritonclient[grpc] is not installed"
+        );
         return;
     }
-    let output = std::process::Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/ops/grpc_client.py"
-        ))
-        .args(["--tokentap", env!("CARGO_BIN_EXE_tokentap")])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    // Straight to the simulator, then through tokentap (which then checks what tokentap
+    // measured of the same calls).
+    for mode in [None, Some("--through-tokentap")] {
+        let output = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/ops/grpc_client.py"
+            ))
+            .args(["--tokentap", env!("CARGO_BIN_EXE_tokentap")])
+            .args(mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        println!("{stdout}");
+        assert!(
+            output.status.success(),
+            "{mode:?}\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("passed: 0 failed"), "{stdout}");
+    }
 }
 
 #[tokio::test]
