@@ -57,3 +57,6 @@ bash scripts/ops/e2e-exemplars.sh
 
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
+
+step "end to end: the SGLang Model Gateway (smg, PyPI) -> tokentap -> the simulator's gRPC engines"
+bash scripts/ops/smg_check.sh --tokentap "$TOKENTAP_BIN"

@@ -52,8 +52,9 @@ use rand::SeedableRng;
 use tokio::time::{Instant, Sleep};
 
 use super::config::{Fault, ModelProfile, SimConfig, StreamError};
+use super::request;
+use super::state::{SimBody, SimState};
 use super::stream::Schedule;
-use super::{request, SimBody, SimState};
 use crate::wire::grpc::framing::{frame, frame_with, MessageEncoding, MessageReader};
 use crate::wire::grpc::proto::inference::infer_parameter::ParameterChoice;
 use crate::wire::grpc::proto::inference::model_infer_response::InferOutputTensor;

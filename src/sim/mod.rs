@@ -59,6 +59,7 @@ mod grpc;
 mod ratelimit;
 mod render;
 mod request;
+mod state;
 mod stream;
 
 use std::convert::Infallible;
@@ -85,20 +86,13 @@ pub use config::{
 };
 use ratelimit::Limiter;
 use render::{Api, Script};
+use state::{SimBody, SimState};
 use stream::{Schedule, SimStream};
 
 /// A bound simulator.
 pub struct Sim {
     listener: TcpListener,
     state: Arc<SimState>,
-}
-
-struct SimState {
-    config: SimConfig,
-    requests: AtomicU64,
-    open_streams: Arc<AtomicU64>,
-    /// The rate limit's buckets, when [`SimConfig::rate_limit`] sets one.
-    limiter: Option<Mutex<Limiter>>,
 }
 
 impl Sim {
@@ -170,8 +164,6 @@ impl Sim {
         }
     }
 }
-
-type SimBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
 fn json(status: StatusCode, body: String) -> Response<SimBody> {
     let mut response = Response::new(
