@@ -788,11 +788,17 @@ async fn shutdown_closes_connections_without_a_request_at_once() {
     eprintln!("shut down in {:?}", started.elapsed());
     for (i, mut stream) in idle.into_iter().enumerate() {
         let mut rest = Vec::new();
-        // h2 connections may get a GOAWAY first; then the connection ends.
+        // h2 connections may get a GOAWAY first; then the connection ends. A connection
+        // whose bytes tokentap had not read yet when it closed it ends with a reset (the
+        // kernel's answer to closing with unread data): closed at once all the same.
         let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
             .await
             .expect("closed");
-        assert!(read.is_ok() || i >= 2, "connection {i}: {read:?} {rest:?}");
+        let reset = matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+        assert!(
+            read.is_ok() || reset || i >= 2,
+            "connection {i}: {read:?} {rest:?}"
+        );
     }
 }
 
