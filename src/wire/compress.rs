@@ -30,6 +30,19 @@ use super::types::{DecodeError, Decoder, Signal};
 pub const MAX_RATIO: u64 = 1024;
 /// Inflated bytes allowed beyond the ratio, so that a small body is never cut off.
 pub const RATIO_ALLOWANCE: u64 = 1 << 20;
+
+/// The bomb bound, for every compressed body tokentap inflates (HTTP bodies here, gRPC
+/// messages in `grpc::framing`): an error once `produced` inflated bytes pass
+/// [`MAX_RATIO`] times the `consumed` compressed ones plus [`RATIO_ALLOWANCE`].
+pub(crate) fn check_ratio(consumed: u64, produced: u64) -> Result<(), DecodeError> {
+    let budget = consumed
+        .saturating_mul(MAX_RATIO)
+        .saturating_add(RATIO_ALLOWANCE);
+    if produced > budget {
+        return Err(DecodeError::InflateRatio { ratio: MAX_RATIO });
+    }
+    Ok(())
+}
 /// The inflate buffer.
 const BUFFER: usize = 8 << 10;
 /// zstd's window cap: 2^23 = 8 MiB.
@@ -123,13 +136,7 @@ impl Decompressing {
             input = input.get(step.read..).unwrap_or_default();
             if step.written > 0 {
                 self.produced = self.produced.saturating_add(step.written as u64);
-                let budget = self
-                    .consumed
-                    .saturating_mul(MAX_RATIO)
-                    .saturating_add(RATIO_ALLOWANCE);
-                if self.produced > budget {
-                    return Err(DecodeError::InflateRatio { ratio: MAX_RATIO });
-                }
+                check_ratio(self.consumed, self.produced)?;
                 let written = self.buf.get(..step.written).unwrap_or_default();
                 self.inner.feed(written, out)?;
             }

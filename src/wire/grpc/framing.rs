@@ -13,7 +13,7 @@
 //! A message flagged compressed is inflated whole, under the response's `grpc-encoding`
 //! ([`MessageEncoding`]: `gzip`, `deflate` or `zstd`), into a buffer bounded by the same
 //! limit, and all of a body's messages together may not inflate to more than
-//! [`MAX_RATIO`] times their compressed size (plus [`RATIO_ALLOWANCE`]), as
+//! `compress::MAX_RATIO` times their compressed size (plus `compress::RATIO_ALLOWANCE`), as
 //! [`compress`](super::super::compress) bounds a compressed HTTP body. Whatever cannot be
 //! read stops observation, never the stream, and never panics:
 //!
@@ -30,7 +30,7 @@
 
 use std::io::Read;
 
-use super::super::compress::{MAX_RATIO, RATIO_ALLOWANCE};
+use super::super::compress::check_ratio;
 use super::super::types::DecodeError;
 
 /// The length of a message's prefix: the compressed flag and the 4-byte length.
@@ -277,14 +277,7 @@ impl MessageReader {
         }
         self.consumed = self.consumed.saturating_add(message.len() as u64);
         self.produced = self.produced.saturating_add(self.inflated.len() as u64);
-        let budget = self
-            .consumed
-            .saturating_mul(MAX_RATIO)
-            .saturating_add(RATIO_ALLOWANCE);
-        if self.produced > budget {
-            return Err(DecodeError::InflateRatio { ratio: MAX_RATIO });
-        }
-        Ok(())
+        check_ratio(self.consumed, self.produced)
     }
 }
 
@@ -318,6 +311,7 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+    use crate::wire::compress::MAX_RATIO;
 
     const LIMIT: usize = 1 << 10;
 
