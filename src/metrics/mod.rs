@@ -631,13 +631,14 @@ impl Metrics {
     /// order as [`Metrics::render`]'s text.
     pub fn snapshot(&self) -> Snapshot {
         let pairs = self.pairs();
+        // The per-pair counters are read before the registry's gauges, for the reason
+        // `Render` gives: no request is both counted and in flight.
         let mut families: Vec<FamilySnapshot> = self
-            .registry
-            .gather()
+            .families
             .iter()
-            .filter_map(registry_snapshot)
+            .filter_map(|f| f.snapshot(&pairs))
             .collect();
-        families.extend(self.families.iter().filter_map(|f| f.snapshot(&pairs)));
+        families.extend(self.registry.gather().iter().filter_map(registry_snapshot));
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
     }
@@ -704,8 +705,18 @@ impl Iterator for Exposition {
 
 /// One scrape's progress through the families: the small registry families (gathered
 /// whole) and the per-pair ones (written a part at a time), merged in name order.
+///
+/// Values are read in name order, so a scrape is as consistent as the order of the
+/// writes it reads: the recorder leaves `tokentap_streams_in_flight` before it counts
+/// `tokentap_requests_total`, and the counter is read first, so no scrape sees one
+/// request both counted and in flight. For that the registry is gathered again before
+/// each run of its families that follows a per-pair family.
 struct Render {
+    /// The registry families not yet written. Once a per-pair family has been written
+    /// since they were gathered, their names still say where they go, but their values
+    /// are gathered again before the next one is written.
     small: Peekable<std::vec::IntoIter<proto::MetricFamily>>,
+    small_stale: bool,
     pairs: Pairs,
     /// The next per-pair family and where its text stopped.
     family: usize,
@@ -717,6 +728,7 @@ impl Render {
     fn new(metrics: &Metrics, format: TextFormat) -> Render {
         Render {
             small: metrics.registry.gather().into_iter().peekable(),
+            small_stale: false,
             pairs: metrics.pairs(),
             family: 0,
             cursor: Cursor::default(),
@@ -739,6 +751,11 @@ impl Render {
         let encoder = TextEncoder::new();
         while out.len() < limit {
             let family = metrics.families.get(self.family);
+            let small_next =
+                (self.small.peek()).is_some_and(|mf| family.is_none_or(|f| mf.name() < f.name));
+            if small_next && self.small_stale {
+                self.regather(metrics);
+            }
             let next = self
                 .small
                 .next_if(|mf| family.is_none_or(|f| mf.name() < f.name));
@@ -759,9 +776,30 @@ impl Render {
             if family.render_part(&self.pairs, &mut self.cursor, out, limit, writer) {
                 self.family += 1;
                 self.cursor = Cursor::default();
+                self.small_stale = true;
             }
         }
         self.small.peek().is_none() && self.family == metrics.families.len()
+    }
+
+    /// Gather the registry again, keeping the families after the per-pair ones already
+    /// written: those whose names sort after the last per-pair family written. Called
+    /// only when a registry family is to be written next, so a scrape gathers once per
+    /// run of registry families between per-pair ones.
+    fn regather(&mut self, metrics: &Metrics) {
+        let written = self
+            .family
+            .checked_sub(1)
+            .and_then(|i| metrics.families.get(i))
+            .map(|f| f.name);
+        let families: Vec<proto::MetricFamily> = metrics
+            .registry
+            .gather()
+            .into_iter()
+            .filter(|mf| written.is_none_or(|name| mf.name() > name))
+            .collect();
+        self.small = families.into_iter().peekable();
+        self.small_stale = false;
     }
 }
 
@@ -881,6 +919,47 @@ mod tests {
                 chunk.len()
             );
         }
+    }
+
+    /// A request that ends while a scrape is under way (it leaves the in-flight gauge,
+    /// then is counted) is never both counted and in flight in that scrape: the gauge is
+    /// read after the counter was written, not when the scrape began.
+    #[test]
+    fn a_scrape_reads_the_in_flight_gauge_after_the_request_counter() {
+        let mut config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        config.labels.model.max_values = Some(4000);
+        config.labels.max_pairs = 4000;
+        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        // Enough models that the per-model families between the two span whole chunks.
+        for m in 0..500 {
+            let stream = metrics.stream(Some(&format!("model-{m}")), None);
+            metrics.record_request(&stream, Verdict::ALL[0], RequestFigures::default());
+        }
+        metrics.streams_in_flight.set(1);
+        let mut exposition = metrics.exposition();
+        let mut text = String::new();
+        let mut ended = false;
+        for chunk in exposition.by_ref() {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            let counted = text.contains("# TYPE tokentap_requests_total ");
+            if counted && !ended && !text.contains("# TYPE tokentap_streams_in_flight ") {
+                // The request ends between two chunks: after the counter was written.
+                metrics.streams_in_flight.dec();
+                ended = true;
+            }
+        }
+        assert!(ended, "no chunk ends between the counter and the gauge");
+        assert!(
+            text.contains("\ntokentap_streams_in_flight 0\n"),
+            "the gauge as the scrape began: {}",
+            text.lines()
+                .find(|l| l.starts_with("tokentap_streams_in_flight"))
+                .unwrap_or("none")
+        );
     }
 
     /// Past `labels.max_pairs` a new pair's families that carry `tenant` go to (`other`,
