@@ -23,7 +23,7 @@
 //!
 //! - **Exact** counts (logprobs entries, continuous usage, TGI, Gemini): the gap is
 //!   observed live, `k_i` times with value `g_i / k_i`.
-//! - **Estimated** counts (one per event, or a tokenizer's count of the delta): the gap is
+//! - **Estimated** counts (the delta's words and symbols, or a tokenizer's count): the gap is
 //!   buffered with its estimate and observed when the request ends ([`TokenClock::timings`]).
 //!   If the stream reported N by then, the buffered gaps share exactly
 //!   `N - k_1 - (tokens observed live)` observations whose sum is their total span: each

@@ -6,7 +6,7 @@
 //! | event | signal |
 //! |---|---|
 //! | `message_start` | `Model` (`message.model`); `Usage` with input tokens only |
-//! | `content_block_delta` with `text_delta` | `Output` Content, 1 token (estimated) |
+//! | `content_block_delta` with `text_delta` | `Output` Content, estimated from its text |
 //! | `content_block_delta` with `thinking_delta` | `Output` Reasoning |
 //! | `content_block_delta` with `input_json_delta` | `Output` ToolCall |
 //! | `message_delta` | `Usage`: the cumulative `output_tokens` (and input tokens if repeated) |
@@ -15,10 +15,10 @@
 //! | `ping`, `content_block_start`/`_stop`, `signature_delta`, `citations_delta` | nothing |
 //!
 //! Empty deltas (the first `input_json_delta` is often `""`) carry nothing. Anthropic
-//! batches several tokens into one delta and reports no per-event count, so every delta is
-//! the estimated one token (or, with `observe.tokenizer`, the tokenizer's count of its
-//! `text` / `thinking` / `partial_json`, still estimated); the final `message_delta` usage
-//! then corrects N.
+//! batches several tokens into one delta and reports no per-event count, so every delta's
+//! count is estimated from its `text` / `thinking` / `partial_json`: the text's shape
+//! ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the tokenizer's
+//! count; the final `message_delta` usage then corrects N.
 //!
 //! Usage: `message_delta.usage.output_tokens` is cumulative, so it is reported as is (the
 //! latest report wins, never summed). The `output_tokens` in `message_start` is a
@@ -90,8 +90,10 @@ impl Handler for Anthropic {
                 }
             }
             "content_block_delta" => {
-                if let Some(kind) = event.delta.and_then(|d| d.kind()) {
-                    let estimate = || count_event(self.tokens.as_mut(), data, delta_texts);
+                let delta = event.delta.unwrap_or_default();
+                if let Some(kind) = delta.kind() {
+                    let shape = delta.estimate();
+                    let estimate = || count_event(self.tokens.as_mut(), data, delta_texts, shape);
                     out.push(self.tally.output(kind, 0, None, estimate));
                 }
             }
@@ -174,7 +176,7 @@ struct Message<'a> {
 
 /// A `content_block_delta`'s delta (or a `message_delta`'s, which has none of these).
 /// The delta's `type` is implied by which field it carries.
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct Delta {
     #[serde(default)]
     text: Text,
@@ -186,10 +188,16 @@ struct Delta {
 
 impl Delta {
     fn kind(&self) -> Option<OutputKind> {
-        let text = self.text.0.then_some(OutputKind::Content);
-        let tool = self.partial_json.0.then_some(OutputKind::ToolCall);
-        let thinking = self.thinking.0.then_some(OutputKind::Reasoning);
+        let text = self.text.carries.then_some(OutputKind::Content);
+        let tool = self.partial_json.carries.then_some(OutputKind::ToolCall);
+        let thinking = self.thinking.carries.then_some(OutputKind::Reasoning);
         most_visible(most_visible(text, tool), thinking)
+    }
+
+    fn estimate(&self) -> u64 {
+        [self.text, self.thinking, self.partial_json]
+            .iter()
+            .fold(0, |sum, t| sum.saturating_add(t.estimate))
     }
 }
 
@@ -301,7 +309,19 @@ mod tests {
         .concat();
         assert_eq!(
             sse(Anthropic::default(), s.as_bytes()),
-            vec![out(OutputKind::Reasoning), out(OutputKind::ToolCall)]
+            vec![
+                // "Let me": two words; `{"loc`: two symbols and a word.
+                Signal::Output {
+                    tokens: 2,
+                    exact: false,
+                    kind: OutputKind::Reasoning
+                },
+                Signal::Output {
+                    tokens: 3,
+                    exact: false,
+                    kind: OutputKind::ToolCall
+                }
+            ]
         );
     }
 

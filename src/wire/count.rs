@@ -1,14 +1,14 @@
 //! How many tokens one token-bearing event carried, and whether that count is exact.
 //!
 //! docs/ARCHITECTURE.md ("Measurement semantics"): `k_i` is exact where the format says so,
-//! otherwise one per event. Dialects have two exact sources besides one-token-per-event
-//! formats: a per-token list in the event (logprobs entries, Gemini's chosen candidates),
+//! otherwise estimated from the text. Dialects have two exact sources besides
+//! one-token-per-event formats: a per-token list in the event (logprobs entries, Gemini's chosen candidates),
 //! and a cumulative output count reported on every event (vLLM/SGLang continuous usage,
 //! Gemini's `usageMetadata`), whose growth since the previous report is the event's count.
 //! [`Tally`] applies those rules the same way for every dialect. Without either, the
-//! estimate is one token, or what the event's text settled in the response's incremental
-//! tokenizer count ([`super::token_stream`]; possibly 0, the rest counted at the end for
-//! the last event).
+//! estimate is the event text's shape ([`super::text_estimate`], at least 1), or what the
+//! text settled in the response's incremental tokenizer count ([`super::token_stream`];
+//! possibly 0, the rest counted at the end for the last event).
 
 use super::types::{OutputKind, Signal};
 
@@ -29,8 +29,8 @@ impl Tally {
     /// `entries > 0` is exact. Else the growth of `now` over the previous report is exact;
     /// before the first token-bearing event nothing was generated, so zero is a known
     /// baseline there (a later event needs an earlier report). Else `estimate()` (the
-    /// configured tokenizer's count of the event's text, called only here), else one;
-    /// either is estimated.
+    /// configured tokenizer's count of the event's text or its text-shape guess, called
+    /// only here), else one; either is estimated.
     pub(crate) fn output(
         &mut self,
         kind: OutputKind,

@@ -15,8 +15,10 @@
 //! - Tokens in the event: the `logprobsResult.chosenCandidates` entries (one per token,
 //!   when the request asked for logprobs), exact; else the growth of the cumulative
 //!   `usageMetadata.candidatesTokenCount + thoughtsTokenCount`, which Gemini reports on
-//!   every chunk, exact; else 1, or with `observe.tokenizer` the tokenizer's count of the
-//!   parts' text, function-call name and arguments and code, estimated.
+//!   every chunk, exact; else estimated from the parts' text, function-call names and
+//!   code: their shape ([`super::text_estimate`], at least 1; a structured `args` object
+//!   is not read), or with `observe.tokenizer` the tokenizer's count of those and the
+//!   arguments.
 //! - `usageMetadata` is [`Signal::Usage`]: input `promptTokenCount +
 //!   toolUsePromptTokenCount` (cached tokens are part of `promptTokenCount`), output
 //!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output).
@@ -24,7 +26,6 @@
 //! A blocked prompt (`promptFeedback.blockReason`) or a `finishReason` such as `SAFETY` is
 //! not an error: the stream completed, with whatever output it had.
 
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
@@ -89,7 +90,8 @@ impl Handler for Gemini {
         let candidates = chunk.candidates.map(|c| c.0).unwrap_or_default();
         match candidates.kind {
             Some(kind) => {
-                let estimate = || count_event(self.tokens.as_mut(), data, chunk_texts);
+                let shape = candidates.estimate;
+                let estimate = || count_event(self.tokens.as_mut(), data, chunk_texts, shape);
                 out.push(self.tally.output(kind, candidates.logprobs, now, estimate));
             }
             None => self.tally.report(now),
@@ -186,14 +188,33 @@ struct Part {
     #[serde(default)]
     thought: Flag,
     #[serde(rename = "functionCall", alias = "function_call")]
-    function_call: Option<IgnoredAny>,
+    function_call: Option<FunctionCall>,
     #[serde(rename = "executableCode", alias = "executable_code")]
-    executable_code: Option<IgnoredAny>,
+    executable_code: Option<ExecutableCode>,
+}
+
+/// A `functionCall` part: its `name` is read for the estimate, its `args` object is not.
+#[derive(Deserialize)]
+struct FunctionCall {
+    #[serde(default)]
+    name: Text,
+}
+
+#[derive(Deserialize)]
+struct ExecutableCode {
+    #[serde(default)]
+    code: Text,
 }
 
 impl Part {
+    fn estimate(&self) -> u64 {
+        let name = self.function_call.as_ref().map_or(0, |c| c.name.estimate);
+        let code = self.executable_code.as_ref().map_or(0, |c| c.code.estimate);
+        self.text.estimate.saturating_add(name).saturating_add(code)
+    }
+
     fn kind(&self) -> Option<OutputKind> {
-        let text = self.text.0.then_some(if self.thought.0 {
+        let text = self.text.carries.then_some(if self.thought.0 {
             OutputKind::Reasoning
         } else {
             OutputKind::Content
@@ -244,6 +265,8 @@ impl UsageMetadata {
 #[derive(Default)]
 struct Candidates {
     kind: Option<OutputKind>,
+    /// The estimated tokens of every part's output.
+    estimate: u64,
     /// `logprobsResult.chosenCandidates` entries, summed over candidates.
     logprobs: u64,
 }
@@ -253,7 +276,8 @@ impl Fold for Candidates {
 
     fn add(&mut self, candidate: Candidate) {
         if let Some(parts) = candidate.content.and_then(|c| c.parts) {
-            self.kind = most_visible(self.kind, parts.0 .0);
+            self.kind = most_visible(self.kind, parts.0.kind);
+            self.estimate = self.estimate.saturating_add(parts.0.estimate);
         }
         if let Some(chosen) = candidate.logprobs.and_then(|l| l.chosen) {
             self.logprobs = self.logprobs.saturating_add(chosen.0 .0);
@@ -261,15 +285,19 @@ impl Fold for Candidates {
     }
 }
 
-/// The most visible output kind among parts.
+/// The most visible output kind among parts, and their estimated tokens.
 #[derive(Default)]
-struct Parts(Option<OutputKind>);
+struct Parts {
+    kind: Option<OutputKind>,
+    estimate: u64,
+}
 
 impl Fold for Parts {
     type Item = Part;
 
     fn add(&mut self, part: Part) {
-        self.0 = most_visible(self.0, part.kind());
+        self.kind = most_visible(self.kind, part.kind());
+        self.estimate = self.estimate.saturating_add(part.estimate());
     }
 }
 
@@ -360,7 +388,8 @@ mod tests {
                 usage(Some(4), Some(6)),
                 out(5, true, OutputKind::ToolCall),
                 usage(Some(4), Some(11)),
-                out(1, false, OutputKind::Content),
+                // "hm" and "Hi": two words, estimated from the text.
+                out(2, false, OutputKind::Content),
                 usage(Some(4), None),
                 out(2, true, OutputKind::Content),
             ]

@@ -15,6 +15,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error_class::ErrorClass;
+use super::text_estimate::estimate_tokens;
 
 /// The length of an array whose elements are not read.
 #[derive(Default)]
@@ -57,10 +58,25 @@ impl<'de, F: Fold> Deserialize<'de> for Folded<F> {
     }
 }
 
-/// Whether a field carries output: a non-empty string (or non-empty array of content
-/// parts). Accepts any JSON value; everything else counts as no output.
-#[derive(Default)]
-pub(crate) struct Text(pub(crate) bool);
+/// An output text field: whether it carries output (a non-empty string, or a non-empty
+/// array of content parts) and its tokens as [`estimate_tokens`] guesses them, counted as
+/// serde hands the strings over (a part is a string or an object's `text`), so no second
+/// pass over the event is needed. Accepts any JSON value; everything else carries no
+/// output.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Text {
+    pub(crate) carries: bool,
+    pub(crate) estimate: u64,
+}
+
+impl Text {
+    fn of(text: &str) -> Text {
+        Text {
+            carries: !text.is_empty(),
+            estimate: estimate_tokens(text),
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
@@ -71,31 +87,86 @@ impl<'de> Deserialize<'de> for Text {
                 f.write_str("any JSON value")
             }
             fn visit_str<E>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(!v.is_empty()))
+                Ok(Text::of(v))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text, A::Error> {
-                Ok(Text(drain_seq(seq)? > 0))
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Text, A::Error> {
+                let mut text = Text::default();
+                while let Some(part) = seq.next_element::<Part>()? {
+                    text.carries = true;
+                    text.estimate = text.estimate.saturating_add(part.text.estimate);
+                }
+                Ok(text)
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text, A::Error> {
-                drain_map(map).map(|()| Text(false))
+                drain_map(map).map(|()| Text::default())
             }
             fn visit_bool<E>(self, _: bool) -> Result<Text, E> {
-                Ok(Text(false))
+                Ok(Text::default())
             }
             fn visit_i64<E>(self, _: i64) -> Result<Text, E> {
-                Ok(Text(false))
+                Ok(Text::default())
             }
             fn visit_u64<E>(self, _: u64) -> Result<Text, E> {
-                Ok(Text(false))
+                Ok(Text::default())
             }
             fn visit_f64<E>(self, _: f64) -> Result<Text, E> {
-                Ok(Text(false))
+                Ok(Text::default())
             }
             fn visit_unit<E>(self) -> Result<Text, E> {
-                Ok(Text(false))
+                Ok(Text::default())
             }
         }
         de.deserialize_any(TextVisitor)
+    }
+}
+
+/// One element of an array of content parts: a string, or an object whose `text` is
+/// the part's text (`{"type": "text", "text": ...}`); anything else holds no text.
+#[derive(Default)]
+struct Part {
+    text: Text,
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Object {
+            #[serde(default)]
+            text: Text,
+        }
+        struct PartVisitor;
+        impl<'de> Visitor<'de> for PartVisitor {
+            type Value = Part;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Part, E> {
+                Ok(Part { text: Text::of(v) })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Part, A::Error> {
+                let object = Object::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(Part { text: object.text })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Part, A::Error> {
+                drain_seq(seq).map(|_| Part::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Part, E> {
+                Ok(Part::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Part, E> {
+                Ok(Part::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Part, E> {
+                Ok(Part::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Part, E> {
+                Ok(Part::default())
+            }
+            fn visit_unit<E>(self) -> Result<Part, E> {
+                Ok(Part::default())
+            }
+        }
+        de.deserialize_any(PartVisitor)
     }
 }
 
@@ -460,4 +531,34 @@ pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
             super::types::Signal::Malformed
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(json: &str) -> (bool, u64) {
+        let text: Text = parse(json.as_bytes()).expect("JSON");
+        (text.carries, text.estimate)
+    }
+
+    #[test]
+    fn text_carries_output_and_estimates_its_tokens() {
+        assert_eq!(text(r#"" one two three""#), (true, 3));
+        assert_eq!(text(r#""a \"b\"\nc""#), (true, 5), "escapes read as text");
+        assert_eq!(
+            text(r#"" ""#),
+            (true, 0),
+            "whitespace carries, estimated at 0"
+        );
+        assert_eq!(text(r#""""#), (false, 0));
+        assert_eq!(
+            text(r#"["x y",{"type":"text","text":"z"},7,{"k":"v"}]"#),
+            (true, 3)
+        );
+        assert_eq!(text("[]"), (false, 0));
+        for other in ["null", "12", "true", r#"{"text":"not a part here"}"#] {
+            assert_eq!(text(other), (false, 0), "{other}");
+        }
+    }
 }

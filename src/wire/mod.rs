@@ -19,16 +19,16 @@
 //!
 //! | dialect | routes | framing | token-bearing events | tokens per event | usage (N, input) | error mid-stream |
 //! |---|---|---|---|---|---|---|
-//! | `openai_chat` | `POST …/chat/completions` | SSE + `[DONE]`; JSON | `delta.content`, `refusal`, `tool_calls`/`function_call`, `reasoning_content`/`reasoning` | `logprobs.content` entries, exact; else growth of a cumulative `usage.completion_tokens` (vLLM/SGLang continuous usage), exact; else 1, estimated | `usage` (final chunk or every chunk); llama.cpp `timings` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
-//! | `openai_completions` | `POST …/completions` | SSE + `[DONE]`; JSON | `choices[].text` | `logprobs.tokens` entries, exact; else usage growth, exact; else 1 | `usage` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
-//! | `openai_responses` | `POST …/responses`; `GET …/responses/{id}?stream=true` | typed SSE, no `[DONE]`; JSON | `response.output_text.delta`, `.refusal.delta`, `.function_call_arguments.delta` (and custom/MCP/code-interpreter input), `.reasoning_text.delta`, `.reasoning_summary_text.delta` | `logprobs` entries, exact; else 1, estimated | `usage` of `response.completed` / `.incomplete` / `.failed` | `error` event (`code`), `response.failed` (`error.code`) |
-//! | `anthropic` | `POST …/v1/messages`; Vertex `…/publishers/anthropic/models/{m}:streamRawPredict` | typed SSE; JSON | `content_block_delta`: `text_delta`, `thinking_delta`, `input_json_delta` | 1, estimated | `message_start` input (+ cache reads/writes); `message_delta` cumulative `output_tokens`, last wins | `error` event (`error.type`) |
-//! | `gemini` | `POST …/models/{m}:streamGenerateContent` (`?alt=sse`: SSE, else a streamed JSON array), `:generateContent` | SSE; JSON array; JSON | `parts[].text` (`thought: true` is reasoning), `functionCall`, `executableCode` | `logprobsResult.chosenCandidates` entries, exact; else growth of the cumulative `candidatesTokenCount + thoughtsTokenCount`, exact; else 1 | `usageMetadata` on every chunk | `error` object (`code`, `status`) |
-//! | `ollama` | `POST …/api/chat`, `…/api/generate` | NDJSON; JSON | `message.content` / `response`, `message.tool_calls`, `thinking` | `logprobs` entries, exact; else 1, estimated | final line (`done: true`): `prompt_eval_count`, `eval_count` | `error` field (names nothing) |
+//! | `openai_chat` | `POST …/chat/completions` | SSE + `[DONE]`; JSON | `delta.content`, `refusal`, `tool_calls`/`function_call`, `reasoning_content`/`reasoning` | `logprobs.content` entries, exact; else growth of a cumulative `usage.completion_tokens` (vLLM/SGLang continuous usage), exact; else the text's, estimated | `usage` (final chunk or every chunk); llama.cpp `timings` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
+//! | `openai_completions` | `POST …/completions` | SSE + `[DONE]`; JSON | `choices[].text` | `logprobs.tokens` entries, exact; else usage growth, exact; else the text's, estimated | `usage` | `error` object or event (`error.code`, `.type`; TGI's `error_type`; vLLM's numeric `code`) |
+//! | `openai_responses` | `POST …/responses`; `GET …/responses/{id}?stream=true` | typed SSE, no `[DONE]`; JSON | `response.output_text.delta`, `.refusal.delta`, `.function_call_arguments.delta` (and custom/MCP/code-interpreter input), `.reasoning_text.delta`, `.reasoning_summary_text.delta` | `logprobs` entries, exact; else the text's, estimated | `usage` of `response.completed` / `.incomplete` / `.failed` | `error` event (`code`), `response.failed` (`error.code`) |
+//! | `anthropic` | `POST …/v1/messages`; Vertex `…/publishers/anthropic/models/{m}:streamRawPredict` | typed SSE; JSON | `content_block_delta`: `text_delta`, `thinking_delta`, `input_json_delta` | the text's, estimated | `message_start` input (+ cache reads/writes); `message_delta` cumulative `output_tokens`, last wins | `error` event (`error.type`) |
+//! | `gemini` | `POST …/models/{m}:streamGenerateContent` (`?alt=sse`: SSE, else a streamed JSON array), `:generateContent` | SSE; JSON array; JSON | `parts[].text` (`thought: true` is reasoning), `functionCall`, `executableCode` | `logprobsResult.chosenCandidates` entries, exact; else growth of the cumulative `candidatesTokenCount + thoughtsTokenCount`, exact; else the text's, estimated | `usageMetadata` on every chunk | `error` object (`code`, `status`) |
+//! | `ollama` | `POST …/api/chat`, `…/api/generate` | NDJSON; JSON | `message.content` / `response`, `message.tool_calls`, `thinking` | `logprobs` entries, exact; else the text's, estimated | final line (`done: true`): `prompt_eval_count`, `eval_count` | `error` field (names nothing) |
 //! | `tgi` | `POST …/generate_stream`, `…/generate` | SSE; JSON | every `token` event (special tokens too, unless [`DecodeOptions::skip_special_tokens`]) | 1, exact | last event's `details`: `generated_tokens`, `input_length` | `error` field (`error_type`) |
-//! | `triton` | `POST …/v2/models/{m}[/versions/{v}]/generate_stream`, `…/generate` | SSE; JSON | non-empty `text_output` | 1, estimated | none: N is the event count | `error` field, after a 200 (names nothing) |
+//! | `triton` | `POST …/v2/models/{m}[/versions/{v}]/generate_stream`, `…/generate` | SSE; JSON | non-empty `text_output` | the text's, estimated | none: N is the sum of the estimates | `error` field, after a 200 (names nothing) |
 //! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | gRPC `/sglang.grpc.scheduler.SglangScheduler/Generate`, `/vllm.grpc.engine.VllmEngine/Generate`, `/trtllm.TrtllmService/Generate` | gRPC messages | a `chunk` with token ids | its `token_ids`, exact | the `complete` message: `prompt_tokens`, `completion_tokens` | `finish_reason` `error` / `abort`; else `grpc-status` in the trailers ([`grpc::status`]) |
-//! | `triton_grpc` | gRPC `/inference.GRPCInferenceService/ModelStreamInfer` | gRPC messages | an `output_ids` tensor, else a non-empty `text_output` | `output_ids` elements, exact; else 1, estimated | none | `error_message` (names nothing) |
+//! | `triton_grpc` | gRPC `/inference.GRPCInferenceService/ModelStreamInfer` | gRPC messages | an `output_ids` tensor, else a non-empty `text_output` | `output_ids` elements, exact; else the text's, estimated | none | `error_message` (names nothing) |
 //!
 //! The last column says where a stream reports an error and, in brackets, which of its
 //! fields name the cause for [`ErrorClass::of`] (a rate limit, an overload or other).
@@ -41,9 +41,10 @@
 //! message ([`grpc`] has their rules). Responses compressed with `gzip`,
 //! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
 //!
-//! Where the table says "1, estimated", an optional [`Tokenizer`] (`observe.tokenizer`,
-//! see [`tokenize`]) counts the event's output text instead; that count is still
-//! estimated (`exact: false`). Without one (the default) the text is never looked at.
+//! Where the table says "the text's, estimated", the count is a guess from the event's output
+//! text ([`text_estimate`]: a token per word or symbol, at least 1), or an
+//! optional [`Tokenizer`]'s count of it (`observe.tokenizer`, see [`tokenize`]); either is
+//! estimated (`exact: false`).
 //!
 //! # Layout
 //!
@@ -64,6 +65,7 @@ mod frame;
 mod json;
 #[cfg(test)]
 mod testing;
+mod text_estimate;
 
 pub mod anthropic;
 pub mod compress;

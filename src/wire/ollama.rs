@@ -11,9 +11,11 @@
 //!   as [`OutputKind::ToolCall`], `message.thinking` / `thinking` as
 //!   [`OutputKind::Reasoning`]; one line is one event, of the most visible kind present.
 //! - Tokens in the event: the `logprobs` entries (one per token, when requested), exact;
-//!   else 1, estimated (Ollama streams about one token per line, but holds back and merges
-//!   tokens around stop sequences and split UTF-8); with `observe.tokenizer`, the
-//!   tokenizer's count of the line's content, thinking and tool calls, still estimated.
+//!   else estimated (Ollama streams about one token per line, but holds back and merges
+//!   tokens around stop sequences and split UTF-8) from the line's content, thinking and
+//!   tool-call names: their shape ([`super::text_estimate`], at least 1; a structured
+//!   `arguments` object is not read), or with `observe.tokenizer` the tokenizer's count
+//!   of those and the arguments.
 //! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as
 //!   [`Signal::Usage`], then [`Signal::Done`]. Durations (ns) are not read: tokentap
 //!   measures time itself.
@@ -24,7 +26,7 @@ use super::count::{most_visible, Tally};
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{Count, Flag, Folded, Num, Present, Str, Text};
+use super::json::{Count, Flag, Fold, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -81,8 +83,9 @@ impl Handler for Ollama {
         }
         let usage = self.common(&mut line, out);
         if let Some(kind) = line.kind() {
+            let shape = line.estimate();
             let entries = line.logprobs.map_or(0, |l| l.0 .0);
-            let estimate = || count_event(self.tokens.as_mut(), data, line_texts);
+            let estimate = || count_event(self.tokens.as_mut(), data, line_texts, shape);
             out.push(self.tally.output(kind, entries, None, estimate));
         }
         if let Some(usage) = usage {
@@ -148,16 +151,31 @@ impl Line<'_> {
     fn kind(&self) -> Option<OutputKind> {
         let (content, tools, thinking) = match &self.message {
             Some(m) => (
-                m.content.0 || self.response.0,
-                m.tool_calls.as_ref().is_some_and(|t| t.0 .0 > 0),
-                m.thinking.0 || self.thinking.0,
+                m.content.carries || self.response.carries,
+                m.tool_calls.as_ref().is_some_and(|t| t.0.calls > 0),
+                m.thinking.carries || self.thinking.carries,
             ),
-            None => (self.response.0, false, self.thinking.0),
+            None => (self.response.carries, false, self.thinking.carries),
         };
         let content = content.then_some(OutputKind::Content);
         let tools = tools.then_some(OutputKind::ToolCall);
         let thinking = thinking.then_some(OutputKind::Reasoning);
         most_visible(most_visible(content, tools), thinking)
+    }
+
+    /// The estimated tokens of the line's output of every kind.
+    fn estimate(&self) -> u64 {
+        let message = self.message.as_ref().map_or(0, |m| {
+            let tools = m.tool_calls.as_ref().map_or(0, |t| t.0.estimate);
+            m.content
+                .estimate
+                .saturating_add(m.thinking.estimate)
+                .saturating_add(tools)
+        });
+        self.response
+            .estimate
+            .saturating_add(self.thinking.estimate)
+            .saturating_add(message)
     }
 }
 
@@ -167,7 +185,36 @@ struct Message {
     content: Text,
     #[serde(default)]
     thinking: Text,
-    tool_calls: Option<Folded<Count>>,
+    tool_calls: Option<Folded<ToolCalls>>,
+}
+
+/// `message.tool_calls`: how many, and the estimated tokens of their function names
+/// (a structured `arguments` object is not read).
+#[derive(Default)]
+struct ToolCalls {
+    calls: u64,
+    estimate: u64,
+}
+
+impl Fold for ToolCalls {
+    type Item = ToolCall;
+
+    fn add(&mut self, call: ToolCall) {
+        self.calls = self.calls.saturating_add(1);
+        let name = call.function.map_or(0, |f| f.name.estimate);
+        self.estimate = self.estimate.saturating_add(name);
+    }
+}
+
+#[derive(Deserialize)]
+struct ToolCall {
+    function: Option<Function>,
+}
+
+#[derive(Deserialize)]
+struct Function {
+    #[serde(default)]
+    name: Text,
 }
 
 #[cfg(test)]
@@ -204,6 +251,8 @@ mod tests {
                 Model("llama3.2".into()),
                 out(1, false, OutputKind::Content),
                 out(1, false, OutputKind::Reasoning),
+                // The name `f`: without a tokenizer a structured argument object is not
+                // read as text, so the estimate is the name's word.
                 out(1, false, OutputKind::ToolCall),
                 out(1, true, OutputKind::Content),
                 Signal::Usage {

@@ -24,9 +24,10 @@
 //! - Tokens in the event: the number of logprobs entries (chat `logprobs.content`,
 //!   completions `logprobs.tokens`, summed over choices), exact; else the growth of a
 //!   cumulative `usage.completion_tokens` (vLLM / SGLang `continuous_usage_stats`) since
-//!   the previous usage, or since zero for the first event, exact; else 1, or with
-//!   `observe.tokenizer` the tokenizer's count of the chunk's output text (content,
-//!   refusal, reasoning, tool-call names and arguments), estimated.
+//!   the previous usage, or since zero for the first event, exact; else estimated from
+//!   the chunk's output text (content, refusal, reasoning, tool-call names and arguments):
+//!   its shape ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the
+//!   tokenizer's count.
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
 //!   chunk's `Output`. A `usage: null` or one without counts is no signal.
 //!
@@ -100,7 +101,8 @@ impl OpenAi {
         };
         match kind {
             Some(kind) => {
-                let estimate = || count_event(self.tokens.as_mut(), data, select);
+                let shape = choices.estimate;
+                let estimate = || count_event(self.tokens.as_mut(), data, select, shape);
                 out.push(self.tally.output(kind, logprobs, reported_output, estimate));
             }
             None => self.tally.report(reported_output),
@@ -323,22 +325,41 @@ struct Delta {
 impl Delta {
     /// The most visible kind of output this delta carries.
     fn kind(&self) -> Option<OutputKind> {
-        let tool = self.tool_calls.as_ref().is_some_and(|t| t.0 .0)
+        let tool = self.tool_calls.as_ref().is_some_and(|t| t.0.carries)
             || self
                 .function_call
                 .as_ref()
                 .is_some_and(FunctionCall::carries);
-        if self.content.0 {
+        if self.content.carries {
             Some(OutputKind::Content)
-        } else if self.refusal.0 {
+        } else if self.refusal.carries {
             Some(OutputKind::Refusal)
         } else if tool {
             Some(OutputKind::ToolCall)
-        } else if self.reasoning_content.0 || self.reasoning.0 {
+        } else if self.reasoning_content.carries || self.reasoning.carries {
             Some(OutputKind::Reasoning)
         } else {
             None
         }
+    }
+
+    /// The estimated tokens of all the output this delta carries, of every kind.
+    fn estimate(&self) -> u64 {
+        let tools = self.tool_calls.as_ref().map_or(0, |t| t.0.estimate);
+        let function = self
+            .function_call
+            .as_ref()
+            .map_or(0, FunctionCall::estimate);
+        [
+            self.content.estimate,
+            self.refusal.estimate,
+            self.reasoning_content.estimate,
+            self.reasoning.estimate,
+            tools,
+            function,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
     }
 }
 
@@ -357,7 +378,11 @@ struct FunctionCall {
 
 impl FunctionCall {
     fn carries(&self) -> bool {
-        self.name.0 || self.arguments.0
+        self.name.carries || self.arguments.carries
+    }
+
+    fn estimate(&self) -> u64 {
+        self.name.estimate.saturating_add(self.arguments.estimate)
     }
 }
 
@@ -376,6 +401,9 @@ struct Choices {
     delta_kind: Option<OutputKind>,
     /// Some choice had non-empty `text` (completions).
     text: bool,
+    /// The estimated tokens of the output text of every choice: `delta` (chat) or
+    /// `text` (completions).
+    estimate: u64,
     /// Entries in `logprobs.content` (chat).
     content_logprobs: u64,
     /// Entries in `logprobs.tokens` (completions).
@@ -394,7 +422,12 @@ impl Fold for Choices {
                 self.delta_kind = Some(kind);
             }
         }
-        self.text |= choice.text.0;
+        self.text |= choice.text.carries;
+        let estimate = match &choice.delta {
+            Some(delta) => delta.estimate(),
+            None => choice.text.estimate,
+        };
+        self.estimate = self.estimate.saturating_add(estimate);
         if let Some(lp) = choice.logprobs {
             let len = |c: Option<Folded<Count>>| c.map_or(0, |c| c.0 .0);
             self.content_logprobs = self.content_logprobs.saturating_add(len(lp.content));
@@ -403,15 +436,22 @@ impl Fold for Choices {
     }
 }
 
-/// Some tool call in the array carries a function name or arguments.
+/// Whether some tool call in the array carries a function name or arguments, and the
+/// estimated tokens of them all.
 #[derive(Default)]
-struct AnyToolCall(bool);
+struct AnyToolCall {
+    carries: bool,
+    estimate: u64,
+}
 
 impl Fold for AnyToolCall {
     type Item = ToolCall;
 
     fn add(&mut self, call: ToolCall) {
-        self.0 |= call.function.as_ref().is_some_and(FunctionCall::carries);
+        if let Some(function) = &call.function {
+            self.carries |= function.carries();
+            self.estimate = self.estimate.saturating_add(function.estimate());
+        }
     }
 }
 
@@ -581,26 +621,29 @@ mod tests {
     #[test]
     fn token_bearing_deltas_and_their_kinds() {
         use OutputKind::*;
-        let cases: &[(&str, OutputKind)] = &[
-            (r#"{"content":"Hello"}"#, Content),
-            (r#"{"role":"assistant","content":" "}"#, Content),
-            (r#"{"content":"a \"quoted\"\nline"}"#, Content),
-            (r#"{"content":[{"type":"text","text":"hi"}]}"#, Content),
-            (r#"{"reasoning_content":"Let me think"}"#, Reasoning),
-            (r#"{"content":null,"reasoning":"hmm"}"#, Reasoning),
+        // The count is estimated from the text: a word or symbol a token, at least one.
+        let cases: &[(&str, OutputKind, u32)] = &[
+            (r#"{"content":"Hello"}"#, Content, 1),
+            (r#"{"role":"assistant","content":" "}"#, Content, 1),
+            (r#"{"content":"a \"quoted\"\nline"}"#, Content, 5),
+            (r#"{"content":[{"type":"text","text":"hi"}]}"#, Content, 1),
+            (r#"{"reasoning_content":"Let me think"}"#, Reasoning, 3),
+            (r#"{"content":null,"reasoning":"hmm"}"#, Reasoning, 1),
             (
                 r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"ci"}}]}"#,
                 ToolCall,
+                3,
             ),
             (
                 r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}"#,
                 ToolCall,
+                3, // get, _, weather
             ),
-            (r#"{"function_call":{"arguments":"{}"}}"#, ToolCall),
-            (r#"{"refusal":"I can't help with that."}"#, Refusal),
+            (r#"{"function_call":{"arguments":"{}"}}"#, ToolCall, 2),
+            (r#"{"refusal":"I can't help with that."}"#, Refusal, 8),
         ];
-        for (d, kind) in cases {
-            assert_eq!(delta(d), vec![out(1, false, *kind)], "{d}");
+        for (d, kind, tokens) in cases {
+            assert_eq!(delta(d), vec![out(*tokens, false, *kind)], "{d}");
         }
     }
 
@@ -637,15 +680,16 @@ mod tests {
         use OutputKind::*;
         assert_eq!(
             delta(r#"{"reasoning_content":"r","content":"c"}"#),
-            vec![out(1, false, Content)]
+            vec![out(2, false, Content)],
+            "one event, of the most visible kind, with the words of both"
         );
         assert_eq!(
             delta(r#"{"refusal":"no","tool_calls":[{"function":{"name":"f"}}]}"#),
-            vec![out(1, false, Refusal)]
+            vec![out(2, false, Refusal)]
         );
         assert_eq!(
             delta(r#"{"reasoning":"r","tool_calls":[{"function":{"name":"f"}}]}"#),
-            vec![out(1, false, ToolCall)]
+            vec![out(2, false, ToolCall)]
         );
         // Across choices too.
         let signals = stream(
@@ -654,7 +698,11 @@ mod tests {
                 r#"{"choices":[{"index":0,"delta":{"reasoning":"r"}},{"index":1,"delta":{"content":"c"}},{"index":2,"delta":{"refusal":"x"}}]}"#,
             ],
         );
-        assert_eq!(signals, vec![out(1, false, Content)]);
+        assert_eq!(
+            signals,
+            vec![out(3, false, Content)],
+            "a word in each choice"
+        );
     }
 
     #[test]

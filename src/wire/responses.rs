@@ -7,7 +7,7 @@
 //!
 //! | event | signal |
 //! |---|---|
-//! | `response.output_text.delta` | `Output` Content; tokens = `logprobs` entries (exact) when present, else 1 (estimated) |
+//! | `response.output_text.delta` | `Output` Content; tokens = `logprobs` entries (exact) when present, else estimated from the `delta` text |
 //! | `response.refusal.delta` | `Output` Refusal |
 //! | `response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`, `response.mcp_call_arguments.delta`, `response.code_interpreter_call_code.delta` | `Output` ToolCall |
 //! | `response.reasoning_text.delta`, `response.reasoning_summary_text.delta` (and the older `response.reasoning.delta`, `response.reasoning_summary.delta`) | `Output` Reasoning |
@@ -19,9 +19,9 @@
 //! `error` object some servers put in it), `response.failed`'s `response.error.code`
 //! (`rate_limit_exceeded`, `server_is_overloaded`; see [`ErrorClass`]).
 //!
-//! A delta whose `delta` is empty carries nothing. Without logprobs, a delta counts one
-//! token, or with `observe.tokenizer` the tokenizer's count of its `delta` text (both
-//! estimated). `response.incomplete` (the model hit
+//! A delta whose `delta` is empty carries nothing. Without logprobs, a delta's count is
+//! estimated from its `delta` text: the text's shape ([`super::text_estimate`], at least
+//! 1), or with `observe.tokenizer` the tokenizer's count. `response.incomplete` (the model hit
 //! `max_output_tokens` or a content filter) is a completed stream, not an error: the
 //! response was delivered as far as it went, and its usage is as exact as a completed one.
 //! `input_tokens` includes cached tokens and `output_tokens` includes reasoning tokens, as
@@ -31,7 +31,7 @@ use serde::Deserialize;
 
 use super::count::Tally;
 use super::error_class::ErrorClass;
-use super::event_tokens::{count_event, finish_count, text};
+use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
 use super::json::{Code, Count, ErrorFields, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
@@ -112,12 +112,12 @@ impl Handler for Responses {
             return;
         }
         if let Some(output) = delta_kind(kind) {
-            if event.delta.0 {
+            if event.delta.carries {
                 let entries = event.logprobs.map_or(0, |l| l.0 .0);
+                let shape = event.delta.estimate;
                 let estimate = || {
-                    count_event(self.tokens.as_mut(), data, |event, f| {
-                        text::of(event.get("delta"), f)
-                    })
+                    let select: SelectTexts = |event, f| text::of(event.get("delta"), f);
+                    count_event(self.tokens.as_mut(), data, select, shape)
                 };
                 out.push(self.tally.output(output, entries, None, estimate));
             }

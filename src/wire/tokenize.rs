@@ -2,12 +2,13 @@
 //!
 //! Several dialects batch text: an Anthropic `text_delta`, an Ollama line or a Triton
 //! response can carry several tokens and the wire format does not say how many. Without
-//! a tokenizer such an event counts as the documented estimate of one token. With one,
+//! a tokenizer such an event counts as the documented estimate from its text's words and
+//! symbols ([`super::event_tokens`]). With one,
 //! the event's text (content, reasoning, refusal and tool-call arguments) is run through
 //! it and the event counts as many tokens as the text encodes to. That count is still an
 //! estimate, labelled as such (`Signal::Output { exact: false, .. }`): the tokenizer may
 //! not be the model's, and even the model's own tokenizer may split decoded text
-//! differently from how it was generated. It only replaces the one-per-event estimate;
+//! differently from how it was generated. It only replaces the text-shape estimate;
 //! counts the wire format gives (logprobs entries, cumulative usage growth, one token per
 //! TGI event) are never re-counted, and reported usage still corrects `N`.
 //!

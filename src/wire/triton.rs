@@ -10,17 +10,19 @@
 //!   ([`ErrorClass::Other`]).
 //! - The first non-empty `model_name` is [`Signal::Model`].
 //! - A non-empty `text_output` (a string, or an array of strings) is one token-bearing
-//!   event of [`OutputKind::Content`], 1 token, estimated: the generate extension reports
-//!   no token counts (TensorRT-LLM streams one decode step per response, but a step can
-//!   hold several tokens with speculative decoding or when detokenisation holds text back).
-//!   With `observe.tokenizer`, the tokenizer's count of the `text_output`, still estimated.
+//!   event of [`OutputKind::Content`], its count estimated from the text: the generate
+//!   extension reports no token counts (TensorRT-LLM streams one decode step per
+//!   response, but a step can hold several tokens with speculative decoding or when
+//!   detokenisation holds text back). The estimate is the text's shape
+//!   ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the tokenizer's
+//!   count of the `text_output`.
 //!
-//! Triton has no usage block and no end marker: N is the count of events.
+//! Triton has no usage block and no end marker: N is the sum of the events' estimates.
 
 use serde::Deserialize;
 
 use super::error_class::ErrorClass;
-use super::event_tokens::{count_event, finish_count, text};
+use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
 use super::json::{Present, Str, Text};
 use super::token_stream::TokenStream;
@@ -44,7 +46,8 @@ impl Triton {
         }
     }
 
-    fn read(&mut self, data: &[u8], out: &mut Vec<Signal>) -> Option<bool> {
+    /// The response's `text_output`, once its model and error are read.
+    fn read(&mut self, data: &[u8], out: &mut Vec<Signal>) -> Option<Text> {
         let Ok(response) = super::json::parse::<Response<'_>>(data) else {
             out.push(Signal::Malformed);
             return None;
@@ -59,7 +62,7 @@ impl Triton {
                 self.model_sent = true;
             }
         }
-        Some(response.text_output.0)
+        Some(response.text_output)
     }
 }
 
@@ -69,10 +72,9 @@ impl Handler for Triton {
         if data.is_empty() {
             return;
         }
-        if self.read(data, out) == Some(true) {
-            let tokens = count_event(self.tokens.as_mut(), data, |response, f| {
-                text::of(response.get("text_output"), f)
-            });
+        if let Some(text) = self.read(data, out).filter(|t| t.carries) {
+            let select: SelectTexts = |response, f| text::of(response.get("text_output"), f);
+            let tokens = count_event(self.tokens.as_mut(), data, select, text.estimate);
             out.push(Signal::Output {
                 tokens: tokens.map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
                 exact: false,

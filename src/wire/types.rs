@@ -124,7 +124,7 @@ pub enum Signal {
     /// A token-bearing event is complete (its last byte was in the frame just fed).
     /// `tokens` is `k_i`; `exact` says whether the wire format gave the count
     /// (logprobs entries, a usage delta, one-token-per-event formats) or it is the
-    /// documented estimate: one token per event, or what the event's text settled in the
+    /// documented estimate: the event text's words and symbols, or what it settled in the
     /// configured tokenizer's incremental count (possibly 0).
     Output {
         tokens: u32,

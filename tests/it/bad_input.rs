@@ -141,9 +141,11 @@ async fn malformed_sse_and_invalid_utf8_are_forwarded_byte_identical() {
         m.sum("tokentap_requests_total", &[("outcome", "completed")]),
         1.0
     );
+    // No usage: N is the events' estimates, a token per word or symbol: "a", "b", and
+    // "é€" (a letter and a symbol, two).
     assert_eq!(
         m.sum("tokentap_output_tokens_total", &[]),
-        3.0,
+        4.0,
         "{}",
         m.text
     );

@@ -657,11 +657,11 @@ impl TritonResponse {
         }
         match &self.ids {
             Some((ids, _)) => (!ids.is_empty()).then_some((ids.len() as u32, true)),
-            None => self
-                .text
-                .iter()
-                .any(|t| !t.is_empty())
-                .then_some((1, false)),
+            // Text is estimated: a token per word (the texts are `[a-z ]`), at least 1.
+            None => self.text.iter().any(|t| !t.is_empty()).then(|| {
+                let words = self.text.iter().map(|t| t.split_whitespace().count());
+                (words.sum::<usize>().max(1) as u32, false)
+            }),
         }
     }
 

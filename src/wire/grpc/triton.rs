@@ -17,9 +17,10 @@
 //!   of [`OutputKind::Content`] carrying N tokens, exact: in streaming mode each response
 //!   holds the ids generated since the previous one.
 //! - Otherwise a `text_output` tensor (BYTES, as the `ensemble` and BLS models and vLLM's
-//!   backend stream it) with a non-empty element is one token-bearing event, 1 token,
-//!   estimated: detokenised text says nothing of how many tokens made it. With
-//!   `observe.tokenizer`, the tokenizer's count of its text, still estimated.
+//!   backend stream it) with a non-empty element is one token-bearing event, estimated:
+//!   detokenised text says nothing of how many tokens made it, so the count is the text's
+//!   shape ([`estimate_bytes`], at least 1), or with `observe.tokenizer` the tokenizer's
+//!   count of its text.
 //! - A response whose parameter `triton_final_response` is true is the request's last
 //!   ([`Signal::Done`]), sent when the request asked for it
 //!   (`triton_enable_empty_final_response`, as `tritonclient` does).
@@ -33,6 +34,7 @@ use prost::Message;
 use super::super::error_class::ErrorClass;
 use super::super::event_tokens::finish_count;
 use super::super::frame::Handler;
+use super::super::text_estimate::estimate_bytes;
 use super::super::token_stream::TokenStream;
 use super::super::tokenize::Tokenizer;
 use super::super::types::{OutputKind, Signal};
@@ -110,13 +112,19 @@ impl StreamInfer {
         each_bytes(text, raw, &mut |element: &[u8]| {
             if !element.is_empty() {
                 any = true;
-                if let Some(tokens) = tokens.as_mut() {
-                    counted = counted.saturating_add(tokens.push_bytes(element));
-                }
+                let count = match tokens.as_mut() {
+                    Some(tokens) => tokens.push_bytes(element),
+                    None => u32::try_from(estimate_bytes(element)).unwrap_or(u32::MAX),
+                };
+                counted = counted.saturating_add(count);
             }
         });
         any.then(|| Signal::Output {
-            tokens: if self.tokens.is_some() { counted } else { 1 },
+            tokens: if self.tokens.is_some() {
+                counted
+            } else {
+                counted.max(1)
+            },
             exact: false,
             kind: OutputKind::Content,
         })
@@ -209,6 +217,15 @@ mod tests {
         kind: OutputKind::Content,
     };
 
+    /// A text event of `n` estimated tokens.
+    fn words(n: u32) -> Signal {
+        Signal::Output {
+            tokens: n,
+            exact: false,
+            kind: OutputKind::Content,
+        }
+    }
+
     fn ids(n: u32) -> Signal {
         Signal::Output {
             tokens: n,
@@ -279,7 +296,8 @@ mod tests {
         .concat();
         assert_eq!(
             grpc(StreamInfer::default(), &body),
-            vec![Model("ensemble".into()), TEXT, TEXT, Done]
+            vec![Model("ensemble".into()), TEXT, words(2), Done],
+            "\" learning\" and \" is\" are two words, so two tokens estimated"
         );
     }
 
