@@ -24,6 +24,7 @@ METRICS = {
     "tokentap_inter_chunk_latency_seconds": ("histogram", ("model",)),
     "tokentap_time_per_output_token_seconds": ("histogram", ("model",)),
     "tokentap_output_tokens_per_second": ("histogram", ("model",)),
+    "tokentap_output_tokens_per_event": ("histogram", ("model",)),
     "tokentap_request_duration_seconds": ("histogram", ("model",)),
     "tokentap_requests_total": ("counter", ("model", "tenant", "outcome", "status")),
     "tokentap_output_tokens_total": ("counter", ("model", "tenant")),
@@ -50,6 +51,7 @@ METRICS = {
 # diagnostics for an operator who looks at /metrics directly.
 NOT_CHARTED = {
     "tokentap_event_tokens_total",
+    "tokentap_output_tokens_per_event",
     "tokentap_passthrough_requests_total",
     "tokentap_overload_rejections_total",
     "tokentap_client_connection_limit_reached_total",
@@ -59,8 +61,12 @@ NOT_CHARTED = {
 # child is created on first increment unless the binary pre-creates it). The e2e
 # test provokes what it can from the contract and reports the rest as skipped
 # when they are absent from the exposition.
+# tokentap_output_tokens_per_event is a histogram with the same rule: a model's series
+# exists once one of its streams gave a per-event count exactly (token ids, logprobs,
+# continuous usage, TGI).
 EVENT_DRIVEN = {
     "tokentap_stream_stalls_total",
+    "tokentap_output_tokens_per_event",
     "tokentap_label_overflow_total",
     "tokentap_unobserved_responses_total",
     "tokentap_decode_errors_total",

@@ -242,7 +242,8 @@ pub struct RawLabelPolicy {
     /// of `tokentap_time_to_first_byte_seconds`,
     /// `tokentap_time_to_first_content_token_seconds`,
     /// `tokentap_inter_chunk_latency_seconds`, `tokentap_time_per_output_token_seconds`,
-    /// `tokentap_output_tokens_per_second`, `tokentap_request_duration_seconds` and
+    /// `tokentap_output_tokens_per_second`, `tokentap_output_tokens_per_event`,
+    /// `tokentap_request_duration_seconds` and
     /// `tokentap_stream_stalls_total` may be listed; `[]` puts every family per model.
     /// Read at startup: a reload that changes it keeps the running set and warns that it
     /// takes effect after a restart.
@@ -331,6 +332,7 @@ pub struct RawBuckets {
     pub inter_chunk_latency_seconds: Option<Vec<Number>>,
     pub time_per_output_token_seconds: Option<Vec<Number>>,
     pub output_tokens_per_second: Option<Vec<Number>>,
+    pub output_tokens_per_event: Option<Vec<Number>>,
     pub request_duration_seconds: Option<Vec<Number>>,
 }
 
@@ -352,7 +354,7 @@ pub struct RawObserve {
     pub skip_special_tokens: bool,
     /// Count the tokens of text deltas with a tokenizer where the stream gives no exact
     /// count (Anthropic, Ollama, Triton, and OpenAI / Responses / Gemini streams without
-    /// logprobs or cumulative usage), instead of one per event. Still counted as
+    /// logprobs or cumulative usage), instead of its words and symbols. Still counted as
     /// `accuracy="estimated"`. Default: off (no cost). Exactly one of `encoding`, `file`.
     pub tokenizer: Option<RawTokenizer>,
 }

@@ -11,7 +11,8 @@ use super::raw::*;
 use super::units::{HumanDuration, Number};
 use super::*;
 use crate::metrics::buckets::{
-    DURATION_BUCKETS, INTER_CHUNK_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_SECOND_BUCKETS,
+    DURATION_BUCKETS, INTER_CHUNK_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_EVENT_BUCKETS,
+    TOKENS_PER_SECOND_BUCKETS,
 };
 use crate::wire::tokenize::TokenizerSource;
 use crate::wire::Dialect;
@@ -243,6 +244,12 @@ impl RawBuckets {
                 "metrics.buckets.output_tokens_per_second",
                 self.output_tokens_per_second,
                 TOKENS_PER_SECOND_BUCKETS,
+            ),
+            output_tokens_per_event: buckets(
+                issues,
+                "metrics.buckets.output_tokens_per_event",
+                self.output_tokens_per_event,
+                TOKENS_PER_EVENT_BUCKETS,
             ),
             request_duration_seconds: buckets(
                 issues,

@@ -29,6 +29,13 @@ pub const TOKENS_PER_SECOND_BUCKETS: &[f64] = &[
     1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0,
     1000.0, 2000.0,
 ];
+/// Tokens-per-event buckets: 1 to 64 tokens. Every integer up to 6 and then 8, because
+/// speculative decoding accepts 1 to `k + 1` tokens a step with `k` (draft tokens) mostly
+/// 2 to 7, so the acceptance shape lives there and a bucket per count shows it; 12 and 16
+/// for engines that flush every few steps (`stream_interval`), 32 and 64 for coarse
+/// batching. The counts are integers, so `le="3"` holds exactly the events of 1 to 3.
+pub const TOKENS_PER_EVENT_BUCKETS: &[f64] =
+    &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
 /// Request duration buckets: 50 ms to 30 min (agentic streams run long).
 pub const DURATION_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,

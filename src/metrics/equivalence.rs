@@ -36,6 +36,7 @@ struct Reference {
     inter_chunk: HistogramVec,
     tpot: HistogramVec,
     tokens_per_second: HistogramVec,
+    tokens_per_event: HistogramVec,
     duration: HistogramVec,
     requests: IntCounterVec,
     output_tokens: IntCounterVec,
@@ -141,6 +142,13 @@ impl Reference {
                 "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
                 &b.output_tokens_per_second,
             ),
+            tokens_per_event: histogram(
+                &r,
+                t,
+                "tokentap_output_tokens_per_event",
+                "Tokens each token-bearing event carried, observed once per event whose count the wire format gave exactly (token ids, logprobs, cumulative usage, TGI): speculative-decoding acceptance and batching.",
+                &b.output_tokens_per_event,
+            ),
             duration: histogram(
                 &r,
                 t,
@@ -173,7 +181,7 @@ impl Reference {
                 &r,
                 t,
                 "tokentap_event_tokens_total",
-                "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
+                "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (words and symbols of the event's text, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(
@@ -265,6 +273,7 @@ fn buckets() -> Buckets {
         inter_chunk_latency_seconds: vec![0.001, 0.01, 0.1, 1.0, 5.0, 30.0],
         time_per_output_token_seconds: vec![0.001, 0.01, 0.1, 1.0],
         output_tokens_per_second: vec![1.0, 10.0, 50.0, 100.0, 1000.0, 2000.0],
+        output_tokens_per_event: vec![1.0, 2.0, 3.0, 8.0, 64.0],
         request_duration_seconds: vec![0.05, 1.0, 30.0, 1800.0],
     }
 }
@@ -542,6 +551,15 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
             reference
                 .inter_chunk
                 .with_label_values(&pair("tokentap_inter_chunk_latency_seconds"))
+                .observe(v);
+        }
+        if rng.gen_bool(0.4) {
+            // An exact event's token count: a small integer, sometimes past every bound.
+            let v = f64::from(rng.gen_range(1..100u32));
+            handles.tokens_per_event().observe(v);
+            reference
+                .tokens_per_event
+                .with_label_values(&pair("tokentap_output_tokens_per_event"))
                 .observe(v);
         }
         if rng.gen_bool(0.1) {

@@ -10,7 +10,7 @@
 //! the table says which do by default, and every other one is then per model. The default
 //! keeps what per-tenant SLOs and panels read (requests, tokens, TTFT, ITL) and leaves the
 //! rest per model, so that 50 models x 200 tenants is 10,000 series of six families, not
-//! of thirteen.
+//! of fourteen.
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
@@ -73,7 +73,7 @@ const PAIR: &[&str] = &["model", "tenant"];
 pub(super) const INTER_CHUNK_HELP: &str = "Gap between consecutive token-bearing events, observed once per gap as the later event arrives (time per output chunk).";
 
 /// Every per-pair family.
-pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
+pub(super) static PAIR_FAMILIES: [PairFamily; 14] = [
     PairFamily {
         name: "tokentap_time_to_first_byte_seconds",
         help: "From request head received to upstream response head received.",
@@ -159,6 +159,18 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
         },
     },
     PairFamily {
+        name: "tokentap_output_tokens_per_event",
+        help: "Tokens each token-bearing event carried, observed once per event whose count the wire format gave exactly (token ids, logprobs, cumulative usage, TGI): speculative-decoding acceptance and batching.",
+        labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::TokensPerEvent,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.output_tokens_per_event,
+            get: |s| s.tokens_per_event.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
         name: "tokentap_request_duration_seconds",
         help: "From request head received to the end of the response (or its failure).",
         labels: PAIR,
@@ -202,7 +214,7 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 13] = [
     },
     PairFamily {
         name: "tokentap_event_tokens_total",
-        help: "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (one per event, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
+        help: "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (words and symbols of the event's text, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
         labels: &["accuracy", "model", "tenant"],
         tenant_by_default: true,
         slot: Slot::EventTokens,
@@ -534,6 +546,7 @@ mod tests {
             inter_chunk: one.clone(),
             tpot: one.clone(),
             tokens_per_second: one.clone(),
+            tokens_per_event: one.clone(),
             duration: one,
             native: None,
         };

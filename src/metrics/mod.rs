@@ -259,6 +259,7 @@ impl Metrics {
             inter_chunk: bounds(&buckets.inter_chunk_latency_seconds),
             tpot: bounds(&buckets.time_per_output_token_seconds),
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
+            tokens_per_event: bounds(&buckets.output_tokens_per_event),
             duration: bounds(&buckets.request_duration_seconds),
             native: native
                 .enabled
@@ -824,6 +825,7 @@ mod tests {
                 stream.ttfb().observe(0.001 * f64::from(m * t));
                 stream.ttft().observe(0.3);
                 stream.observe_itl(Duration::from_millis(u64::from(t)), 3);
+                stream.tokens_per_event().observe(f64::from(1 + t % 4));
                 if (m + t) % 4 == 0 {
                     continue;
                 }

@@ -170,6 +170,7 @@ pub(super) struct Bounds {
     pub inter_chunk: Arc<[f64]>,
     pub tpot: Arc<[f64]>,
     pub tokens_per_second: Arc<[f64]>,
+    pub tokens_per_event: Arc<[f64]>,
     pub duration: Arc<[f64]>,
     /// Native buckets beside the classic ones, when enabled.
     pub native: Option<NativeSettings>,
@@ -189,6 +190,7 @@ pub(super) enum Slot {
     InterChunk,
     Tpot,
     TokensPerSecond,
+    TokensPerEvent,
     Duration,
     Requests,
     OutputTokens,
@@ -198,7 +200,7 @@ pub(super) enum Slot {
 }
 
 impl Slot {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
 }
 
 /// Which slots a set of each level holds: `true` for the families that carry `tenant`
@@ -231,6 +233,8 @@ pub struct SeriesSet {
     pub(super) stalls: Kept<Counter>,
     pub(super) tpot: Kept<Histogram>,
     pub(super) tokens_per_second: Kept<Histogram>,
+    /// The exact token count of each token-bearing event whose count the wire format gave.
+    pub(super) tokens_per_event: Kept<Histogram>,
     pub(super) duration: Kept<Histogram>,
     /// Indexed by [`Verdict::index`].
     pub(super) requests: Kept<[Counter; Verdict::COUNT]>,
@@ -275,6 +279,7 @@ impl SeriesSet {
             stalls: counter(Slot::Stalls),
             tpot: histogram(Slot::Tpot, &bounds.tpot),
             tokens_per_second: histogram(Slot::TokensPerSecond, &bounds.tokens_per_second),
+            tokens_per_event: histogram(Slot::TokensPerEvent, &bounds.tokens_per_event),
             duration: histogram(Slot::Duration, &bounds.duration),
             requests: kept(Slot::Requests)
                 .then(|| Box::new(std::array::from_fn(|_| Counter::default()))),
@@ -366,6 +371,11 @@ impl StreamSeries {
 
     pub(super) fn tokens_per_second(&self) -> &Histogram {
         kept(&self.pair.tokens_per_second, &self.model.tokens_per_second)
+    }
+
+    /// The exact token counts of token-bearing events, one observation per event.
+    pub fn tokens_per_event(&self) -> &Histogram {
+        kept(&self.pair.tokens_per_event, &self.model.tokens_per_event)
     }
 
     pub(super) fn duration(&self) -> &Histogram {
@@ -468,6 +478,7 @@ mod tests {
             inter_chunk: bounds.clone(),
             tpot: bounds.clone(),
             tokens_per_second: bounds.clone(),
+            tokens_per_event: bounds.clone(),
             duration: bounds,
             native: None,
         }

@@ -45,6 +45,7 @@ pub struct Buckets {
     pub inter_chunk_latency_seconds: Vec<f64>,
     pub time_per_output_token_seconds: Vec<f64>,
     pub output_tokens_per_second: Vec<f64>,
+    pub output_tokens_per_event: Vec<f64>,
     pub request_duration_seconds: Vec<f64>,
 }
 

@@ -195,6 +195,12 @@ impl Recorder {
                         }
                     }
                     let handles = self.handles();
+                    if *exact {
+                        // As the clock reads it: an exact 0 is one token.
+                        handles
+                            .tokens_per_event()
+                            .observe(f64::from((*tokens).max(1)));
+                    }
                     match stamp {
                         Stamp::First { ttft } => handles.ttft().observe(ttft.as_secs_f64()),
                         Stamp::Next { gap, itl } => {
@@ -509,6 +515,32 @@ mod tests {
             histogram(&metrics, "tokentap_inter_chunk_latency_seconds").count,
             3
         );
+    }
+
+    #[test]
+    fn exact_events_are_observed_as_tokens_per_event_and_estimates_are_not() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(100), &[output(3, true)]);
+        recorder.apply(t0 + ms(110), &[output(5, false), output(0, true)]);
+        recorder.apply(t0 + ms(130), &[output(1, true)]);
+        // Live, one observation per exact event: 3, then 0 read as 1, then 1; the
+        // estimated 5 is not the engine's shape and stays out.
+        let per_event = histogram(&metrics, "tokentap_output_tokens_per_event");
+        assert_eq!(per_event.count, 3);
+        assert_eq!(per_event.sum, 5.0);
+        let le = |bound: f64| {
+            per_event
+                .buckets()
+                .find(|(b, _)| *b == bound)
+                .map(|(_, n)| n)
+        };
+        assert_eq!(le(1.0), Some(2));
+        assert_eq!(le(3.0), Some(3));
+        recorder.record(t0 + ms(140), Outcome::Completed);
+        let per_event = histogram(&metrics, "tokentap_output_tokens_per_event");
+        assert_eq!(per_event.count, 3, "nothing more at the end");
     }
 
     #[test]

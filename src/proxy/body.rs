@@ -236,6 +236,7 @@ mod tests {
             inter_chunk_latency_seconds: vec![1.0],
             time_per_output_token_seconds: vec![1.0],
             output_tokens_per_second: vec![1.0],
+            output_tokens_per_event: vec![1.0],
             request_duration_seconds: vec![1.0],
         };
         Metrics::new(

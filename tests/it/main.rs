@@ -34,4 +34,5 @@ mod tenant_families;
 mod tls;
 mod token_stream;
 mod tokenizer;
+mod tokens_per_event;
 mod wire_fixtures;

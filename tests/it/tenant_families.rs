@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use tokentap::config::{Config, Overrides};
 use tokentap::server::Server;
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
+use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -28,14 +28,15 @@ fn label_names(m: &Metrics, series: &str) -> Vec<String> {
 }
 
 async fn scrape_after_two_requests(yaml: &str) -> Metrics {
+    let profile = ModelProfile::new("m", Duration::from_millis(5), Duration::from_millis(1), 5);
+    scrape_after_two_streams(yaml, profile, UsageMode::Always).await
+}
+
+/// One request of tenant `a` and one of `b` to a sim serving `profile` with `usage`.
+async fn scrape_after_two_streams(yaml: &str, profile: ModelProfile, usage: UsageMode) -> Metrics {
     let sim = SimHandle::start(SimConfig {
-        models: vec![ModelProfile::new(
-            "m",
-            Duration::from_millis(5),
-            Duration::from_millis(1),
-            5,
-        )],
-        usage: UsageMode::Always,
+        models: vec![profile],
+        usage,
         ..SimConfig::default()
     })
     .await;
@@ -168,4 +169,31 @@ async fn a_reload_that_changes_the_set_warns_and_keeps_the_running_one() {
         text.contains("tokentap_request_duration_seconds_count{model=\"m\"} 1\n"),
         "{text}"
     );
+}
+
+/// `tokentap_output_tokens_per_event` is per model by default and may be listed like any
+/// other: with continuous usage every event's count is exact (here 3 tokens an event, 6
+/// per stream), so each request observes its two events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_per_event_is_per_model_unless_listed() {
+    let profile = || ModelProfile {
+        tokens_per_event: TokensPerEvent::range(3, 3).expect("a range"),
+        ..ModelProfile::new("m", Duration::from_millis(5), Duration::from_millis(1), 6)
+    };
+    let m = scrape_after_two_streams("", profile(), UsageMode::Continuous).await;
+    let series = "tokentap_output_tokens_per_event_count";
+    assert_eq!(label_names(&m, series), ["model"]);
+    assert_eq!(m.sum(series, &[("model", "m")]), 4.0, "{}", m.text);
+    assert_eq!(m.sum("tokentap_output_tokens_per_event_sum", &[]), 12.0);
+    let bucket = |le: &str| m.sum("tokentap_output_tokens_per_event_bucket", &[("le", le)]);
+    assert_eq!((bucket("2"), bucket("3")), (0.0, 4.0), "every event held 3");
+
+    let m = scrape_after_two_streams(
+        "labels:\n  tenant:\n    families: [tokentap_output_tokens_per_event]\n",
+        profile(),
+        UsageMode::Continuous,
+    )
+    .await;
+    assert_eq!(label_names(&m, series), ["model", "tenant"]);
+    assert_eq!(m.sum(series, &[("model", "m"), ("tenant", "a")]), 2.0);
 }
