@@ -121,6 +121,9 @@ struct Sets {
 /// `exposition`); the few small families stay on a prometheus registry.
 pub struct Metrics {
     registry: Registry,
+    /// The process collector's families (`process_*`), apart: they are read from `/proc`
+    /// once per scrape, while `registry` may be gathered more than once (see `Render`).
+    process: Registry,
     bounds: Bounds,
     /// `metrics.native_histograms.classic`: classic buckets in the protobuf exposition.
     protobuf_classic: bool,
@@ -272,6 +275,7 @@ impl Metrics {
             .set(1);
         let metrics = Metrics {
             registry: Registry::new(),
+            process: Registry::new(),
             bounds,
             protobuf_classic: native.classic,
             sets: RwLock::new(Sets::default()),
@@ -330,7 +334,7 @@ impl Metrics {
         {
             let process = prometheus::process_collector::ProcessCollector::for_self();
             // Best effort: a sandbox without /proc still serves tokentap's own metrics.
-            let _ = metrics.registry.register(Box::new(process));
+            let _ = metrics.process.register(Box::new(process));
         }
         Arc::new(metrics)
     }
@@ -638,7 +642,12 @@ impl Metrics {
             .iter()
             .filter_map(|f| f.snapshot(&pairs))
             .collect();
-        families.extend(self.registry.gather().iter().filter_map(registry_snapshot));
+        let small = self
+            .process
+            .gather()
+            .into_iter()
+            .chain(self.registry.gather());
+        families.extend(small.filter_map(|mf| registry_snapshot(&mf)));
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
     }
@@ -649,6 +658,14 @@ impl Metrics {
     /// fraction of the text's size.
     pub fn protobuf(&self) -> Vec<u8> {
         protobuf::encode(&self.snapshot(), self.protobuf_classic)
+    }
+
+    /// The small families of both registries, sorted by name.
+    fn small_families(&self) -> Vec<proto::MetricFamily> {
+        let mut families = self.process.gather();
+        families.extend(self.registry.gather());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        families
     }
 
     /// Distinct `model` and `tenant` values admitted so far.
@@ -727,7 +744,7 @@ struct Render {
 impl Render {
     fn new(metrics: &Metrics, format: TextFormat) -> Render {
         Render {
-            small: metrics.registry.gather().into_iter().peekable(),
+            small: metrics.small_families().into_iter().peekable(),
             small_stale: false,
             pairs: metrics.pairs(),
             family: 0,
