@@ -1,7 +1,8 @@
 //! gRPC's transport guarantees through tokentap, against the simulator's engine services:
 //! an `https://` upstream negotiates h2 by ALPN and carries server-streaming and
 //! bidirectional calls measured as over h2c; a client's reset or departure frees the
-//! engine's stream at once and is counted once, `cancelled`.
+//! engine's stream at once and is counted once, `cancelled`; and tokentap's own timeouts
+//! leave a long call alone while it streams.
 
 use crate::common::{Proxy, SimHandle};
 use crate::sim_grpc::{sglang_request, triton_request};
@@ -404,4 +405,37 @@ async fn a_cancelled_call_frees_the_engine_stream_and_is_counted_once() {
         let m = proxy.metrics().await;
         assert_eq!(m.sum("tokentap_requests_total", &[]), 2.0, "{}", m.text);
     }
+}
+
+/// tokentap does not enforce `grpc-timeout` (the client and the engine do), and its own
+/// timeouts leave a call alone while it streams: a bidirectional call whose client says
+/// nothing more after its request for longer than `limits.request_body_timeout`, which
+/// lasts longer than `upstream.response_head_timeout` and `upstream.idle_timeout`, with
+/// tokens coming more often than the idle timeout, ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokentap_timeouts_leave_a_streaming_call_alone() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(
+        &sim.url(),
+        "upstream:\n  http2: true\n  response_head_timeout: 300ms\n  idle_timeout: 400ms\n\
+         limits:\n  request_body_timeout: 200ms\n",
+    )
+    .await;
+    let started = Instant::now();
+    let got = bidirectional(proxy.addr, "long", 16).await;
+    let took = started.elapsed();
+    assert_eq!(got.grpc_status(), Some("0"), "{got:?}");
+    assert_eq!(got.messages.len(), 16, "15 tokens and the final response");
+    assert!(took > Duration::from_millis(1400), "{took:?}");
+    let m = proxy
+        .wait_metrics("the call", |m| m.sum("tokentap_requests_total", &[]) >= 1.0)
+        .await;
+    let completed = [("outcome", "completed"), ("model", "long")];
+    assert_eq!(
+        m.sum("tokentap_requests_total", &completed),
+        1.0,
+        "{}",
+        m.text
+    );
+    assert_eq!(m.sum("tokentap_output_tokens_total", &[]), 15.0);
 }
