@@ -1,8 +1,9 @@
 //! gRPC's transport guarantees through tokentap, against the simulator's engine services:
 //! an `https://` upstream negotiates h2 by ALPN and carries server-streaming and
 //! bidirectional calls measured as over h2c; a client's reset or departure frees the
-//! engine's stream at once and is counted once, `cancelled`; and tokentap's own timeouts
-//! leave a long call alone while it streams.
+//! engine's stream at once and is counted once, `cancelled`; tokentap's own timeouts leave a
+//! long call alone while it streams; and what tokentap answers itself to a gRPC call is a
+//! gRPC status a gRPC client can read, not an HTTP error page.
 
 use crate::common::{Proxy, SimHandle};
 use crate::sim_grpc::{sglang_request, triton_request};
@@ -438,4 +439,110 @@ async fn tokentap_timeouts_leave_a_streaming_call_alone() {
         m.text
     );
     assert_eq!(m.sum("tokentap_output_tokens_total", &[]), 15.0);
+}
+
+/// An h2c backend that takes calls and never answers them.
+async fn silent_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                let mut held = Vec::new();
+                while let Some(Ok(call)) = conn.accept().await {
+                    held.push(call);
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// gRPC's percent-decoding of `grpc-message`.
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            out.push(u8::from_str_radix(&value[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// What tokentap answers itself to a gRPC call (no upstream, no response head in time,
+/// too many in flight) is a trailers-only gRPC response: HTTP 200, `application/grpc`, the
+/// `grpc-status` the failure stands for and tokentap's message in `grpc-message`, which a
+/// gRPC client reads as that status rather than as an HTTP error it can only guess at.
+/// The call is counted as tokentap's own answer, as over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokentaps_own_answers_to_a_grpc_call_are_grpc_statuses() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let silent = silent_backend().await;
+    let unreachable = Proxy::start(&format!("http://{closed}"), "upstream:\n  http2: true\n").await;
+    let slow = Proxy::start(
+        &format!("http://{silent}"),
+        "upstream:\n  http2: true\n  response_head_timeout: 1s\nlimits:\n  max_in_flight: 1\n",
+    )
+    .await;
+
+    let mut held = h2c(slow.addr).await;
+    let held_call = tokio::spawn({
+        let addr = slow.addr;
+        async move {
+            let body = Full::new(Bytes::from(sglang_request())).boxed_unsync();
+            held.send_request(grpc_request(addr, GENERATE, &[], body))
+                .await
+        }
+    });
+    // The held call is in flight when the in-flight gauge says so.
+    slow.wait_metrics("the held call in flight", |m| {
+        m.sum("tokentap_streams_in_flight", &[]) >= 1.0
+    })
+    .await;
+    let overloaded = server_streaming(slow.addr, GENERATE, sglang_request()).await;
+    let timed_out = held_call.await.unwrap().unwrap();
+    let timed_out = read_call(timed_out, None, |_, _, _| {}).await;
+    let refused = server_streaming(unreachable.addr, GENERATE, sglang_request()).await;
+
+    for (got, code, says) in [
+        (&overloaded, "14", "tokentap: too many requests in flight"),
+        (&timed_out, "4", "tokentap: "),
+        (&refused, "14", "tokentap: "),
+    ] {
+        assert_eq!(got.status, StatusCode::OK, "{got:?}");
+        assert_eq!(got.headers["content-type"], "application/grpc", "{got:?}");
+        assert_eq!(got.headers["grpc-status"], code, "{got:?}");
+        let message = percent_decoded(got.headers["grpc-message"].to_str().unwrap());
+        assert!(message.starts_with(says), "{message}");
+        assert!(
+            got.messages.is_empty() && got.trailers.is_none(),
+            "trailers-only: {got:?}"
+        );
+    }
+    let m = slow
+        .wait_metrics("both calls", |m| {
+            m.sum("tokentap_requests_total", &[]) >= 2.0
+        })
+        .await;
+    for (outcome, status) in [("timeout", "tokentap_504"), ("overloaded", "tokentap_503")] {
+        let labels = [("outcome", outcome), ("status", status)];
+        assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+    }
+    let m = unreachable
+        .wait_metrics("the call", |m| m.sum("tokentap_requests_total", &[]) >= 1.0)
+        .await;
+    let labels = [("outcome", "upstream_error"), ("status", "tokentap_502")];
+    assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
 }
