@@ -10,6 +10,7 @@
 
 pub mod body;
 pub mod h1_upstream;
+pub mod h2_only;
 pub mod request_body;
 pub mod tunnel;
 pub mod upstream;

@@ -1,9 +1,14 @@
 //! gRPC's transport guarantees through tokentap, against the simulator's engine services:
 //! an `https://` upstream negotiates h2 by ALPN and carries server-streaming and
-//! bidirectional calls measured as over h2c; a client's reset or departure frees the
-//! engine's stream at once and is counted once, `cancelled`; tokentap's own timeouts leave a
-//! long call alone while it streams; and what tokentap answers itself to a gRPC call is a
-//! gRPC status a gRPC client can read, not an HTTP error page.
+//! bidirectional calls measured as over h2c, and with `upstream.http2` must choose h2; a
+//! client's reset or departure frees the engine's stream at once and is counted once,
+//! `cancelled`; tokentap's own timeouts leave a long call alone while it streams; and what
+//! tokentap answers itself to a gRPC call is a gRPC status a gRPC client can read, not an
+//! HTTP error page.
+//!
+//! The TLS upstream is a terminator in this file (rustls, the ALPN protocols it is given)
+//! that pipes the decrypted bytes to the simulator: it notes which protocol each
+//! connection negotiated, so a test sees h2 was chosen rather than inferring it.
 
 use crate::common::{Proxy, SimHandle};
 use crate::sim_grpc::{sglang_request, triton_request};
@@ -545,4 +550,50 @@ async fn tokentaps_own_answers_to_a_grpc_call_are_grpc_statuses() {
         .await;
     let labels = [("outcome", "upstream_error"), ("status", "tokentap_502")];
     assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+}
+
+/// `upstream.http2: true` on an `https://` upstream offers only h2 by ALPN and refuses a
+/// server that does not choose it: one that offers HTTP/1.1 alone fails the handshake, one
+/// that negotiates nothing is refused by tokentap, and each call gets tokentap's own
+/// `UNAVAILABLE` naming why, never a gRPC call sent over HTTP/1.1 (whose `grpc-status`, in
+/// trailers an HTTP/1.1 response does not carry, would be lost). A server that chooses
+/// h2 serves the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_with_http2_must_choose_h2() {
+    let cert = TestCert::new("grpc-h2-only");
+    let sim = SimHandle::start(sim_config()).await;
+    let yaml = format!(
+        "upstream:\n  http2: true\n  ca_file: {}\n",
+        cert.cert_file.display()
+    );
+    let cases: [(&[&[u8]], Option<&str>); 3] = [
+        (&[b"http/1.1"], Some("NoApplicationProtocol")),
+        (
+            &[],
+            Some("did not negotiate h2 by ALPN (it chose no protocol)"),
+        ),
+        (&[b"http/1.1", b"h2"], None),
+    ];
+    for (protocols, refused) in cases {
+        let front = TlsFront::start(&cert, protocols, sim.addr).await;
+        let proxy = Proxy::start(&format!("https://localhost:{}", front.addr.port()), &yaml).await;
+        let got = server_streaming(proxy.addr, GENERATE, sglang_request()).await;
+        let negotiated = front.negotiated();
+        match refused {
+            Some(why) => {
+                assert_eq!(got.headers["grpc-status"], "14", "{protocols:?}: {got:?}");
+                let message = percent_decoded(got.headers["grpc-message"].to_str().unwrap());
+                assert!(message.contains(why), "{protocols:?}: {message}");
+                let m = proxy
+                    .wait_metrics("the call", |m| m.sum("tokentap_requests_total", &[]) >= 1.0)
+                    .await;
+                let labels = [("outcome", "upstream_error"), ("status", "tokentap_502")];
+                assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+            }
+            None => {
+                assert_eq!(got.grpc_status(), Some("0"), "{got:?}");
+                assert_eq!(negotiated, vec![Some(b"h2".to_vec())]);
+            }
+        }
+    }
 }
