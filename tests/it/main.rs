@@ -20,6 +20,7 @@ mod fuzz_decoders;
 mod fuzz_fast_path;
 mod grpc;
 mod grpc_fixtures;
+mod grpc_net;
 mod itl;
 mod layering;
 mod lifecycle;
