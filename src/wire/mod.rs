@@ -59,6 +59,7 @@
 
 mod buffer;
 mod count;
+mod engine_timings;
 mod event_tokens;
 mod frame;
 mod json;
@@ -90,4 +91,6 @@ pub use factory::{decoder, framing_for, response_decoder, DecodeOptions, Unobser
 pub use grpc::route::dialect_for_grpc;
 pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};
-pub use types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing, OutputKind, Signal};
+pub use types::{
+    DecodeError, DecodeLimits, Decoder, Dialect, EngineTimings, Framing, OutputKind, Signal,
+};
