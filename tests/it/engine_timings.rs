@@ -11,7 +11,9 @@
 //! for timer granularity, scheduling on a shared 2-core machine and the proxy hop).
 //!
 //! A call that does not ask for `perf_metrics` gets none, and tokentap adds no engine
-//! figure: tokentap never asks for them itself (the request passes unchanged).
+//! figure: tokentap never asks for them itself (the request passes unchanged). TGI's
+//! `/generate` reports its queue in the response head (`x-queue-time`), read on TGI
+//! responses only.
 
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ use tokentap::sim::{ModelProfile, SimConfig};
 use tokentap::wire::grpc::framing::frame;
 use tokentap::wire::grpc::proto::trtllm;
 
-use crate::common::{Metrics, Proxy, SimHandle};
+use crate::common::{Metrics, Proxy, ScriptedBackend, SimHandle, Step};
 
 const TTFT: Duration = Duration::from_millis(150);
 const QUEUE_MS: u64 = 40;
@@ -188,4 +190,54 @@ async fn ollama_durations_split_the_ttft_into_queue_prefill_and_outside() {
         })
         .await;
     assert_joined(&metrics, 3.0, "ollama");
+}
+
+/// TGI's `/generate` answer with its timing headers, as its router writes them.
+fn tgi_answer() -> Vec<u8> {
+    let body = r#"{"generated_text":" the sky","details":{"finish_reason":"length","generated_tokens":2}}"#;
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-compute-type: gpu+optimized\r\n\
+         x-total-time: 291\r\nx-validation-time: 4\r\nx-queue-time: 37\r\n\
+         x-inference-time: 250\r\nx-time-per-token: 125\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_reports_its_queue_in_the_response_head() {
+    let backend = ScriptedBackend::start(vec![Step::Write(tgi_answer())]).await;
+    let proxy = Proxy::start(&backend.url(), "").await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let sent = r#"{"inputs":"What colour is the sky?","parameters":{"max_new_tokens":2}}"#;
+    for path in ["/generate", "/v1/chat/completions"] {
+        let request = Request::post(proxy.url(path))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(sent)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await.unwrap();
+    }
+    let metrics = proxy
+        .wait_metrics("both answers recorded", |m| {
+            m.sum("tokentap_requests_total", &[]) >= 2.0
+        })
+        .await;
+    // Only the TGI answer's head is read: one queue of 37 ms, and no prefill (its
+    // x-inference-time is prefill and decoding) nor TTFT (not streamed).
+    let (count, queue) = observed(&metrics, QUEUE);
+    assert_eq!(count, 1.0);
+    assert!((queue - 0.037).abs() < 1e-9, "queue {queue}");
+    assert_eq!(metrics.sum(&format!("{PREFILL}_count"), &[]), 0.0);
+    assert_eq!(metrics.sum(&format!("{OUTSIDE}_count"), &[]), 0.0);
+    // The request went up as it was sent.
+    for seen in backend.requests.lock().unwrap().iter() {
+        assert!(
+            seen.ends_with(sent.as_bytes()),
+            "{}",
+            String::from_utf8_lossy(seen)
+        );
+    }
 }
