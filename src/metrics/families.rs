@@ -10,7 +10,7 @@
 //! the table says which do by default, and every other one is then per model. The default
 //! keeps what per-tenant SLOs and panels read (requests, tokens, TTFT, ITL) and leaves the
 //! rest per model, so that 50 models x 200 tenants is 10,000 series of six families, not
-//! of thirteen.
+//! of sixteen.
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
