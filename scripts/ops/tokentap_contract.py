@@ -30,6 +30,9 @@ METRICS = {
     "tokentap_input_tokens_total": ("counter", ("model", "tenant")),
     "tokentap_event_tokens_total": ("counter", ("model", "tenant", "accuracy")),
     "tokentap_stream_stalls_total": ("counter", ("model",)),
+    "tokentap_engine_queue_seconds": ("histogram", ("model",)),
+    "tokentap_engine_prefill_seconds": ("histogram", ("model",)),
+    "tokentap_time_to_first_token_outside_engine_seconds": ("histogram", ("model",)),
     "tokentap_label_overflow_total": ("counter", ("label",)),
     "tokentap_unobserved_responses_total": ("counter", ("reason",)),
     "tokentap_decode_errors_total": ("counter", ("dialect",)),
@@ -50,6 +53,9 @@ METRICS = {
 # diagnostics for an operator who looks at /metrics directly.
 NOT_CHARTED = {
     "tokentap_event_tokens_total",
+    "tokentap_engine_queue_seconds",
+    "tokentap_engine_prefill_seconds",
+    "tokentap_time_to_first_token_outside_engine_seconds",
     "tokentap_passthrough_requests_total",
     "tokentap_overload_rejections_total",
     "tokentap_client_connection_limit_reached_total",
@@ -61,6 +67,9 @@ NOT_CHARTED = {
 # when they are absent from the exposition.
 EVENT_DRIVEN = {
     "tokentap_stream_stalls_total",
+    "tokentap_engine_queue_seconds",
+    "tokentap_engine_prefill_seconds",
+    "tokentap_time_to_first_token_outside_engine_seconds",
     "tokentap_label_overflow_total",
     "tokentap_unobserved_responses_total",
     "tokentap_decode_errors_total",

@@ -90,6 +90,18 @@ pub struct RequestFigures {
     pub exemplar: Option<RequestExemplar>,
 }
 
+/// What the engine reported of one finished request's time, as
+/// [`Metrics::record_engine_timings`] records it: plain values, each only where reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineFigures {
+    /// The engine's queue time.
+    pub queue: Option<Duration>,
+    /// The engine's prefill time.
+    pub prefill: Option<Duration>,
+    /// tokentap's TTFT minus the engine's, 0 where the engine's is longer.
+    pub ttft_outside_engine: Option<Duration>,
+}
+
 /// A traced request's exemplar figures: its trace context, when it was recorded, and the
 /// values of its exemplars that [`RequestFigures`] does not hold already (TPOT and
 /// duration are there).
@@ -560,6 +572,20 @@ impl Metrics {
         }
     }
 
+    /// Record what the engine reported of a finished request's time, each figure only
+    /// where it was reported (once per request, with [`Metrics::record_request`]).
+    pub fn record_engine_timings(&self, stream: &StreamSeries, figures: EngineFigures) {
+        if let Some(queue) = figures.queue {
+            stream.engine_queue().observe(queue.as_secs_f64());
+        }
+        if let Some(prefill) = figures.prefill {
+            stream.engine_prefill().observe(prefill.as_secs_f64());
+        }
+        if let Some(outside) = figures.ttft_outside_engine {
+            stream.ttft_outside_engine().observe(outside.as_secs_f64());
+        }
+    }
+
     /// The Prometheus text exposition of every family, sorted by family name, in one
     /// buffer (tests, the demo's summary, benches). `/metrics` streams the same text as
     /// [`Metrics::exposition`] chunks instead.
@@ -858,6 +884,15 @@ mod tests {
                 };
                 let verdict = Verdict::ALL[(m + t) as usize % Verdict::COUNT];
                 metrics.record_request(&stream, verdict, figures);
+                if m % 3 == 0 {
+                    let ms = |n: u32| Duration::from_millis(u64::from(n));
+                    let engine = EngineFigures {
+                        queue: Some(ms(10 * t)),
+                        prefill: (t % 2 == 1).then_some(ms(100 + m)),
+                        ttft_outside_engine: Some(ms(t)),
+                    };
+                    metrics.record_engine_timings(&stream, engine);
+                }
             }
         }
         metrics

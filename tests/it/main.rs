@@ -12,6 +12,7 @@ mod configs;
 mod connection_limit;
 mod demo;
 mod dialects;
+mod engine_timings;
 mod exchange_policy;
 mod exemplars;
 mod fast_path;
