@@ -179,6 +179,30 @@ fn cases() -> Vec<(String, Dialect, Framing, Vec<u8>)> {
             Dialect::Triton,
             Framing::Sse,
         ),
+        (
+            "sglang_grpc",
+            "generate_stream.grpc",
+            Dialect::SglangGrpc,
+            Framing::Grpc,
+        ),
+        (
+            "vllm_grpc",
+            "generate_stream.grpc",
+            Dialect::VllmGrpc,
+            Framing::Grpc,
+        ),
+        (
+            "trtllm_grpc",
+            "generate_stream.grpc",
+            Dialect::TrtllmGrpc,
+            Framing::Grpc,
+        ),
+        (
+            "triton_grpc",
+            "model_stream_infer.grpc",
+            Dialect::TritonGrpc,
+            Framing::Grpc,
+        ),
     ];
     for (dir, file, dialect, framing) in files {
         let path = fixture_root().join(dir).join(file);

@@ -17,7 +17,9 @@ every check through tokentap, then checks what tokentap measured (`/metrics`): e
 counted once with the outcome and status its gRPC status maps to, the token ids the
 clients received as output tokens, TTFT and ITL against the simulator's timing, health and
 model-info calls as passthrough, and a call's messages and trailers identical to a direct
-one's. With
+one's; then that a client's deadline and cancel end the call and are counted `cancelled`,
+and that tokentap's own answer with the engine down reads as `UNAVAILABLE` with
+tokentap's message. With
 --install, it pip-installs grpcio, grpcio-tools and tritonclient[grpc] if they are
 missing. Exit 0: every check passed; 1: a check failed; 77: grpcio/grpcio-tools missing
 (nothing checked).
@@ -98,11 +100,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_tokentap(binary, upstream, workdir):
-    """tokentap in front of `upstream` over h2c; returns (process, proxy addr, admin addr)."""
+def start_tokentap(binary, upstream, workdir, probe="readyz"):
+    """tokentap in front of `upstream` over h2c; returns (process, proxy addr, admin addr).
+    It is up when its admin port's `probe` answers 200 (`healthz` for an upstream that is
+    down on purpose)."""
     import urllib.request
     listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    config = os.path.join(workdir, "tokentap.yaml")
+    config = os.path.join(workdir, f"tokentap-{listen.rsplit(':', 1)[1]}.yaml")
     with open(config, "w") as f:
         f.write(f"listen: {listen}\nadmin: {admin}\nupstream:\n  url: http://{upstream}\n"
                 f"  http2: true\n")
@@ -111,7 +115,7 @@ def start_tokentap(binary, upstream, workdir):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{admin}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://{admin}/{probe}", timeout=1) as r:
                 if r.status == 200:
                     return proc, listen, admin
         except OSError:
@@ -196,6 +200,80 @@ def measured_checks(c, admin, direct_addr, proxy_addr, grpc):
     c.check(views[0] == views[1],
             f"tokentap: messages, status and trailers identical to a direct call "
             f"({len(views[1][0])} messages, {views[1][1].name})")
+
+
+def deadline_checks(c, admin, proxy_addr, grpc, binary, workdir):
+    """A client's deadline and cancel through tokentap (each frees the call and is counted
+    `cancelled`; tokentap enforces no deadline itself), and tokentap's own answer when it
+    cannot reach the engine, as a gRPC client reads it."""
+    import sglang_scheduler_pb2 as sg
+    import sglang_scheduler_pb2_grpc as sg_grpc
+
+    def cancelled():
+        return total(scrape(admin), "tokentap_requests_total", outcome="cancelled")
+
+    def run(call):
+        got = 0
+        try:
+            for _ in call:
+                got += 1
+                yield got
+            return
+        except grpc.RpcError:
+            return
+
+    before = cancelled()
+    request = sg.GenerateRequest(request_id="d1", stream=True,
+                                 tokenized=sg.TokenizedInput(input_ids=[1, 2, 3]))
+    whole = TTFT + ITL * TOKENS
+    with grpc.insecure_channel(proxy_addr) as channel:
+        stub = sg_grpc.SglangSchedulerStub(channel)
+        # A deadline that passes mid-stream: the client ends the call itself.
+        deadline = TTFT + ITL * PER_EVENT
+        call = stub.Generate(request, timeout=deadline)
+        for _ in run(call):
+            pass
+        c.check(call.code() == grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"through tokentap, a {deadline * 1000:.0f} ms deadline on a {whole * 1000:.0f} ms "
+                f"stream: {call.code().name}")
+        # Cancelled after its first message.
+        call = stub.Generate(request)
+        got = 0
+        for got in run(call):
+            call.cancel()
+        c.check(call.code() == grpc.StatusCode.CANCELLED and got == 1,
+                f"through tokentap, cancelled after {got} message: {call.code().name}")
+        # A deadline the stream ends within: the whole stream, whatever tokentap's timeouts.
+        call = stub.Generate(request, timeout=10)
+        got = 0
+        for got in run(call):
+            pass
+        c.check(call.code() == grpc.StatusCode.OK and got == TOKENS // PER_EVENT + 1,
+                f"through tokentap, a 10 s deadline: {call.code().name} after {got} messages")
+    wait = time.monotonic() + 10
+    while cancelled() < before + 2 and time.monotonic() < wait:
+        time.sleep(0.05)
+    now = cancelled()
+    c.check(now == before + 2,
+            f"tokentap: the call past its deadline and the cancelled call counted cancelled "
+            f"({now - before:.0f})")
+
+    down = f"127.0.0.1:{free_port()}"
+    proc, addr, _ = start_tokentap(binary, down, workdir, probe="healthz")
+    try:
+        with grpc.insecure_channel(addr) as channel:
+            stub = sg_grpc.SglangSchedulerStub(channel)
+            try:
+                for _ in stub.Generate(request, timeout=10):
+                    pass
+                code, details = grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                code, details = e.code(), e.details()
+        c.check(code == grpc.StatusCode.UNAVAILABLE and details.startswith("tokentap: "),
+                f"tokentap with its engine down answers {code.name}: {details!r}")
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class Checks:
@@ -402,6 +480,7 @@ def main():
                 print("skip: tritonclient[grpc] is not installed: ModelStreamInfer not checked")
             if proxy is not None:
                 measured_checks(c, admin, sim_addr, addr, grpc)
+                deadline_checks(c, admin, addr, grpc, args.tokentap, stubs)
         finally:
             for p in (proxy, proc):
                 if p is not None:

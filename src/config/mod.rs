@@ -59,7 +59,8 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     pub response_head_timeout: Duration,
     pub idle_timeout: Duration,
-    /// HTTP/2 with prior knowledge to an `http://` upstream.
+    /// HTTP/2 only: with prior knowledge to an `http://` upstream, by ALPN (required) to
+    /// an `https://` one.
     pub http2: bool,
     pub ca_file: Option<PathBuf>,
     pub host_header: HostHeader,

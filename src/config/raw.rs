@@ -84,8 +84,10 @@ pub struct RawUpstream {
     pub response_head_timeout: Option<HumanDuration>,
     /// Longest silence allowed between two frames of a response body. Default 120s.
     pub idle_timeout: Option<HumanDuration>,
-    /// Speak HTTP/2 with prior knowledge (h2c) to an `http://` upstream. Default false.
-    /// (`https://` upstreams negotiate HTTP/2 by ALPN regardless.)
+    /// Speak only HTTP/2 to the upstream: with prior knowledge (h2c) to an `http://` one;
+    /// to an `https://` one, offer only `h2` by ALPN and refuse a server that does not
+    /// choose it (a `502`). Default false: `https://` then offers h2 and HTTP/1.1 and the
+    /// server chooses. A gRPC engine needs HTTP/2 end to end.
     #[serde(default)]
     pub http2: bool,
     /// Extra PEM CA bundle trusted for `https://` upstreams (besides the platform's and

@@ -741,3 +741,13 @@ fn the_http1_fast_path_is_on_unless_switched_off() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].path.starts_with("proxy"), "{}", found[0].path);
 }
+
+#[test]
+fn http2_goes_with_either_scheme() {
+    // h2c with prior knowledge, or h2 required of TLS's ALPN.
+    for url in ["http://a:1", "https://a"] {
+        let text = format!("upstream:\n  url: {url}\n  http2: true\n");
+        let config = parse(&text).unwrap_or_else(|err| panic!("{url}: {err}"));
+        assert!(config.upstream.http2, "{url}");
+    }
+}

@@ -449,12 +449,6 @@ impl RawUpstream {
                 return None;
             }
         };
-        if self.http2 && scheme == http::uri::Scheme::HTTPS {
-            issues.push(
-                "upstream.http2",
-                "only for http:// upstreams (https:// negotiates HTTP/2 by ALPN)",
-            );
-        }
         let host_header = match self.host_header.as_deref() {
             None | Some("upstream") => HostHeader::Upstream,
             Some("preserve") => HostHeader::Preserve,

@@ -133,7 +133,7 @@ impl<U> Gateway<U> {
                 limit = active.config.limits.max_in_flight,
                 "rejecting request: too many in flight"
             );
-            let answer = Answer::overloaded();
+            let answer = Answer::overloaded().to(head.headers);
             observe::refused(
                 Some(head),
                 &active.config,
@@ -158,6 +158,7 @@ impl<U> Gateway<U> {
             permit,
             method: head.method.clone(),
             uri: head.uri.clone(),
+            grpc: answer::is_grpc_call(head.headers),
             head_timeout,
             head_deadline: tokio::time::Instant::from_std(t_req) + head_timeout,
         };
@@ -177,6 +178,8 @@ pub struct Exchange {
     /// For the log line of a failure.
     method: Method,
     uri: Uri,
+    /// The request is a gRPC call, answered as one.
+    grpc: bool,
     /// `upstream.response_head_timeout`, and when it runs out.
     head_timeout: std::time::Duration,
     head_deadline: tokio::time::Instant,
@@ -215,7 +218,10 @@ impl Exchange {
                 "upstream failed before its response head"
             ),
         }
-        let answer = Answer::of(err)?;
+        let answer = Answer {
+            grpc: self.grpc,
+            ..Answer::of(err)?
+        };
         self.pending
             .fail(Instant::now(), answer.status, err.outcome());
         Some(answer)

@@ -20,8 +20,8 @@ use rand::{Rng, SeedableRng};
 use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
 use super::{
-    Buckets, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StatusClass, StreamSeries,
-    Verdict,
+    Buckets, EngineFigures, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StatusClass,
+    StreamSeries, Verdict,
 };
 
 /// The families as the prometheus crate held them.
@@ -43,6 +43,9 @@ struct Reference {
     input_tokens: IntCounterVec,
     token_counts: IntCounterVec,
     stalls: IntCounterVec,
+    engine_queue: HistogramVec,
+    engine_prefill: HistogramVec,
+    ttft_outside_engine: HistogramVec,
 }
 
 /// `labels` without `tenant` unless `name` is one of `tenant_families`.
@@ -191,6 +194,27 @@ impl Reference {
                 "Gaps between token-bearing events at least as long as the configured stall threshold.",
                 &["model", "tenant"],
             ),
+            engine_queue: histogram(
+                &r,
+                t,
+                "tokentap_engine_queue_seconds",
+                "Time the engine says the request waited before it started on it (TensorRT-LLM and hosted APIs' queue time, Ollama's load_duration); per request, where the response reported it.",
+                &b.time_to_first_token_seconds,
+            ),
+            engine_prefill: histogram(
+                &r,
+                t,
+                "tokentap_engine_prefill_seconds",
+                "Time the engine says it spent processing the prompt (prefill); per request, where the response reported it.",
+                &b.time_to_first_token_seconds,
+            ),
+            ttft_outside_engine: histogram(
+                &r,
+                t,
+                "tokentap_time_to_first_token_outside_engine_seconds",
+                "TTFT minus the engine's own TTFT (its reported first-token time, else its queue plus prefill): time spent outside the engine (network, proxies, the server's request handling); 0 where the engine's is longer. Per streamed request whose response reported it.",
+                &b.time_to_first_token_seconds,
+            ),
             registry: r,
         }
     }
@@ -261,6 +285,32 @@ impl Reference {
             self.tokens_per_second
                 .with_label_values(&v("tokentap_output_tokens_per_second"))
                 .observe(tokens_per_second);
+        }
+    }
+
+    /// What `Metrics::record_engine_timings` did.
+    fn engine(&self, model: &str, tenant: &str, figures: &EngineFigures) {
+        let v = |name: &str| self.pair(name, model, tenant);
+        for (family, name, figure) in [
+            (
+                &self.engine_queue,
+                "tokentap_engine_queue_seconds",
+                figures.queue,
+            ),
+            (
+                &self.engine_prefill,
+                "tokentap_engine_prefill_seconds",
+                figures.prefill,
+            ),
+            (
+                &self.ttft_outside_engine,
+                "tokentap_time_to_first_token_outside_engine_seconds",
+                figures.ttft_outside_engine,
+            ),
+        ] {
+            if let Some(d) = figure {
+                family.with_label_values(&v(name)).observe(d.as_secs_f64());
+            }
         }
     }
 }
@@ -613,6 +663,19 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
             };
             metrics.record_request(handles, verdict, timings);
             reference.finish(m, t, verdict, &timings);
+        }
+        if rng.gen_bool(0.2) {
+            let mut figure = || {
+                rng.gen_bool(0.7)
+                    .then(|| seconds(value(&mut rng, &b.time_to_first_token_seconds)))
+            };
+            let figures = EngineFigures {
+                queue: figure(),
+                prefill: figure(),
+                ttft_outside_engine: figure(),
+            };
+            metrics.record_engine_timings(handles, figures);
+            reference.engine(m, t, &figures);
         }
         if step % 997 == 0 {
             assert_same(&actual(&metrics), &expected(&metrics, &reference));

@@ -10,7 +10,7 @@
 //! the table says which do by default, and every other one is then per model. The default
 //! keeps what per-tenant SLOs and panels read (requests, tokens, TTFT, ITL) and leaves the
 //! rest per model, so that 50 models x 200 tenants is 10,000 series of six families, not
-//! of fourteen.
+//! of seventeen.
 //!
 //! [`Metrics::new`]: super::Metrics::new
 
@@ -73,7 +73,7 @@ const PAIR: &[&str] = &["model", "tenant"];
 pub(super) const INTER_CHUNK_HELP: &str = "Gap between consecutive token-bearing events, observed once per gap as the later event arrives (time per output chunk).";
 
 /// Every per-pair family.
-pub(super) static PAIR_FAMILIES: [PairFamily; 14] = [
+pub(super) static PAIR_FAMILIES: [PairFamily; 17] = [
     PairFamily {
         name: "tokentap_time_to_first_byte_seconds",
         help: "From request head received to upstream response head received.",
@@ -229,6 +229,42 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 14] = [
         kind: PairKind::Counter {
             get: |s| s.stalls.as_deref(),
             always: true,
+        },
+    },
+    PairFamily {
+        name: "tokentap_engine_queue_seconds",
+        help: "Time the engine says the request waited before it started on it (TensorRT-LLM and hosted APIs' queue time, Ollama's load_duration); per request, where the response reported it.",
+        labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::EngineQueue,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_token_seconds,
+            get: |s| s.engine_queue.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_engine_prefill_seconds",
+        help: "Time the engine says it spent processing the prompt (prefill); per request, where the response reported it.",
+        labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::EnginePrefill,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_token_seconds,
+            get: |s| s.engine_prefill.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "tokentap_time_to_first_token_outside_engine_seconds",
+        help: "TTFT minus the engine's own TTFT (its reported first-token time, else its queue plus prefill): time spent outside the engine (network, proxies, the server's request handling); 0 where the engine's is longer. Per streamed request whose response reported it.",
+        labels: PAIR,
+        tenant_by_default: false,
+        slot: Slot::TtftOutsideEngine,
+        kind: PairKind::Histogram {
+            buckets: |b| &b.time_to_first_token_seconds,
+            get: |s| s.ttft_outside_engine.as_deref(),
+            always: false,
         },
     },
 ];

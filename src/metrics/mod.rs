@@ -90,6 +90,18 @@ pub struct RequestFigures {
     pub exemplar: Option<RequestExemplar>,
 }
 
+/// What the engine reported of one finished request's time, as
+/// [`Metrics::record_engine_timings`] records it: plain values, each only where reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineFigures {
+    /// The engine's queue time.
+    pub queue: Option<Duration>,
+    /// The engine's prefill time.
+    pub prefill: Option<Duration>,
+    /// tokentap's TTFT minus the engine's, 0 where the engine's is longer.
+    pub ttft_outside_engine: Option<Duration>,
+}
+
 /// A traced request's exemplar figures: its trace context, when it was recorded, and the
 /// values of its exemplars that [`RequestFigures`] does not hold already (TPOT and
 /// duration are there).
@@ -121,6 +133,9 @@ struct Sets {
 /// `exposition`); the few small families stay on a prometheus registry.
 pub struct Metrics {
     registry: Registry,
+    /// The process collector's families (`process_*`), apart: they are read from `/proc`
+    /// once per scrape, while `registry` may be gathered more than once (see `Render`).
+    process: Registry,
     bounds: Bounds,
     /// `metrics.native_histograms.classic`: classic buckets in the protobuf exposition.
     protobuf_classic: bool,
@@ -273,6 +288,7 @@ impl Metrics {
             .set(1);
         let metrics = Metrics {
             registry: Registry::new(),
+            process: Registry::new(),
             bounds,
             protobuf_classic: native.classic,
             sets: RwLock::new(Sets::default()),
@@ -331,7 +347,7 @@ impl Metrics {
         {
             let process = prometheus::process_collector::ProcessCollector::for_self();
             // Best effort: a sandbox without /proc still serves tokentap's own metrics.
-            let _ = metrics.registry.register(Box::new(process));
+            let _ = metrics.process.register(Box::new(process));
         }
         Arc::new(metrics)
     }
@@ -557,6 +573,20 @@ impl Metrics {
         }
     }
 
+    /// Record what the engine reported of a finished request's time, each figure only
+    /// where it was reported (once per request, with [`Metrics::record_request`]).
+    pub fn record_engine_timings(&self, stream: &StreamSeries, figures: EngineFigures) {
+        if let Some(queue) = figures.queue {
+            stream.engine_queue().observe(queue.as_secs_f64());
+        }
+        if let Some(prefill) = figures.prefill {
+            stream.engine_prefill().observe(prefill.as_secs_f64());
+        }
+        if let Some(outside) = figures.ttft_outside_engine {
+            stream.ttft_outside_engine().observe(outside.as_secs_f64());
+        }
+    }
+
     /// The Prometheus text exposition of every family, sorted by family name, in one
     /// buffer (tests, the demo's summary, benches). `/metrics` streams the same text as
     /// [`Metrics::exposition`] chunks instead.
@@ -639,7 +669,12 @@ impl Metrics {
             .iter()
             .filter_map(|f| f.snapshot(&pairs))
             .collect();
-        families.extend(self.registry.gather().iter().filter_map(registry_snapshot));
+        let small = self
+            .process
+            .gather()
+            .into_iter()
+            .chain(self.registry.gather());
+        families.extend(small.filter_map(|mf| registry_snapshot(&mf)));
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
     }
@@ -650,6 +685,14 @@ impl Metrics {
     /// fraction of the text's size.
     pub fn protobuf(&self) -> Vec<u8> {
         protobuf::encode(&self.snapshot(), self.protobuf_classic)
+    }
+
+    /// The small families of both registries, sorted by name.
+    fn small_families(&self) -> Vec<proto::MetricFamily> {
+        let mut families = self.process.gather();
+        families.extend(self.registry.gather());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        families
     }
 
     /// Distinct `model` and `tenant` values admitted so far.
@@ -728,7 +771,7 @@ struct Render {
 impl Render {
     fn new(metrics: &Metrics, format: TextFormat) -> Render {
         Render {
-            small: metrics.registry.gather().into_iter().peekable(),
+            small: metrics.small_families().into_iter().peekable(),
             small_stale: false,
             pairs: metrics.pairs(),
             family: 0,
@@ -843,6 +886,15 @@ mod tests {
                 };
                 let verdict = Verdict::ALL[(m + t) as usize % Verdict::COUNT];
                 metrics.record_request(&stream, verdict, figures);
+                if m % 3 == 0 {
+                    let ms = |n: u32| Duration::from_millis(u64::from(n));
+                    let engine = EngineFigures {
+                        queue: Some(ms(10 * t)),
+                        prefill: (t % 2 == 1).then_some(ms(100 + m)),
+                        ttft_outside_engine: Some(ms(t)),
+                    };
+                    metrics.record_engine_timings(&stream, engine);
+                }
             }
         }
         metrics

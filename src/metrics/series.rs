@@ -197,10 +197,13 @@ pub(super) enum Slot {
     InputTokens,
     EventTokens,
     Stalls,
+    EngineQueue,
+    EnginePrefill,
+    TtftOutsideEngine,
 }
 
 impl Slot {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 17;
 }
 
 /// Which slots a set of each level holds: `true` for the families that carry `tenant`
@@ -242,6 +245,10 @@ pub struct SeriesSet {
     pub(super) input_tokens: Kept<Counter>,
     /// Indexed like [`ACCURACY`].
     pub(super) event_tokens: Kept<[Counter; 3]>,
+    /// What the engine reported of its own time (with the TTFT buckets).
+    pub(super) engine_queue: Kept<Histogram>,
+    pub(super) engine_prefill: Kept<Histogram>,
+    pub(super) ttft_outside_engine: Kept<Histogram>,
 }
 
 impl SeriesSet {
@@ -286,6 +293,9 @@ impl SeriesSet {
             output_tokens: counter(Slot::OutputTokens),
             input_tokens: counter(Slot::InputTokens),
             event_tokens: kept(Slot::EventTokens).then(Box::default),
+            engine_queue: histogram(Slot::EngineQueue, &bounds.ttft),
+            engine_prefill: histogram(Slot::EnginePrefill, &bounds.ttft),
+            ttft_outside_engine: histogram(Slot::TtftOutsideEngine, &bounds.ttft),
             model,
             tenant,
             labels: labels.into_boxed_str(),
@@ -397,6 +407,21 @@ impl StreamSeries {
     /// Indexed like [`ACCURACY`].
     pub(super) fn event_tokens(&self) -> &[Counter; 3] {
         kept(&self.pair.event_tokens, &self.model.event_tokens)
+    }
+
+    pub(super) fn engine_queue(&self) -> &Histogram {
+        kept(&self.pair.engine_queue, &self.model.engine_queue)
+    }
+
+    pub(super) fn engine_prefill(&self) -> &Histogram {
+        kept(&self.pair.engine_prefill, &self.model.engine_prefill)
+    }
+
+    pub(super) fn ttft_outside_engine(&self) -> &Histogram {
+        kept(
+            &self.pair.ttft_outside_engine,
+            &self.model.ttft_outside_engine,
+        )
     }
 }
 

@@ -38,7 +38,8 @@ use crate::prefetch;
 use crate::wire::grpc::request::GrpcRequestScanner;
 use crate::wire::request::RequestScanner;
 use crate::wire::{
-    self, DecodeLimits, DecodeOptions, Decoder, Dialect, Signal, Tokenizer, Unobservable,
+    self, DecodeLimits, DecodeOptions, Decoder, Dialect, EngineTimings, Signal, Tokenizer,
+    Unobservable,
 };
 #[cfg(test)]
 pub(crate) use recorder::{Recorder, RequestFacts};
@@ -307,6 +308,13 @@ impl Pending {
                 if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
                     recorder.rate_limits(limits);
                 }
+                if let Some(queue) = head_queue_time(recorder.dialect(), headers) {
+                    let timings = EngineTimings {
+                        queue: Some(queue),
+                        ..EngineTimings::default()
+                    };
+                    recorder.apply(at, &[Signal::EngineTimings(timings)]);
+                }
                 let metrics = recorder.metrics().clone();
                 let dialect = recorder.dialect();
                 let decoder = decoder_for(
@@ -362,6 +370,16 @@ impl Drop for Pending {
             });
         }
     }
+}
+
+/// The engine's queue time a response head reports: TGI's `x-queue-time` (one lookup, on
+/// TGI responses only; the other dialects report theirs in the body).
+fn head_queue_time(dialect: Dialect, headers: &HeaderMap) -> Option<std::time::Duration> {
+    if dialect != Dialect::Tgi {
+        return None;
+    }
+    let value = headers.get(wire::tgi::QUEUE_TIME_HEADER)?;
+    wire::tgi::queue_time(value.as_bytes())
 }
 
 /// Choose the decoder for a response head, or `None` to forward it unobserved (counted,

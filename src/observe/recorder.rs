@@ -16,9 +16,10 @@ use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
 use crate::metrics::{
-    Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries, Verdict,
+    EngineFigures, Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries,
+    Verdict,
 };
-use crate::wire::{Dialect, ErrorClass, Signal};
+use crate::wire::{Dialect, EngineTimings, ErrorClass, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
@@ -104,6 +105,8 @@ pub struct Recorder {
     rate_limits: Option<Box<RateLimits>>,
     /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
     slowest_itl: Option<Duration>,
+    /// What the engine reported of its own time, recorded with the outcome.
+    engine: EngineTimings,
     in_flight: InFlight,
 }
 
@@ -130,6 +133,7 @@ impl Recorder {
             grpc_status: None,
             rate_limits: None,
             slowest_itl: None,
+            engine: EngineTimings::default(),
             in_flight,
         }
     }
@@ -236,6 +240,7 @@ impl Recorder {
                 Signal::Malformed => self.malformed += 1,
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
+                Signal::EngineTimings(timings) => self.engine.merge(*timings),
             }
         }
     }
@@ -304,6 +309,10 @@ impl Recorder {
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
         self.metrics.record_request(handles, verdict, figures);
+        if !self.engine.is_empty() {
+            let figures = engine_figures(&self.engine, timings.ttft);
+            self.metrics.record_engine_timings(handles, figures);
+        }
         if let Some(limits) = self.rate_limits.take() {
             for (resource, quota) in Resource::ALL.iter().zip(limits.quotas) {
                 self.metrics.upstream_quota(
@@ -342,6 +351,9 @@ impl Recorder {
             events = timings.events,
             counting = timings.counting.as_str(),
             slowest_gap_ms = ms(timings.slowest_gap),
+            engine_queue_ms = ms(self.engine.queue),
+            engine_prefill_ms = ms(self.engine.prefill),
+            engine_ttft_ms = ms(self.engine.time_to_first_token()),
             "request"
         );
     }
@@ -423,6 +435,20 @@ pub(crate) fn grpc_status_verdict(code: u32) -> Option<(Outcome, StatusClass)> {
         4 => Some((Outcome::Timeout, S::ServerError)),
         // UNKNOWN, ABORTED, INTERNAL, DATA_LOSS, and any code gRPC does not define.
         _ => Some((Outcome::UpstreamError, S::ServerError)),
+    }
+}
+
+/// What [`Metrics::record_engine_timings`] records of the engine's report, with `ttft`
+/// tokentap's own: the time outside the engine is `ttft` minus the engine's TTFT
+/// ([`EngineTimings::time_to_first_token`]), 0 where the engine's is the longer (its
+/// clock or its definition differs from tokentap's by more than the network took).
+fn engine_figures(engine: &EngineTimings, ttft: Option<Duration>) -> EngineFigures {
+    EngineFigures {
+        queue: engine.queue,
+        prefill: engine.prefill,
+        ttft_outside_engine: ttft
+            .zip(engine.time_to_first_token())
+            .map(|(ttft, inside)| ttft.saturating_sub(inside)),
     }
 }
 
@@ -576,6 +602,81 @@ mod tests {
             "tokentap_event_tokens_total{accuracy=\"apportioned\",model=\"m\",tenant=\"t\"} 13"
         ));
         assert!(!text.contains("accuracy=\"estimated\""));
+    }
+
+    fn engine(queue: Option<u64>, prefill: Option<u64>, first: Option<u64>) -> Signal {
+        Signal::EngineTimings(EngineTimings {
+            queue: queue.map(ms),
+            prefill: prefill.map(ms),
+            first_token: first.map(ms),
+        })
+    }
+
+    /// The engine's report is recorded once, at the end, beside tokentap's TTFT: later
+    /// reports replace earlier ones part by part, and the time outside the engine is
+    /// tokentap's TTFT minus the engine's.
+    #[test]
+    fn engine_timings_are_recorded_with_the_outcome() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let mut recorder = recorder(&metrics, t0);
+        recorder.apply(t0 + ms(150), &[output(1, true)]);
+        recorder.apply(t0 + ms(160), &[engine(Some(30), Some(90), None)]);
+        recorder.apply(t0 + ms(170), &[engine(Some(40), None, None)]);
+        let before = metrics.snapshot();
+        let series = match before
+            .family("tokentap_engine_queue_seconds")
+            .map(|f| &f.values)
+        {
+            Some(Values::Histogram(series)) => series.len(),
+            _ => 0,
+        };
+        assert_eq!(series, 0, "nothing before the end");
+        recorder.record(t0 + ms(200), Outcome::Completed);
+        let queue = histogram(&metrics, "tokentap_engine_queue_seconds");
+        assert_eq!(queue.count, 1);
+        assert!((queue.sum - 0.04).abs() < 1e-9, "{}", queue.sum);
+        let prefill = histogram(&metrics, "tokentap_engine_prefill_seconds");
+        assert!((prefill.sum - 0.09).abs() < 1e-9, "{}", prefill.sum);
+        let outside = histogram(
+            &metrics,
+            "tokentap_time_to_first_token_outside_engine_seconds",
+        );
+        assert_eq!(outside.count, 1);
+        assert!(
+            (outside.sum - 0.02).abs() < 1e-9,
+            "150 - (40 + 90) ms: {}",
+            outside.sum
+        );
+    }
+
+    #[test]
+    fn the_time_outside_the_engine_follows_the_rule() {
+        let t = |queue: Option<u64>, prefill: Option<u64>, first: Option<u64>| EngineTimings {
+            queue: queue.map(ms),
+            prefill: prefill.map(ms),
+            first_token: first.map(ms),
+        };
+        let outside = |engine: EngineTimings, ttft: Option<u64>| {
+            engine_figures(&engine, ttft.map(ms)).ttft_outside_engine
+        };
+        // The reported first token wins over queue + prefill.
+        assert_eq!(
+            outside(t(Some(10), Some(20), Some(100)), Some(130)),
+            Some(ms(30))
+        );
+        assert_eq!(
+            outside(t(Some(10), Some(20), None), Some(130)),
+            Some(ms(100))
+        );
+        // A prefill alone is no engine TTFT; no TTFT (not streamed) gives nothing.
+        assert_eq!(outside(t(None, Some(20), None), Some(130)), None);
+        assert_eq!(outside(t(Some(10), Some(20), None), None), None);
+        // The engine's longer than tokentap's: 0, not a negative figure.
+        assert_eq!(
+            outside(t(None, None, Some(200)), Some(130)),
+            Some(Duration::ZERO)
+        );
     }
 
     /// Every end a transport reports, with every status it can come with, has a listed

@@ -10,6 +10,7 @@
 
 pub mod body;
 pub mod h1_upstream;
+pub mod h2_only;
 pub mod request_body;
 pub mod tunnel;
 pub mod upstream;
@@ -137,6 +138,7 @@ impl Proxy {
             exchange,
         } = admitted;
         let (body, watch) = ClientBody::new(body, active.config.limits.request_body_timeout);
+        let full_duplex = parts.version == http::Version::HTTP_2;
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
@@ -147,7 +149,12 @@ impl Proxy {
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let response = match sent {
-            Ok(response) => response,
+            Ok(response) => {
+                if full_duplex {
+                    watch.answered();
+                }
+                response
+            }
             Err(err) => {
                 return match exchange.failed(&err) {
                     Some(answer) => text(&answer),

@@ -7,10 +7,17 @@
 //! client's `400`, a body that stops arriving for `limits.request_body_timeout` is the
 //! client's `408`, and a client that went away mid-body is a cancellation.
 //!
+//! On h2 the stall timeout ends when the response head arrives ([`BodyWatch::answered`]):
+//! a stream is full-duplex there, and a client of a bidirectional call (gRPC's
+//! `ModelStreamInfer`) says nothing while the engine answers its last request, for as long
+//! as the answer takes. Cutting its request stream would end the call. On HTTP/1.1 the
+//! timeout stays, since a body that never ends holds its connection.
+//!
 //! [`UpstreamClient::send`]: super::upstream::UpstreamClient::send
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -40,14 +47,27 @@ pub enum BodyFailure {
 #[error("client sent no request body bytes for {0:?}")]
 pub struct BodyTimeout(pub Duration);
 
-/// Where a [`ClientBody`] leaves the reason it failed, for the side that sent it.
+/// Where a [`ClientBody`] leaves the reason it failed, for the side that sent it, and
+/// learns that the response head arrived.
 #[derive(Debug, Clone, Default)]
-pub struct BodyWatch(Arc<OnceLock<BodyFailure>>);
+pub struct BodyWatch(Arc<Watched>);
+
+#[derive(Debug, Default)]
+struct Watched {
+    failure: OnceLock<BodyFailure>,
+    answered: AtomicBool,
+}
 
 impl BodyWatch {
     /// Why the body failed, if it did.
     pub fn failure(&self) -> Option<BodyFailure> {
-        self.0.get().cloned()
+        self.0.failure.get().cloned()
+    }
+
+    /// The response head of an h2 request arrived: from now on the body's silence is
+    /// the client's to keep, with no stall timeout.
+    pub fn answered(&self) {
+        self.0.answered.store(true, Ordering::Relaxed);
     }
 }
 
@@ -124,10 +144,14 @@ where
                 } else {
                     BodyFailure::Malformed(error_chain(&err))
                 };
-                let _ = this.watch.0.set(failure);
+                let _ = this.watch.0.failure.set(failure);
                 Poll::Ready(Some(Err(Box::new(err))))
             }
             Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.watch.0.answered.load(Ordering::Relaxed) => {
+                *this.idle = None;
+                Poll::Pending
+            }
             Poll::Pending => {
                 let timeout = *this.timeout;
                 let idle = this
@@ -136,7 +160,7 @@ where
                 if idle.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                let _ = this.watch.0.set(BodyFailure::Stalled(timeout));
+                let _ = this.watch.0.failure.set(BodyFailure::Stalled(timeout));
                 Poll::Ready(Some(Err(Box::new(BodyTimeout(timeout)))))
             }
         }
@@ -188,6 +212,31 @@ mod tests {
         assert!(started.elapsed() >= timeout);
         assert_eq!(watch.failure(), Some(BodyFailure::Stalled(timeout)));
         drop(tx);
+    }
+
+    #[tokio::test]
+    async fn an_answered_body_may_stay_silent() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let timeout = Duration::from_millis(20);
+        let (body, watch) = ClientBody::new(StreamBody::new(stream), timeout);
+        let mut body = Box::pin(body);
+        // Armed before the head arrives, the timer no longer counts after it.
+        assert!(tokio::time::timeout(timeout / 2, body.frame())
+            .await
+            .is_err());
+        watch.answered();
+        assert!(tokio::time::timeout(timeout * 5, body.frame())
+            .await
+            .is_err());
+        assert_eq!(watch.failure(), None);
+        tx.send(Ok(Frame::data(Bytes::from_static(b"next"))))
+            .await
+            .unwrap();
+        let next = body.frame().await.unwrap().unwrap();
+        assert_eq!(next.into_data().unwrap(), "next");
     }
 
     #[tokio::test]

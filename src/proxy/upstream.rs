@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::UpstreamBody;
 use super::h1_upstream::{error_chain, H1Pool, ResponseBody};
+use super::h2_only::H2Only;
 use super::tunnel::{self, Tunnels};
 use crate::config::{HostHeader, Upstream};
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
@@ -56,7 +57,7 @@ enum Transport {
     /// Plain HTTP/1.1: connections driven by the task that uses them.
     PlainH1(H1Pool),
     /// HTTPS or h2c: hyper-util's client, one task per connection.
-    Pooled(Box<Client<HttpsConnector<HttpConnector>, UpstreamBody>>),
+    Pooled(Box<Client<H2Only, UpstreamBody>>),
 }
 
 impl UpstreamClient {
@@ -237,10 +238,9 @@ impl UpstreamClient {
     }
 }
 
-/// hyper-util's client, for HTTPS (HTTP/1.1 or h2 by ALPN) and h2c upstreams.
-fn pooled_client(
-    config: &Upstream,
-) -> Result<Client<HttpsConnector<HttpConnector>, UpstreamBody>, ClientError> {
+/// hyper-util's client, for HTTPS (HTTP/1.1 or h2 by ALPN; h2 only with `http2`) and h2c
+/// upstreams.
+fn pooled_client(config: &Upstream) -> Result<Client<H2Only, UpstreamBody>, ClientError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -252,11 +252,15 @@ fn pooled_client(
     .expect("ring supports the default protocol versions")
     .with_root_certificates(root_store(config)?)
     .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
+        .https_or_http();
+    let connector: HttpsConnector<HttpConnector> = if config.http2 {
+        builder.enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_all_versions().wrap_connector(http)
+    };
+    let connector = H2Only::new(connector, config.http2);
     let client = Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())

@@ -27,7 +27,11 @@
 //! | `end-after=N` | the request ends without `complete` / final response (status OK once every request ended) |
 //! | `reset-after=N`, `stall-after=N` | `RST_STREAM`; no more messages, the stream left open |
 //!
-//! `x-sim-itl-ms` sets the ITL as over HTTP. With `--compress` and `grpc-accept-encoding`
+//! `x-sim-itl-ms` sets the ITL as over HTTP. A TensorRT-LLM request that sets
+//! `output_config.return_perf_metrics` gets `perf_metrics` in its `complete`, from the
+//! same timing: `arrival_time` when the call came (Unix seconds, or the fixed clock),
+//! `first_scheduled_time` `x-sim-queue-ms` later (at most the first token), and
+//! `first_token_time` and `last_token_time` when those tokens were due. With `--compress` and `grpc-accept-encoding`
 //! naming `gzip`, every message is sent gzip-compressed (`grpc-encoding: gzip`); otherwise
 //! identity. Compressed request messages (`gzip`, `deflate`, `zstd`) are read. A method
 //! the simulator does not serve is `UNIMPLEMENTED`; `grpc-timeout` is not enforced.
@@ -51,7 +55,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::{Instant, Sleep};
 
-use super::config::{Fault, ModelProfile, SimConfig, StreamError};
+use super::config::{unix_ns, Fault, ModelProfile, SimConfig, StreamError};
 use super::request;
 use super::state::{SimBody, SimState};
 use super::stream::Schedule;
@@ -255,6 +259,10 @@ pub(super) async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> 
         Ok(itl) => itl,
         Err(message) => return trailers_only(code::INVALID_ARGUMENT, &message),
     };
+    let queue = match request::requested_queue(headers) {
+        Ok(queue) => queue.unwrap_or_default(),
+        Err(message) => return trailers_only(code::INVALID_ARGUMENT, &message),
+    };
     if let Some(Fault::Status(status)) = fault {
         return trailers_only(status_for_http(status), "simulated failure");
     }
@@ -264,9 +272,15 @@ pub(super) async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> 
     };
     let gzip = sends_gzip(&state.config, headers);
     let encoding = MessageEncoding::parse(headers.get("grpc-encoding").map(HeaderValue::as_bytes));
+    let arrival = state.config.fixed_clock.map_or_else(
+        || Duration::from_nanos(unix_ns()).as_secs_f64(),
+        |secs| secs as f64,
+    );
     let calls = Calls {
         fault,
         itl,
+        queue,
+        arrival,
         profile,
     };
     match rpc {
@@ -294,6 +308,10 @@ pub(super) async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> 
 struct Calls {
     fault: Option<Fault>,
     itl: Option<Duration>,
+    /// The part of each TTFT reported as queued (`x-sim-queue-ms`).
+    queue: Duration,
+    /// When the call came, in Unix seconds: the `arrival_time` of `perf_metrics`.
+    arrival: f64,
     /// The model named by `x-sim-model`, else the first.
     profile: ModelProfile,
 }
@@ -323,6 +341,7 @@ impl Calls {
             SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let cut = self.fault.and_then(Fault::after_tokens);
         let schedule = Schedule::new(start, &profile, profile.tokens_per_event, tokens, cut, rng);
+        let first_token = schedule.deadline();
         Generation {
             engine,
             finish_reason: if tokens < profile.tokens {
@@ -336,6 +355,9 @@ impl Calls {
             fault: self.fault,
             total: tokens,
             start,
+            arrival: self.arrival,
+            scheduled: start + self.queue.min(first_token - start),
+            first_token,
             phase: Phase::Tokens,
         }
     }
@@ -451,6 +473,8 @@ struct Ask {
     model: Option<String>,
     /// Triton: `triton_enable_empty_final_response`.
     empty_final: bool,
+    /// TensorRT-LLM: `output_config.return_perf_metrics`.
+    perf_metrics: bool,
 }
 
 fn count(n: usize) -> u32 {
@@ -466,6 +490,7 @@ impl Ask {
             stream,
             model: None,
             empty_final: false,
+            perf_metrics: false,
         };
         Some(match engine {
             Engine::Sglang => {
@@ -492,7 +517,14 @@ impl Ask {
                     .as_ref()
                     .map_or(0, |t| count(t.input_token_ids.len()));
                 let max = (r.max_tokens > 0).then_some(r.max_tokens);
-                ask(r.request_id, prompt, max, r.streaming)
+                let perf_metrics = r
+                    .output_config
+                    .as_ref()
+                    .is_some_and(|c| c.return_perf_metrics);
+                Ask {
+                    perf_metrics,
+                    ..ask(r.request_id, prompt, max, r.streaming)
+                }
             }
             Engine::Triton => return None,
         })
@@ -544,6 +576,7 @@ impl Ask {
             stream,
             model: (!r.model_name.is_empty()).then_some(r.model_name),
             empty_final,
+            perf_metrics: false,
         })
     }
 }
@@ -582,6 +615,12 @@ struct Generation {
     total: u32,
     finish_reason: &'static str,
     start: Instant,
+    /// [`Calls::arrival`]: `start` on the wall clock.
+    arrival: f64,
+    /// When the request was scheduled (`x-sim-queue-ms` after `start`, at most its first
+    /// token), and when its first token was due.
+    scheduled: Instant,
+    first_token: Instant,
     phase: Phase,
 }
 
@@ -780,11 +819,25 @@ impl Generation {
                         finish_reason: finish_reason.into(),
                         prompt_tokens: prompt,
                         completion_tokens: tokens,
+                        perf_metrics: self.ask.perf_metrics.then(|| self.perf_metrics()),
                         ..Default::default()
                     },
                 )),
             }
             .encode_to_vec(),
+        }
+    }
+
+    /// TensorRT-LLM's `perf_metrics`: the request's instants on the wall clock, in
+    /// seconds, as the engine reports them.
+    fn perf_metrics(&self) -> trtllm::PerfMetrics {
+        let at = |instant: Instant| self.arrival + (instant - self.start).as_secs_f64();
+        trtllm::PerfMetrics {
+            arrival_time: self.arrival,
+            first_scheduled_time: at(self.scheduled),
+            first_token_time: at(self.first_token),
+            last_token_time: at(self.schedule.deadline()),
+            ..Default::default()
         }
     }
 

@@ -45,8 +45,9 @@
 //! | `x-sim-fault: end-after=N` | end cleanly after N tokens, without finish, usage or end marker |
 //! | `x-sim-fault: status=CODE` | answer `CODE` with an OpenAI-style error body (`Retry-After: 7` on a 429 or 503) |
 //! | `x-sim-itl-ms: N` | N milliseconds between tokens in this response, in place of its model's (TTFT unchanged; 0 to 600000) |
+//! | `x-sim-queue-ms: N` | the engine reports N milliseconds (at most the TTFT) of this response's TTFT as queued, the rest as prefill, where its dialect reports engine timings: Ollama's `load_duration` and `prompt_eval_duration`, TensorRT-LLM's `perf_metrics` (TTFT unchanged; default 0) |
 //!
-//! A value either header cannot read is answered `400` with a message saying why, so a
+//! A value any of these headers cannot read is answered `400` with a message saying why, so a
 //! typo cannot pass for a healthy stream. With [`SimConfig::rate_limit`] the hosted APIs'
 //! paths carry their rate-limit headers and are refused with a `429` past the limit (see
 //! `ratelimit.rs`). A request that accepts `gzip` or `zstd` gets a compressed response
@@ -222,6 +223,10 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         Ok(itl) => itl,
         Err(message) => return bad_request(message),
     };
+    let queue = match request::requested_queue(request.headers()) {
+        Ok(queue) => queue.unwrap_or_default(),
+        Err(message) => return bad_request(message),
+    };
     let coding = request::accepted_coding(&state.config, request.headers());
     let (body, json) = match read_json(request.into_body()).await {
         Ok(read) => read,
@@ -270,7 +275,8 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         None => None,
     };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
-    let script = script(&state.config, &llm, profile, tokens, n, received_unix_ns);
+    let mut script = script(&state.config, &llm, profile, tokens, n, received_unix_ns);
+    script.queue_ns = nanos(queue.min(profile.ttft));
     let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     // A TGI event is one token by its format (its `token` object).
     let per_event = if api == Api::Tgi {
@@ -417,7 +423,6 @@ fn script(
                 .map_or(0, |d| d.as_secs()),
         ),
     };
-    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     Script {
         api: llm.api,
         model: profile.name.clone(),
@@ -431,8 +436,14 @@ fn script(
         stamp: received_unix_ns,
         fault: llm.fault,
         ttft_ns: nanos(profile.ttft),
+        queue_ns: 0,
         itl_ns: nanos(profile.itl),
     }
+}
+
+/// `d` in whole nanoseconds, as Ollama reports durations.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A streamed response: the head now, each event at its deadline.

@@ -55,8 +55,11 @@ pub(super) struct Script {
     /// With `--stamp`: when the request arrived (Unix nanoseconds).
     pub(super) stamp: Option<u64>,
     pub(super) fault: Option<Fault>,
-    /// Configured timing, for the durations Ollama reports (nanoseconds).
+    /// Configured timing, for the durations Ollama reports (nanoseconds): the TTFT, the
+    /// part of it reported as the wait for the model (`x-sim-queue-ms`, at most the
+    /// TTFT), and the ITL.
     pub(super) ttft_ns: u64,
+    pub(super) queue_ns: u64,
     pub(super) itl_ns: u64,
 }
 
@@ -242,9 +245,9 @@ impl Script {
             let eval = u64::from(self.tokens.saturating_sub(1)) * self.itl_ns;
             line["done_reason"] = "length".into();
             line["total_duration"] = (self.ttft_ns + eval).into();
-            line["load_duration"] = 1_000_000u64.into();
+            line["load_duration"] = self.queue_ns.into();
             line["prompt_eval_count"] = self.prompt_tokens.into();
-            line["prompt_eval_duration"] = self.ttft_ns.into();
+            line["prompt_eval_duration"] = self.ttft_ns.saturating_sub(self.queue_ns).into();
             line["eval_count"] = self.tokens.into();
             line["eval_duration"] = eval.into();
         }
@@ -653,6 +656,7 @@ mod tests {
             stamp: Some(received),
             fault: None,
             ttft_ns: 0,
+            queue_ns: 0,
             itl_ns: 0,
         };
         let chunk = script.token(ONE_TOKEN, true);

@@ -103,14 +103,26 @@ pub(super) fn requested_fault(headers: &HeaderMap) -> Result<Option<Fault>, Stri
     })
 }
 
-/// The largest `x-sim-itl-ms` (ten minutes): a larger one is surely a mistake, and keeps
+/// The largest `x-sim-itl-ms` or `x-sim-queue-ms` (ten minutes): a larger one is surely a mistake, and keeps
 /// a long stream's deadlines far from the clock's range.
 const MAX_ITL_MS: u64 = 600_000;
 
 /// The inter-token latency a request asks for with `x-sim-itl-ms` (whole milliseconds,
 /// in place of its model's), or the message of the 400 that answers a bad value.
 pub(super) fn requested_itl(headers: &HeaderMap) -> Result<Option<Duration>, String> {
-    header_value(headers, "x-sim-itl-ms", |value| {
+    whole_millis(headers, "x-sim-itl-ms")
+}
+
+/// The part of the TTFT a request asks the engine to report as queued with
+/// `x-sim-queue-ms` (whole milliseconds; the TTFT itself is unchanged), or the message of
+/// the 400 that answers a bad value.
+pub(super) fn requested_queue(headers: &HeaderMap) -> Result<Option<Duration>, String> {
+    whole_millis(headers, "x-sim-queue-ms")
+}
+
+/// The header `name` as whole milliseconds from 0 to [`MAX_ITL_MS`].
+fn whole_millis(headers: &HeaderMap, name: &str) -> Result<Option<Duration>, String> {
+    header_value(headers, name, |value| {
         value
             .trim()
             .parse::<u64>()
@@ -212,5 +224,13 @@ mod tests {
                 ))
             );
         }
+        let queue = |v: &str| requested_queue(&headers("x-sim-queue-ms", v.as_bytes()));
+        assert_eq!(queue("40"), Ok(Some(Duration::from_millis(40))));
+        assert_eq!(
+            queue("x"),
+            Err(
+                "x-sim-queue-ms: `x` is not a whole number of milliseconds from 0 to 600000".into()
+            )
+        );
     }
 }

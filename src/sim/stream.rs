@@ -118,6 +118,11 @@ impl Schedule {
         };
     }
 
+    /// The next event's deadline, or the last one's once every token is sent.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// When the stream may end: the last event's deadline plus the hold before the end.
     pub(super) fn end_deadline(&self) -> Instant {
         self.deadline + self.hold_before_end
@@ -330,6 +335,7 @@ mod tests {
             stamp: None,
             fault,
             ttft_ns: 0,
+            queue_ns: 0,
             itl_ns: 0,
         }
     }

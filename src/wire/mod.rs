@@ -41,6 +41,11 @@
 //! message ([`grpc`] has their rules). Responses compressed with `gzip`,
 //! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
 //!
+//! Where a response carries the engine's own timings (TensorRT-LLM's `perf_metrics`,
+//! Ollama's final durations, Groq's and Cerebras' queue and prompt times, llama.cpp's
+//! `timings.prompt_ms`), its dialect reports them as [`Signal::EngineTimings`];
+//! `engine_timings` reads their units, and `docs/DIALECTS.md` lists the fields.
+//!
 //! Where the table says "the text's, estimated", the count is a guess from the event's output
 //! text ([`text_estimate`]: a token per word or symbol, at least 1), or an
 //! optional [`Tokenizer`]'s count of it (`observe.tokenizer`, see [`tokenize`]); either is
@@ -60,6 +65,7 @@
 
 mod buffer;
 mod count;
+mod engine_timings;
 mod event_tokens;
 mod frame;
 mod json;
@@ -92,4 +98,6 @@ pub use factory::{decoder, framing_for, response_decoder, DecodeOptions, Unobser
 pub use grpc::route::dialect_for_grpc;
 pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};
-pub use types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing, OutputKind, Signal};
+pub use types::{
+    DecodeError, DecodeLimits, Decoder, Dialect, EngineTimings, Framing, OutputKind, Signal,
+};

@@ -17,19 +17,24 @@
 //!   `arguments` object is not read), or with `observe.tokenizer` the tokenizer's count
 //!   of those and the arguments.
 //! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as
-//!   [`Signal::Usage`], then [`Signal::Done`]. Durations (ns) are not read: tokentap
-//!   measures time itself.
+//!   [`Signal::Usage`], its durations (nanoseconds) as [`Signal::EngineTimings`], then
+//!   [`Signal::Done`]. `load_duration` is the queue: Ollama measures it from the moment
+//!   its handler took the request until a runner with the model loaded was ready (waiting
+//!   for the scheduler, and loading the model when it was not resident);
+//!   `prompt_eval_duration` is the prefill. `eval_duration` and `total_duration` are not
+//!   read: tokentap measures decoding and the whole request itself.
 
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
+use super::engine_timings;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
 use super::json::{Count, Flag, Fold, Folded, Num, Present, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{OutputKind, Signal};
+use super::types::{EngineTimings, OutputKind, Signal};
 
 /// Ollama state for one response.
 #[derive(Clone, Debug, Default)]
@@ -82,6 +87,7 @@ impl Handler for Ollama {
             return;
         }
         let usage = self.common(&mut line, out);
+        let timings = reported_timings(&line);
         if let Some(kind) = line.kind() {
             let shape = line.estimate();
             let entries = line.logprobs.map_or(0, |l| l.0 .0);
@@ -91,6 +97,7 @@ impl Handler for Ollama {
         if let Some(usage) = usage {
             out.push(usage);
         }
+        out.extend(timings);
         if line.done.0 {
             out.push(Signal::Done);
         }
@@ -104,11 +111,23 @@ impl Handler for Ollama {
         if let Some(usage) = self.common(&mut line, out) {
             out.push(usage);
         }
+        out.extend(reported_timings(&line));
     }
 
     fn finish(&mut self, out: &mut Vec<Signal>) {
         finish_count(&mut self.tokens, out);
     }
+}
+
+/// The line's `load_duration` (queue) and `prompt_eval_duration` (prefill), when it has
+/// either.
+fn reported_timings(line: &Line<'_>) -> Option<Signal> {
+    let timings = EngineTimings {
+        queue: line.load_duration.0.and_then(engine_timings::nanos),
+        prefill: line.prompt_eval_duration.0.and_then(engine_timings::nanos),
+        first_token: None,
+    };
+    (!timings.is_empty()).then_some(Signal::EngineTimings(timings))
 }
 
 /// The output texts of a line, for the tokenizer.
@@ -143,6 +162,10 @@ struct Line<'a> {
     prompt_eval_count: Num,
     #[serde(default)]
     eval_count: Num,
+    #[serde(default)]
+    load_duration: Num,
+    #[serde(default)]
+    prompt_eval_duration: Num,
     #[serde(default)]
     error: Present,
 }
@@ -261,6 +284,77 @@ mod tests {
                 },
                 Done
             ]
+        );
+    }
+
+    fn timings(queue_ns: Option<u64>, prefill_ns: Option<u64>) -> Signal {
+        Signal::EngineTimings(EngineTimings {
+            queue: queue_ns.map(std::time::Duration::from_nanos),
+            prefill: prefill_ns.map(std::time::Duration::from_nanos),
+            first_token: None,
+        })
+    }
+
+    #[test]
+    fn the_final_line_durations_are_engine_timings() {
+        let done = |durations: &str| {
+            format!(
+                r#"{{"model":"m","message":{{"role":"assistant","content":""}},"done":true,"total_duration":4883583458,{durations}"eval_count":3,"eval_duration":60000000}}"#
+            )
+        };
+        let stream = |durations: &str| {
+            ndjson(
+                Ollama::default(),
+                format!("{}\n", done(durations)).as_bytes(),
+            )
+        };
+        let usage = Signal::Usage {
+            input_tokens: None,
+            output_tokens: Some(3),
+        };
+        assert_eq!(
+            stream(
+                r#""load_duration":20000000,"prompt_eval_count":26,"prompt_eval_duration":130000000,"#
+            ),
+            vec![
+                Model("m".into()),
+                Signal::Usage {
+                    input_tokens: Some(26),
+                    output_tokens: Some(3)
+                },
+                timings(Some(20_000_000), Some(130_000_000)),
+                Done
+            ]
+        );
+        // Zero is a figure (a model already loaded); each field on its own.
+        assert_eq!(
+            stream(r#""load_duration":0,"#),
+            vec![
+                Model("m".into()),
+                usage.clone(),
+                timings(Some(0), None),
+                Done
+            ]
+        );
+        // Hostile values: negative, fractional, strings, null, past a day, past u64.
+        for hostile in [
+            r#""load_duration":-5,"prompt_eval_duration":-1,"#,
+            r#""load_duration":1.5,"prompt_eval_duration":"130","#,
+            r#""load_duration":null,"prompt_eval_duration":{"ns":1},"#,
+            r#""load_duration":86400000000001,"prompt_eval_duration":1e300,"#,
+            r#""load_duration":18446744073709551616,"prompt_eval_duration":[1],"#,
+        ] {
+            assert_eq!(
+                stream(hostile),
+                vec![Model("m".into()), usage.clone(), Done],
+                "{hostile}"
+            );
+        }
+        // A whole (non-streamed) body reports them too.
+        let whole = done(r#""load_duration":1000,"prompt_eval_duration":2000,"#);
+        assert_eq!(
+            body(Ollama::default(), whole.as_bytes()),
+            vec![Model("m".into()), usage, timings(Some(1000), Some(2000))]
         );
     }
 

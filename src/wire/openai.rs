@@ -30,6 +30,11 @@
 //!   tokenizer's count.
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
 //!   chunk's `Output`. A `usage: null` or one without counts is no signal.
+//! - The engine's own timings, where a server reports them, are
+//!   [`Signal::EngineTimings`], after the usage: Groq's `queue_time` and `prompt_time`
+//!   (seconds; in `usage` of a whole body, in `x_groq.usage` of a stream's last chunk),
+//!   Cerebras' `time_info.queue_time` and `time_info.prompt_time` (seconds), and
+//!   llama.cpp's `timings.prompt_ms` (the prefill, milliseconds; it reports no queue).
 //!
 //! How a body is cut into chunks is `frame`'s, as for every dialect: the `OpenAi` handler
 //! only says what one chunk, or one whole body, means. A non-streaming body yields the
@@ -43,13 +48,14 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::count::{visibility, Tally};
+use super::engine_timings::Float;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
 use super::json::{Code, Count, ErrorFields, Fold, Folded, Num, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{Dialect, OutputKind, Signal};
+use super::types::{Dialect, EngineTimings, OutputKind, Signal};
 
 /// OpenAI-style state for one response, in any framing: [`Handler::event`] reads one
 /// chunk (an SSE event, an NDJSON line or a JSON-array element), [`Handler::body`] a
@@ -87,6 +93,12 @@ impl OpenAi {
                 self.model_sent = true;
             }
         }
+        let engine = reported_timings(
+            &chunk.usage,
+            &chunk.timings,
+            &chunk.x_groq,
+            &chunk.time_info,
+        );
         let usage = reported_usage(chunk.usage, chunk.timings);
         let reported_output = usage.and_then(|(_, output)| output);
         let choices = chunk.choices.map(|c| c.0).unwrap_or_default();
@@ -113,6 +125,7 @@ impl OpenAi {
                 output_tokens,
             });
         }
+        out.extend(engine);
     }
 }
 
@@ -185,12 +198,19 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
     if let Some(model) = parsed.model.non_empty() {
         out.push(Signal::Model(model.into_owned()));
     }
+    let engine = reported_timings(
+        &parsed.usage,
+        &parsed.timings,
+        &parsed.x_groq,
+        &parsed.time_info,
+    );
     if let Some((input_tokens, output_tokens)) = reported_usage(parsed.usage, parsed.timings) {
         out.push(Signal::Usage {
             input_tokens,
             output_tokens,
         });
     }
+    out.extend(engine);
 }
 
 /// Whether a chunk or body is an error report.
@@ -240,7 +260,40 @@ fn reported_usage(
         })
 }
 
+/// The engine's queue and prefill as the chunk or body reports them: Groq's `usage` or
+/// `x_groq.usage`, else Cerebras' `time_info` (seconds); a prefill from llama.cpp's
+/// `timings.prompt_ms` where no hosted report gives one.
+fn reported_timings(
+    usage: &Option<Usage>,
+    timings: &Option<Timings>,
+    x_groq: &Option<XGroq>,
+    time_info: &Option<Usage>,
+) -> Option<Signal> {
+    let groq = x_groq.as_ref().and_then(|x| x.usage.as_ref());
+    let cerebras = time_info.as_ref();
+    let first = |of: fn(&Usage) -> &Float| {
+        [usage.as_ref(), groq, cerebras]
+            .into_iter()
+            .flatten()
+            .find_map(|u| of(u).seconds())
+    };
+    let engine = EngineTimings {
+        queue: first(|u| &u.queue_time),
+        prefill: first(|u| &u.prompt_time)
+            .or_else(|| timings.as_ref().and_then(|t| t.prompt_ms.millis())),
+        first_token: None,
+    };
+    (!engine.is_empty()).then_some(Signal::EngineTimings(engine))
+}
+
 // ---- wire structs: only the fields the rules read; unknown fields are skipped ----
+
+/// Groq's `x_groq`, whose `usage` has `queue_time` and `prompt_time` in a stream's last
+/// chunk. (Cerebras' `time_info` has the same two names, and is read as a [`Usage`].)
+#[derive(Deserialize)]
+struct XGroq {
+    usage: Option<Usage>,
+}
 
 /// One streamed chunk.
 #[derive(Deserialize)]
@@ -253,6 +306,8 @@ struct Chunk<'a> {
     choices: Option<Folded<Choices>>,
     usage: Option<Usage>,
     timings: Option<Timings>,
+    x_groq: Option<XGroq>,
+    time_info: Option<Usage>,
 }
 
 /// What names an error's cause: the `error` object (OpenAI, vLLM), TGI's `error_type`
@@ -279,6 +334,8 @@ struct Body<'a> {
     error: Option<IgnoredAny>,
     usage: Option<Usage>,
     timings: Option<Timings>,
+    x_groq: Option<XGroq>,
+    time_info: Option<Usage>,
 }
 
 #[derive(Deserialize)]
@@ -287,6 +344,12 @@ struct Usage {
     prompt_tokens: Num,
     #[serde(default)]
     completion_tokens: Num,
+    /// Groq, Cerebras: seconds queued.
+    #[serde(default)]
+    queue_time: Float,
+    /// Groq, Cerebras: seconds spent on the prompt.
+    #[serde(default)]
+    prompt_time: Float,
 }
 
 /// llama.cpp server's per-response (or per-token) timings.
@@ -298,6 +361,8 @@ struct Timings {
     cache_n: Num,
     #[serde(default)]
     predicted_n: Num,
+    #[serde(default)]
+    prompt_ms: Float,
 }
 
 #[derive(Deserialize)]
@@ -458,6 +523,8 @@ impl Fold for AnyToolCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::wire::frame::{JsonBody, SseStream};
     use crate::wire::types::{DecodeError, DecodeLimits, Decoder};
     use Signal::{Done, Error, Malformed, Model, Output};
@@ -846,9 +913,105 @@ mod tests {
     #[test]
     fn llama_cpp_timings_stand_in_for_usage() {
         let timings = r#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"timings":{"cache_n":4,"prompt_n":6,"prompt_ms":12.5,"predicted_n":30,"predicted_ms":301.2}}"#;
-        assert_eq!(stream(CHAT, &[timings]), vec![usage(Some(10), Some(30))]);
+        assert_eq!(
+            stream(CHAT, &[timings]),
+            vec![
+                usage(Some(10), Some(30)),
+                engine(None, Some(Duration::from_micros(12_500)))
+            ]
+        );
         let both = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":31},"timings":{"prompt_n":6,"predicted_n":30}}"#;
         assert_eq!(stream(CHAT, &[both]), vec![usage(Some(10), Some(31))]);
+    }
+
+    fn engine(queue: Option<Duration>, prefill: Option<Duration>) -> Signal {
+        Signal::EngineTimings(EngineTimings {
+            queue,
+            prefill,
+            first_token: None,
+        })
+    }
+
+    #[test]
+    fn hosted_apis_report_queue_and_prompt_time() {
+        let ms = Duration::from_millis;
+        // Groq's last stream chunk (shape from a recorded Groq stream).
+        let groq_last = r#"{"id":"chatcmpl-e7f8","object":"chat.completion.chunk","created":1729171479,"model":"gemma2-9b-it","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"x_groq":{"id":"req_01","usage":{"queue_time":0.061,"prompt_tokens":18,"prompt_time":0.002,"completion_tokens":439,"completion_time":0.798,"total_tokens":457,"total_time":0.8}}}"#;
+        let groq_first = r#"{"id":"chatcmpl-e7f8","object":"chat.completion.chunk","model":"gemma2-9b-it","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"x_groq":{"id":"req_01"}}"#;
+        assert_eq!(
+            stream(CHAT, &[groq_first, groq_last]),
+            vec![
+                Model("gemma2-9b-it".into()),
+                engine(Some(ms(61)), Some(ms(2)))
+            ]
+        );
+        // Groq's whole body: the times are in `usage`.
+        let groq_body = r#"{"object":"chat.completion","model":"llama-3.1-8b-instant","choices":[],"usage":{"queue_time":0.265,"prompt_tokens":41,"prompt_time":0.012,"completion_tokens":27,"completion_time":0.055,"total_tokens":68,"total_time":0.067},"x_groq":{"id":"req_01"}}"#;
+        assert_eq!(
+            json(groq_body, DecodeLimits::DEFAULT),
+            Ok(vec![
+                Model("llama-3.1-8b-instant".into()),
+                usage(Some(41), Some(27)),
+                engine(Some(ms(265)), Some(ms(12)))
+            ])
+        );
+        // Cerebras: `time_info`, in a whole body and a stream's usage chunk.
+        let cerebras = r#"{"model":"gpt-oss-120b","object":"chat.completion","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":10},"time_info":{"queue_time":0.25,"prompt_time":0.5,"completion_time":0.0056,"total_time":0.0222,"created":1723733419}}"#;
+        assert_eq!(
+            json(cerebras, DecodeLimits::DEFAULT),
+            Ok(vec![
+                Model("gpt-oss-120b".into()),
+                usage(Some(12), Some(10)),
+                engine(Some(ms(250)), Some(ms(500)))
+            ])
+        );
+        let cerebras_chunk = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2},"time_info":{"queue_time":0.001,"prompt_time":0.006}}"#;
+        assert_eq!(
+            stream(CHAT, &[cerebras_chunk]),
+            vec![usage(Some(10), Some(2)), engine(Some(ms(1)), Some(ms(6)))]
+        );
+    }
+
+    /// Missing, null, zero, negative, non-finite-looking and huge values: never a panic,
+    /// never a figure that is not a plausible duration; the rest of the chunk is read.
+    #[test]
+    fn hostile_engine_timings_give_no_figures() {
+        let cases = [
+            (r#""x_groq":{"usage":{}}"#, None),
+            (r#""x_groq":{"usage":null}"#, None),
+            (r#""x_groq":null,"time_info":null"#, None),
+            (
+                r#""x_groq":{"usage":{"queue_time":0,"prompt_time":0}}"#,
+                Some(engine(Some(Duration::ZERO), Some(Duration::ZERO))),
+            ),
+            (
+                r#""x_groq":{"usage":{"queue_time":-0.5,"prompt_time":-1}}"#,
+                None,
+            ),
+            (
+                r#""time_info":{"queue_time":"NaN","prompt_time":"inf"}"#,
+                None,
+            ),
+            (
+                r#""time_info":{"queue_time":1.7e308,"prompt_time":1e300}"#,
+                None,
+            ),
+            (
+                r#""time_info":{"queue_time":86401,"prompt_time":[1]}"#,
+                None,
+            ),
+            (r#""timings":{"prompt_ms":-3.0}"#, None),
+            (r#""timings":{"prompt_ms":1e12}"#, None),
+        ];
+        for (fields, expected) in cases {
+            let chunk = format!(r#"{{"model":"m","choices":[],{fields}}}"#);
+            let mut want = vec![Model("m".into())];
+            want.extend(expected);
+            assert_eq!(stream(CHAT, &[&chunk]), want, "{fields}");
+        }
+        // Not an object where one is expected: the chunk is malformed, as with `usage`.
+        let odd = r#"{"model":"m","choices":[],"time_info":7}"#;
+        assert_eq!(stream(CHAT, &[odd]), vec![Malformed]);
     }
 
     #[test]

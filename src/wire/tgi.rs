@@ -23,6 +23,14 @@
 //!
 //! TGI names no model in its native API; the model label comes from the request or is
 //! `unknown`. Its OpenAI-compatible `/v1/chat/completions` is the OpenAI dialect.
+//!
+//! A non-streaming `/generate` answer reports the router's queue time in its head,
+//! `x-queue-time` (whole milliseconds from the request's entry in the batching queue to
+//! its start), read with [`queue_time`] as the engine's queue. Its `x-inference-time`
+//! covers prefill and decoding together, so it is no prefill, and is not read; a stream
+//! has neither (its head is sent before they are known).
+
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -30,6 +38,16 @@ use super::error_class::ErrorClass;
 use super::frame::Handler;
 use super::json::{Count, Flag, Folded, Num, Present, Str};
 use super::types::{OutputKind, Signal};
+
+/// The response-head field in which TGI's `/generate` reports its queue time.
+pub const QUEUE_TIME_HEADER: &str = "x-queue-time";
+
+/// The queue time in an `x-queue-time` value: milliseconds, at most
+/// `engine_timings::MAX`; anything else is none.
+pub fn queue_time(value: &[u8]) -> Option<Duration> {
+    let ms: f64 = std::str::from_utf8(value).ok()?.trim().parse().ok()?;
+    super::engine_timings::millis(ms)
+}
 
 /// TGI state for one response.
 #[derive(Clone, Debug, Default)]
@@ -145,6 +163,25 @@ impl Details {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_time_header_is_milliseconds_and_nothing_else() {
+        assert_eq!(queue_time(b"42"), Some(Duration::from_millis(42)));
+        assert_eq!(queue_time(b" 0 "), Some(Duration::ZERO));
+        assert_eq!(queue_time(b"1.5"), Some(Duration::from_micros(1500)));
+        for hostile in [
+            &b"-1"[..],
+            b"",
+            b"NaN",
+            b"inf",
+            b"12ms",
+            b"\xff",
+            b"86400001",
+            b"1e400",
+        ] {
+            assert_eq!(queue_time(hostile), None, "{hostile:?}");
+        }
+    }
     use crate::wire::testing::{body, sse};
     use Signal::{Done, Error};
 

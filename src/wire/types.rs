@@ -1,5 +1,5 @@
 //! The vocabulary every wire module shares: what a decoder is ([`Decoder`]), what it
-//! emits ([`Signal`], [`OutputKind`]), why it stops ([`DecodeError`]), its bounds
+//! emits ([`Signal`], [`OutputKind`], [`EngineTimings`]), why it stops ([`DecodeError`]), its bounds
 //! ([`DecodeLimits`]) and the names of what it reads ([`Dialect`], [`Framing`]).
 //!
 //! This module is a leaf but for [`ErrorClass`], itself a leaf: it imports nothing else
@@ -7,6 +7,7 @@
 //! decoder factory, which depends on them all.
 
 use std::fmt;
+use std::time::Duration;
 
 use super::error_class::ErrorClass;
 
@@ -149,6 +150,50 @@ pub enum Signal {
     TrailingTokens(u32),
     /// The stream's explicit end marker (`data: [DONE]` and the like).
     Done,
+    /// The engine's own account of the request's time, as the response reported it. A
+    /// later report replaces an earlier one part by part (`None` leaves a part as it was).
+    EngineTimings(EngineTimings),
+}
+
+/// Where the engine says a request's time to first token went, measured on the engine's
+/// clock. Each part is present only where the response reported it; a decoder never
+/// puts a negative, non-finite or implausibly large value here
+/// (`wire::engine_timings` reads them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineTimings {
+    /// Waiting before the engine started on the request: its queue (TensorRT-LLM, Groq,
+    /// Cerebras), or until a loaded model could take it (Ollama's `load_duration`).
+    pub queue: Option<Duration>,
+    /// Processing the prompt (prefill).
+    pub prefill: Option<Duration>,
+    /// From the request's arrival at the engine to its first token, where the engine
+    /// reports that instant itself.
+    pub first_token: Option<Duration>,
+}
+
+impl EngineTimings {
+    /// Whether any part was reported.
+    pub fn is_empty(&self) -> bool {
+        *self == EngineTimings::default()
+    }
+
+    /// `later`'s parts over this one's, part by part.
+    pub fn merge(&mut self, later: EngineTimings) {
+        self.queue = later.queue.or(self.queue);
+        self.prefill = later.prefill.or(self.prefill);
+        self.first_token = later.first_token.or(self.first_token);
+    }
+
+    /// The engine's time to first token: the first-token time it reported, else its
+    /// queue and prefill added, when it reported both; `None` otherwise (a prefill alone
+    /// leaves out the engine's wait, and is no TTFT).
+    pub fn time_to_first_token(&self) -> Option<Duration> {
+        self.first_token.or_else(|| {
+            self.queue
+                .zip(self.prefill)
+                .map(|(queue, prefill)| queue.saturating_add(prefill))
+        })
+    }
 }
 
 /// Why a decoder stopped observing. The stream itself is unaffected.
@@ -252,6 +297,35 @@ impl Framing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_ttft_is_the_reported_first_token_else_queue_and_prefill() {
+        let ms = Duration::from_millis;
+        let both = EngineTimings {
+            queue: Some(ms(20)),
+            prefill: Some(ms(100)),
+            first_token: None,
+        };
+        assert_eq!(both.time_to_first_token(), Some(ms(120)));
+        let reported = EngineTimings {
+            first_token: Some(ms(130)),
+            ..both
+        };
+        assert_eq!(reported.time_to_first_token(), Some(ms(130)));
+        let prefill_only = EngineTimings {
+            prefill: Some(ms(100)),
+            ..EngineTimings::default()
+        };
+        assert_eq!(prefill_only.time_to_first_token(), None);
+        assert!(EngineTimings::default().is_empty() && !prefill_only.is_empty());
+
+        let mut merged = both;
+        merged.merge(EngineTimings {
+            queue: Some(ms(5)),
+            ..EngineTimings::default()
+        });
+        assert_eq!((merged.queue, merged.prefill), (Some(ms(5)), Some(ms(100))));
+    }
 
     #[test]
     fn names_round_trip() {

@@ -448,4 +448,28 @@ fn the_default_caps_cost_what_the_readme_says() {
     // README: "about 15,000 series and 1.3 MB" (with label values this short).
     assert!(series <= 15_000, "{series} series");
     assert!(bytes <= 1_400_000, "{bytes} bytes");
+
+    // Engines that report their own timings (Groq, Ollama, TensorRT-LLM asked for them)
+    // add the three engine families to every model: README, "+72 series, ~5.3 KB" a model,
+    // "about 17,300 series and 1.5 MB" at worst.
+    for model in models.iter() {
+        let stream = metrics.stream(Some(model), Some("tenant-0"));
+        let ms = Duration::from_millis;
+        let engine = tokentap::metrics::EngineFigures {
+            queue: Some(ms(40)),
+            prefill: Some(ms(110)),
+            ttft_outside_engine: Some(ms(2)),
+        };
+        metrics.record_engine_timings(&stream, engine);
+    }
+    let text = String::from_utf8(metrics.render()).unwrap();
+    let (with_engine, engine_bytes) = (self::series(&text), text.len());
+    eprintln!("with engine timings on every model: {with_engine} series, {engine_bytes} bytes");
+    assert_eq!(
+        with_engine - series,
+        33 * 3 * 24,
+        "24 series per family and model"
+    );
+    assert!(with_engine <= 17_500, "{with_engine} series");
+    assert!(engine_bytes <= 1_550_000, "{engine_bytes} bytes");
 }

@@ -34,7 +34,17 @@ fn built() -> Vec<(&'static str, Vec<u8>)> {
         ("sglang_grpc/generate.grpc", sglang_unary()),
         ("vllm_grpc/generate_stream.grpc", vllm_stream("length")),
         ("vllm_grpc/generate_stream_error.grpc", vllm_stream("error")),
-        ("trtllm_grpc/generate_stream.grpc", trtllm_stream()),
+        ("trtllm_grpc/generate_stream.grpc", trtllm_stream(None)),
+        (
+            "trtllm_grpc/generate_stream_perf_metrics.grpc",
+            trtllm_stream(Some(trtllm::PerfMetrics {
+                arrival_time: 1_764_770_000.125,
+                first_scheduled_time: 1_764_770_000.187_5,
+                first_token_time: 1_764_770_000.312_5,
+                last_token_time: 1_764_770_000.5,
+                ..Default::default()
+            })),
+        ),
         ("triton_grpc/model_stream_infer.grpc", triton_text()),
         ("triton_grpc/model_stream_infer_ids.grpc", triton_ids()),
         ("triton_grpc/model_stream_infer_error.grpc", triton_error()),
@@ -139,8 +149,9 @@ fn vllm_stream(finish: &str) -> Vec<u8> {
     .concat()
 }
 
-/// TensorRT-LLM with speculative decoding: each step accepts 1 to 4 tokens.
-fn trtllm_stream() -> Vec<u8> {
+/// TensorRT-LLM with speculative decoding: each step accepts 1 to 4 tokens. With `perf`,
+/// the complete carries the `perf_metrics` a client that set `return_perf_metrics` gets.
+fn trtllm_stream(perf: Option<trtllm::PerfMetrics>) -> Vec<u8> {
     use trtllm::generate_response::Response;
     let message = |response| {
         frame(
@@ -171,6 +182,7 @@ fn trtllm_stream() -> Vec<u8> {
             completion_tokens: 10,
             spec_accepted_tokens: 6,
             spec_draft_tokens: 12,
+            perf_metrics: perf,
             ..Default::default()
         })),
     ]

@@ -123,7 +123,7 @@ async fn grpc_call(sim: &SimHandle, path: &str, body: Vec<u8>, headers: &[(&str,
     }
 }
 
-fn sglang_request() -> Vec<u8> {
+pub(crate) fn sglang_request() -> Vec<u8> {
     frame(
         &sglang::GenerateRequest {
             request_id: "s1".into(),
@@ -171,7 +171,7 @@ fn trtllm_request() -> Vec<u8> {
     )
 }
 
-fn triton_request(id: &str, model: &str) -> Vec<u8> {
+pub(crate) fn triton_request(id: &str, model: &str) -> Vec<u8> {
     let mut parameters = HashMap::new();
     parameters.insert(
         "triton_enable_empty_final_response".to_string(),

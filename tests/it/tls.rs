@@ -11,15 +11,15 @@ use common::*;
 use tokentap::sim::{ModelProfile, SimConfig};
 
 /// A self-signed certificate for `localhost`, written as PEM files into a fresh directory.
-struct TestCert {
+pub(crate) struct TestCert {
     dir: std::path::PathBuf,
-    cert_file: std::path::PathBuf,
+    pub(crate) cert_file: std::path::PathBuf,
     key_file: std::path::PathBuf,
-    certified: rcgen::CertifiedKey,
+    pub(crate) certified: rcgen::CertifiedKey,
 }
 
 impl TestCert {
-    fn new(name: &str) -> TestCert {
+    pub(crate) fn new(name: &str) -> TestCert {
         let dir = std::env::temp_dir().join(format!("tokentap-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();

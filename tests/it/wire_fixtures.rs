@@ -195,6 +195,20 @@ fn render(signal: &Signal) -> String {
         Signal::Malformed => "malformed".to_owned(),
         Signal::Done => "done".to_owned(),
         Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
+        Signal::EngineTimings(t) => {
+            let ms = |d: Option<std::time::Duration>| {
+                d.map_or_else(
+                    || "-".to_owned(),
+                    |d| format!("{:.3}ms", d.as_secs_f64() * 1e3),
+                )
+            };
+            format!(
+                "engine queue={} prefill={} first_token={}",
+                ms(t.queue),
+                ms(t.prefill),
+                ms(t.first_token)
+            )
+        }
     }
 }
 

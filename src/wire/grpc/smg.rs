@@ -19,6 +19,12 @@
 //!   `completion_tokens` (or, where that is 0, the count of its output ids), summed over
 //!   the `complete`s of a request with several outputs (`n > 1`, each with its `index`),
 //!   as OpenAI's usage counts every choice. Then [`Signal::Done`].
+//! - TensorRT-LLM's `complete` carries `perf_metrics` when the client asked for them
+//!   (`return_perf_metrics`; tokentap never asks): instants on the engine's clock, in
+//!   seconds. They are [`Signal::EngineTimings`]: queue = `first_scheduled_time -
+//!   arrival_time`, prefill = `first_token_time - first_scheduled_time`, the engine's
+//!   TTFT = `first_token_time - arrival_time`; an instant left at 0 (unset) or out of
+//!   order gives nothing. SGLang's and vLLM's messages report no timings.
 //! - A `finish_reason` of `error` (vLLM) or `abort` (the engine aborted the request: SGLang
 //!   reports a prompt over the context length this way) is [`Signal::Error`] of
 //!   [`ErrorClass::Other`], before [`Signal::Done`].
@@ -33,9 +39,10 @@
 
 use prost::Message;
 
+use super::super::engine_timings;
 use super::super::error_class::ErrorClass;
 use super::super::frame::Handler;
-use super::super::types::{OutputKind, Signal};
+use super::super::types::{EngineTimings, OutputKind, Signal};
 use super::proto::sglang::grpc::scheduler as sglang;
 use super::proto::trtllm;
 use super::proto::vllm::grpc::engine as vllm;
@@ -59,6 +66,8 @@ enum Step {
         completion_tokens: u32,
         output_ids: usize,
         finish_reason: String,
+        /// What the engine reported of its own timing (TensorRT-LLM only).
+        timings: EngineTimings,
     },
     /// Neither (an empty message, or a `response` this proto does not know).
     Nothing,
@@ -79,6 +88,7 @@ impl Engine {
                         completion_tokens: c.completion_tokens,
                         output_ids: c.output_ids.len(),
                         finish_reason: c.finish_reason,
+                        timings: EngineTimings::default(),
                     },
                     None => Step::Nothing,
                 }
@@ -95,6 +105,7 @@ impl Engine {
                         completion_tokens: c.completion_tokens,
                         output_ids: c.output_ids.len(),
                         finish_reason: c.finish_reason,
+                        timings: EngineTimings::default(),
                     },
                     None => Step::Nothing,
                 }
@@ -111,6 +122,13 @@ impl Engine {
                         completion_tokens: c.completion_tokens,
                         output_ids: c.output_token_ids.len(),
                         finish_reason: c.finish_reason,
+                        timings: c.perf_metrics.map_or_else(EngineTimings::default, |p| {
+                            engine_timings::from_instants(
+                                p.arrival_time,
+                                p.first_scheduled_time,
+                                p.first_token_time,
+                            )
+                        }),
                     },
                     None => Step::Nothing,
                 }
@@ -169,6 +187,7 @@ impl Smg {
                 completion_tokens,
                 output_ids,
                 finish_reason,
+                timings,
             } => {
                 let output = if completion_tokens > 0 {
                     u64::from(completion_tokens)
@@ -188,6 +207,9 @@ impl Smg {
                     || finish_reason.eq_ignore_ascii_case("abort")
                 {
                     out.push(Signal::Error(ErrorClass::Other));
+                }
+                if !timings.is_empty() {
+                    out.push(Signal::EngineTimings(timings));
                 }
                 out.push(Signal::Done);
             }
@@ -392,6 +414,83 @@ mod tests {
             grpc(Smg::new(Engine::Trtllm), &trtllm_body),
             vec![tokens(4), usage(Some(8), None), usage(None, Some(4)), Done]
         );
+    }
+
+    fn trtllm_complete(perf: Option<trtllm::PerfMetrics>) -> Vec<u8> {
+        frame(
+            &trtllm::GenerateResponse {
+                request_id: "t".into(),
+                response: Some(trtllm::generate_response::Response::Complete(
+                    trtllm::GenerateComplete {
+                        output_token_ids: vec![1, 2],
+                        finish_reason: "stop".into(),
+                        completion_tokens: 2,
+                        perf_metrics: perf,
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    fn perf(arrival: f64, scheduled: f64, first: f64) -> Option<trtllm::PerfMetrics> {
+        Some(trtllm::PerfMetrics {
+            arrival_time: arrival,
+            first_scheduled_time: scheduled,
+            first_token_time: first,
+            last_token_time: first + 1.0,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn trtllm_perf_metrics_are_engine_timings() {
+        let signals = grpc(
+            Smg::new(Engine::Trtllm),
+            &trtllm_complete(perf(1_700_000_000.0, 1_700_000_000.25, 1_700_000_000.5)),
+        );
+        let [Usage { .. }, Signal::EngineTimings(t), Done] = signals.as_slice() else {
+            panic!("{signals:?}");
+        };
+        let ms = |d: Option<std::time::Duration>| d.map(|d| (d.as_secs_f64() * 1e3).round());
+        assert_eq!(
+            (ms(t.queue), ms(t.prefill), ms(t.first_token)),
+            (Some(250.0), Some(250.0), Some(500.0))
+        );
+    }
+
+    /// Missing, zero, negative, non-finite and huge instants: never a panic, never a
+    /// figure that is not a plausible duration.
+    #[test]
+    fn hostile_perf_metrics_give_no_figures() {
+        let cases = [
+            (None, None),
+            (perf(0.0, 0.0, 0.0), None),
+            (perf(5.0, 4.0, 3.0), None),
+            (perf(-1.0, -0.5, -0.25), None),
+            (perf(f64::NAN, f64::NAN, f64::NAN), None),
+            (perf(f64::NEG_INFINITY, 0.0, f64::INFINITY), None),
+            (perf(1.0, 1e300, 1e300), None),
+            (perf(f64::MIN_POSITIVE, f64::MAX, f64::MAX), None),
+        ];
+        for (perf, queue_ms) in cases {
+            let signals = grpc(Smg::new(Engine::Trtllm), &trtllm_complete(perf));
+            let timings = signals.iter().find_map(|s| match s {
+                Signal::EngineTimings(t) => Some(*t),
+                _ => None,
+            });
+            assert_eq!(
+                timings.and_then(|t| t.queue).map(|d| d.as_millis()),
+                queue_ms,
+                "{perf:?}: {signals:?}"
+            );
+            if let Some(t) = timings {
+                for d in [t.queue, t.prefill, t.first_token].into_iter().flatten() {
+                    assert!(d <= engine_timings::MAX, "{perf:?}: {t:?}");
+                }
+            }
+        }
     }
 
     #[test]
