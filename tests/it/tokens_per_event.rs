@@ -186,7 +186,12 @@ async fn logprobs_are_observed_and_estimates_are_not() {
             m.sum("tokentap_requests_total", &[]) >= 1.0
         })
         .await;
-    assert!(m.sum("tokentap_output_tokens_total", &[]) == 12.0);
+    assert_eq!(
+        m.sum("tokentap_output_tokens_total", &[]),
+        12.0,
+        "{}",
+        m.text
+    );
     assert_eq!(
         m.sum(&format!("{FAMILY}_count"), &[]),
         0.0,
