@@ -319,7 +319,7 @@ fn heap_in_use() -> usize {
 /// allocates a pair only the families that carry `tenant` (two histograms and the
 /// counters) and each model the rest once, so the label set takes well under half the
 /// memory of `tenant` on every family (the label set before the option existed).
-/// Measured here: ~11,000 bytes per pair before, ~3,100 with the default set.
+/// Measured here: ~10,800 bytes per pair with `tenant` everywhere, ~2,300 with the default set.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
 fn a_pair_holds_only_the_families_that_carry_tenant() {
