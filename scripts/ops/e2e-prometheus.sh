@@ -56,6 +56,9 @@ PROMETHEUS=${PROMETHEUS:-prometheus}
 DEADLINE=${E2E_DEADLINE:-420}   # seconds for the whole run
 KINDS=${E2E_KINDS:-classic native}
 QUANTILE_MODEL=e2e-quantiles
+# Ollama and TGI streams beside the quantile traffic (its tokentap, another model): the
+# engine-reported timing families and tokens per event.
+ENGINE_MODEL=e2e-engines
 QUANTILE_REQUESTS=200
 CANCELS=4
 MODELS=llama-3-8b,qwen2-7b
@@ -142,7 +145,7 @@ start sim-slow "$BIN" sim --listen "$H:$P_SLOW" --models slow-model --ttft 50ms 
 # enough that timer granularity and scheduling delays are small beside them, with the
 # largest values near the top of a schema-3 bucket (250-273 ms) rather than just past a
 # bound; --stamp puts each chunk's send time in it (the exact gaps, see e2e_check.py).
-start sim-quantiles "$BIN" sim --listen "$H:$P_SIMQ" --models "$QUANTILE_MODEL" --ttft 205ms --itl 208ms \
+start sim-quantiles "$BIN" sim --listen "$H:$P_SIMQ" --models "$QUANTILE_MODEL,$ENGINE_MODEL" --ttft 205ms --itl 208ms \
   --jitter 0.3 --tokens 6 --stamp
 start odd-backend python3 "$OPS/e2e_odd_backend.py" --listen "$H:$P_ODD"
 
@@ -245,6 +248,7 @@ if python3 "$OPS/e2e_traffic.py" --main "http://$H:$P_MAIN" --models "$MODELS" -
      --stall "http://$H:$P_STALL" --timeout "http://$H:$P_TO" --dead "http://$H:$P_DEADT" --odd "http://$H:$P_ODDT" \
      --traceparent "$TRACEPARENT" --quantiles "http://$H:$P_QUANT" --quantile-model "$QUANTILE_MODEL" \
      --quantile-requests "$QUANTILE_REQUESTS" --quantile-log "$TMP/quantile-gaps.jsonl" \
+     --engines "http://$H:$P_QUANT" --engine-model "$ENGINE_MODEL" \
      --cancels "$CANCELS" --deadline 120 >"$TMP/traffic.json" 2>"$TMP/traffic.err"; then
   pass "traffic sent ($(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["main_sent"], "main requests in", d["elapsed_s"], "s")' "$TMP/traffic.json"))"
 else
@@ -276,7 +280,7 @@ for kind in $KINDS; do
     --instance "main=http://$H:$P_MAIN_A" --instance "stall=http://$H:$P_STALL_A" \
     --instance "timeout=http://$H:$P_TO_A" --instance "dead=http://$H:$P_DEAD_A" --instance "odd=http://$H:$P_ODD_A" \
     --instance "quantiles=http://$H:$P_QUANT_A" \
-    --roles main=main,stall=stall,timeout=timeout,dead=dead,odd=odd \
+    --roles main=main,stall=stall,timeout=timeout,dead=dead,odd=odd,engines=quantiles \
     --traffic "$TMP/traffic.json" --cancels "$CANCELS" --rate-interval 2m \
     --refusals-model "$REFUSALS_MODEL" --rate-limit-rpm "$RATE_LIMIT_RPM" \
     --expect-dropped "$H:$P_SIM" --expect-dropped "$H:$P_MAIN" --expect-dropped "$H:$P_DECOY" \

@@ -350,6 +350,24 @@ def check_semantics(expo, roles, inst, traffic, cancels):
         ok(bad.get("status") == 200 and bad.get("done"), "odd: a stream with a malformed event is forwarded to its end", bad)
     ok(traffic["models_status"] == 200, "GET /v1/models passes through", traffic["models_status"])
     ok(not traffic["main_errors"], "main: no client-side errors", traffic["main_errors"][:3])
+    engines = traffic.get("engines") or []
+    if engines and roles.get("engines") in expo:
+        s = expo[roles["engines"]]
+        model, n = traffic["engine_model"], len(engines) // 2
+        ok(all(r["status"] == 200 and not r["error"] for r in engines),
+           f"engines: {len(engines)} Ollama and TGI streams answered 200", engines[:2])
+        queue_n = total(s, "tokentap_engine_queue_seconds_count", model=model)
+        queue_sum = total(s, "tokentap_engine_queue_seconds_sum", model=model)
+        want = n * traffic["engine_queue_ms"] / 1e3
+        ok(queue_n == n and abs(queue_sum - want) < 1e-6,
+           f"engines: the engine's queue time of {model}'s {n} Ollama streams ({traffic['engine_queue_ms']} ms each)",
+           (queue_n, queue_sum))
+        outside_n = total(s, "tokentap_time_to_first_token_outside_engine_seconds_count", model=model)
+        ok(outside_n == n, f"engines: TTFT outside the engine observed for each of {model}'s streams", outside_n)
+        per_event_n = total(s, "tokentap_output_tokens_per_event_count")
+        per_event_sum = total(s, "tokentap_output_tokens_per_event_sum")
+        ok(per_event_n >= 6 * n and per_event_sum == per_event_n,
+           "engines: TGI's exact tokens are observed one per event", (per_event_n, per_event_sum))
     if "quantile_sent" in traffic:
         ok(traffic["quantile_completed"] == traffic["quantile_sent"] > 0,
            f"quantiles: all {traffic['quantile_sent']} streams completed", traffic["quantile_errors"])

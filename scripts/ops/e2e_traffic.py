@@ -5,6 +5,7 @@
                    [--timeout URL --timeout-model M] [--dead URL] [--odd URL]
                    [--traceparent TP] [--quantiles URL --quantile-model M
                    --quantile-requests N --quantile-log FILE]
+                   [--engines URL --engine-model M]
                    [--requests 48] [--concurrency 4] [--cancels 4] [--deadline 120]
 
 Sends, through tokentap:
@@ -31,6 +32,10 @@ Sends, through tokentap:
            simulator stamped on consecutive token-bearing chunks go to --quantile-log,
            one JSON line per request (`{"gaps": [seconds...]}`): the exact inter-token
            values tokentap measured on that stream, but for loopback delivery.
+  engines  with --engines (a tokentap in front of a simulator serving --engine-model):
+           ENGINE_STREAMS Ollama /api/chat streams whose engine reports 50 ms queued
+           (x-sim-queue-ms) -> the engine-timing families, and ENGINE_STREAMS TGI
+           /generate_stream streams (exact tokens per event) -> tokens per event;
 Every socket has a timeout and the whole run a deadline. Only loopback URLs are
 accepted. Prints a JSON summary on stdout (what the client observed).
 """
@@ -45,6 +50,8 @@ import time
 from urllib.parse import urlparse
 
 TENANTS = ["acme", "globex", "initech", None]
+ENGINE_STREAMS = 3
+ENGINE_QUEUE_MS = 50
 # --refusals-model: how many of each refusal (e2e_check.py reads the same numbers).
 REFUSED_429 = 3
 RATE_LIMIT_STREAMED = 2
@@ -121,6 +128,21 @@ def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=Fa
     return out
 
 
+def engine_stream(base, path, body, headers, timeout=30):
+    """One streamed request in another dialect, read to its end: its status, or the error."""
+    u = urlparse(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"content-type": "application/json", **headers})
+        resp = conn.getresponse()
+        data = resp.read()
+        return {"path": path, "status": resp.status, "bytes": len(data), "error": None}
+    except (OSError, http.client.HTTPException) as e:
+        return {"path": path, "status": None, "bytes": 0, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        conn.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--main", required=True)
@@ -137,17 +159,20 @@ def main():
     ap.add_argument("--quantile-model", default="e2e-quantiles")
     ap.add_argument("--quantile-requests", type=int, default=200)
     ap.add_argument("--quantile-log")
+    ap.add_argument("--engines", help="tokentap in front of a simulator serving --engine-model")
+    ap.add_argument("--engine-model", default="e2e-engines")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--cancels", type=int, default=4)
     ap.add_argument("--deadline", type=float, default=120)
     a = ap.parse_args()
-    for u in (a.main, a.stall, a.timeout, a.dead, a.odd, a.quantiles):
+    for u in (a.main, a.stall, a.timeout, a.dead, a.odd, a.quantiles, a.engines):
         if u:
             loopback(u)
     models = a.models.split(",")
     started = time.monotonic()
-    results = {"main": [], "stall": [], "timeout": [], "dead": [], "odd": [], "refusals": {}, "models_status": None}
+    results = {"main": [], "stall": [], "timeout": [], "dead": [], "odd": [], "refusals": {}, "models_status": None,
+               "engines": []}
 
     # Slow streams first, in the background: they take ~10 s each.
     slow = []
@@ -158,6 +183,14 @@ def main():
             slow.append(("stall", bg.submit(request, a.stall, a.stall_model, tenant, "chat", True, False, 40, headers)))
     if a.timeout:
         slow += [("timeout", bg.submit(request, a.timeout, a.timeout_model, "acme", "chat", True, False, 40)) for _ in range(2)]
+
+    if a.engines:
+        ollama = {"model": a.engine_model, "messages": [{"role": "user", "content": "hi"}]}
+        tgi = {"inputs": "hi", "parameters": {"max_new_tokens": 6}}
+        for _ in range(ENGINE_STREAMS):
+            slow.append(("engines", bg.submit(engine_stream, a.engines, "/api/chat", ollama,
+                                              {"x-sim-queue-ms": str(ENGINE_QUEUE_MS)})))
+            slow.append(("engines", bg.submit(engine_stream, a.engines, "/generate_stream", tgi, {})))
 
     # Passthrough path (not an LLM call).
     u = urlparse(a.main)
@@ -237,6 +270,9 @@ def main():
         "quantile_sent": len(quantiles),
         "quantile_completed": sum(1 for r, _ in quantiles if r["done"]),
         "quantile_errors": [r for r, _ in quantiles if r["error"] or r["status"] != 200][:3],
+        "engines": results["engines"],
+        "engine_model": a.engine_model if a.engines else None,
+        "engine_queue_ms": ENGINE_QUEUE_MS,
         "models": models,
         "tenants": sorted({r["tenant"] or "unknown" for r in main}),
     }
