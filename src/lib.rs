@@ -37,6 +37,7 @@ pub mod idle_pool;
 pub mod intermediary;
 pub mod metrics;
 pub mod observe;
+pub mod otlp;
 pub mod prefetch;
 pub mod proxy;
 pub mod relay;
