@@ -496,13 +496,13 @@ impl Metrics {
 
     /// Count a finished OTLP export of `signal` (`metrics`, ...): `success` or `failed`.
     pub fn otlp_export(&self, signal: &str, result: &str) {
-        self.otlp_exports.with_label_values(&[signal, result]).inc();
+        self.otlp_exports.with_label_values(&[result, signal]).inc();
     }
 
     /// Count an OTLP export of `signal` never sent, and why (`replaced`, `shutdown`).
     pub fn otlp_export_dropped(&self, signal: &str, reason: &str) {
         self.otlp_exports_dropped
-            .with_label_values(&[signal, reason])
+            .with_label_values(&[reason, signal])
             .inc();
     }
 
