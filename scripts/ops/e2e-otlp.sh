@@ -7,7 +7,7 @@
 # What it does:
 #   1. starts `tokentap sim`, the receiver (OTLP/gRPC and OTLP/HTTP), and two tokentaps in
 #      front of the simulator configured only by the OpenTelemetry environment variables:
-#      one pushing over gRPC, one over HTTP (gzip), every 500 ms;
+#      one pushing over gRPC, one over HTTP (both gzip), every 500 ms;
 #   2. sends streamed chat completions through both, with `traceparent`s, then stops;
 #   3. once an export taken after the last request has arrived, scrapes each tokentap's
 #      `/metrics` and compares it with what the receiver got: every histogram's count and
@@ -67,14 +67,15 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')
 H=127.0.0.1
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 40ms --itl 4ms --jitter 0.5 --tokens 20
+wait_http "http://$H:$P_SIM/health" 30 || { tail "$TMP"/*.log; die "simulator not ready"; }
 start receiver python3 "$ROOT/scripts/ops/otlp_receiver.py" "$P_GRPC" "$P_HTTP"
 RECEIVER_PID=${PIDS[-1]}
 wait_http "http://$H:$P_HTTP/latest" 30 || { tail "$TMP"/*.log; die "receiver not ready"; }
 export OTEL_METRIC_EXPORT_INTERVAL=500 OTEL_EXPORTER_OTLP_TIMEOUT=300 OTEL_METRIC_EXPORT_TIMEOUT=1000 \
   K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e
-OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_GRPC" OTEL_EXPORTER_OTLP_PROTOCOL=grpc \
+OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_GRPC" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
   start tokentap-grpc "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_G" --admin "$H:$P_ADMIN_G"
-OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_HTTP" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
   start tokentap-http "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" --admin "$H:$P_ADMIN_H"
 for port in "$P_ADMIN_G" "$P_ADMIN_H"; do
   wait_http "http://$H:$port/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }

@@ -102,6 +102,27 @@ def exponential_quantile(point, q):
     return None
 
 
+def buckets_agree(point, buckets):
+    """Whether the exponential buckets fit the classic ones: for each classic bound, the
+    observations OTLP places wholly at or below it are at most the classic count there,
+    and those it places in buckets starting below it at least that count. An index off by
+    one moves every observation a bucket up or down and breaks it at some bound."""
+    base = 2 ** (2 ** -point["scale"])
+    for le, cumulative in buckets:
+        if math.isinf(le):
+            continue
+        below = maybe = point["zero_count"]
+        for k, n in enumerate(point["bucket_counts"]):
+            index = point["offset"] + k
+            if base ** (index + 1) <= le * (1 + 1e-12):
+                below += n
+            if base ** index < le * (1 - 1e-12):
+                maybe += n
+        if not below <= cumulative <= maybe:
+            return False, le, below, cumulative, maybe
+    return True, None, None, None, None
+
+
 def wait_export(protocol, after):
     """Wait for an export numbered past `after`; return it."""
     deadline = time.time() + 15
@@ -147,6 +168,9 @@ for protocol, proxy, admin in targets:
             check(point["count"] == count, f"{where} count {point['count']} = /metrics {count}")
             check(math.isclose(point["sum"], total, rel_tol=1e-9, abs_tol=1e-12),
                   f"{where} sum {point['sum']} = /metrics {total}")
+            ok, le, below, cumulative, maybe = buckets_agree(point, buckets)
+            check(ok, f"{where} exponential buckets fit the classic ones"
+                      + ("" if ok else f": at le={le} {below} <= {cumulative} <= {maybe} fails"))
             for q in (0.5, 0.9, 0.99):
                 mine = exponential_quantile(point, q)
                 theirs, (lo, hi) = classic_quantile(buckets, count, q)
