@@ -35,6 +35,7 @@ python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_servic
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-otlp.XXXXXX")
 PIDS=()
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
