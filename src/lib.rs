@@ -25,6 +25,7 @@
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
 

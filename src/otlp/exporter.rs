@@ -1,7 +1,8 @@
 //! The export loop: its own task, its own timer, at most one export in flight and one
 //! waiting, so that a collector that is down or slow costs the proxy nothing.
 //!
-//! Every interval the loop reads [`Metrics::snapshot`], maps it (`mapping`) and encodes it.
+//! Every interval the loop reads [`Metrics::snapshot`], maps it (`mapping`) and encodes it,
+//! on the blocking pool (a large snapshot takes as long as a scrape).
 //! A snapshot is cumulative, so the newest one carries everything an older unsent one
 //! did: while an export is in flight (or retrying) the next one waits, and a newer one
 //! replaces it (counted in `tokentap_otlp_exports_dropped_total{reason="replaced"}`).
@@ -80,8 +81,18 @@ async fn run(
         resource: settings.resource.clone(),
         start,
     };
-    let encode = || Export {
-        body: export_request(&metrics.snapshot(), &origin, SystemTime::now()).encode_to_vec(),
+    let origin = Arc::new(origin);
+    // Off the async threads: with thousands of label pairs a snapshot takes as long as a
+    // scrape, and the accept loop shares the control runtime.
+    let encode = || {
+        let (metrics, origin) = (metrics.clone(), origin.clone());
+        async move {
+            let encoded = tokio::task::spawn_blocking(move || {
+                export_request(&metrics.snapshot(), &origin, SystemTime::now()).encode_to_vec()
+            })
+            .await;
+            encoded.ok().map(|body| Export { body })
+        }
     };
     let mut ticker =
         tokio::time::interval_at(Instant::now() + settings.interval, settings.interval);
@@ -108,7 +119,8 @@ async fn run(
                 count(&metrics, delivered);
             }
             _ = ticker.tick() => {
-                if waiting.replace(encode()).is_some() {
+                let Some(export) = encode().await else { continue };
+                if waiting.replace(export).is_some() {
                     metrics.otlp_export_dropped(SIGNAL, "replaced");
                 }
             }
@@ -120,8 +132,9 @@ async fn run(
     if waiting.is_some() {
         metrics.otlp_export_dropped(SIGNAL, "shutdown");
     }
-    let last = encode();
-    count(&metrics, transport.send(&last.body).await);
+    if let Some(last) = encode().await {
+        count(&metrics, transport.send(&last.body).await);
+    }
 }
 
 fn count(metrics: &Metrics, result: Result<(), SendError>) {
