@@ -1,6 +1,7 @@
 //! The OTLP push against an in-process collector that speaks OTLP/HTTP: a refusal the
 //! specification calls retryable is retried and the counts arrive; shutdown sends the last
-//! counts; a collector that never answers holds no request up, and what is lost is counted.
+//! counts; a collector that never answers holds no request up, and what is lost is counted;
+//! over gRPC (h2c), a trailers-only `UNAVAILABLE` is retried and the export arrives.
 //! (scripts/ops/e2e-otlp.sh checks both protocols against the OpenTelemetry project's own
 //! Python receiver.)
 
@@ -190,4 +191,94 @@ async fn a_collector_that_never_answers_costs_no_request_and_the_loss_is_counted
         0.0
     );
     drop(silent);
+}
+
+/// An OTLP/gRPC collector (h2c) whose first call ends trailers-only with `UNAVAILABLE`
+/// and whose later calls succeed; it keeps each call's `grpc-status` and export.
+async fn grpc_collector() -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let shared = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = shared.clone();
+            let service = service_fn(move |request: Request<Incoming>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(
+                        request.uri().path(),
+                        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+                    );
+                    assert_eq!(request.headers()["content-type"], "application/grpc");
+                    assert_eq!(request.headers()["te"], "trailers");
+                    let body = request
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("body")
+                        .to_bytes();
+                    assert_eq!(body[0], 0, "not compressed");
+                    let length = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+                    assert_eq!(body.len(), 5 + length, "one length-prefixed message");
+                    let export = ExportMetricsServiceRequest::decode(&body[5..]).expect("protobuf");
+                    let mut seen = seen.lock().unwrap();
+                    let first = seen.statuses.is_empty();
+                    let response = Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc");
+                    let frames: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> =
+                        if first {
+                            seen.statuses.push(14);
+                            return response
+                                .header("grpc-status", "14")
+                                .body(http_body_util::Either::Left(Full::new(Bytes::new())));
+                        } else {
+                            seen.statuses.push(0);
+                            seen.accepted.push(export);
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", "0".parse().unwrap());
+                            vec![
+                                Ok(http_body::Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+                                Ok(http_body::Frame::trailers(trailers)),
+                            ]
+                        };
+                    response.body(http_body_util::Either::Right(
+                        http_body_util::StreamBody::new(futures_util::stream::iter(frames)),
+                    ))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn over_grpc_unavailable_is_retried_and_the_export_arrives() {
+    let (collector, seen) = grpc_collector().await;
+    let sim = SimHandle::start(sim()).await;
+    let yaml = format!(
+        "otlp:\n  endpoint: http://{collector}\n  protocol: grpc\n  interval: 200ms\n  export_timeout: 5s\n"
+    );
+    let proxy = Proxy::start(&sim.url(), &yaml).await;
+    one_request(&proxy).await;
+    let metrics = common::wait_for_metrics(proxy.admin, "a successful gRPC export", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metrics.sum("tokentap_otlp_exports_total", &[("result", "failed")]),
+        0.0,
+        "UNAVAILABLE is retried, not a failure"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(&seen.statuses[..2], [14, 0]);
+    assert_eq!(requests(&seen.accepted[0]), 1.0);
 }
