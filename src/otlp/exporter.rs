@@ -77,11 +77,10 @@ async fn run(
     mut stopped: oneshot::Receiver<()>,
 ) {
     let transport = Arc::new(Transport::new(&settings, settings.url.clone()));
-    let origin = Origin {
+    let origin = Arc::new(Origin {
         resource: settings.resource.clone(),
         start,
-    };
-    let origin = Arc::new(origin);
+    });
     // Off the async threads: with thousands of label pairs a snapshot takes as long as a
     // scrape, and the accept loop shares the control runtime.
     let encode = || {
