@@ -17,9 +17,11 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
-step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc])"
+step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc]) and the OTLP receiver (opentelemetry-proto)"
 python3 -c 'import grpc, grpc_tools, tritonclient.grpc' 2>/dev/null \
     || python3 -m pip install -q grpcio grpcio-tools 'tritonclient[grpc]'
+python3 -c 'import opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc' 2>/dev/null \
+    || python3 -m pip install -q opentelemetry-proto
 
 step "cargo test (unit, fixtures, property tests, integration)"
 cargo test --all-targets 2>&1 | tee /tmp/tokentap-cargo-test.log
@@ -54,6 +56,9 @@ bash scripts/ops/e2e-prometheus.sh
 
 step "end to end: exemplars through a real Prometheus of each kind, the OpenMetrics text through a third-party parser"
 bash scripts/ops/e2e-exemplars.sh
+
+step "end to end: OTLP push over gRPC and HTTP to an opentelemetry-proto receiver, equal to /metrics; the receiver stopped mid-run"
+bash scripts/ops/e2e-otlp.sh
 
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh

@@ -25,6 +25,7 @@
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
 
@@ -37,6 +38,7 @@ pub mod idle_pool;
 pub mod intermediary;
 pub mod metrics;
 pub mod observe;
+pub mod otlp;
 pub mod prefetch;
 pub mod proxy;
 pub mod relay;

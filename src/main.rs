@@ -213,6 +213,7 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         admin: args.admin,
         log_format: args.log_format,
         log_level: args.log_level,
+        environment: otel_environment(),
     };
     let loaded = match &args.config {
         Some(path) => Config::from_file(path, &overrides),
@@ -245,6 +246,13 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         }
         report(server.run(shutdown_signal()).await.context("proxy failed"))
     })
+}
+
+/// The variables the `otlp` settings read: the OpenTelemetry SDK's and the pod's identity.
+fn otel_environment() -> std::collections::BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(name, _)| name.starts_with("OTEL_") || name.starts_with("K8S_"))
+        .collect()
 }
 
 /// On SIGHUP, re-read and validate the config file and swap it in atomically. An invalid

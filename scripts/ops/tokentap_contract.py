@@ -48,6 +48,8 @@ METRICS = {
     "tokentap_upstream_rate_limit_remaining": ("gauge", ("model", "resource")),
     "tokentap_upstream_retry_after_seconds": ("gauge", ("model",)),
     "tokentap_build_info": ("gauge", ("version",)),
+    "tokentap_otlp_exports_total": ("counter", ("result", "signal")),
+    "tokentap_otlp_exports_dropped_total": ("counter", ("reason", "signal")),
 }
 
 # Exported and checked like the rest, but no dashboard panel or rule reads them (yet):
@@ -61,6 +63,8 @@ NOT_CHARTED = {
     "tokentap_passthrough_requests_total",
     "tokentap_overload_rejections_total",
     "tokentap_client_connection_limit_reached_total",
+    "tokentap_otlp_exports_total",
+    "tokentap_otlp_exports_dropped_total",
 }
 
 # Counters whose series only exist after the event they count happened (a labelled
@@ -82,6 +86,8 @@ EVENT_DRIVEN = {
     "tokentap_upstream_rate_limit_limit",
     "tokentap_upstream_rate_limit_remaining",
     "tokentap_upstream_retry_after_seconds",
+    "tokentap_otlp_exports_total",
+    "tokentap_otlp_exports_dropped_total",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

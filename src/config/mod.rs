@@ -10,6 +10,7 @@
 mod defaults;
 mod issue;
 mod locate;
+mod otlp;
 mod parse;
 mod raw;
 pub mod units;
@@ -28,6 +29,7 @@ use crate::wire::Dialect;
 
 pub use crate::metrics::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use issue::ConfigIssue;
+pub use otlp::{Otlp, OtlpCompression, OtlpProtocol};
 pub use raw::RawConfig;
 
 /// The validated configuration tokentap runs with.
@@ -47,6 +49,8 @@ pub struct Config {
     /// Routes with a configured dialect, in file order (the first match wins).
     pub routes: Vec<Route>,
     pub log: Log,
+    /// The OTLP metrics push, when on (`otlp` and the `OTEL_*` environment variables).
+    pub otlp: Option<Otlp>,
 }
 
 /// Where traffic goes.
@@ -288,6 +292,9 @@ pub struct Overrides {
     pub admin: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
+    /// The OpenTelemetry SDK's environment variables (`OTEL_*`) and the pod's identity
+    /// (`K8S_*`), as `main` read them: what the `otlp` keys leave out.
+    pub environment: std::collections::BTreeMap<String, String>,
 }
 
 impl Config {

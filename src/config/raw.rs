@@ -50,6 +50,10 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: RawLog,
+    /// OTLP metrics push (see [`RawOtlp`]); the `OTEL_*` environment variables fill in
+    /// what it leaves out.
+    #[serde(default)]
+    pub otlp: RawOtlp,
 }
 
 /// One route: `{path_prefix: /my/llm, dialect: anthropic}`.
@@ -387,6 +391,49 @@ pub struct RawLog {
 }
 
 /// `upstream` as a URL string (the `--upstream` shorthand) or as its mapping of settings.
+/// OTLP metrics push: every `interval`, the series `/metrics` shows, sent to an
+/// OpenTelemetry collector. Each key wins over the OpenTelemetry environment variable
+/// named beside it; a key left out falls back to that variable, then to the default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `enabled`, `endpoint`, `protocol`, `headers`, `compression`, `timeout`, `interval`, `export_timeout` and `resource_attributes`"
+)]
+pub struct RawOtlp {
+    /// `false` turns the push off whatever the environment says; `true` turns it on, to the
+    /// default endpoint if none is given. Left out: on when an endpoint is given (here,
+    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`), unless
+    /// `OTEL_SDK_DISABLED` is `true`.
+    pub enabled: Option<bool>,
+    /// The collector's metrics URL, used as written (`http://collector:4318/v1/metrics`
+    /// for `http/protobuf`, `http://collector:4317` for `grpc`; `https://` for TLS). Over
+    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, then `OTEL_EXPORTER_OTLP_ENDPOINT` (to which
+    /// `http/protobuf` appends `/v1/metrics`). Default `http://localhost:4318/v1/metrics`
+    /// (`http://localhost:4317` for `grpc`).
+    pub endpoint: Option<String>,
+    /// `http/protobuf` or `grpc`. Over `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, then
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`. Default `http/protobuf`.
+    pub protocol: Option<String>,
+    /// Request headers sent with every export (e.g. an API key); never logged. Over
+    /// `OTEL_EXPORTER_OTLP_METRICS_HEADERS`, then `OTEL_EXPORTER_OTLP_HEADERS`.
+    pub headers: Option<BTreeMap<String, String>>,
+    /// `gzip` or `none`. Over `OTEL_EXPORTER_OTLP_METRICS_COMPRESSION`, then
+    /// `OTEL_EXPORTER_OTLP_COMPRESSION`. Default `none`.
+    pub compression: Option<String>,
+    /// How long one export request may take. Over `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`,
+    /// then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds). Default 10s.
+    pub timeout: Option<HumanDuration>,
+    /// Time between exports. Over `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds). Default
+    /// 60s.
+    pub interval: Option<HumanDuration>,
+    /// How long one export may take with its retries. Over `OTEL_METRIC_EXPORT_TIMEOUT`
+    /// (milliseconds). Default 30s.
+    pub export_timeout: Option<HumanDuration>,
+    /// Resource attributes, over those of `OTEL_RESOURCE_ATTRIBUTES` and
+    /// `OTEL_SERVICE_NAME` (`service.name` defaults to `tokentap`).
+    pub resource_attributes: Option<BTreeMap<String, String>>,
+}
+
 fn url_or_upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RawUpstream, D::Error> {
     struct UrlOrUpstream;
     impl<'de> Visitor<'de> for UrlOrUpstream {

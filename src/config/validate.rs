@@ -18,14 +18,14 @@ use crate::wire::tokenize::TokenizerSource;
 use crate::wire::Dialect;
 
 /// Collects validation issues, locating each key path in the source text.
-struct Issues<'t> {
+pub(super) struct Issues<'t> {
     text: &'t str,
     origin: &'t str,
-    found: Vec<ConfigIssue>,
+    pub(super) found: Vec<ConfigIssue>,
 }
 
 impl Issues<'_> {
-    fn push(&mut self, path: &str, message: impl Into<String>) {
+    pub(super) fn push(&mut self, path: &str, message: impl Into<String>) {
         self.found.push(ConfigIssue {
             path: path.to_string(),
             location: locate(self.text, path),
@@ -105,6 +105,7 @@ impl RawConfig {
         let observe = self.observe.validate(&mut issues);
         let routes = routes(&mut issues, self.routes);
         let log = self.log.validate(&mut issues, overrides);
+        let otlp = self.otlp.validate(&mut issues, &overrides.environment);
 
         match (listen, admin, upstream) {
             (Some(listen), Some(admin), Some(upstream)) if issues.found.is_empty() => Ok(Config {
@@ -121,6 +122,7 @@ impl RawConfig {
                 observe,
                 routes,
                 log,
+                otlp,
             }),
             _ => Err(issues.found),
         }

@@ -393,8 +393,22 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Gauge,
 };
 
+pub(super) static OTLP_EXPORTS: RegistryFamily = RegistryFamily {
+    name: "tokentap_otlp_exports_total",
+    help: "OTLP exports finished, by signal and result (success, or failed: refused by the collector or out of time and retries).",
+    labels: &["result", "signal"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static OTLP_EXPORTS_DROPPED: RegistryFamily = RegistryFamily {
+    name: "tokentap_otlp_exports_dropped_total",
+    help: "OTLP exports never sent, by signal and reason (replaced: a newer one came while the collector was busy or down; shutdown: unsent at exit).",
+    labels: &["reason", "signal"],
+    kind: RegistryKind::Counter,
+};
+
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 14] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 16] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -409,6 +423,8 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 14] = [
     &UPSTREAM_RATE_LIMIT_REMAINING,
     &UPSTREAM_RETRY_AFTER,
     &BUILD_INFO,
+    &OTLP_EXPORTS,
+    &OTLP_EXPORTS_DROPPED,
 ];
 
 /// Every family that can carry `tenant` (the per-pair ones), in table order: what

@@ -53,9 +53,10 @@ use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, Text
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
-    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OVERLOAD_REJECTIONS,
-    PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT,
-    UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
+    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OTLP_EXPORTS,
+    OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
+    UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER,
+    UPSTREAM_UP,
 };
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
@@ -163,6 +164,8 @@ pub struct Metrics {
     /// The most client connections open at once (`limits.max_connections` in force).
     pub client_connections_limit: IntGauge,
     client_connection_limit_reached: IntCounter,
+    otlp_exports: IntCounterVec,
+    otlp_exports_dropped: IntCounterVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -306,6 +309,8 @@ impl Metrics {
             client_connections: gauge(&CLIENT_CONNECTIONS),
             client_connections_limit: gauge(&CLIENT_CONNECTIONS_LIMIT),
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
+            otlp_exports: counter_vec(&OTLP_EXPORTS),
+            otlp_exports_dropped: counter_vec(&OTLP_EXPORTS_DROPPED),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -331,6 +336,8 @@ impl Metrics {
             Box::new(metrics.client_connections.clone()),
             Box::new(metrics.client_connections_limit.clone()),
             Box::new(metrics.client_connection_limit_reached.clone()),
+            Box::new(metrics.otlp_exports.clone()),
+            Box::new(metrics.otlp_exports_dropped.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -486,6 +493,18 @@ impl Metrics {
     /// Count a time the proxy port stopped accepting at `limits.max_connections`.
     pub fn client_connection_limit_reached(&self) {
         self.client_connection_limit_reached.inc();
+    }
+
+    /// Count a finished OTLP export of `signal` (`metrics`, ...): `success` or `failed`.
+    pub fn otlp_export(&self, signal: &str, result: &str) {
+        self.otlp_exports.with_label_values(&[result, signal]).inc();
+    }
+
+    /// Count an OTLP export of `signal` never sent, and why (`replaced`, `shutdown`).
+    pub fn otlp_export_dropped(&self, signal: &str, reason: &str) {
+        self.otlp_exports_dropped
+            .with_label_values(&[reason, signal])
+            .inc();
     }
 
     /// Count a request on a non-LLM route.
@@ -1068,6 +1087,8 @@ mod tests {
         metrics.decode_errors("openai_chat", 1);
         metrics.upstream_quota(&pair, "requests", Some(10), Some(9));
         metrics.upstream_retry_after(&pair, Duration::from_millis(1500));
+        metrics.otlp_export("metrics", "success");
+        metrics.otlp_export_dropped("metrics", "replaced");
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -36,6 +36,7 @@ use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
 use crate::exchange::shutting_down;
 use crate::metrics::Metrics;
+use crate::otlp::exporter::Exporter;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
@@ -190,6 +191,10 @@ impl Server {
             metrics.clone(),
             readiness.clone(),
         ));
+        let otlp = config
+            .otlp
+            .clone()
+            .map(|settings| Exporter::spawn(settings, metrics.clone(), SystemTime::now()));
         let probe_task = tokio::spawn(probe_upstream(
             proxy.clone(),
             readiness.clone(),
@@ -222,6 +227,9 @@ impl Server {
         drain(graceful, &proxy, &metrics).await;
         // Streams still open are cut here; each is counted before `run` returns.
         workers.stop().await;
+        if let Some(exporter) = otlp {
+            exporter.finish().await;
+        }
         probe_task.abort();
         admin_task.abort();
         Ok(())

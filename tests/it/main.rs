@@ -26,6 +26,7 @@ mod itl;
 mod layering;
 mod lifecycle;
 mod native;
+mod otlp;
 mod proxy;
 mod recording;
 mod reliability;

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# OTLP metrics push end to end, against a receiver built on the OpenTelemetry project's own
+# Python packages (scripts/ops/otlp_receiver.py: opentelemetry-proto + grpcio from PyPI).
+#
+#   TOKENTAP_BIN=target/debug/tokentap scripts/ops/e2e-otlp.sh
+#
+# What it does:
+#   1. starts `tokentap sim`, the receiver (OTLP/gRPC and OTLP/HTTP), and two tokentaps in
+#      front of the simulator configured only by the OpenTelemetry environment variables:
+#      one pushing over gRPC, one over HTTP (both gzip), every 500 ms;
+#   2. sends streamed chat completions through both, with `traceparent`s, then stops;
+#   3. once an export taken after the last request has arrived, scrapes each tokentap's
+#      `/metrics` and compares it with what the receiver got: every histogram's count and
+#      sum, and its p50/p90/p99 from the exponential buckets against the classic buckets'
+#      (within the width of the classic bucket the value falls in); counters equal; the
+#      resource (service.name, service.version, the pod's name from K8S_POD_NAME), scope,
+#      cumulative temporality and the exemplars' trace ids among those sent;
+#   4. stops the receiver while traffic runs through the gRPC tokentap: every response is
+#      complete, byte for byte what the simulator sends directly, tokentap counts every
+#      request completed, and `tokentap_otlp_exports_total{result="failed"}` (or the
+#      dropped counter) says exports were lost.
+# Every process is started here and ended by PID on exit. Last line:
+# `e2e-otlp: N passed, M failed`; exit 1 on a failure, 2 if it could not run.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
+MODEL=llama-3.1-8b
+
+die() { echo "e2e-otlp: $*" >&2; exit 2; }
+[ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
+python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc' 2>/dev/null \
+  || python3 -m pip install -q grpcio opentelemetry-proto \
+  || die "cannot install grpcio and opentelemetry-proto"
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-otlp.XXXXXX")
+PIDS=()
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+start() {  # start NAME CMD...   (stdout and stderr to $TMP/NAME.log)
+  local name=$1; shift
+  "$@" >"$TMP/$name.log" 2>&1 &
+  PIDS+=("$!")
+}
+wait_http() {  # wait_http URL TIMEOUT_S
+  for _ in $(seq $(($2 * 10))); do
+    [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1")" = 200 ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+read -r P_SIM P_GRPC P_HTTP P_PROXY_G P_ADMIN_G P_PROXY_H P_ADMIN_H < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(7)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
+H=127.0.0.1
+
+start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 40ms --itl 4ms --jitter 0.5 --tokens 20
+wait_http "http://$H:$P_SIM/health" 30 || { tail "$TMP"/*.log; die "simulator not ready"; }
+start receiver python3 "$ROOT/scripts/ops/otlp_receiver.py" "$P_GRPC" "$P_HTTP"
+RECEIVER_PID=${PIDS[-1]}
+wait_http "http://$H:$P_HTTP/latest" 30 || { tail "$TMP"/*.log; die "receiver not ready"; }
+export OTEL_METRIC_EXPORT_INTERVAL=500 OTEL_EXPORTER_OTLP_TIMEOUT=300 OTEL_METRIC_EXPORT_TIMEOUT=1000 \
+  K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e
+OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_GRPC" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
+  start tokentap-grpc "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_G" --admin "$H:$P_ADMIN_G"
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
+  start tokentap-http "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" --admin "$H:$P_ADMIN_H"
+for port in "$P_ADMIN_G" "$P_ADMIN_H"; do
+  wait_http "http://$H:$port/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }
+done
+
+python3 "$ROOT/scripts/ops/e2e_otlp.py" "$H" "$P_SIM" "$P_HTTP" "$RECEIVER_PID" \
+  "grpc:$P_PROXY_G:$P_ADMIN_G" "http:$P_PROXY_H:$P_ADMIN_H" "$MODEL"
+status=$?
+[ $status -eq 0 ] || tail -n 20 "$TMP"/tokentap-*.log
+exit $status

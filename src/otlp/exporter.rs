@@ -1,0 +1,180 @@
+//! The export loop: its own task, its own timer, at most one export in flight and one
+//! waiting, so that a collector that is down or slow costs the proxy nothing.
+//!
+//! Every interval the loop reads [`Metrics::snapshot`], maps it (`mapping`) and encodes it,
+//! on the blocking pool (a large snapshot takes as long as a scrape).
+//! A snapshot is cumulative, so the newest one carries everything an older unsent one
+//! did: while an export is in flight (or retrying) the next one waits, and a newer one
+//! replaces it (counted in `tokentap_otlp_exports_dropped_total{reason="replaced"}`).
+//! An export that fails in a retryable way is sent again after an exponential backoff
+//! (1s doubling to 30s, jittered, or what the collector asked for with `Retry-After`)
+//! until it goes through or `export_timeout` has passed since its first attempt; each
+//! attempt has the transport's `timeout`. Every export ends in
+//! `tokentap_otlp_exports_total{result="success"|"failed"}`.
+//!
+//! At shutdown whatever waits or is in flight is given up (`reason="shutdown"`), and one
+//! last snapshot, taken after the drain so every request is in it, is sent once within
+//! `timeout`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prost::Message;
+use rand::Rng;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::mapping::{export_request, Origin};
+use super::transport::{SendError, Transport};
+use crate::config::Otlp;
+use crate::metrics::Metrics;
+
+/// The `signal` label of this exporter's counters.
+pub const SIGNAL: &str = "metrics";
+
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The running exporter; [`Exporter::finish`] makes the last export and stops it.
+pub struct Exporter {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Exporter {
+    /// Start exporting `metrics` as `settings` say, counting from `start` (the start time
+    /// of every cumulative point).
+    pub fn spawn(settings: Otlp, metrics: Arc<Metrics>, start: SystemTime) -> Exporter {
+        let (stop, stopped) = oneshot::channel();
+        tracing::info!(
+            url = %settings.url,
+            protocol = ?settings.protocol,
+            interval = ?settings.interval,
+            "OTLP metrics push on"
+        );
+        let task = tokio::spawn(run(settings, metrics, start, stopped));
+        Exporter { stop, task }
+    }
+
+    /// Give up what is pending, send one last snapshot (within the export timeout) and
+    /// stop.
+    pub async fn finish(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// One encoded export request.
+struct Export {
+    body: Vec<u8>,
+}
+
+async fn run(
+    settings: Otlp,
+    metrics: Arc<Metrics>,
+    start: SystemTime,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let transport = Arc::new(Transport::new(&settings, settings.url.clone()));
+    let origin = Arc::new(Origin {
+        resource: settings.resource.clone(),
+        start,
+    });
+    // Off the async threads: with thousands of label pairs a snapshot takes as long as a
+    // scrape, and the accept loop shares the control runtime.
+    let encode = || {
+        let (metrics, origin) = (metrics.clone(), origin.clone());
+        async move {
+            let encoded = tokio::task::spawn_blocking(move || {
+                export_request(&metrics.snapshot(), &origin, SystemTime::now()).encode_to_vec()
+            })
+            .await;
+            encoded.ok().map(|body| Export { body })
+        }
+    };
+    let mut ticker =
+        tokio::time::interval_at(Instant::now() + settings.interval, settings.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut waiting: Option<Export> = None;
+    let mut in_flight = None;
+    loop {
+        if in_flight.is_none() {
+            if let Some(export) = waiting.take() {
+                in_flight = Some(Box::pin(deliver(
+                    transport.clone(),
+                    export,
+                    settings.export_timeout,
+                )));
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            delivered = async { in_flight.as_mut().expect("polled only when some").await },
+                if in_flight.is_some() =>
+            {
+                in_flight = None;
+                count(&metrics, delivered);
+            }
+            _ = ticker.tick() => {
+                let Some(export) = encode().await else { continue };
+                if waiting.replace(export).is_some() {
+                    metrics.otlp_export_dropped(SIGNAL, "replaced");
+                }
+            }
+        }
+    }
+    if in_flight.is_some() {
+        metrics.otlp_export_dropped(SIGNAL, "shutdown");
+    }
+    if waiting.is_some() {
+        metrics.otlp_export_dropped(SIGNAL, "shutdown");
+    }
+    if let Some(last) = encode().await {
+        count(&metrics, transport.send(&last.body).await);
+    }
+}
+
+fn count(metrics: &Metrics, result: Result<(), SendError>) {
+    match result {
+        Ok(()) => metrics.otlp_export(SIGNAL, "success"),
+        Err(error) => {
+            tracing::warn!(%error, "OTLP metrics export failed; the next one carries its counts");
+            metrics.otlp_export(SIGNAL, "failed");
+        }
+    }
+}
+
+/// Send `export`, retrying what is retryable until `export_timeout` has passed.
+async fn deliver(
+    transport: Arc<Transport>,
+    export: Export,
+    export_timeout: Duration,
+) -> Result<(), SendError> {
+    let deadline = Instant::now() + export_timeout;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match transport.send(&export.body).await {
+            Err(SendError::Retryable { reason, after }) => {
+                let wait = after.unwrap_or_else(|| jittered(backoff));
+                if Instant::now() + wait >= deadline {
+                    return Err(SendError::Retryable {
+                        reason: format!("{reason}; no time left to retry"),
+                        after,
+                    });
+                }
+                tracing::debug!(%reason, ?wait, "OTLP export will be retried");
+                tokio::time::sleep(wait).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// `backoff` scaled by a random factor from 0.5 to 1.5, so that many sidecars that lost
+/// the same collector do not all come back at once.
+fn jittered(backoff: Duration) -> Duration {
+    backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
+}

@@ -1,0 +1,286 @@
+//! One export request to a collector, over OTLP/HTTP (protobuf body) or OTLP/gRPC, and
+//! what its answer means: done, worth retrying (and after how long), or refused for good.
+//!
+//! Both protocols go through hyper-util's client with hyper-rustls (the stack the upstream
+//! client already uses; HTTP/1.1 or h2 by ALPN for OTLP/HTTP, h2 only, h2c or TLS, for
+//! gRPC). gRPC is one unary call, so tonic would add a second HTTP/2 stack, tower layers
+//! and a codegen'd client for what is a `POST` of one length-prefixed message (framed by
+//! [`crate::wire::grpc::framing`], the project's own gRPC framing) and a `grpc-status`
+//! to read from the trailers. The transport knows nothing of metrics: it sends any prost
+//! message to its URL, so a span exporter can reuse it with its own URL.
+//!
+//! Retryable, per the OTLP specification: connection failures and timeouts, HTTP 429,
+//! 502, 503 and 504 (with `Retry-After` in seconds when given), gRPC `CANCELLED`,
+//! `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`,
+//! `DATA_LOSS`. Anything else is permanent (a resend would be refused the same way).
+//! gRPC's `RetryInfo` is not read: it sits in an encoded `google.rpc.Status`, and the
+//! exporter's own backoff serves.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::{Otlp, OtlpCompression, OtlpProtocol};
+use crate::wire::grpc::framing;
+
+/// The most of a collector's answer read (its partial-success message, an error text).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// Why an export did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Worth sending again, after `after` when the collector said how long.
+    #[error("{reason} (retryable)")]
+    Retryable {
+        reason: String,
+        after: Option<Duration>,
+    },
+    /// The collector refused it; sending it again would be refused the same way.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+/// A collector endpoint and how to talk to it.
+pub struct Transport {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    protocol: OtlpProtocol,
+    url: Uri,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    compression: OtlpCompression,
+    timeout: Duration,
+}
+
+impl Transport {
+    /// A transport to `url` with `settings`' protocol, headers, compression and timeout.
+    pub fn new(settings: &Otlp, url: Uri) -> Transport {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(settings.timeout));
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(root_store())
+        .with_no_client_auth();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let grpc = settings.protocol == OtlpProtocol::Grpc;
+        let connector = if grpc {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.enable_all_versions().wrap_connector(http)
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(1)
+            .http2_only(grpc)
+            .build(connector);
+        Transport {
+            client,
+            protocol: settings.protocol,
+            url,
+            headers: settings.headers.clone(),
+            compression: settings.compression,
+            timeout: settings.timeout,
+        }
+    }
+
+    /// Send one encoded export request (a protobuf message), within the timeout.
+    pub async fn send(&self, message: &[u8]) -> Result<(), SendError> {
+        match tokio::time::timeout(self.timeout, self.exchange(message)).await {
+            Ok(result) => result,
+            Err(_) => Err(SendError::Retryable {
+                reason: format!("no answer within {:?}", self.timeout),
+                after: None,
+            }),
+        }
+    }
+
+    async fn exchange(&self, message: &[u8]) -> Result<(), SendError> {
+        let gzip = self.compression == OtlpCompression::Gzip;
+        let payload = if gzip {
+            gzip_bytes(message)
+        } else {
+            message.to_vec()
+        };
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.url.clone());
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        let body = match self.protocol {
+            OtlpProtocol::HttpProtobuf => {
+                request = request.header(CONTENT_TYPE, "application/x-protobuf");
+                if gzip {
+                    request = request.header(CONTENT_ENCODING, "gzip");
+                }
+                payload
+            }
+            OtlpProtocol::Grpc => {
+                request = request
+                    .header(CONTENT_TYPE, "application/grpc")
+                    .header("te", "trailers");
+                if gzip {
+                    request = request.header("grpc-encoding", "gzip");
+                }
+                framing::frame_with(gzip, &payload)
+            }
+        };
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| SendError::Permanent(format!("cannot build the request: {e}")))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| SendError::Retryable {
+                reason: format!("cannot reach the collector: {}", error_chain(&e)),
+                after: None,
+            })?;
+        let (head, body) = response.into_parts();
+        let collected = Limited::new(body, MAX_RESPONSE_BYTES).collect().await;
+        match self.protocol {
+            OtlpProtocol::HttpProtobuf => http_outcome(head.status, &head.headers),
+            OtlpProtocol::Grpc => {
+                let trailers = collected.ok().and_then(|c| c.trailers().cloned());
+                // A trailers-only answer carries the status in its head.
+                let status = trailers
+                    .as_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or_else(|| head.headers.get("grpc-status"));
+                if head.status != StatusCode::OK {
+                    return http_outcome(head.status, &head.headers);
+                }
+                grpc_outcome(status.and_then(|v| v.to_str().ok()))
+            }
+        }
+    }
+}
+
+/// What an OTLP/HTTP answer means.
+pub(crate) fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Result<(), SendError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let reason = format!("the collector answered {status}");
+    match status.as_u16() {
+        429 | 502 | 503 | 504 => Err(SendError::Retryable {
+            reason,
+            after: headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs),
+        }),
+        _ => Err(SendError::Permanent(reason)),
+    }
+}
+
+/// What a `grpc-status` means (none at all: the call ended without one, a broken answer).
+pub(crate) fn grpc_outcome(status: Option<&str>) -> Result<(), SendError> {
+    let Some(code) = status.and_then(|s| s.trim().parse::<u32>().ok()) else {
+        return Err(SendError::Retryable {
+            reason: "the collector's answer has no grpc-status".to_string(),
+            after: None,
+        });
+    };
+    match code {
+        0 => Ok(()),
+        1 | 4 | 8 | 10 | 11 | 14 | 15 => Err(SendError::Retryable {
+            reason: format!("the collector answered grpc-status {code}"),
+            after: None,
+        }),
+        _ => Err(SendError::Permanent(format!(
+            "the collector answered grpc-status {code}"
+        ))),
+    }
+}
+
+fn gzip_bytes(message: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(message);
+    encoder.finish().unwrap_or_default()
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn root_store() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let native = rustls_native_certs::load_native_certs();
+    let _ = roots.add_parsable_certificates(native.certs);
+    roots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_answers_are_classified_as_the_specification_says() {
+        let mut headers = http::HeaderMap::new();
+        assert!(http_outcome(StatusCode::OK, &headers).is_ok());
+        assert!(matches!(
+            http_outcome(StatusCode::BAD_REQUEST, &headers),
+            Err(SendError::Permanent(_))
+        ));
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("7"));
+        for status in [429, 502, 503, 504] {
+            match http_outcome(StatusCode::from_u16(status).unwrap(), &headers) {
+                Err(SendError::Retryable { after, .. }) => {
+                    assert_eq!(after, Some(Duration::from_secs(7)), "{status}")
+                }
+                other => panic!("{status}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            http_outcome(StatusCode::INTERNAL_SERVER_ERROR, &headers),
+            Err(SendError::Permanent(_))
+        ));
+    }
+
+    #[test]
+    fn grpc_statuses_are_classified_as_the_specification_says() {
+        assert!(grpc_outcome(Some("0")).is_ok());
+        for code in ["1", "4", "8", "10", "11", "14", "15"] {
+            assert!(
+                matches!(grpc_outcome(Some(code)), Err(SendError::Retryable { .. })),
+                "{code}"
+            );
+        }
+        for code in ["2", "3", "7", "12", "13", "16"] {
+            assert!(
+                matches!(grpc_outcome(Some(code)), Err(SendError::Permanent(_))),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            grpc_outcome(None),
+            Err(SendError::Retryable { .. })
+        ));
+    }
+}

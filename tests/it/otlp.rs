@@ -1,0 +1,284 @@
+//! The OTLP push against an in-process collector that speaks OTLP/HTTP: a refusal the
+//! specification calls retryable is retried and the counts arrive; shutdown sends the last
+//! counts; a collector that never answers holds no request up, and what is lost is counted;
+//! over gRPC (h2c), a trailers-only `UNAVAILABLE` is retried and the export arrives.
+//! (scripts/ops/e2e-otlp.sh checks both protocols against the OpenTelemetry project's own
+//! Python receiver.)
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{client, Proxy, SimHandle};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value;
+use prost::Message;
+use tokentap::sim::{ModelProfile, SimConfig};
+
+/// What the collector saw: each request's answer status and the accepted exports.
+#[derive(Default)]
+struct Seen {
+    statuses: Vec<u16>,
+    accepted: Vec<ExportMetricsServiceRequest>,
+}
+
+/// An OTLP/HTTP collector on a free port that answers the first `refusals` exports 503
+/// (`Retry-After: 0`) and accepts the rest.
+async fn collector(refusals: usize) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let shared = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = shared.clone();
+            let service = service_fn(move |request: Request<Incoming>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(request.uri().path(), "/v1/metrics");
+                    assert_eq!(request.headers()["content-type"], "application/x-protobuf");
+                    let body = request
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("body")
+                        .to_bytes();
+                    let export = ExportMetricsServiceRequest::decode(body).expect("protobuf");
+                    let mut seen = seen.lock().unwrap();
+                    let status = if seen.statuses.len() < refusals {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        seen.accepted.push(export);
+                        StatusCode::OK
+                    };
+                    seen.statuses.push(status.as_u16());
+                    Response::builder()
+                        .status(status)
+                        .header("retry-after", "0")
+                        .body(Full::new(Bytes::new()))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, seen)
+}
+
+fn sim() -> SimConfig {
+    SimConfig {
+        models: vec![ModelProfile::new(
+            "m",
+            Duration::from_millis(5),
+            Duration::from_millis(1),
+            5,
+        )],
+        ..SimConfig::default()
+    }
+}
+
+async fn one_request(proxy: &Proxy) {
+    let response = client()
+        .request(common::chat(
+            &proxy.url("/v1/chat/completions"),
+            "m",
+            "t",
+            true,
+            true,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    common::body_bytes(response).await;
+}
+
+/// `tokentap_requests_total` summed over an export's points.
+fn requests(export: &ExportMetricsServiceRequest) -> f64 {
+    export.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .filter(|m| m.name == "tokentap_requests_total")
+        .filter_map(|m| match &m.data {
+            Some(Data::Sum(sum)) => Some(sum.data_points.iter().map(|p| match p.value {
+                Some(Value::AsDouble(v)) => v,
+                _ => 0.0,
+            })),
+            _ => None,
+        })
+        .flatten()
+        .sum()
+}
+
+#[tokio::test]
+async fn a_retryable_refusal_is_retried_and_shutdown_sends_the_last_counts() {
+    let (collector, seen) = collector(2).await;
+    let sim = SimHandle::start(sim()).await;
+    let yaml = format!(
+        "otlp:\n  endpoint: http://{collector}/v1/metrics\n  interval: 200ms\n  export_timeout: 5s\n"
+    );
+    let mut proxy = Proxy::start(&sim.url(), &yaml).await;
+    one_request(&proxy).await;
+    let metrics = common::wait_for_metrics(proxy.admin, "a successful export", |m| {
+        m.sum(
+            "tokentap_otlp_exports_total",
+            &[("signal", "metrics"), ("result", "success")],
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metrics.sum("tokentap_otlp_exports_total", &[("result", "failed")]),
+        0.0,
+        "a 503 is retried, not a failure"
+    );
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(&seen.statuses[..3], [503, 503, 200]);
+        assert_eq!(requests(&seen.accepted[0]), 1.0);
+    }
+
+    // A request after the last export, then shutdown: the final export carries it.
+    one_request(&proxy).await;
+    let before = seen.lock().unwrap().accepted.len();
+    proxy.shutdown();
+    proxy.task.take().unwrap().await.unwrap().unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(seen.accepted.len() > before, "no export at shutdown");
+    assert_eq!(requests(seen.accepted.last().unwrap()), 2.0);
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_costs_no_request_and_the_loss_is_counted() {
+    // Bound and never accepting: connections complete in the kernel's backlog, requests
+    // are sent, and no answer ever comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = silent.local_addr().unwrap();
+    let sim = SimHandle::start(sim()).await;
+    let yaml = format!(
+        "otlp:\n  endpoint: http://{gone}/v1/metrics\n  interval: 50ms\n  timeout: 100ms\n  export_timeout: 300ms\n"
+    );
+    let proxy = Proxy::start(&sim.url(), &yaml).await;
+    for _ in 0..10 {
+        one_request(&proxy).await;
+    }
+    let metrics = common::wait_for_metrics(proxy.admin, "a failed and a dropped export", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "failed")]) >= 1.0
+            && m.sum(
+                "tokentap_otlp_exports_dropped_total",
+                &[("reason", "replaced")],
+            ) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metrics.sum("tokentap_requests_total", &[("outcome", "completed")]),
+        10.0
+    );
+    assert_eq!(
+        metrics.sum("tokentap_otlp_exports_total", &[("result", "success")]),
+        0.0
+    );
+    drop(silent);
+}
+
+/// An OTLP/gRPC collector (h2c) whose first call ends trailers-only with `UNAVAILABLE`
+/// and whose later calls succeed; it keeps each call's `grpc-status` and export.
+async fn grpc_collector() -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let shared = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = shared.clone();
+            let service = service_fn(move |request: Request<Incoming>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(
+                        request.uri().path(),
+                        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+                    );
+                    assert_eq!(request.headers()["content-type"], "application/grpc");
+                    assert_eq!(request.headers()["te"], "trailers");
+                    let body = request
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("body")
+                        .to_bytes();
+                    assert_eq!(body[0], 0, "not compressed");
+                    let length = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+                    assert_eq!(body.len(), 5 + length, "one length-prefixed message");
+                    let export = ExportMetricsServiceRequest::decode(&body[5..]).expect("protobuf");
+                    let mut seen = seen.lock().unwrap();
+                    let first = seen.statuses.is_empty();
+                    let response = Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc");
+                    let frames: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> =
+                        if first {
+                            seen.statuses.push(14);
+                            return response
+                                .header("grpc-status", "14")
+                                .body(http_body_util::Either::Left(Full::new(Bytes::new())));
+                        } else {
+                            seen.statuses.push(0);
+                            seen.accepted.push(export);
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", "0".parse().unwrap());
+                            vec![
+                                Ok(http_body::Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+                                Ok(http_body::Frame::trailers(trailers)),
+                            ]
+                        };
+                    response.body(http_body_util::Either::Right(
+                        http_body_util::StreamBody::new(futures_util::stream::iter(frames)),
+                    ))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn over_grpc_unavailable_is_retried_and_the_export_arrives() {
+    let (collector, seen) = grpc_collector().await;
+    let sim = SimHandle::start(sim()).await;
+    let yaml = format!(
+        "otlp:\n  endpoint: http://{collector}\n  protocol: grpc\n  interval: 200ms\n  export_timeout: 5s\n"
+    );
+    let proxy = Proxy::start(&sim.url(), &yaml).await;
+    one_request(&proxy).await;
+    let metrics = common::wait_for_metrics(proxy.admin, "a successful gRPC export", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metrics.sum("tokentap_otlp_exports_total", &[("result", "failed")]),
+        0.0,
+        "UNAVAILABLE is retried, not a failure"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(&seen.statuses[..2], [14, 0]);
+    assert_eq!(requests(&seen.accepted[0]), 1.0);
+}
