@@ -105,7 +105,7 @@ vs = [tuple(map(int, m.groups())) for n in os.listdir(d) if (m := re.fullmatch(r
 print(".".join(map(str, max(vs))))
 EOF
 )
-OVERLAYS=(sidecar gateway)
+OVERLAYS=(sidecar gateway sidecar-otlp)
 echo "  schemas: Kubernetes $K8S_MIN (minimum supported) and $K8S_MAX (newest shipped by kubernetes-validate)"
 all_crds=()
 for o in "${OVERLAYS[@]}"; do
@@ -123,8 +123,26 @@ for o in "${OVERLAYS[@]}"; do
       [ $rc -eq 0 ] && ! grep -qE "^(WARN|ERROR)" <<<"$out" && grep -q "passed" <<<"$out"' _ "$v" "$TMP/$o-builtin.yaml"
   done
   all_crds+=("$TMP/$o-crds.json")
-  check "policy: overlays/$o (scripts/ops/check-manifests.py)" python3 "$OPS/check-manifests.py" --layout "$o" "$out"
+  # sidecar-otlp is the sidecar layout with components/otlp: the same policy holds.
+  check "policy: overlays/$o (scripts/ops/check-manifests.py)" python3 "$OPS/check-manifests.py" --layout "${o%-otlp}" "$out"
 done
+check "otlp: the sidecar-otlp tokentap reads OTEL_EXPORTER_OTLP_ENDPOINT from a ConfigMap it renders" \
+  python3 - "$TMP/sidecar-otlp.yaml" <<'EOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+tokentap = [c for p in pods for c in p.get("initContainers", []) + p.get("containers", []) if c["name"] == "tokentap"]
+assert len(tokentap) == 1, tokentap
+refs = [e["configMapRef"]["name"] for e in tokentap[0].get("envFrom", []) if "configMapRef" in e]
+assert refs and all(r in maps for r in refs), (refs, sorted(maps))
+env = {k: v for r in refs for k, v in maps[r].items()}
+assert env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").startswith(("http://", "https://")), env
+assert env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf") in ("http/protobuf", "grpc"), env
+names = {e["name"] for e in tokentap[0].get("env", [])}
+assert {"K8S_POD_NAME", "K8S_NAMESPACE_NAME"} <= names, names
+print(f"envFrom {refs}: {sorted(env)}; pod identity {sorted(names)}")
+EOF
 python3 - "$TMP/crds.json" "${all_crds[@]}" <<'EOF'
 import json, sys
 json.dump([x for f in sys.argv[2:] for x in json.load(open(f))], open(sys.argv[1], "w"))
