@@ -27,6 +27,7 @@ pub mod labels;
 pub mod native;
 mod outcome;
 pub mod protobuf;
+pub mod requests;
 mod series;
 mod settings;
 pub mod snapshot;
@@ -171,6 +172,8 @@ pub struct Metrics {
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
     pair_cap: PairCap,
     last_render_bytes: AtomicUsize,
+    /// Whoever wants each measured request as it ends (spans, the live view).
+    pub request_taps: requests::RequestTaps,
 }
 
 /// Bucket bounds as the config validated them: at least one, positive, finite and
@@ -324,6 +327,7 @@ impl Metrics {
                 label_overflow.with_label_values(&["pair"]),
             ),
             last_render_bytes: AtomicUsize::new(0),
+            request_taps: requests::RequestTaps::default(),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![

@@ -15,6 +15,7 @@ use prometheus::IntGauge;
 use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
+use crate::metrics::requests::FinishedRequest;
 use crate::metrics::{
     EngineFigures, Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries,
     Verdict,
@@ -328,6 +329,35 @@ impl Recorder {
         }
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
+        if self.metrics.request_taps.any() {
+            let finished = FinishedRequest {
+                model: handles.model().clone(),
+                tenant: handles.tenant().clone(),
+                dialect: self.facts.dialect.as_str(),
+                path: self.facts.path.clone(),
+                verdict,
+                http_status: self.status.map(|s| s.as_u16()),
+                answered_by_tokentap: self.answered_by_tokentap,
+                grpc_status: self.grpc_status,
+                stream: self.facts.stream.get().copied(),
+                trace: self.facts.trace,
+                started: SystemTime::now()
+                    .checked_sub(timings.duration)
+                    .unwrap_or(SystemTime::UNIX_EPOCH),
+                duration: timings.duration,
+                ttfb: timings.ttfb,
+                ttft: timings.ttft,
+                mean_itl: timings.mean_itl,
+                slowest_itl: self.slowest_itl,
+                slowest_gap: timings.slowest_gap,
+                tpot: timings.decode.map(|d| d.tpot),
+                events: timings.events,
+                output_tokens: timings.output_tokens,
+                input_tokens: timings.input_tokens,
+                counting: timings.counting.as_str(),
+            };
+            self.metrics.request_taps.finished(&finished);
+        }
 
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
         tracing::info!(
@@ -602,6 +632,47 @@ mod tests {
             "tokentap_event_tokens_total{accuracy=\"apportioned\",model=\"m\",tenant=\"t\"} 13"
         ));
         assert!(!text.contains("accuracy=\"estimated\""));
+    }
+
+    /// A registered tap hears each request once, at its end, with the figures the
+    /// access log has; with no tap, nothing is built.
+    #[test]
+    fn a_request_tap_hears_the_request_with_its_figures() {
+        use crate::metrics::requests::{FinishedRequest, RequestTap};
+        use std::sync::Mutex;
+
+        #[derive(Default)]
+        struct Keep(Mutex<Vec<FinishedRequest>>);
+        impl RequestTap for Keep {
+            fn finished(&self, request: &FinishedRequest) {
+                self.0.lock().unwrap().push(request.clone());
+            }
+        }
+
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let unheard = recorder(&metrics, t0);
+        unheard.record(t0 + ms(10), Outcome::Cancelled);
+        let keep = Arc::new(Keep::default());
+        let id = metrics.request_taps.add(keep.clone());
+        let mut heard_one = recorder(&metrics, t0);
+        heard_one.apply(t0 + ms(100), &[output(2, true)]);
+        heard_one.apply(t0 + ms(130), &[output(3, true)]);
+        heard_one.record(t0 + ms(140), Outcome::Completed);
+        metrics.request_taps.remove(id);
+        recorder(&metrics, t0).record(t0 + ms(5), Outcome::Completed);
+        let heard = keep.0.lock().unwrap();
+        assert_eq!(heard.len(), 1, "{heard:?}");
+        let request = &heard[0];
+        assert_eq!((&*request.model, &*request.tenant), ("m", "t"));
+        assert_eq!(request.verdict.outcome, Outcome::Completed);
+        assert_eq!(request.http_status, Some(200));
+        assert_eq!(request.ttft, Some(ms(100)));
+        assert_eq!(request.duration, ms(140));
+        assert_eq!(request.output_tokens, 5);
+        assert_eq!(request.events, 2);
+        assert_eq!(request.slowest_itl, Some(ms(10)));
+        assert_eq!(request.counting, "exact");
     }
 
     fn engine(queue: Option<u64>, prefill: Option<u64>, first: Option<u64>) -> Signal {
