@@ -27,7 +27,7 @@ use http::Uri;
 use crate::wire::tokenize::{TokenizerError, TokenizerSource};
 use crate::wire::Dialect;
 
-pub use crate::metrics::{Buckets, LabelPolicy, Labels, NativeHistograms};
+pub use crate::metrics::{Buckets, LabelPolicy, Labels, MetricNames, NativeHistograms};
 pub use issue::ConfigIssue;
 pub use otlp::{Otlp, OtlpCompression, OtlpProtocol};
 pub use raw::RawConfig;
@@ -164,6 +164,8 @@ pub struct MetricsConfig {
     pub exemplars: Exemplars,
     /// An inter-token gap at least this long counts as a stall.
     pub stall_threshold: Duration,
+    /// `metrics.names`: the `tokentap_` names, the GenAI semantic conventions', or both.
+    pub names: MetricNames,
 }
 
 #[derive(Clone, Debug)]

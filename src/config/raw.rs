@@ -259,7 +259,7 @@ pub struct RawLabelPolicy {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with `buckets`, `stall_threshold`, `native_histograms` and `exemplars`"
+    expecting = "a mapping with `buckets`, `stall_threshold`, `native_histograms`, `exemplars` and `names`"
 )]
 pub struct RawMetrics {
     /// Bucket upper bounds per histogram, strictly increasing.
@@ -276,6 +276,10 @@ pub struct RawMetrics {
     /// An inter-token gap at least this long is counted in `tokentap_stream_stalls_total`.
     /// Default 5s.
     pub stall_threshold: Option<HumanDuration>,
+    /// The names `/metrics` exposes the latency histograms and token counts by: `tokentap`
+    /// (the default), `gen_ai` (the OpenTelemetry GenAI semantic conventions' instead) or
+    /// `both`. Takes effect after a restart.
+    pub names: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -751,3 +751,33 @@ fn http2_goes_with_either_scheme() {
         assert!(config.upstream.http2, "{url}");
     }
 }
+
+#[test]
+fn metric_names_default_to_tokentap_and_name_the_key_when_wrong() {
+    let config = parse("upstream: http://a:1\n").expect("valid");
+    assert_eq!(config.metrics.names, MetricNames::Tokentap);
+    for (written, names) in [
+        ("tokentap", MetricNames::Tokentap),
+        ("gen_ai", MetricNames::GenAi),
+        ("both", MetricNames::Both),
+    ] {
+        let config = parse(&format!(
+            "upstream: http://a:1\nmetrics:\n  names: {written}\n"
+        ))
+        .expect("valid");
+        assert_eq!(config.metrics.names, names);
+    }
+    for wrong in ["genai", "GEN_AI", "otel", "''"] {
+        let found = issues(&format!(
+            "upstream: http://a:1\nmetrics:\n  names: {wrong}\n"
+        ));
+        assert_eq!(found.len(), 1, "{wrong}: {found:?}");
+        assert_eq!(found[0].path, "metrics.names");
+        assert_eq!(found[0].location.map(|l| l.0), Some(3), "{wrong}");
+        assert!(
+            found[0].message.contains("tokentap, gen_ai, both"),
+            "{}",
+            found[0].message
+        );
+    }
+}

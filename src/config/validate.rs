@@ -204,8 +204,26 @@ impl RawMetrics {
             native_histograms,
             exemplars,
             stall_threshold: dur(self.stall_threshold, default_stall_threshold()),
+            names: metric_names(issues, self.names.as_deref()),
         }
     }
+}
+
+fn metric_names(issues: &mut Issues<'_>, raw: Option<&str>) -> MetricNames {
+    let Some(raw) = raw else {
+        return MetricNames::default();
+    };
+    MetricNames::ALL
+        .into_iter()
+        .find(|n| n.as_str() == raw)
+        .unwrap_or_else(|| {
+            let known: Vec<&str> = MetricNames::ALL.iter().map(|n| n.as_str()).collect();
+            issues.push(
+                "metrics.names",
+                format!("`{raw}` is not one of {}", known.join(", ")),
+            );
+            MetricNames::default()
+        })
 }
 
 impl RawBuckets {

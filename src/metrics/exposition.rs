@@ -44,19 +44,32 @@ pub(super) struct Level {
     pub models: Vec<Range<usize>>,
 }
 
-/// Both levels of one scrape: the (model, tenant) pairs' sets and the models' sets.
+/// Every level of one scrape: the (model, tenant) pairs' sets, the models' sets and the
+/// GenAI attribute sets.
 pub(super) struct Pairs {
     pub pairs: Level,
     pub models: Level,
+    pub gen_ai: Level,
+}
+
+/// Which sets keep a family's series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SetLevel {
+    /// The (model, tenant) pairs': the family carries `tenant`.
+    Pair,
+    /// The models'.
+    Model,
+    /// The GenAI attribute sets' (`gen_ai`).
+    GenAi,
 }
 
 impl Pairs {
-    /// The level whose sets keep a family: the pairs' if it carries `tenant`.
-    fn level(&self, per_pair: bool) -> &Level {
-        if per_pair {
-            &self.pairs
-        } else {
-            &self.models
+    /// The sets of `level`.
+    pub fn level(&self, level: SetLevel) -> &Level {
+        match level {
+            SetLevel::Pair => &self.pairs,
+            SetLevel::Model => &self.models,
+            SetLevel::GenAi => &self.gen_ai,
         }
     }
 }
@@ -106,8 +119,8 @@ pub(super) struct Cursor {
 pub(super) struct Family {
     pub name: &'static str,
     spec: &'static PairFamily,
-    /// Whether the family carries `tenant` (its series are the pairs'), else per model.
-    pub per_pair: bool,
+    /// Which sets hold the family's series.
+    pub level: SetLevel,
     /// `# HELP` and `# TYPE` lines.
     header: Box<[u8]>,
     /// The same in OpenMetrics.
@@ -145,9 +158,9 @@ const POSITIVE_INF: &str = "+Inf";
 const READ_AHEAD: usize = 32;
 
 impl Family {
-    /// The family of `spec`, with histogram bounds taken from `buckets`, per (model,
-    /// tenant) pair if `per_pair`, else per model.
-    pub fn new(spec: &'static PairFamily, buckets: &Buckets, per_pair: bool) -> Family {
+    /// The family of `spec`, with histogram bounds taken from `buckets`, over the sets of
+    /// `level`.
+    pub fn new(spec: &'static PairFamily, buckets: &Buckets, level: SetLevel) -> Family {
         let name = spec.name;
         let mut header = String::new();
         if !spec.help.is_empty() {
@@ -157,7 +170,7 @@ impl Family {
         let mut family = Family {
             name,
             spec,
-            per_pair,
+            level,
             header: header.into_bytes().into(),
             openmetrics_header: openmetrics_header(name, spec.help, spec.kind.type_name()),
             prefix: format!("{name}{{").into_bytes().into(),
@@ -278,7 +291,7 @@ impl Family {
         limit: usize,
         writer: &mut Writer,
     ) -> bool {
-        let pairs = pairs.level(self.per_pair);
+        let pairs = pairs.level(self.level);
         let start = out.len();
         if !at.started {
             out.extend_from_slice(match writer.format {
@@ -504,7 +517,7 @@ impl Family {
     /// This family's series as they are now, labels in name order and series in the
     /// order of the text; `None` if it has none (as the text then leaves it out).
     pub fn snapshot(&self, pairs: &Pairs) -> Option<FamilySnapshot> {
-        let pairs = pairs.level(self.per_pair);
+        let pairs = pairs.level(self.level);
         let values = match self.spec.kind {
             PairKind::Histogram { get, always, .. } => {
                 let mut counts = Vec::new();
@@ -592,13 +605,14 @@ impl Family {
 
     /// The labels of a set's series, named and ordered as the family's spec lists them:
     /// `model` and `tenant` from the set (a model's set has no `tenant`), the other one
-    /// from the sub-label.
+    /// from the sub-label; a GenAI set's, those of its attributes it has.
     fn series_labels(&self, pair: &SeriesSet, sub: Option<&SubLabel>) -> Vec<Label> {
         self.spec
             .labels
             .iter()
             .filter_map(|&name| {
                 let value = match name {
+                    _ if pair.gen_ai.is_some() => pair.gen_ai.as_ref()?.value(name)?,
                     "model" => pair.model.clone(),
                     "tenant" => pair.tenant.clone()?,
                     _ => sub

@@ -600,6 +600,7 @@ mod tests {
             tokens_per_second: one.clone(),
             tokens_per_event: one.clone(),
             duration: one,
+            gen_ai: crate::metrics::gen_ai::GenAiBounds::default(),
             native: None,
         };
         let kept = |family: &PairFamily, set: &SeriesSet| match family.kind {

@@ -23,6 +23,7 @@ mod equivalence;
 pub mod exemplar;
 mod exposition;
 mod families;
+pub mod gen_ai;
 pub mod labels;
 pub mod native;
 mod outcome;
@@ -50,7 +51,9 @@ use prometheus::{
 
 use crate::wire::Unobservable;
 use exemplar::{Exemplar, TraceContext};
-use exposition::{registry_family_openmetrics, Cursor, Family, Level, Pairs, TextFormat, Writer};
+use exposition::{
+    registry_family_openmetrics, Cursor, Family, Level, Pairs, SetLevel, TextFormat, Writer,
+};
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
@@ -59,6 +62,8 @@ use families::{
     UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER,
     UPSTREAM_UP,
 };
+pub use gen_ai::MetricNames;
+use gen_ai::{GenAiBounds, GenAiKey, GenAiSeries, GEN_AI_FAMILIES};
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
 pub use outcome::{Outcome, StatusClass, Verdict};
@@ -126,6 +131,8 @@ struct Sets {
     pairs: BTreeMap<Arc<str>, BTreeMap<Arc<str>, Arc<SeriesSet>>>,
     /// model -> the model's set (the families that are per model).
     models: BTreeMap<Arc<str>, Arc<SeriesSet>>,
+    /// The GenAI attribute sets, when `metrics.names` exposes the GenAI families.
+    gen_ai: BTreeMap<GenAiKey, Arc<SeriesSet>>,
 }
 
 /// Every metric family tokentap exports.
@@ -172,6 +179,8 @@ pub struct Metrics {
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
     pair_cap: PairCap,
     last_render_bytes: AtomicUsize,
+    /// `metrics.names`: which families are exposed, and whether GenAI sets are kept.
+    names: MetricNames,
     /// Whoever wants each measured request as it ends (spans, the live view).
     pub request_taps: requests::RequestTaps,
 }
@@ -263,11 +272,36 @@ impl Metrics {
         native: &NativeHistograms,
         labels: &Labels,
     ) -> Arc<Metrics> {
+        Metrics::with_names(buckets, native, labels, MetricNames::default())
+    }
+
+    /// [`Metrics::with_native`], exposing the families `names` says (`metrics.names`).
+    pub fn with_names(
+        buckets: &Buckets,
+        native: &NativeHistograms,
+        labels: &Labels,
+        names: MetricNames,
+    ) -> Arc<Metrics> {
         let per_pair = |name: &str| labels.tenant_families.contains(name);
+        let level = |name: &str| {
+            if per_pair(name) {
+                SetLevel::Pair
+            } else {
+                SetLevel::Model
+            }
+        };
         let mut families: Vec<Family> = PAIR_FAMILIES
             .iter()
-            .map(|spec| Family::new(spec, buckets, per_pair(spec.name)))
+            .filter(|spec| names.exposes(spec.name))
+            .map(|spec| Family::new(spec, buckets, level(spec.name)))
             .collect();
+        if names.gen_ai() {
+            families.extend(
+                GEN_AI_FAMILIES
+                    .iter()
+                    .map(|spec| Family::new(spec, buckets, SetLevel::GenAi)),
+            );
+        }
         families.sort_by_key(|f| f.name);
         let mut tenant_slots = [false; Slot::COUNT];
         for spec in &PAIR_FAMILIES {
@@ -282,6 +316,7 @@ impl Metrics {
             tokens_per_second: bounds(&buckets.output_tokens_per_second),
             tokens_per_event: bounds(&buckets.output_tokens_per_event),
             duration: bounds(&buckets.request_duration_seconds),
+            gen_ai: GenAiBounds::default(),
             native: native
                 .enabled
                 .then(|| NativeSettings::new(native.schema, native.max_buckets)),
@@ -327,6 +362,7 @@ impl Metrics {
                 label_overflow.with_label_values(&["pair"]),
             ),
             last_render_bytes: AtomicUsize::new(0),
+            names,
             request_taps: requests::RequestTaps::default(),
         };
 
@@ -392,6 +428,7 @@ impl Metrics {
                 return StreamSeries {
                     pair: pair.clone(),
                     model: of_model.clone(),
+                    gen_ai: None,
                 };
             }
         }
@@ -399,7 +436,7 @@ impl Metrics {
             .sets
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Sets { pairs, models } = &mut *sets;
+        let Sets { pairs, models, .. } = &mut *sets;
         let of_model = models
             .entry(model.clone())
             .or_insert_with(|| {
@@ -415,6 +452,7 @@ impl Metrics {
             return StreamSeries {
                 pair: pair.clone(),
                 model: of_model,
+                gen_ai: None,
             };
         }
         let (model, tenant) = if self.pair_cap.admit() {
@@ -438,6 +476,105 @@ impl Metrics {
         StreamSeries {
             pair,
             model: of_model,
+            gen_ai: None,
+        }
+    }
+
+    /// Give `stream` its GenAI sets for requests of `operation` to `provider` (names
+    /// from `wire::gen_ai`), when `metrics.names` exposes the GenAI families; `streaming`:
+    /// the request asked for a stream (or did not say). The model is the request's
+    /// per-model label (the pair cap does not fold it).
+    pub fn attach_gen_ai(
+        &self,
+        stream: &mut StreamSeries,
+        operation: &'static str,
+        provider: &'static str,
+        streaming: bool,
+    ) {
+        if !self.names.gen_ai() {
+            return;
+        }
+        let key = |token_type| GenAiKey {
+            error_type: None,
+            operation,
+            provider,
+            model: stream.model.model.clone(),
+            token_type,
+        };
+        stream.gen_ai = Some(GenAiSeries {
+            ok: self.gen_ai_set(key(None), gen_ai::OK_SLOTS),
+            input: self.gen_ai_set(key(Some("input")), gen_ai::TOKEN_SLOTS),
+            output: self.gen_ai_set(key(Some("output")), gen_ai::TOKEN_SLOTS),
+            streaming,
+        });
+    }
+
+    /// The GenAI set of `key`, created (with the storage of `slots`) on first use.
+    fn gen_ai_set(&self, key: GenAiKey, slots: &[Slot]) -> Arc<SeriesSet> {
+        if let Some(set) = self.read_sets().gen_ai.get(&key) {
+            return set.clone();
+        }
+        let mut sets = self
+            .sets
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        sets.gen_ai
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(SeriesSet::gen_ai(key, slots, &self.bounds)))
+            .clone()
+    }
+
+    /// Record a finished request's GenAI figures, once, with [`Metrics::record_request`]
+    /// (nothing unless [`Metrics::attach_gen_ai`] gave `stream` its sets): TTFT and TPOT
+    /// of a successful request, the duration under the request's `error.type` (none when
+    /// it completed), and the tokens counted.
+    pub fn record_gen_ai(
+        &self,
+        stream: &StreamSeries,
+        verdict: Verdict,
+        ttft: Option<Duration>,
+        figures: &RequestFigures,
+    ) {
+        let Some(gen_ai) = &stream.gen_ai else {
+            return;
+        };
+        let exemplar = |value: Duration| {
+            figures
+                .exemplar
+                .map(|e| Exemplar::new(e.trace, value.as_secs_f64(), e.at))
+        };
+        let observe = |histogram: Option<&Histogram>, value: Duration| {
+            if let Some(histogram) = histogram {
+                histogram.observe(value.as_secs_f64());
+                if let Some(exemplar) = exemplar(value) {
+                    histogram.exemplar(exemplar);
+                }
+            }
+        };
+        let completed = verdict.outcome == Outcome::Completed;
+        if completed {
+            if let Some(ttft) = ttft {
+                observe(gen_ai.ok.ttft.as_deref(), ttft);
+            }
+            if let Some(tpot) = figures.tpot {
+                observe(gen_ai.ok.tpot.as_deref(), tpot);
+            }
+            observe(gen_ai.ok.duration.as_deref(), figures.duration);
+        } else {
+            let key = GenAiKey {
+                error_type: Some(verdict.outcome.as_str()),
+                ..gen_ai.ok.gen_ai.clone().expect("a GenAI set has its key")
+            };
+            let failed = self.gen_ai_set(key, gen_ai::ERROR_SLOTS);
+            observe(failed.duration.as_deref(), figures.duration);
+        }
+        if let (Some(input), Some(usage)) = (figures.input_tokens, &gen_ai.input.token_usage) {
+            usage.observe(input as f64);
+        }
+        if figures.output_tokens > 0 {
+            if let Some(usage) = &gen_ai.output.token_usage {
+                usage.observe(figures.output_tokens as f64);
+            }
         }
     }
 
@@ -459,11 +596,14 @@ impl Metrics {
             models.push(start..series.len());
         }
         let pairs = Level { series, models };
-        let series: Vec<Arc<SeriesSet>> = sets.models.values().cloned().collect();
-        let models = (0..series.len()).map(|i| i..i + 1).collect();
+        let one_each = |series: Vec<Arc<SeriesSet>>| {
+            let models = (0..series.len()).map(|i| i..i + 1).collect();
+            Level { series, models }
+        };
         Pairs {
             pairs,
-            models: Level { series, models },
+            models: one_each(sets.models.values().cloned().collect()),
+            gen_ai: one_each(sets.gen_ai.values().cloned().collect()),
         }
     }
 
@@ -642,17 +782,12 @@ impl Metrics {
             let label_bytes: usize = sets.iter().map(|p| p.labels().len()).sum();
             (sets.len(), label_bytes)
         };
-        let (pairs, pair_label_bytes) = level(&render.pairs.pairs.series);
-        let (models, model_label_bytes) = level(&render.pairs.models.series);
         let estimate: usize = self
             .families
             .iter()
             .map(|f| {
-                if f.per_pair {
-                    f.estimate(pairs, pair_label_bytes)
-                } else {
-                    f.estimate(models, model_label_bytes)
-                }
+                let (sets, label_bytes) = level(&render.pairs.level(f.level).series);
+                f.estimate(sets, label_bytes)
             })
             .sum();
         let previous = self.last_render_bytes.load(Ordering::Relaxed);

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::exemplar::{Exemplar, ExemplarSlots};
+use super::gen_ai::{GenAiBounds, GenAiKey, GenAiSeries};
 use super::native::{NativeHistogram, NativeSettings};
 use super::outcome::Verdict;
 use super::snapshot::NativeHistogramSnapshot;
@@ -172,6 +173,8 @@ pub(super) struct Bounds {
     pub tokens_per_second: Arc<[f64]>,
     pub tokens_per_event: Arc<[f64]>,
     pub duration: Arc<[f64]>,
+    /// The GenAI families' bounds: the convention's, whatever the config says.
+    pub gen_ai: GenAiBounds,
     /// Native buckets beside the classic ones, when enabled.
     pub native: Option<NativeSettings>,
 }
@@ -200,9 +203,14 @@ pub(super) enum Slot {
     EngineQueue,
     EnginePrefill,
     TtftOutsideEngine,
+    /// The two storages only a GenAI set keeps (`gen_ai`), after the [`Slot::COUNT`] of
+    /// the `tokentap_` families: a pair's or a model's set never has them.
+    FirstChunk,
+    TokenUsage,
 }
 
 impl Slot {
+    /// The slots of the `tokentap_` families, which pairs' and models' sets divide.
     pub const COUNT: usize = 17;
 }
 
@@ -249,6 +257,12 @@ pub struct SeriesSet {
     pub(super) engine_queue: Kept<Histogram>,
     pub(super) engine_prefill: Kept<Histogram>,
     pub(super) ttft_outside_engine: Kept<Histogram>,
+    /// A GenAI set's attributes (`None` in a pair's or a model's set).
+    pub(super) gen_ai: Option<GenAiKey>,
+    /// A GenAI set's time to the first chunk of a streamed response.
+    pub(super) first_chunk: Kept<Histogram>,
+    /// A GenAI set's tokens per request (of the set's `gen_ai.token.type`).
+    pub(super) token_usage: Kept<Histogram>,
 }
 
 impl SeriesSet {
@@ -296,10 +310,52 @@ impl SeriesSet {
             engine_queue: histogram(Slot::EngineQueue, &bounds.ttft),
             engine_prefill: histogram(Slot::EnginePrefill, &bounds.ttft),
             ttft_outside_engine: histogram(Slot::TtftOutsideEngine, &bounds.ttft),
+            gen_ai: None,
+            first_chunk: None,
+            token_usage: None,
             model,
             tenant,
             labels: labels.into_boxed_str(),
             tenant_at,
+        }
+    }
+
+    /// The set of one GenAI attribute set (see `gen_ai`), with the storage of the slots
+    /// in `slots` only, each with the convention's buckets.
+    pub(super) fn gen_ai(key: GenAiKey, slots: &[Slot], bounds: &Bounds) -> SeriesSet {
+        let labels = key.label_text();
+        let native = bounds.native.as_ref();
+        let histogram = |slot: Slot, bounds: &Arc<[f64]>| {
+            slots
+                .contains(&slot)
+                .then(|| Box::new(Histogram::new(bounds, native)))
+        };
+        let conventions = &bounds.gen_ai;
+        SeriesSet {
+            ttfb: None,
+            ttft: histogram(Slot::Ttft, &conventions.time_to_first_token),
+            ttft_content: None,
+            itl: None,
+            inter_chunk: histogram(Slot::InterChunk, &conventions.duration),
+            stalls: None,
+            tpot: histogram(Slot::Tpot, &conventions.time_per_output_token),
+            tokens_per_second: None,
+            tokens_per_event: None,
+            duration: histogram(Slot::Duration, &conventions.duration),
+            requests: None,
+            output_tokens: None,
+            input_tokens: None,
+            event_tokens: None,
+            engine_queue: None,
+            engine_prefill: None,
+            ttft_outside_engine: None,
+            first_chunk: histogram(Slot::FirstChunk, &conventions.duration),
+            token_usage: histogram(Slot::TokenUsage, &conventions.token_usage),
+            model: key.model.clone(),
+            tenant: None,
+            tenant_at: labels.len(),
+            labels: labels.into_boxed_str(),
+            gen_ai: Some(key),
         }
     }
 
@@ -321,6 +377,9 @@ impl SeriesSet {
 pub struct StreamSeries {
     pub(super) pair: Arc<SeriesSet>,
     pub(super) model: Arc<SeriesSet>,
+    /// The request's GenAI sets, when `metrics.names` exposes the GenAI families
+    /// (`Metrics::attach_gen_ai`).
+    pub(super) gen_ai: Option<GenAiSeries>,
 }
 
 /// The one of `pair` and `model` that is kept: exactly one is, as `SeriesSet::new` gives
@@ -360,6 +419,30 @@ impl StreamSeries {
     /// Every gap between consecutive token-bearing events, once each, live.
     pub fn inter_chunk(&self) -> &Histogram {
         kept(&self.pair.inter_chunk, &self.model.inter_chunk)
+    }
+
+    /// The first token-bearing event arrived `ttft` after the request head: TTFT, and
+    /// the GenAI time to first chunk of a streamed request.
+    pub fn first_token(&self, ttft: Duration) {
+        let seconds = ttft.as_secs_f64();
+        self.ttft().observe(seconds);
+        if let Some(gen_ai) = self.gen_ai.as_ref().filter(|g| g.streaming) {
+            if let Some(first_chunk) = &gen_ai.ok.first_chunk {
+                first_chunk.observe(seconds);
+            }
+        }
+    }
+
+    /// A token-bearing event arrived `gap` after the one before: the inter-chunk latency,
+    /// and the GenAI time per output chunk of a streamed request.
+    pub fn chunk_gap(&self, gap: Duration) {
+        let seconds = gap.as_secs_f64();
+        self.inter_chunk().observe(seconds);
+        if let Some(gen_ai) = self.gen_ai.as_ref().filter(|g| g.streaming) {
+            if let Some(chunk) = &gen_ai.ok.inter_chunk {
+                chunk.observe(seconds);
+            }
+        }
     }
 
     pub fn stalls(&self) -> &Counter {
@@ -505,6 +588,7 @@ mod tests {
             tokens_per_second: bounds.clone(),
             tokens_per_event: bounds.clone(),
             duration: bounds,
+            gen_ai: GenAiBounds::default(),
             native: None,
         }
     }
@@ -550,6 +634,7 @@ mod tests {
                 slots,
             )),
             model: Arc::new(SeriesSet::new(Arc::from("m"), None, &b, slots)),
+            gen_ai: None,
         };
         assert!(stream.pair.ttft.is_some() && stream.model.ttft.is_none());
         assert!(stream.pair.requests.is_some() && stream.model.requests.is_none());

@@ -20,7 +20,7 @@ use crate::metrics::{
     EngineFigures, Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries,
     Verdict,
 };
-use crate::wire::{Dialect, EngineTimings, ErrorClass, Signal};
+use crate::wire::{gen_ai, Dialect, EngineTimings, ErrorClass, Signal};
 
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
@@ -207,12 +207,12 @@ impl Recorder {
                             .observe(f64::from((*tokens).max(1)));
                     }
                     match stamp {
-                        Stamp::First { ttft } => handles.ttft().observe(ttft.as_secs_f64()),
+                        Stamp::First { ttft } => handles.first_token(ttft),
                         Stamp::Next { gap, itl } => {
                             if let Some(share) = itl {
                                 handles.observe_itl(share.per_token, share.count);
                             }
-                            handles.inter_chunk().observe(gap.as_secs_f64());
+                            handles.chunk_gap(gap);
                             if gap >= stall_threshold {
                                 handles.stalls().inc();
                             }
@@ -266,6 +266,14 @@ impl Recorder {
                     .or(self.facts.served_model.as_deref());
                 self.metrics.stream(model, tenant)
             };
+            let mut handles = handles;
+            let dialect = self.facts.dialect;
+            self.metrics.attach_gen_ai(
+                &mut handles,
+                gen_ai::operation_name(dialect, &self.facts.path),
+                gen_ai::provider_name(dialect),
+                self.facts.stream.get() != Some(&false),
+            );
             if let Some(ttfb) = self.clock.ttfb() {
                 handles.ttfb().observe(ttfb.as_secs_f64());
             }
@@ -309,6 +317,8 @@ impl Recorder {
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
+        self.metrics
+            .record_gen_ai(handles, verdict, timings.ttft, &figures);
         self.metrics.record_request(handles, verdict, figures);
         if !self.engine.is_empty() {
             let figures = engine_figures(&self.engine, timings.ttft);

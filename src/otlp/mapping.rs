@@ -34,6 +34,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
+use crate::metrics::gen_ai;
 use crate::metrics::snapshot::{
     Exemplar as ExemplarSnapshot, FamilySnapshot, HistogramSnapshot, Label,
     NativeHistogramSnapshot, Series, Snapshot, Values,
@@ -131,10 +132,13 @@ fn metric(family: &FamilySnapshot, times: Times) -> Metric {
             aggregation_temporality: CUMULATIVE,
         }),
     };
+    // A GenAI family goes by its OpenTelemetry name, as an SDK would send it.
+    let (name, unit) =
+        gen_ai::otel_name(&family.name).unwrap_or((&family.name, unit(&family.name)));
     Metric {
-        name: family.name.to_string(),
+        name: name.to_string(),
         description: family.help.to_string(),
-        unit: unit(&family.name).to_string(),
+        unit: unit.to_string(),
         data: Some(data),
         ..Default::default()
     }
@@ -241,7 +245,7 @@ fn exemplar(e: &ExemplarSnapshot) -> Exemplar {
 fn attributes(labels: &[Label]) -> Vec<KeyValue> {
     labels
         .iter()
-        .map(|l| attribute(&l.name, &l.value))
+        .map(|l| attribute(gen_ai::otel_attribute(&l.name).unwrap_or(&l.name), &l.value))
         .collect()
 }
 
@@ -348,6 +352,53 @@ mod tests {
         let keys: Vec<_> = point.attributes.iter().map(|kv| kv.key.as_str()).collect();
         assert_eq!(keys, ["model", "outcome"]);
         assert_eq!(metric.unit, "");
+    }
+
+    /// A GenAI family is sent under its OpenTelemetry name, unit and attribute names.
+    #[test]
+    fn gen_ai_families_go_by_their_opentelemetry_names() {
+        let metric = only_metric(family(
+            "gen_ai_client_token_usage",
+            Values::Histogram(vec![Series {
+                labels: vec![
+                    label("gen_ai_operation_name", "chat"),
+                    label("gen_ai_provider_name", "openai"),
+                    label("gen_ai_request_model", "m"),
+                    label("gen_ai_token_type", "input"),
+                ],
+                value: histogram(None),
+            }]),
+        ));
+        assert_eq!(metric.name, "gen_ai.client.token.usage");
+        assert_eq!(metric.unit, "{token}");
+        let Some(Data::Histogram(h)) = metric.data else {
+            panic!("{metric:?}")
+        };
+        let keys: Vec<_> = h.data_points[0]
+            .attributes
+            .iter()
+            .map(|kv| kv.key.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "gen_ai.operation.name",
+                "gen_ai.provider.name",
+                "gen_ai.request.model",
+                "gen_ai.token.type"
+            ]
+        );
+        let duration = only_metric(family(
+            "gen_ai_server_request_duration_seconds",
+            Values::Histogram(vec![Series {
+                labels: vec![label("error_type", "timeout")],
+                value: histogram(None),
+            }]),
+        ));
+        assert_eq!(
+            (duration.name.as_str(), duration.unit.as_str()),
+            ("gen_ai.server.request.duration", "s")
+        );
     }
 
     #[test]

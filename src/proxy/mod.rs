@@ -48,7 +48,8 @@ pub struct Proxy {
 /// Settings a reload cannot change in a running process (they shape listeners, the
 /// in-flight semaphore or already registered metric families).
 const RESTART_ONLY: &str = "listen, admin, tls, limits, metrics.buckets, \
-     metrics.native_histograms and labels.tenant.families changes take effect after a restart";
+     metrics.native_histograms, metrics.names and labels.tenant.families changes take effect \
+     after a restart";
 
 impl Proxy {
     pub fn new(
@@ -105,6 +106,7 @@ impl Proxy {
             || before.limits != config.limits
             || before.metrics.buckets != config.metrics.buckets
             || before.metrics.native_histograms != config.metrics.native_histograms
+            || before.metrics.names != config.metrics.names
             || before.labels.tenant_families != config.labels.tenant_families;
         self.metrics().set_label_policies(&config.labels);
         self.gateway.swap(Active {

@@ -110,10 +110,11 @@ impl Server {
     /// Load the tokenizer, build the upstream client and bind the proxy and admin ports.
     pub async fn bind(config: Config) -> Result<Server, ServeError> {
         let tokenizer = load_tokenizer(&config)?;
-        let metrics = Metrics::with_native(
+        let metrics = Metrics::with_names(
             &config.metrics.buckets,
             &config.metrics.native_histograms,
             &config.labels,
+            config.metrics.names,
         );
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
