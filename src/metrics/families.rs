@@ -16,6 +16,7 @@
 
 use std::collections::BTreeSet;
 
+use super::gen_ai;
 use super::series::{Counter, Histogram, SeriesSet, Slot};
 use super::settings::{Buckets, Labels};
 
@@ -268,6 +269,115 @@ pub(super) static PAIR_FAMILIES: [PairFamily; 17] = [
         },
     },
 ];
+
+/// The `gen_ai_` families (`gen_ai`: `metrics.names`), defined as the `tokentap_` ones are;
+/// each reads the storage of a GenAI set, with the convention's buckets.
+pub(super) static GEN_AI_FAMILIES: [PairFamily; 6] = [
+    PairFamily {
+        name: "gen_ai_client_operation_time_per_output_chunk_seconds",
+        help: "GenAI client time per output chunk: each gap between consecutive token-bearing events of a streamed response, observed as the later event arrives (tokentap_inter_chunk_latency_seconds).",
+        labels: &[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+        ],
+        tenant_by_default: false,
+        slot: Slot::InterChunk,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::DURATION,
+            get: |s| s.inter_chunk.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "gen_ai_client_operation_time_to_first_chunk_seconds",
+        help: "GenAI client time to first chunk: from request head received to the first token-bearing event of a streamed response, whatever its outcome (tokentap_time_to_first_token_seconds).",
+        labels: &[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+        ],
+        tenant_by_default: false,
+        slot: Slot::FirstChunk,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::DURATION,
+            get: |s| s.first_chunk.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "gen_ai_client_token_usage",
+        help: "GenAI client token usage: input and output tokens per request, where counted (reported usage, else output tokens counted per event).",
+        labels: &[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+            "gen_ai_token_type",
+        ],
+        tenant_by_default: false,
+        slot: Slot::TokenUsage,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::TOKEN_USAGE,
+            get: |s| s.token_usage.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "gen_ai_server_request_duration_seconds",
+        help: "GenAI server request duration: from request head received to the end of the response (or its failure); error_type is the outcome of a request that did not complete (tokentap_request_duration_seconds).",
+        labels: &[
+            "error_type",
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+        ],
+        tenant_by_default: false,
+        slot: Slot::Duration,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::DURATION,
+            get: |s| s.duration.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "gen_ai_server_time_per_output_token_seconds",
+        help: "GenAI server time per output token after the first, of successful requests: (last event - first event) / (output tokens - first event's tokens) (tokentap_time_per_output_token_seconds).",
+        labels: &[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+        ],
+        tenant_by_default: false,
+        slot: Slot::Tpot,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::TIME_PER_OUTPUT_TOKEN,
+            get: |s| s.tpot.as_deref(),
+            always: false,
+        },
+    },
+    PairFamily {
+        name: "gen_ai_server_time_to_first_token_seconds",
+        help: "GenAI server time to first token of successful requests: from request head received to the first token-bearing event (tokentap_time_to_first_token_seconds).",
+        labels: &[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+        ],
+        tenant_by_default: false,
+        slot: Slot::Ttft,
+        kind: PairKind::Histogram {
+            buckets: |_| gen_ai::buckets::TIME_TO_FIRST_TOKEN,
+            get: |s| s.ttft.as_deref(),
+            always: false,
+        },
+    },
+];
+
+/// The GenAI family names, in name order.
+#[cfg(test)]
+pub(super) fn family_names() -> impl Iterator<Item = &'static str> {
+    GEN_AI_FAMILIES.iter().map(|f| f.name)
+}
 
 /// A small family kept on the prometheus registry (a handful of series at most).
 pub(super) struct RegistryFamily {

@@ -25,8 +25,6 @@
 
 use std::sync::Arc;
 
-use super::families::{PairFamily, PairKind};
-use super::series::{SeriesSet, Slot};
 use super::text::escape_label_value;
 
 /// `metrics.names`: the names the latency histograms and token counts go by on `/metrics`.
@@ -152,132 +150,6 @@ impl GenAiKey {
     }
 }
 
-/// What the sets of each role keep.
-pub(super) const OK_SLOTS: &[Slot] = &[
-    Slot::Ttft,
-    Slot::Tpot,
-    Slot::Duration,
-    Slot::FirstChunk,
-    Slot::InterChunk,
-];
-pub(super) const ERROR_SLOTS: &[Slot] = &[Slot::Duration];
-pub(super) const TOKEN_SLOTS: &[Slot] = &[Slot::TokenUsage];
-
-/// A request's GenAI sets, resolved with its other series: the set without `error.type`
-/// (figures of every request, and those of successful ones), and one per token type.
-/// The set of a failed request's `error.type` is looked up at its end.
-#[derive(Clone)]
-pub struct GenAiSeries {
-    pub(super) ok: Arc<SeriesSet>,
-    pub(super) input: Arc<SeriesSet>,
-    pub(super) output: Arc<SeriesSet>,
-    /// The request asked for a stream (or did not say): the client chunk metrics apply.
-    pub(super) streaming: bool,
-}
-
-/// The `gen_ai_` families, as the `tokentap_` ones are defined (`families`); each reads
-/// the storage of a GenAI set.
-pub(super) static GEN_AI_FAMILIES: [PairFamily; 6] = [
-    PairFamily {
-        name: "gen_ai_client_operation_time_per_output_chunk_seconds",
-        help: "GenAI client time per output chunk: each gap between consecutive token-bearing events of a streamed response, observed as the later event arrives (tokentap_inter_chunk_latency_seconds).",
-        labels: &[
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-        ],
-        tenant_by_default: false,
-        slot: Slot::InterChunk,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::DURATION,
-            get: |s| s.inter_chunk.as_deref(),
-            always: false,
-        },
-    },
-    PairFamily {
-        name: "gen_ai_client_operation_time_to_first_chunk_seconds",
-        help: "GenAI client time to first chunk: from request head received to the first token-bearing event of a streamed response, whatever its outcome (tokentap_time_to_first_token_seconds).",
-        labels: &[
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-        ],
-        tenant_by_default: false,
-        slot: Slot::FirstChunk,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::DURATION,
-            get: |s| s.first_chunk.as_deref(),
-            always: false,
-        },
-    },
-    PairFamily {
-        name: "gen_ai_client_token_usage",
-        help: "GenAI client token usage: input and output tokens per request, where counted (reported usage, else output tokens counted per event).",
-        labels: &[
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-            "gen_ai_token_type",
-        ],
-        tenant_by_default: false,
-        slot: Slot::TokenUsage,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::TOKEN_USAGE,
-            get: |s| s.token_usage.as_deref(),
-            always: false,
-        },
-    },
-    PairFamily {
-        name: "gen_ai_server_request_duration_seconds",
-        help: "GenAI server request duration: from request head received to the end of the response (or its failure); error_type is the outcome of a request that did not complete (tokentap_request_duration_seconds).",
-        labels: &[
-            "error_type",
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-        ],
-        tenant_by_default: false,
-        slot: Slot::Duration,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::DURATION,
-            get: |s| s.duration.as_deref(),
-            always: false,
-        },
-    },
-    PairFamily {
-        name: "gen_ai_server_time_per_output_token_seconds",
-        help: "GenAI server time per output token after the first, of successful requests: (last event - first event) / (output tokens - first event's tokens) (tokentap_time_per_output_token_seconds).",
-        labels: &[
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-        ],
-        tenant_by_default: false,
-        slot: Slot::Tpot,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::TIME_PER_OUTPUT_TOKEN,
-            get: |s| s.tpot.as_deref(),
-            always: false,
-        },
-    },
-    PairFamily {
-        name: "gen_ai_server_time_to_first_token_seconds",
-        help: "GenAI server time to first token of successful requests: from request head received to the first token-bearing event (tokentap_time_to_first_token_seconds).",
-        labels: &[
-            "gen_ai_operation_name",
-            "gen_ai_provider_name",
-            "gen_ai_request_model",
-        ],
-        tenant_by_default: false,
-        slot: Slot::Ttft,
-        kind: PairKind::Histogram {
-            buckets: |_| buckets::TIME_TO_FIRST_TOKEN,
-            get: |s| s.ttft.as_deref(),
-            always: false,
-        },
-    },
-];
-
 /// `(GenAI family, tokentap family)`: which `tokentap_` family each GenAI family stands
 /// for, and so which `metrics.names: gen_ai` leaves out. The token counters are replaced
 /// by the usage histogram, whose `_sum` is their total.
@@ -305,11 +177,6 @@ pub const REPLACED: [(&str, &str); 7] = [
         "tokentap_time_to_first_token_seconds",
     ),
 ];
-
-/// The GenAI family names, in name order (what the e2e check and the README list).
-pub fn family_names() -> impl Iterator<Item = &'static str> {
-    GEN_AI_FAMILIES.iter().map(|f| f.name)
-}
 
 /// The OpenTelemetry name and unit of a GenAI family's Prometheus name, and its
 /// attributes' names: what the OTLP push sends it as.
@@ -347,6 +214,7 @@ pub fn otel_attribute(label: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
     use crate::metrics::exemplar::TraceContext;
+    use crate::metrics::families::{family_names, GEN_AI_FAMILIES};
     use crate::metrics::{
         Metrics, NativeHistograms, Outcome, RequestExemplar, RequestFigures, StatusClass, Verdict,
     };

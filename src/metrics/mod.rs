@@ -57,18 +57,18 @@ use exposition::{
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
-    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, LABEL_OVERFLOW, OTLP_EXPORTS,
+    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
     UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER,
     UPSTREAM_UP,
 };
 pub use gen_ai::MetricNames;
-use gen_ai::{GenAiBounds, GenAiKey, GenAiSeries, GEN_AI_FAMILIES};
+use gen_ai::{GenAiBounds, GenAiKey};
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
 pub use outcome::{Outcome, StatusClass, Verdict};
 use series::{Bounds, Slot, TenantSlots};
-pub use series::{Counter, Histogram, SeriesSet, StreamSeries};
+pub use series::{Counter, GenAiSeries, Histogram, SeriesSet, StreamSeries};
 pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use snapshot::Snapshot;
 use snapshot::{FamilySnapshot, Label, Series, Values};
@@ -502,9 +502,9 @@ impl Metrics {
             token_type,
         };
         stream.gen_ai = Some(GenAiSeries {
-            ok: self.gen_ai_set(key(None), gen_ai::OK_SLOTS),
-            input: self.gen_ai_set(key(Some("input")), gen_ai::TOKEN_SLOTS),
-            output: self.gen_ai_set(key(Some("output")), gen_ai::TOKEN_SLOTS),
+            ok: self.gen_ai_set(key(None), series::OK_SLOTS),
+            input: self.gen_ai_set(key(Some("input")), series::TOKEN_SLOTS),
+            output: self.gen_ai_set(key(Some("output")), series::TOKEN_SLOTS),
             streaming,
         });
     }
@@ -565,7 +565,7 @@ impl Metrics {
                 error_type: Some(verdict.outcome.as_str()),
                 ..gen_ai.ok.gen_ai.clone().expect("a GenAI set has its key")
             };
-            let failed = self.gen_ai_set(key, gen_ai::ERROR_SLOTS);
+            let failed = self.gen_ai_set(key, series::ERROR_SLOTS);
             observe(failed.duration.as_deref(), figures.duration);
         }
         if let (Some(input), Some(usage)) = (figures.input_tokens, &gen_ai.input.token_usage) {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::exemplar::{Exemplar, ExemplarSlots};
-use super::gen_ai::{GenAiBounds, GenAiKey, GenAiSeries};
+use super::gen_ai::{GenAiBounds, GenAiKey};
 use super::native::{NativeHistogram, NativeSettings};
 use super::outcome::Verdict;
 use super::snapshot::NativeHistogramSnapshot;
@@ -368,6 +368,29 @@ impl SeriesSet {
     pub(super) fn split_labels(&self) -> (&str, &str) {
         self.labels.split_at(self.tenant_at)
     }
+}
+
+/// What the sets of each role keep.
+pub(super) const OK_SLOTS: &[Slot] = &[
+    Slot::Ttft,
+    Slot::Tpot,
+    Slot::Duration,
+    Slot::FirstChunk,
+    Slot::InterChunk,
+];
+pub(super) const ERROR_SLOTS: &[Slot] = &[Slot::Duration];
+pub(super) const TOKEN_SLOTS: &[Slot] = &[Slot::TokenUsage];
+
+/// A request's GenAI sets, resolved with its other series: the set without `error.type`
+/// (figures of every request, and those of successful ones), and one per token type.
+/// The set of a failed request's `error.type` is looked up at its end.
+#[derive(Clone)]
+pub struct GenAiSeries {
+    pub(super) ok: Arc<SeriesSet>,
+    pub(super) input: Arc<SeriesSet>,
+    pub(super) output: Arc<SeriesSet>,
+    /// The request asked for a stream (or did not say): the client chunk metrics apply.
+    pub(super) streaming: bool,
 }
 
 /// The series one request observes through, resolved once by `Metrics::stream`: its

@@ -19,6 +19,7 @@ mod fast_path;
 mod faults;
 mod fuzz_decoders;
 mod fuzz_fast_path;
+mod gen_ai;
 mod grpc;
 mod grpc_fixtures;
 mod grpc_net;
