@@ -60,6 +60,9 @@ bash scripts/ops/e2e-exemplars.sh
 step "end to end: OTLP push over gRPC and HTTP to an opentelemetry-proto receiver, equal to /metrics; the receiver stopped mid-run"
 bash scripts/ops/e2e-otlp.sh
 
+step "end to end: metrics.names (the GenAI semantic conventions' families) through promtool and a real Prometheus of each kind"
+bash scripts/ops/e2e-gen-ai.sh
+
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
 

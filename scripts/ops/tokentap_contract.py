@@ -92,6 +92,27 @@ EVENT_DRIVEN = {
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}
 
+# `metrics.names: gen_ai` or `both`: the OpenTelemetry GenAI semantic conventions'
+# families (src/metrics/families.rs GEN_AI_FAMILIES), name -> (type, labels); a series
+# has the labels of its attributes it carries (error_type only on failed requests'
+# durations). GEN_AI_REPLACES: what `gen_ai` leaves out of the tokentap_ families.
+GEN_AI_METRICS = {
+    "gen_ai_client_operation_time_per_output_chunk_seconds": ("histogram", ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")),
+    "gen_ai_client_operation_time_to_first_chunk_seconds": ("histogram", ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")),
+    "gen_ai_client_token_usage": ("histogram", ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_token_type")),
+    "gen_ai_server_request_duration_seconds": ("histogram", ("error_type", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")),
+    "gen_ai_server_time_per_output_token_seconds": ("histogram", ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")),
+    "gen_ai_server_time_to_first_token_seconds": ("histogram", ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")),
+}
+GEN_AI_REPLACES = (
+    "tokentap_time_to_first_token_seconds",
+    "tokentap_time_per_output_token_seconds",
+    "tokentap_request_duration_seconds",
+    "tokentap_inter_chunk_latency_seconds",
+    "tokentap_output_tokens_total",
+    "tokentap_input_tokens_total",
+)
+
 OUTCOMES = ("completed", "cancelled", "upstream_error", "upstream_refused", "timeout",
             "client_error", "overloaded")
 

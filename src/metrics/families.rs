@@ -693,6 +693,35 @@ mod tests {
         assert_eq!(python_strings("STATUSES", '(', ')'), statuses);
     }
 
+    /// The GenAI families and what `gen_ai` replaces are the ops contract's too.
+    #[test]
+    fn the_ops_contract_has_the_gen_ai_families() {
+        let mut ops = BTreeMap::new();
+        for line in python_value("GEN_AI_METRICS", '{', '}').lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let (found, plain) = strings(line);
+            assert!(plain && found.len() >= 2, "GEN_AI_METRICS entry: {line}");
+            ops.insert(found[0].clone(), (found[1].clone(), found[2..].to_vec()));
+        }
+        let table: BTreeMap<String, (String, Vec<String>)> = GEN_AI_FAMILIES
+            .iter()
+            .map(|f| {
+                let labels = f.labels.iter().map(|l| l.to_string()).collect();
+                (f.name.to_string(), (f.kind.type_name().to_string(), labels))
+            })
+            .collect();
+        assert_eq!(ops, table);
+        let mut replaced: Vec<&str> = gen_ai::REPLACED.iter().map(|(_, t)| *t).collect();
+        replaced.sort();
+        replaced.dedup();
+        let mut ops_replaced = python_strings("GEN_AI_REPLACES", '(', ')');
+        ops_replaced.sort();
+        assert_eq!(ops_replaced, replaced);
+    }
+
     /// Each family's `slot` is the storage its getter reads: a set that keeps that slot
     /// alone has this family and no other, so `labels.tenant.families` moves exactly the
     /// families it names.
