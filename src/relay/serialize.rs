@@ -124,8 +124,9 @@ pub fn chunk(data: &[u8], out: &mut Vec<u8>) {
 /// hyper's server writes for [`Answer::response`]: its fields, `connection: close` for a
 /// closing client, then the length hyper adds.
 pub fn answer(answer: &Answer, close: bool) -> Vec<u8> {
-    let status = answer.status;
     let response = answer.response::<bytes::Bytes>();
+    // The response's status, not the answer's: a gRPC call's answer is a `200`.
+    let status = response.status();
     let body = response.body();
     let mut out = Vec::with_capacity(128 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -147,6 +148,85 @@ pub fn answer(answer: &Answer, close: bool) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What hyper's HTTP/1.1 server writes for `answer.response()` to a client that sent
+    /// `connection: close` when `close`, without its `date` field.
+    async fn hyper_writes(answer: &Answer, close: bool) -> Vec<u8> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let answer = answer.clone();
+        let service = hyper::service::service_fn(move |_request| {
+            let response = answer.response::<http_body_util::Full<bytes::Bytes>>();
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(server), service),
+        );
+        let connection = if close { "connection: close\r\n" } else { "" };
+        let request =
+            format!("POST /x HTTP/1.1\r\nhost: x\r\n{connection}content-length: 0\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n =
+                tokio::time::timeout(std::time::Duration::from_millis(500), client.read(&mut buf))
+                    .await
+                    .map_or(0, |r| r.unwrap_or(0));
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            if !close && out.windows(4).any(|w| w == b"\r\n\r\n") {
+                let head_end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let head = String::from_utf8_lossy(&out[..head_end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |n| n.trim().parse().unwrap());
+                if out.len() >= head_end + length {
+                    break;
+                }
+            }
+        }
+        let text = String::from_utf8(out).unwrap();
+        text.split("\r\n")
+            .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+            .collect::<Vec<_>>()
+            .join("\r\n")
+            .into_bytes()
+    }
+
+    /// The relay's answer bytes are hyper's for every kind of answer, a gRPC call's
+    /// (status 200, its status in `grpc-status`) included.
+    #[tokio::test]
+    async fn answers_are_written_as_hyper_writes_them() {
+        use http::{HeaderMap, HeaderValue, StatusCode};
+        let mut grpc = HeaderMap::new();
+        grpc.insert("content-type", HeaderValue::from_static("application/grpc"));
+        let plain = HeaderMap::new();
+        for (status, headers) in [
+            (StatusCode::BAD_GATEWAY, &plain),
+            (StatusCode::METHOD_NOT_ALLOWED, &plain),
+            (StatusCode::BAD_GATEWAY, &grpc),
+            (StatusCode::GATEWAY_TIMEOUT, &grpc),
+            (StatusCode::SERVICE_UNAVAILABLE, &grpc),
+        ] {
+            let answer = Answer::new(status, "cannot connect to upstream").to(headers);
+            for close in [false, true] {
+                assert_eq!(
+                    String::from_utf8_lossy(&answer_bytes(&answer, close)),
+                    String::from_utf8_lossy(&hyper_writes(&answer, close).await),
+                    "{answer:?}, close: {close}"
+                );
+            }
+        }
+    }
+
+    fn answer_bytes(answer: &Answer, close: bool) -> Vec<u8> {
+        super::answer(answer, close)
+    }
 
     #[test]
     fn a_chunk_s_size_is_upper_case_hex_as_hyper_writes_it() {

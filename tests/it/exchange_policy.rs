@@ -1080,3 +1080,76 @@ async fn reported_rate_limits_become_per_model_gauges() {
         );
     }
 }
+
+/// A gRPC call (`content-type: application/grpc`) that reaches tokentap over HTTP/1.1 and
+/// fails before a response head gets the same trailers-only gRPC answer on the relay as
+/// on hyper (and as over h2, `grpc_net.rs`): `200`, `application/grpc`, `grpc-status` 14
+/// (`UNAVAILABLE`) for the unreachable upstream and 4 (`DEADLINE_EXCEEDED`) for the head
+/// timeout, tokentap's message in `grpc-message`, no body; counted as tokentap's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_over_http1_gets_the_grpc_form_of_tokentaps_answer_on_both_paths() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let slow = ScriptedBackend::start(vec![Step::Sleep(Duration::from_secs(5))]).await;
+    let call = |tenant: &str| {
+        format!(
+            "POST /sglang.grpc.scheduler.SglangScheduler/Generate HTTP/1.1\r\nhost: x\r\n\
+             content-type: application/grpc\r\nte: trailers\r\nx-tenant-id: {tenant}\r\n\
+             connection: close\r\ncontent-length: 5\r\n\r\n\0\0\0\0\0"
+        )
+        .into_bytes()
+    };
+    let mut heads = Vec::new();
+    for transport in [Transport::Relay, Transport::HyperH1] {
+        for (upstream, yaml, code, outcome, status) in [
+            (&nowhere, "", "14", "upstream_error", "tokentap_502"),
+            (
+                &slow.url(),
+                "upstream:\n  response_head_timeout: 200ms\n",
+                "4",
+                "timeout",
+                "tokentap_504",
+            ),
+        ] {
+            let proxy = transport.proxy(upstream, yaml).await;
+            let tenant = format!("grpc-{outcome}-{transport:?}");
+            let raw = common::raw_exchange(proxy.addr, &call(&tenant)).await;
+            let (head, body, _) = common::parse_raw_response(&raw);
+            let field = |name: &str| {
+                head.iter()
+                    .find_map(|l| {
+                        let (n, v) = l.split_once(": ")?;
+                        n.eq_ignore_ascii_case(name).then(|| v.to_string())
+                    })
+                    .unwrap_or_else(|| panic!("{tenant}: no {name} in {head:?}"))
+            };
+            assert_eq!(head[0], "HTTP/1.1 200 OK", "{tenant}: {head:?}");
+            assert_eq!(field("content-type"), "application/grpc", "{tenant}");
+            assert_eq!(field("grpc-status"), code, "{tenant}");
+            assert!(field("grpc-message").starts_with("tokentap"), "{tenant}");
+            assert!(
+                body.is_empty(),
+                "{tenant}: trailers-only, no body: {body:?}"
+            );
+            let tenant = ("tenant", tenant.as_str());
+            let m = proxy
+                .wait_metrics("the call counted", |m| {
+                    m.sum("tokentap_requests_total", &[tenant]) >= 1.0
+                })
+                .await;
+            let labels = [tenant, ("outcome", outcome), ("status", status)];
+            assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+            // Without the fields a transport writes of its own accord.
+            let mut fields: Vec<String> = head[1..]
+                .iter()
+                .map(|l| l.to_ascii_lowercase())
+                .filter(|l| !l.starts_with("date:") && !l.starts_with("connection:"))
+                .collect();
+            fields.sort();
+            heads.push((code, fields));
+        }
+    }
+    let (relay, hyper) = heads.split_at(2);
+    assert_eq!(relay, hyper, "the relay and hyper answer alike");
+}
