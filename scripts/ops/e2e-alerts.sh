@@ -37,6 +37,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OPS=$ROOT/scripts/ops
+# shellcheck source=scripts/ops/lib.sh
+. "$OPS/lib.sh"
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 FACTOR=60
 H=127.0.0.1
@@ -44,11 +46,7 @@ if [ -n "${1:-}" ]; then
   sed -n '2,35p' "$0"; exit 2
 fi
 
-PASSED=0 FAILED=0
-pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
-fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
-die() { echo "e2e-alerts: $*" >&2; exit 2; }
-summary() { echo "e2e-alerts: $PASSED passed, $FAILED failed"; }
+ops_init e2e-alerts
 
 # ------------------------------------------------------------------ preflight
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build\` and set TOKENTAP_BIN"
@@ -66,55 +64,7 @@ for t in prometheus prometheus-alertmanager amtool promtool curl python3; do
 done
 python3 -c 'import yaml' 2>/dev/null || die "python3 needs PyYAML (pip install pyyaml)"
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-e2e-alerts.XXXXXX")
-declare -A PID_OF=()
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
-  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT TERM
-
-start() {  # start NAME CMD...   (logs to $TMP/NAME.log)
-  local name=$1; shift
-  "$@" >"$TMP/$name.log" 2>&1 &
-  PID_OF[$name]=$!
-  PIDS+=("$!")
-}
-log_tail() { echo "---- $1.log (tail)"; tail -n 20 "$TMP/$1.log" 2>/dev/null; echo "----"; }
-
-# wait_http NAME URL WANT_CODE TIMEOUT_S: poll until URL answers WANT_CODE.
-wait_http() {
-  local name=$1 url=$2 want=$3 limit=$4 code
-  for _ in $(seq $((limit * 10))); do
-    code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$url" 2>/dev/null)
-    [ "$code" = "$want" ] && return 0
-    if ! kill -0 "${PID_OF[$name]}" 2>/dev/null; then
-      echo "$name exited early"; log_tail "$name"; return 1
-    fi
-    sleep 0.1
-  done
-  echo "$url answered ${code:-nothing}, wanted $want after ${limit}s"; log_tail "$name"
-  return 1
-}
-
-read -r P_SIM P_PROXY P_ADMIN P_PROM P_AM P_HOOK < <(
-  python3 - <<'EOF'
-import socket
-socks = []
-for _ in range(6):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks: s.close()
-EOF
-)
+read -r P_SIM P_PROXY P_ADMIN P_PROM P_AM P_HOOK < <(free_ports 6)
 echo "binary: $BIN, temp: $TMP"
 
 # ------------------------------------------------------------------ configs

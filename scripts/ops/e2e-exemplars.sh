@@ -32,12 +32,14 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=scripts/ops/lib.sh
+. "$ROOT/scripts/ops/lib.sh"
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 PROMETHEUS=${PROMETHEUS:-prometheus}
 REQUESTS=${REQUESTS:-20}
 MODEL=llama-3.1-8b
 
-die() { echo "e2e-exemplars: $*" >&2; exit 2; }
+ops_init e2e-exemplars
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
 for t in "$PROMETHEUS" curl python3; do
   command -v "$t" >/dev/null || die "$t not found (apt-get install -y prometheus curl)"
@@ -46,42 +48,12 @@ if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
   python3 -m pip install --quiet prometheus-client >/dev/null 2>&1 || true
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-exemplars.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
-  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-start() {  # start NAME CMD...   (stdout and stderr to $TMP/NAME.log)
-  local name=$1; shift
-  "$@" >"$TMP/$name.log" 2>&1 &
-  PIDS+=("$!")
-}
-wait_http() {  # wait_http URL TIMEOUT_S
-  for _ in $(seq $(($2 * 10))); do
-    [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1")" = 200 ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-read -r P_SIM P_PROXY P_ADMIN P_CLASSIC P_NATIVE < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
+read -r P_SIM P_PROXY P_ADMIN P_CLASSIC P_NATIVE < <(free_ports 5)
 H=127.0.0.1
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 120ms --itl 20ms --jitter 0.3 --tokens 20
 start tokentap "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY" --admin "$H:$P_ADMIN" --log-format json
-wait_http "http://$H:$P_ADMIN/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }
+wait_http tokentap "http://$H:$P_ADMIN/readyz" 200 30 || die "tokentap not ready"
 
 cat >"$TMP/prometheus.yaml" <<EOF
 global: {scrape_interval: 1s}
@@ -96,8 +68,9 @@ for kind in classic native; do
     --storage.tsdb.path="$TMP/tsdb-$kind" --web.listen-address="$H:$port" \
     --enable-feature="$features" --log.level=warn
 done
-for port in "$P_CLASSIC" "$P_NATIVE"; do
-  wait_http "http://$H:$port/-/ready" 30 || { tail "$TMP"/prometheus-*.log; die "Prometheus not ready"; }
+for kind in classic native; do
+  if [ "$kind" = classic ]; then port=$P_CLASSIC; else port=$P_NATIVE; fi
+  wait_http "prometheus-$kind" "http://$H:$port/-/ready" 200 30 || die "Prometheus ($kind) not ready"
 done
 
 python3 - "$H" "$P_PROXY" "$P_ADMIN" "$P_CLASSIC" "$P_NATIVE" "$REQUESTS" "$MODEL" "$TMP" <<'EOF'
