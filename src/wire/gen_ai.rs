@@ -6,6 +6,8 @@
 //! `text_completion` and `generate_content` for operations; `openai`, `anthropic` and
 //! `gcp.gen_ai` for providers (the provider names the API's format, which is what the
 //! convention's attribute discriminates; an OpenAI-compatible engine is `openai`). The
+//! Gemini dialect serves both Google endpoints, AI Studio's (`gcp.gemini`) and Vertex AI's
+//! (`gcp.vertex_ai`), so it is the convention's value for either, `gcp.gen_ai`. The
 //! engines' own APIs have no well-known provider, so they take the engine's name as the
 //! custom value the convention allows: `ollama`, `tgi`, `triton`, `sglang`, `vllm`,
 //! `tensorrt_llm`. Their generate calls take a prompt, not messages: `text_completion`.
@@ -18,7 +20,7 @@ pub fn operation_name(dialect: Dialect, path: &str) -> &'static str {
     match dialect {
         Dialect::OpenAiChat | Dialect::OpenAiResponses | Dialect::Anthropic => "chat",
         Dialect::Gemini => "generate_content",
-        Dialect::Ollama if path.ends_with("/api/chat") => "chat",
+        Dialect::Ollama if path.trim_end_matches('/').ends_with("/api/chat") => "chat",
         Dialect::OpenAiCompletions
         | Dialect::Ollama
         | Dialect::Tgi
@@ -73,6 +75,7 @@ mod tests {
                 "gcp.gen_ai",
             ),
             (Dialect::Ollama, "/api/chat", "chat", "ollama"),
+            (Dialect::Ollama, "/ollama/api/chat/", "chat", "ollama"),
             (
                 Dialect::Ollama,
                 "/api/generate",
