@@ -44,6 +44,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod sim;
+pub mod trust;
 pub mod wire;
 
 pub use config::Config;

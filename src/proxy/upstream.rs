@@ -7,8 +7,6 @@
 //! [`h1_upstream`](super::h1_upstream), whose connections are driven by the task that writes
 //! to the client. HTTPS (ALPN) and h2c upstreams go through hyper-util's pooled client.
 
-use std::fs::File;
-use std::io::BufReader;
 use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderValue};
@@ -29,17 +27,13 @@ use crate::config::{HostHeader, Upstream};
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
 use crate::idle_pool::Origin;
 use crate::intermediary::{self, HostError};
+use crate::trust::{self, TrustError};
 
 /// Why the upstream client could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot read upstream CA file {path}: {source}")]
-    CaFile {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("upstream CA file {path} holds no usable certificate")]
-    CaEmpty { path: String },
+    #[error("upstream.ca_file: {0}")]
+    Trust(#[from] TrustError),
 }
 
 /// The pooled client for one upstream.
@@ -245,13 +239,7 @@ fn pooled_client(config: &Upstream) -> Result<Client<H2Only, UpstreamBody>, Clie
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(config.connect_timeout));
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default protocol versions")
-    .with_root_certificates(root_store(config)?)
-    .with_no_client_auth();
+    let tls = trust::client_config(trust::root_store(config.ca_file.as_deref())?);
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -283,33 +271,6 @@ fn pooled_client(config: &Upstream) -> Result<Client<H2Only, UpstreamBody>, Clie
 fn host_header_value(authority: &http::uri::Authority) -> HeaderValue {
     HeaderValue::from_str(&intermediary::host_value(authority))
         .unwrap_or_else(|_| HeaderValue::from_static("localhost"))
-}
-
-fn root_store(config: &Upstream) -> Result<rustls::RootCertStore, ClientError> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    // The platform's store adds private CAs installed on the host; unreadable entries are
-    // skipped (they are logged by rustls-native-certs' result).
-    let native = rustls_native_certs::load_native_certs();
-    let _ = roots.add_parsable_certificates(native.certs);
-    if let Some(path) = &config.ca_file {
-        let shown = path.display().to_string();
-        let file = File::open(path).map_err(|source| ClientError::CaFile {
-            path: shown.clone(),
-            source,
-        })?;
-        let certs: Vec<_> = rustls_pemfile::certs(&mut BufReader::new(file))
-            .collect::<Result<_, _>>()
-            .map_err(|source| ClientError::CaFile {
-                path: shown.clone(),
-                source,
-            })?;
-        let (added, _) = roots.add_parsable_certificates(certs);
-        if added == 0 {
-            return Err(ClientError::CaEmpty { path: shown });
-        }
-    }
-    Ok(roots)
 }
 
 /// Remove hop-by-hop headers from a response head, except that a `101` keeps the
