@@ -78,6 +78,7 @@ pub mod compress;
 pub mod error_class;
 pub mod factory;
 pub mod gemini;
+pub mod gen_ai;
 pub mod grpc;
 pub mod jsonarray;
 pub mod ndjson;
