@@ -23,6 +23,9 @@ use crate::metrics::{
 };
 use crate::wire::{gen_ai, Dialect, EngineTimings, ErrorClass, Signal};
 
+/// The most distinct finish reasons kept for one request.
+const MAX_FINISH_REASONS: usize = 8;
+
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
 /// access log come from here.
@@ -119,6 +122,8 @@ pub struct Recorder {
     /// Every per-token ITL value, sketched for the median: kept only for a request that
     /// gets a span.
     itl_sketch: Option<ItlSketch>,
+    /// The finish reasons the stream named, each once.
+    finish_reasons: Vec<String>,
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
     in_flight: InFlight,
@@ -149,6 +154,7 @@ impl Recorder {
             rate_limits: None,
             slowest_itl: None,
             itl_sketch,
+            finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             in_flight,
         }
@@ -260,6 +266,14 @@ impl Recorder {
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
                 Signal::EngineTimings(timings) => self.engine.merge(*timings),
+                Signal::FinishReason(reason) => {
+                    // Each reason once; a stream of many choices names a few at most.
+                    if self.finish_reasons.len() < MAX_FINISH_REASONS
+                        && !self.finish_reasons.contains(reason)
+                    {
+                        self.finish_reasons.push(reason.clone());
+                    }
+                }
             }
         }
     }
@@ -383,7 +397,7 @@ impl Recorder {
                 itl_p50: self.itl_sketch.as_ref().and_then(|s| s.quantile(0.5)),
                 gen_ai_operation: gen_ai::operation(self.facts.dialect, &self.facts.path),
                 gen_ai_provider: gen_ai::provider(self.facts.dialect),
-                finish_reasons: Vec::new(),
+                finish_reasons: std::mem::take(&mut self.finish_reasons),
             };
             if tapped {
                 self.metrics.request_taps.finished(&finished);

@@ -218,6 +218,17 @@ async fn spans_are_children_of_the_sent_traceparent_with_the_genai_attributes() 
         "itl p50 {p50} max {max}"
     );
     assert!(double(&a, "tokentap.ttfb") <= ttft);
+    match a.get("gen_ai.response.finish_reasons") {
+        Some(Value::ArrayValue(array)) => {
+            let reasons: Vec<_> = array.values.iter().map(|v| v.value.clone()).collect();
+            assert_eq!(
+                reasons,
+                [Some(Value::StringValue("length".into()))],
+                "the simulator ends at its token count"
+            );
+        }
+        other => panic!("finish reasons: {other:?}"),
+    }
     assert_eq!(text(&a, "tokentap.outcome"), "completed");
     assert_eq!(text(&a, "tokentap.status_class"), "2xx");
     assert_eq!(text(&a, "tokentap.tenant"), "t");
