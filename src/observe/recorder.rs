@@ -394,7 +394,13 @@ impl Recorder {
                 span: self.facts.span,
                 request_model: self.facts.model.get().cloned(),
                 response_model: self.response_model.clone(),
-                itl_p50: self.itl_sketch.as_ref().and_then(|s| s.quantile(0.5)),
+                // A bucket's midpoint can lie past the largest value in it: never more
+                // than the largest seen.
+                itl_p50: self
+                    .itl_sketch
+                    .as_ref()
+                    .and_then(|s| s.quantile(0.5))
+                    .map(|p50| p50.min(self.slowest_itl.unwrap_or(p50))),
                 gen_ai_operation: gen_ai::operation(self.facts.dialect, &self.facts.path),
                 gen_ai_provider: gen_ai::provider(self.facts.dialect),
                 finish_reasons: std::mem::take(&mut self.finish_reasons),
