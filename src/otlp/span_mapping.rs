@@ -200,3 +200,120 @@ fn saturating_nanos(d: Duration) -> u64 {
 fn unix_nanos(at: SystemTime) -> u64 {
     saturating_nanos(at.duration_since(UNIX_EPOCH).unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::exemplar::TraceContext;
+    use crate::metrics::{StatusClass, Verdict};
+    use std::sync::Arc;
+
+    fn request() -> FinishedRequest {
+        FinishedRequest {
+            model: Arc::from("m"),
+            tenant: Arc::from("t"),
+            dialect: "anthropic",
+            path: "/v1/messages".into(),
+            verdict: Verdict::new(Outcome::Completed, StatusClass::Success),
+            http_status: Some(200),
+            answered_by_tokentap: false,
+            grpc_status: None,
+            stream: Some(true),
+            trace: None,
+            started: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            duration: Duration::from_millis(1500),
+            ttfb: Some(Duration::from_millis(5)),
+            ttft: Some(Duration::from_millis(250)),
+            mean_itl: None,
+            slowest_itl: Some(Duration::from_millis(40)),
+            slowest_gap: None,
+            tpot: None,
+            events: 10,
+            output_tokens: 12,
+            input_tokens: Some(30),
+            counting: "apportioned",
+            span: Some(TraceContext {
+                trace_id: [1; 16],
+                span_id: [2; 8],
+            }),
+            request_model: Some("claude".into()),
+            response_model: None,
+            itl_p50: Some(Duration::from_millis(20)),
+            gen_ai_operation: "chat",
+            gen_ai_provider: "anthropic",
+            finish_reasons: vec!["end_turn".into()],
+        }
+    }
+
+    fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+    }
+
+    #[test]
+    fn a_root_span_with_its_times_and_attributes() {
+        let server = Server {
+            address: "engine".into(),
+            port: 8000,
+        };
+        let span = span(&request(), Some(&server)).expect("a span");
+        assert_eq!(span.name, "chat claude");
+        assert_eq!(span.kind, SpanKind::Client as i32);
+        assert!(span.parent_span_id.is_empty());
+        assert_eq!(
+            span.flags,
+            SAMPLED | HAS_IS_REMOTE,
+            "a root: no remote parent"
+        );
+        assert_eq!(span.start_time_unix_nano, 1_700_000_000_000_000_000);
+        assert_eq!(span.end_time_unix_nano, 1_700_000_001_500_000_000);
+        assert_eq!(span.status, None);
+        let string = |key| match attribute(&span, key) {
+            Some(any_value::Value::StringValue(v)) => v.clone(),
+            other => panic!("{key}: {other:?}"),
+        };
+        assert_eq!(string("gen_ai.provider.name"), "anthropic");
+        assert_eq!(string("server.address"), "engine");
+        assert!(attribute(&span, "gen_ai.response.model").is_none());
+        assert_eq!(
+            attribute(&span, "gen_ai.usage.input_tokens"),
+            Some(&any_value::Value::IntValue(30))
+        );
+        assert_eq!(
+            attribute(&span, "tokentap.itl.p50"),
+            Some(&any_value::Value::DoubleValue(0.02))
+        );
+        assert!(attribute(&span, "error.type").is_none());
+    }
+
+    #[test]
+    fn a_child_of_its_traceparent_and_an_error_when_it_failed() {
+        let mut failed = request();
+        failed.trace = Some(TraceContext {
+            trace_id: [1; 16],
+            span_id: [9; 8],
+        });
+        failed.verdict = Verdict::new(
+            Outcome::Timeout,
+            StatusClass::tokentap(http::StatusCode::GATEWAY_TIMEOUT),
+        );
+        failed.http_status = None;
+        failed.request_model = None;
+        let span = span(&failed, None).expect("a span");
+        assert_eq!(span.parent_span_id, vec![9; 8]);
+        assert_eq!(span.flags, SAMPLED | HAS_IS_REMOTE | IS_REMOTE);
+        assert_eq!(span.name, "chat", "no model named: the operation alone");
+        assert_eq!(span.status.as_ref().unwrap().code, StatusCode::Error as i32);
+        assert_eq!(
+            attribute(&span, "error.type"),
+            Some(&any_value::Value::StringValue("timeout".into()))
+        );
+        assert!(attribute(&span, "server.address").is_none());
+        // A request without a span of its own gives none.
+        let mut unsampled = request();
+        unsampled.span = None;
+        assert!(super::span(&unsampled, None).is_none());
+    }
+}
