@@ -13,6 +13,15 @@
 //! would log a warning and carry on (a value that does not parse), tokentap refuses to
 //! start and names the variable: a push silently sent elsewhere or never is worse.
 //!
+//! Spans (`otlp.traces`, [`OtlpTraces`]) are opt-in: `otlp.traces.enabled`, else
+//! `OTEL_TRACES_EXPORTER` (`otlp` or `none`; unset is off, unlike an SDK's default). They
+//! read the same file keys as the metrics push for protocol, headers, compression and
+//! timeout, then the `OTEL_EXPORTER_OTLP_TRACES_*` variables, then the generic ones;
+//! their URL is `otlp.traces.endpoint`, else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
+//! derived from `otlp.endpoint`, else the generic endpoint with `v1/traces`. The sampler
+//! (`OTEL_TRACES_SAMPLER`, `_ARG`) and the batch processor (`OTEL_BSP_*`) are checked
+//! whether or not spans are on.
+//!
 //! Header values are secrets (API keys): no error and no `Debug` ever shows one.
 
 use std::collections::BTreeMap;

@@ -411,17 +411,19 @@ pub struct RawOtlp {
     /// `http/protobuf` appends `/v1/metrics`). Default `http://localhost:4318/v1/metrics`
     /// (`http://localhost:4317` for `grpc`).
     pub endpoint: Option<String>,
-    /// `http/protobuf` or `grpc`. Over `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, then
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL`. Default `http/protobuf`.
+    /// `http/protobuf` or `grpc`. Over `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` (spans:
+    /// `_TRACES_PROTOCOL`), then `OTEL_EXPORTER_OTLP_PROTOCOL`. Default `http/protobuf`.
     pub protocol: Option<String>,
     /// Request headers sent with every export (e.g. an API key); never logged. Over
-    /// `OTEL_EXPORTER_OTLP_METRICS_HEADERS`, then `OTEL_EXPORTER_OTLP_HEADERS`.
+    /// `OTEL_EXPORTER_OTLP_METRICS_HEADERS` (spans: `_TRACES_HEADERS`), then
+    /// `OTEL_EXPORTER_OTLP_HEADERS`.
     pub headers: Option<BTreeMap<String, String>>,
-    /// `gzip` or `none`. Over `OTEL_EXPORTER_OTLP_METRICS_COMPRESSION`, then
-    /// `OTEL_EXPORTER_OTLP_COMPRESSION`. Default `none`.
+    /// `gzip` or `none`. Over `OTEL_EXPORTER_OTLP_METRICS_COMPRESSION` (spans:
+    /// `_TRACES_COMPRESSION`), then `OTEL_EXPORTER_OTLP_COMPRESSION`. Default `none`.
     pub compression: Option<String>,
-    /// How long one export request may take. Over `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`,
-    /// then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds). Default 10s.
+    /// How long one export request may take. Over `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`
+    /// (spans: `_TRACES_TIMEOUT`), then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds).
+    /// Default 10s.
     pub timeout: Option<HumanDuration>,
     /// Time between exports. Over `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds). Default
     /// 60s.
