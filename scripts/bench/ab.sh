@@ -16,18 +16,27 @@
 #
 #   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --hyper off off=target/release/tokentap on=target/release/tokentap
 #
+# A feature on and off in one build: `--yaml NAME=FILE` appends FILE's YAML to target
+# NAME's config (repeatable), e.g. the OTLP push with spans against a collector already
+# listening (scripts/ops/otlp_receiver.py):
+#
+#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --yaml on=/tmp/otlp-spans.yaml \
+#       off=target/release/tokentap on=target/release/tokentap
+#
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
-# --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets from BASE+310).
+# --yaml NAME=FILE, --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets
+# from BASE+310).
 # Prints one line per run: target, CPU per event (utime+stime / events, and each alone),
 # latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() BASE=18000
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
         --fast) SWITCHES+=("$2=true"); shift ;;
         --hyper) SWITCHES+=("$2=false"); shift ;;
+        --yaml) EXTRA+=("$2"); shift ;;
         --ports) BASE=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
@@ -62,6 +71,9 @@ for t in "${TARGETS[@]}"; do
         "$port" $((port + 1)) "$BASE" > "$RUN/$name.yaml"
     for s in "${SWITCHES[@]}"; do
         if [ "${s%=*}" = "$name" ]; then printf 'proxy:\n  http1_fast_path: %s\n' "${s##*=}" >> "$RUN/$name.yaml"; fi
+    done
+    for e in "${EXTRA[@]}"; do
+        if [ "${e%%=*}" = "$name" ]; then cat "${e#*=}" >> "$RUN/$name.yaml"; fi
     done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# OTLP metrics push end to end, against a receiver built on the OpenTelemetry project's own
+# OTLP metrics push and per-request spans end to end, against a receiver built on the OpenTelemetry project's own
 # Python packages (scripts/ops/otlp_receiver.py: opentelemetry-proto + grpcio from PyPI).
 #
 #   TOKENTAP_BIN=target/debug/tokentap scripts/ops/e2e-otlp.sh
@@ -7,8 +7,12 @@
 # What it does:
 #   1. starts `tokentap sim`, the receiver (OTLP/gRPC and OTLP/HTTP), and two tokentaps in
 #      front of the simulator configured only by the OpenTelemetry environment variables:
-#      one pushing over gRPC, one over HTTP (both gzip), every 500 ms;
+#      one pushing over gRPC, one over HTTP (both gzip), every 500 ms, both with spans on
+#      (OTEL_TRACES_EXPORTER=otlp);
 #   2. sends streamed chat completions through both, with `traceparent`s, then stops;
+#      checks the spans received: one per request, exactly the trace ids sent, each
+#      span's parent the span id its `traceparent` named, the GenAI attributes, and the
+#      exemplars on each tokentap's /metrics (OpenMetrics) naming received span ids;
 #   3. once an export taken after the last request has arrived, scrapes each tokentap's
 #      `/metrics` and compares it with what the receiver got: every histogram's count and
 #      sum, and its p50/p90/p99 from the exponential buckets against the classic buckets'
@@ -29,7 +33,7 @@ MODEL=llama-3.1-8b
 
 die() { echo "e2e-otlp: $*" >&2; exit 2; }
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
-python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc' 2>/dev/null \
+python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' 2>/dev/null \
   || python3 -m pip install -q grpcio opentelemetry-proto \
   || die "cannot install grpcio and opentelemetry-proto"
 
@@ -73,10 +77,12 @@ start receiver python3 "$ROOT/scripts/ops/otlp_receiver.py" "$P_GRPC" "$P_HTTP"
 RECEIVER_PID=${PIDS[-1]}
 wait_http "http://$H:$P_HTTP/latest" 30 || { tail "$TMP"/*.log; die "receiver not ready"; }
 export OTEL_METRIC_EXPORT_INTERVAL=500 OTEL_EXPORTER_OTLP_TIMEOUT=300 OTEL_METRIC_EXPORT_TIMEOUT=1000 \
-  K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e
+  K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e \
+  OTEL_TRACES_EXPORTER=otlp OTEL_BSP_SCHEDULE_DELAY=200
 OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_GRPC" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
   start tokentap-grpc "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_G" --admin "$H:$P_ADMIN_G"
-OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" \
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://$H:$P_HTTP/v1/traces" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
   start tokentap-http "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" --admin "$H:$P_ADMIN_H"
 for port in "$P_ADMIN_G" "$P_ADMIN_H"; do
   wait_http "http://$H:$port/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }

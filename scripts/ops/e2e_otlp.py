@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The checks of scripts/ops/e2e-otlp.sh (which starts the processes): tokentap's OTLP
 exports, as scripts/ops/otlp_receiver.py received them, against tokentap's own /metrics
-scraped at the same moment; then the receiver stopped mid-run.
+scraped at the same moment; the spans, against the `traceparent`s sent and the exemplars
+on /metrics; then the receiver stopped mid-run.
 
     e2e_otlp.py HOST SIM_PORT RECEIVER_HTTP_PORT RECEIVER_PID PROTOCOL:PROXY:ADMIN... MODEL
 """
@@ -21,6 +22,8 @@ targets = [t.split(":") for t in sys.argv[5:-1]]
 model = sys.argv[-1]
 passed = failed = 0
 sent_traces = set()
+# Per tokentap proxy port: {trace id: the parent span id its traceparent named}.
+sent_parents = {}
 
 
 def check(ok, what):
@@ -35,13 +38,14 @@ def get(url):
 
 
 def chat(port, i):
-    trace = secrets.token_hex(16)
+    trace, parent = secrets.token_hex(16), secrets.token_hex(8)
     sent_traces.add(trace)
+    sent_parents.setdefault(str(port), {})[trace] = parent
     body = json.dumps({"model": model, "stream": True, "seed": i,
                        "messages": [{"role": "user", "content": f"request {i}"}]}).encode()
     req = urllib.request.Request(f"http://{host}:{port}/v1/chat/completions", body,
                                  {"content-type": "application/json", "x-tenant-id": "e2e",
-                                  "traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"})
+                                  "traceparent": f"00-{trace}-{parent}-01"})
     with urllib.request.urlopen(req, timeout=30) as response:
         return response.status, response.read()
 
@@ -193,7 +197,68 @@ for protocol, proxy, admin in targets:
     check(exemplars and exemplars <= sent_traces,
           f"{protocol}: {len(exemplars)} exemplar trace ids, all among those sent")
 
-# 2. The receiver goes away mid-run: the proxy does not notice.
+# 2. The spans: one per request, in the trace each request sent, child of the span its
+# traceparent named, with the GenAI attributes; the exemplars on /metrics name them.
+def spans(protocol):
+    return json.loads(get(f"http://{host}:{receiver}/spans?protocol={protocol}"))["spans"]
+
+
+def openmetrics_exemplars(admin):
+    """(trace id, span id) of every exemplar on the OpenMetrics exposition."""
+    req = urllib.request.Request(f"http://{host}:{admin}/metrics",
+                                 headers={"accept": "application/openmetrics-text;version=1.0.0"})
+    with urllib.request.urlopen(req, timeout=10) as response:
+        text = response.read().decode()
+    return re.findall(r'# \{trace_id="([0-9a-f]{32})",span_id="([0-9a-f]{16})"\}', text)
+
+
+for protocol, proxy, admin in targets:
+    parents = sent_parents[proxy]
+    deadline = time.time() + 15
+    got = spans(protocol)
+    while len(got) < len(parents) and time.time() < deadline:
+        time.sleep(0.1)
+        got = spans(protocol)
+    time.sleep(0.5)  # and nothing more comes
+    got = spans(protocol)
+    check(len(got) == len(parents) == 40,
+          f"{protocol}: {len(got)} spans for {len(parents)} requests")
+    check(len({s["span_id"] for s in got}) == len(got), f"{protocol}: every span id unique")
+    check({s["trace_id"] for s in got} == set(parents),
+          f"{protocol}: the spans' trace ids are exactly those sent")
+    check(all(parents.get(s["trace_id"]) == s["parent_span_id"] for s in got),
+          f"{protocol}: each span's parent is the span id its traceparent named")
+    check(all(s["span_id"] != s["parent_span_id"] for s in got),
+          f"{protocol}: each span has an id of its own")
+    check(all(s["kind"] == 3 and s["name"] == f"chat {model}" and s["status"] == 0
+              and s["scope"] == "tokentap" and s["service"] == "tokentap" for s in got),
+          f"{protocol}: CLIENT spans named `chat {model}`, status unset, scope and service tokentap")
+    a = [s["attributes"] for s in got]
+    genai = all(x.get("gen_ai.operation.name") == "chat"
+                and x.get("gen_ai.provider.name") == "openai"
+                and x.get("gen_ai.request.model") == model
+                and x.get("gen_ai.response.model") == model
+                and x.get("gen_ai.usage.output_tokens") == 20
+                and x.get("gen_ai.response.finish_reasons") == ["length"]
+                and 0 < x.get("gen_ai.response.time_to_first_chunk", 0) < 5
+                for x in a)
+    # The requests ask for no usage (no stream_options), so no input tokens are known.
+    genai = genai and all("gen_ai.usage.input_tokens" not in x for x in a)
+    check(genai, f"{protocol}: GenAI attributes on every span (e.g. "
+                 f"{ {k: v for k, v in a[0].items() if k.startswith('gen_ai')} })")
+    own = all(x.get("tokentap.outcome") == "completed" and x.get("tokentap.tenant") == "e2e"
+              and 0 < x.get("tokentap.itl.p50", 0) <= x.get("tokentap.itl.max", 0)
+              and x.get("server.address") == host and x.get("server.port") == int(sim)
+              and x.get("http.response.status_code") == 200
+              for x in a)
+    check(own, f"{protocol}: tokentap's attributes on every span (e.g. "
+               f"{ {k: v for k, v in a[0].items() if not k.startswith('gen_ai')} })")
+    ids = {(s["trace_id"], s["span_id"]) for s in got}
+    exemplars = set(openmetrics_exemplars(admin))
+    check(exemplars and exemplars <= ids,
+          f"{protocol}: {len(exemplars)} exemplars on /metrics, each naming a received span")
+
+# 3. The receiver goes away mid-run: the proxy does not notice.
 protocol, proxy, admin = targets[0]
 expected = {}
 for i in range(1000, 1010):

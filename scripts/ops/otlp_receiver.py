@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""A minimal OTLP metrics receiver on the OpenTelemetry project's own Python packages
-(`opentelemetry-proto` for the messages and the gRPC service stub, `grpcio`), for the
-end-to-end test of tokentap's OTLP push (scripts/ops/e2e-otlp.sh).
+"""A minimal OTLP metrics and traces receiver on the OpenTelemetry project's own Python
+packages (`opentelemetry-proto` for the messages and the gRPC service stubs, `grpcio`),
+for the end-to-end test of tokentap's OTLP push (scripts/ops/e2e-otlp.sh).
 
-It accepts OTLP/gRPC (`MetricsService/Export`) on one port and OTLP/HTTP protobuf
-(`POST /v1/metrics`, gzip or not) on another, keeps the latest export of each, and
-answers `GET /latest?protocol=grpc|http` on the HTTP port with that export decoded to
-JSON: resource attributes, scope, and every metric's points (kind, attributes, count,
-sum, buckets, exemplars' trace ids), plus how many exports arrived.
+It accepts OTLP/gRPC (`MetricsService/Export`, `TraceService/Export`) on one port and
+OTLP/HTTP protobuf (`POST /v1/metrics`, `POST /v1/traces`, gzip or not) on another. It
+keeps the latest metrics export of each protocol, and answers
+`GET /latest?protocol=grpc|http` on the HTTP port with that export decoded to JSON:
+resource attributes, scope, and every metric's points (kind, attributes, count, sum,
+buckets, exemplars' trace ids), plus how many exports arrived. It keeps every span, and
+answers `GET /spans?protocol=grpc|http` with them (ids in hex, name, kind, flags,
+status, attributes with their values) and how many trace exports arrived.
 
     otlp_receiver.py GRPC_PORT HTTP_PORT
 """
@@ -21,10 +24,13 @@ from concurrent import futures
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 LOCK = threading.Lock()
 LATEST = {}
 RECEIVED = {"grpc": 0, "http": 0}
+SPANS = {"grpc": [], "http": []}
+TRACE_EXPORTS = {"grpc": 0, "http": 0}
 
 
 def attrs(kvs):
@@ -75,6 +81,32 @@ def summary(request):
     return out
 
 
+def value(any_value):
+    kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return [value(v) for v in any_value.array_value.values]
+    return getattr(any_value, kind) if kind else None
+
+
+def keep_spans(protocol, request):
+    spans = []
+    for rs in request.resource_spans:
+        resource = attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                spans.append({
+                    "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+                    "parent_span_id": span.parent_span_id.hex(), "name": span.name,
+                    "kind": span.kind, "flags": span.flags, "status": span.status.code,
+                    "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+                    "scope": ss.scope.name, "service": resource.get("service.name"),
+                    "attributes": {kv.key: value(kv.value) for kv in span.attributes},
+                })
+    with LOCK:
+        SPANS[protocol].extend(spans)
+        TRACE_EXPORTS[protocol] += 1
+
+
 def keep(protocol, request):
     with LOCK:
         LATEST[protocol] = summary(request)
@@ -87,27 +119,43 @@ class MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
+class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def Export(self, request, context):
+        keep_spans("grpc", request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
 class Http(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        if self.path != "/v1/metrics" or self.headers.get("content-type") != "application/x-protobuf":
+        if self.path not in ("/v1/metrics", "/v1/traces") \
+                or self.headers.get("content-type") != "application/x-protobuf":
             self.answer(404, b"")
             return
         if self.headers.get("content-encoding") == "gzip":
             body = gzip.decompress(body)
-        request = metrics_service_pb2.ExportMetricsServiceRequest()
-        request.ParseFromString(body)
-        keep("http", request)
-        self.answer(200, metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString(),
-                    "application/x-protobuf")
+        if self.path == "/v1/traces":
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            keep_spans("http", request)
+            answer = trace_service_pb2.ExportTraceServiceResponse()
+        else:
+            request = metrics_service_pb2.ExportMetricsServiceRequest()
+            request.ParseFromString(body)
+            keep("http", request)
+            answer = metrics_service_pb2.ExportMetricsServiceResponse()
+        self.answer(200, answer.SerializeToString(), "application/x-protobuf")
 
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
         protocol = urllib.parse.parse_qs(url.query).get("protocol", ["grpc"])[0]
         with LOCK:
-            latest = dict(LATEST.get(protocol, {}), received=RECEIVED[protocol])
+            if url.path == "/spans":
+                latest = {"spans": list(SPANS[protocol]), "received": TRACE_EXPORTS[protocol]}
+            else:
+                latest = dict(LATEST.get(protocol, {}), received=RECEIVED[protocol])
         self.answer(200, json.dumps(latest).encode(), "application/json")
 
     def answer(self, status, body, content_type="text/plain"):
@@ -125,6 +173,7 @@ def main():
     grpc_port, http_port = int(sys.argv[1]), int(sys.argv[2])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(), server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     server.start()
     http.server.ThreadingHTTPServer(("127.0.0.1", http_port), Http).serve_forever()

@@ -13,6 +13,15 @@
 //! would log a warning and carry on (a value that does not parse), tokentap refuses to
 //! start and names the variable: a push silently sent elsewhere or never is worse.
 //!
+//! Spans (`otlp.traces`, [`OtlpTraces`]) are opt-in: `otlp.traces.enabled`, else
+//! `OTEL_TRACES_EXPORTER` (`otlp` or `none`; unset is off, unlike an SDK's default). They
+//! read the same file keys as the metrics push for protocol, headers, compression and
+//! timeout, then the `OTEL_EXPORTER_OTLP_TRACES_*` variables, then the generic ones;
+//! their URL is `otlp.traces.endpoint`, else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
+//! derived from `otlp.endpoint`, else the generic endpoint with `v1/traces`. The sampler
+//! (`OTEL_TRACES_SAMPLER`, `_ARG`) and the batch processor (`OTEL_BSP_*`) are checked
+//! whether or not spans are on.
+//!
 //! Header values are secrets (API keys): no error and no `Debug` ever shows one.
 
 use std::collections::BTreeMap;
@@ -22,15 +31,19 @@ use std::time::Duration;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderName, HeaderValue, Uri};
 
-use super::raw::RawOtlp;
+use super::raw::{RawOtlp, RawOtlpTraces};
 use super::units::HumanDuration;
 use super::validate::Issues;
+use crate::metrics::requests::Sampler;
 
 /// The gRPC method every metrics export calls.
 pub const GRPC_METRICS_PATH: &str =
     "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 /// What `http/protobuf` appends to `OTEL_EXPORTER_OTLP_ENDPOINT`.
 const HTTP_METRICS_PATH: &str = "v1/metrics";
+/// The gRPC method every span export calls.
+pub const GRPC_TRACES_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+const HTTP_TRACES_PATH: &str = "v1/traces";
 
 const fn default_timeout() -> Duration {
     Duration::from_secs(10)
@@ -84,6 +97,47 @@ pub struct Otlp {
     pub export_timeout: Duration,
     /// Resource attributes, sorted by key.
     pub resource: Vec<(String, String)>,
+    /// Per-request spans, when on.
+    pub traces: Option<OtlpTraces>,
+}
+
+/// The validated span export: where and how spans go, which requests get one, and the
+/// batch processor's bounds.
+#[derive(Clone, PartialEq)]
+pub struct OtlpTraces {
+    pub protocol: OtlpProtocol,
+    pub url: Uri,
+    /// The values are secrets.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub compression: OtlpCompression,
+    /// One export request's timeout.
+    pub timeout: Duration,
+    pub sampler: Sampler,
+    /// The longest a finished span waits before it is sent.
+    pub schedule_delay: Duration,
+    /// Spans waiting at most; more are dropped (and counted).
+    pub max_queue_size: usize,
+    pub max_export_batch_size: usize,
+    /// One export's time with its retries.
+    pub export_timeout: Duration,
+}
+
+impl fmt::Debug for OtlpTraces {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("OtlpTraces")
+            .field("protocol", &self.protocol)
+            .field("url", &self.url)
+            .field("headers", &header_names)
+            .field("compression", &self.compression)
+            .field("timeout", &self.timeout)
+            .field("sampler", &self.sampler)
+            .field("schedule_delay", &self.schedule_delay)
+            .field("max_queue_size", &self.max_queue_size)
+            .field("max_export_batch_size", &self.max_export_batch_size)
+            .field("export_timeout", &self.export_timeout)
+            .finish()
+    }
 }
 
 impl fmt::Debug for Otlp {
@@ -98,6 +152,7 @@ impl fmt::Debug for Otlp {
             .field("interval", &self.interval)
             .field("export_timeout", &self.export_timeout)
             .field("resource", &self.resource)
+            .field("traces", &self.traces)
             .finish()
     }
 }
@@ -126,62 +181,129 @@ fn var(name: &str) -> String {
     format!("${name}")
 }
 
-impl RawOtlp {
-    pub(super) fn validate(
-        self,
-        issues: &mut Issues<'_>,
-        environment: &BTreeMap<String, String>,
-    ) -> Option<Otlp> {
-        let env = Env(environment);
-        let disabled = env
-            .get("OTEL_SDK_DISABLED")
-            .is_some_and(|(_, v)| v.eq_ignore_ascii_case("true"));
-        let file_endpoint = self.endpoint.as_deref();
-        let signal_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
-        let generic_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT");
-        let wanted = match self.enabled {
-            Some(enabled) => enabled,
-            None => {
-                file_endpoint.is_some() || signal_endpoint.is_some() || generic_endpoint.is_some()
-            }
-        };
-        let before = issues.found.len();
+/// The variables one signal reads, signal-specific first.
+struct SignalVars {
+    endpoint: &'static str,
+    protocol: [&'static str; 2],
+    headers: [&'static str; 2],
+    compression: [&'static str; 2],
+    timeout: [&'static str; 2],
+    /// What `http/protobuf` appends to the generic endpoint's path.
+    http_path: &'static str,
+    /// The gRPC method.
+    grpc_path: &'static str,
+}
 
+const METRICS: SignalVars = SignalVars {
+    endpoint: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    protocol: [
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ],
+    headers: [
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ],
+    compression: [
+        "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ],
+    timeout: [
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ],
+    http_path: HTTP_METRICS_PATH,
+    grpc_path: GRPC_METRICS_PATH,
+};
+
+const TRACES: SignalVars = SignalVars {
+    endpoint: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    protocol: [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ],
+    headers: [
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ],
+    compression: [
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ],
+    timeout: [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ],
+    http_path: HTTP_TRACES_PATH,
+    grpc_path: GRPC_TRACES_PATH,
+};
+
+/// How one signal's exports travel, but its URL: the file's keys over the signal's
+/// variables over the generic ones.
+struct Link {
+    protocol: OtlpProtocol,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    compression: OtlpCompression,
+    timeout: Duration,
+}
+
+/// The file's keys a [`Link`] is made of (shared by both signals).
+#[derive(Clone)]
+struct FileLink {
+    protocol: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    compression: Option<String>,
+    timeout: Option<HumanDuration>,
+}
+
+/// A duration from the file's `key` or the first of the variables `names` set, in whole
+/// milliseconds; zero is refused.
+fn millis(
+    issues: &mut Issues<'_>,
+    env: &Env<'_>,
+    key: &str,
+    file: Option<HumanDuration>,
+    names: &[&'static str],
+    default: Duration,
+) -> Duration {
+    let value = match file {
+        Some(d) => Some((key.to_string(), d.0)),
+        None => env
+            .first(names)
+            .and_then(|(name, text)| match milliseconds(text) {
+                Ok(d) => Some((var(name), d)),
+                Err(m) => {
+                    issues.push(&var(name), m);
+                    None
+                }
+            }),
+    };
+    match value {
+        Some((path, d)) if d.is_zero() => {
+            issues.push(&path, "must be more than zero");
+            default
+        }
+        Some((_, d)) => d,
+        None => default,
+    }
+}
+
+impl FileLink {
+    fn resolve(self, issues: &mut Issues<'_>, env: &Env<'_>, vars: &SignalVars) -> Link {
         let protocol = match self.protocol.as_deref() {
             Some(text) => protocol(text)
                 .map_err(|m| issues.push("otlp.protocol", m))
                 .ok(),
-            None => match env.first(&[
-                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ]) {
+            None => match env.first(&vars.protocol) {
                 Some((name, text)) => protocol(text).map_err(|m| issues.push(&var(name), m)).ok(),
                 None => Some(OtlpProtocol::HttpProtobuf),
             },
         }
         .unwrap_or(OtlpProtocol::HttpProtobuf);
 
-        let url = if let Some(text) = file_endpoint {
-            endpoint(text, protocol, false).map_err(|m| issues.push("otlp.endpoint", m))
-        } else if let Some((name, text)) = signal_endpoint {
-            endpoint(text, protocol, false).map_err(|m| issues.push(&var(name), m))
-        } else if let Some((name, text)) = generic_endpoint {
-            endpoint(text, protocol, true).map_err(|m| issues.push(&var(name), m))
-        } else {
-            let default = match protocol {
-                OtlpProtocol::HttpProtobuf => "http://localhost:4318",
-                OtlpProtocol::Grpc => "http://localhost:4317",
-            };
-            endpoint(default, protocol, true).map_err(|_| ())
-        }
-        .ok();
-
         let headers = match self.headers {
             Some(map) => file_headers(issues, map),
-            None => match env.first(&[
-                "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-                "OTEL_EXPORTER_OTLP_HEADERS",
-            ]) {
+            None => match env.first(&vars.headers) {
                 Some((name, text)) => env_headers(text).unwrap_or_else(|m| {
                     issues.push(&var(name), m);
                     Vec::new()
@@ -194,10 +316,7 @@ impl RawOtlp {
             Some(text) => compression(text)
                 .map_err(|m| issues.push("otlp.compression", m))
                 .ok(),
-            None => match env.first(&[
-                "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
-                "OTEL_EXPORTER_OTLP_COMPRESSION",
-            ]) {
+            None => match env.first(&vars.compression) {
                 Some((name, text)) => compression(text)
                     .map_err(|m| issues.push(&var(name), m))
                     .ok(),
@@ -205,6 +324,67 @@ impl RawOtlp {
             },
         }
         .unwrap_or(OtlpCompression::None);
+
+        let timeout = millis(
+            issues,
+            env,
+            "otlp.timeout",
+            self.timeout,
+            &vars.timeout,
+            default_timeout(),
+        );
+        Link {
+            protocol,
+            headers,
+            compression,
+            timeout,
+        }
+    }
+}
+
+impl RawOtlp {
+    pub(super) fn validate(
+        self,
+        issues: &mut Issues<'_>,
+        environment: &BTreeMap<String, String>,
+    ) -> Option<Otlp> {
+        let env = Env(environment);
+        let disabled = env
+            .get("OTEL_SDK_DISABLED")
+            .is_some_and(|(_, v)| v.eq_ignore_ascii_case("true"));
+        let file_endpoint = self.endpoint.as_deref();
+        let signal_endpoint = env.get(METRICS.endpoint);
+        let generic_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT");
+        let before = issues.found.len();
+        let traces_wanted = traces_wanted(issues, &env, self.traces.as_ref());
+        let wanted = match self.enabled {
+            Some(enabled) => enabled,
+            None => {
+                file_endpoint.is_some()
+                    || signal_endpoint.is_some()
+                    || generic_endpoint.is_some()
+                    || traces_wanted
+            }
+        };
+
+        let file_link = FileLink {
+            protocol: self.protocol,
+            headers: self.headers,
+            compression: self.compression,
+            timeout: self.timeout,
+        };
+        let link = file_link.clone().resolve(issues, &env, &METRICS);
+        let url = if let Some(text) = file_endpoint {
+            endpoint(text, link.protocol, &METRICS, false)
+                .map_err(|m| issues.push("otlp.endpoint", m))
+        } else if let Some((name, text)) = signal_endpoint {
+            endpoint(text, link.protocol, &METRICS, false).map_err(|m| issues.push(&var(name), m))
+        } else if let Some((name, text)) = generic_endpoint {
+            endpoint(text, link.protocol, &METRICS, true).map_err(|m| issues.push(&var(name), m))
+        } else {
+            endpoint(default_base(link.protocol), link.protocol, &METRICS, true).map_err(|_| ())
+        }
+        .ok();
 
         if let Some((name, text)) = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") {
             if !text.eq_ignore_ascii_case("cumulative") {
@@ -217,45 +397,17 @@ impl RawOtlp {
             }
         }
 
-        let mut millis =
-            |key: &str, file: Option<HumanDuration>, names: &[&'static str], default: Duration| {
-                let value = match file {
-                    Some(d) => Some((key.to_string(), d.0)),
-                    None => env
-                        .first(names)
-                        .and_then(|(name, text)| match milliseconds(text) {
-                            Ok(d) => Some((var(name), d)),
-                            Err(m) => {
-                                issues.push(&var(name), m);
-                                None
-                            }
-                        }),
-                };
-                match value {
-                    Some((path, d)) if d.is_zero() => {
-                        issues.push(&path, "must be more than zero");
-                        default
-                    }
-                    Some((_, d)) => d,
-                    None => default,
-                }
-            };
-        let timeout = millis(
-            "otlp.timeout",
-            self.timeout,
-            &[
-                "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-                "OTEL_EXPORTER_OTLP_TIMEOUT",
-            ],
-            default_timeout(),
-        );
         let interval = millis(
+            issues,
+            &env,
             "otlp.interval",
             self.interval,
             &["OTEL_METRIC_EXPORT_INTERVAL"],
             default_interval(),
         );
         let export_timeout = millis(
+            issues,
+            &env,
             "otlp.export_timeout",
             self.export_timeout,
             &["OTEL_METRIC_EXPORT_TIMEOUT"],
@@ -264,21 +416,289 @@ impl RawOtlp {
 
         let resource = resource(issues, &env, self.resource_attributes);
 
+        let traces = traces(
+            issues,
+            &env,
+            self.traces.unwrap_or_default(),
+            file_link,
+            file_endpoint,
+            traces_wanted,
+        );
+        // The keys and variables both signals read are checked twice: say each once.
+        let mut seen = Vec::new();
+        let mut at = before;
+        while at < issues.found.len() {
+            if seen.contains(&issues.found[at]) {
+                issues.found.remove(at);
+            } else {
+                seen.push(issues.found[at].clone());
+                at += 1;
+            }
+        }
+
         // A bad value is an error even while the push is off: turning it on later must
         // not be the moment it surfaces.
         if issues.found.len() > before || disabled || !wanted {
             return None;
         }
         Some(Otlp {
-            protocol,
+            protocol: link.protocol,
             url: url?,
-            headers,
-            compression,
-            timeout,
+            headers: link.headers,
+            compression: link.compression,
+            timeout: link.timeout,
             interval,
             export_timeout,
             resource,
+            traces: if traces_wanted { traces } else { None },
         })
+    }
+}
+
+fn default_base(protocol: OtlpProtocol) -> &'static str {
+    match protocol {
+        OtlpProtocol::HttpProtobuf => "http://localhost:4318",
+        OtlpProtocol::Grpc => "http://localhost:4317",
+    }
+}
+
+/// Whether spans are asked for: `otlp.traces.enabled`, else `OTEL_TRACES_EXPORTER`
+/// (`otlp` on, `none` off; unset is off, since spans are opt-in here where the SDK's
+/// default would be `otlp`).
+fn traces_wanted(issues: &mut Issues<'_>, env: &Env<'_>, file: Option<&RawOtlpTraces>) -> bool {
+    if let Some(enabled) = file.and_then(|t| t.enabled) {
+        return enabled;
+    }
+    match env.get("OTEL_TRACES_EXPORTER") {
+        None => false,
+        Some((_, "otlp")) => true,
+        Some((_, "none")) => false,
+        Some((name, other)) => {
+            issues.push(
+                &var(name),
+                format!(
+                    "`{}` is not supported: tokentap exports spans over OTLP only (`otlp` or `none`)",
+                    shown(other)
+                ),
+            );
+            false
+        }
+    }
+}
+
+/// The span export's settings. Read (and checked) whether or not spans are on.
+fn traces(
+    issues: &mut Issues<'_>,
+    env: &Env<'_>,
+    raw: RawOtlpTraces,
+    file_link: FileLink,
+    file_endpoint: Option<&str>,
+    wanted: bool,
+) -> Option<OtlpTraces> {
+    let before = issues.found.len();
+    let link = file_link.resolve(issues, env, &TRACES);
+    let url = if let Some(text) = raw.endpoint.as_deref() {
+        endpoint(text, link.protocol, &TRACES, false)
+            .map_err(|m| issues.push("otlp.traces.endpoint", m))
+    } else if let Some((name, text)) = env.get(TRACES.endpoint) {
+        endpoint(text, link.protocol, &TRACES, false).map_err(|m| issues.push(&var(name), m))
+    } else if let Some(text) = file_endpoint {
+        // The metrics URL's collector: gRPC's authority; over HTTP its path with the
+        // signal's last part swapped, when it has the usual one.
+        match link.protocol {
+            OtlpProtocol::Grpc => endpoint(text, link.protocol, &TRACES, false),
+            OtlpProtocol::HttpProtobuf => match text.trim_end_matches('/').strip_suffix(HTTP_METRICS_PATH) {
+                Some(base) => endpoint(base, link.protocol, &TRACES, true),
+                None => Err(
+                    "set `otlp.traces.endpoint` (or $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): `otlp.endpoint` does not end in `/v1/metrics`, so the traces URL cannot be derived from it".to_string(),
+                ),
+            },
+        }
+        // Only spans need it: with them off, a metrics URL of another shape is fine.
+        .map_err(|m| {
+            if wanted {
+                issues.push("otlp.endpoint", m)
+            }
+        })
+    } else if let Some((name, text)) = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        endpoint(text, link.protocol, &TRACES, true).map_err(|m| issues.push(&var(name), m))
+    } else {
+        endpoint(default_base(link.protocol), link.protocol, &TRACES, true).map_err(|_| ())
+    }
+    .ok();
+
+    let sampler = sampler(
+        issues,
+        env,
+        raw.sampler.as_deref(),
+        raw.sampler_ratio.map(|n| n.0),
+    );
+    let schedule_delay = millis(
+        issues,
+        env,
+        "otlp.traces.schedule_delay",
+        raw.schedule_delay,
+        &["OTEL_BSP_SCHEDULE_DELAY"],
+        Duration::from_secs(5),
+    );
+    let export_timeout = millis(
+        issues,
+        env,
+        "otlp.traces.export_timeout",
+        raw.export_timeout,
+        &["OTEL_BSP_EXPORT_TIMEOUT"],
+        default_export_timeout(),
+    );
+    let max_queue_size = count(
+        issues,
+        env,
+        "otlp.traces.max_queue_size",
+        raw.max_queue_size.map(|c| c.0),
+        "OTEL_BSP_MAX_QUEUE_SIZE",
+        2048,
+    );
+    let max_export_batch_size = count(
+        issues,
+        env,
+        "otlp.traces.max_export_batch_size",
+        raw.max_export_batch_size.map(|c| c.0),
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        512,
+    );
+    if max_export_batch_size > max_queue_size {
+        let path = if raw.max_export_batch_size.is_some() {
+            "otlp.traces.max_export_batch_size".to_string()
+        } else {
+            var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+        };
+        issues.push(
+            &path,
+            format!("{max_export_batch_size} is more than the queue's {max_queue_size} spans"),
+        );
+    }
+    if issues.found.len() > before {
+        return None;
+    }
+    Some(OtlpTraces {
+        protocol: link.protocol,
+        url: url?,
+        headers: link.headers,
+        compression: link.compression,
+        timeout: link.timeout,
+        sampler,
+        schedule_delay,
+        max_queue_size,
+        max_export_batch_size,
+        export_timeout,
+    })
+}
+
+/// The most spans a queue may hold: enough for any batch processor, and a typo of a few
+/// zeros does not reserve gigabytes.
+const MAX_QUEUE: usize = 1 << 20;
+
+/// A count of spans from the file's `key` or the variable `name`: 1 to [`MAX_QUEUE`].
+fn count(
+    issues: &mut Issues<'_>,
+    env: &Env<'_>,
+    key: &str,
+    file: Option<usize>,
+    name: &'static str,
+    default: usize,
+) -> usize {
+    let (path, value) = match file {
+        Some(n) => (key.to_string(), n),
+        None => match env.get(name) {
+            Some((name, text)) => match text.parse::<usize>() {
+                Ok(n) => (var(name), n),
+                Err(_) => {
+                    issues.push(
+                        &var(name),
+                        format!("`{}` is not a whole number", shown(text)),
+                    );
+                    return default;
+                }
+            },
+            None => return default,
+        },
+    };
+    if !(1..=MAX_QUEUE).contains(&value) {
+        issues.push(&path, format!("{value} is not from 1 to {MAX_QUEUE}"));
+        return default;
+    }
+    value
+}
+
+/// The sampler: the file's `sampler` and `sampler_ratio` over `OTEL_TRACES_SAMPLER` and
+/// `OTEL_TRACES_SAMPLER_ARG` (read only for a ratio sampler, as the specification says).
+fn sampler(
+    issues: &mut Issues<'_>,
+    env: &Env<'_>,
+    file: Option<&str>,
+    file_ratio: Option<f64>,
+) -> Sampler {
+    let (path, name) = match (file, file_ratio) {
+        (Some(name), _) => ("otlp.traces.sampler".to_string(), name),
+        (None, Some(_)) => (String::new(), "parentbased_traceidratio"),
+        (None, None) => match env.get("OTEL_TRACES_SAMPLER") {
+            Some((variable, name)) => (var(variable), name),
+            None => (String::new(), "parentbased_always_on"),
+        },
+    };
+    let (parent_based, fixed) = match name {
+        "always_on" => (false, Some(1.0)),
+        "always_off" => (false, Some(0.0)),
+        "traceidratio" => (false, None),
+        "parentbased_always_on" => (true, Some(1.0)),
+        "parentbased_always_off" => (true, Some(0.0)),
+        "parentbased_traceidratio" => (true, None),
+        other => {
+            issues.push(
+                &path,
+                format!(
+                    "`{}` is not one of `parentbased_always_on`, `parentbased_always_off`, `parentbased_traceidratio`, `always_on`, `always_off`, `traceidratio`",
+                    shown(other)
+                ),
+            );
+            return Sampler {
+                parent_based: true,
+                ratio: 1.0,
+            };
+        }
+    };
+    let ratio = match fixed {
+        Some(ratio) => {
+            if file_ratio.is_some() {
+                issues.push(
+                    "otlp.traces.sampler_ratio",
+                    format!("applies to a ratio sampler only, not `{name}`"),
+                );
+            }
+            ratio
+        }
+        None => {
+            let (path, ratio) = match file_ratio {
+                Some(r) => ("otlp.traces.sampler_ratio".to_string(), Some(r)),
+                None => match env.get("OTEL_TRACES_SAMPLER_ARG") {
+                    Some((variable, text)) => {
+                        (var(variable), text.parse::<f64>().ok().or(Some(f64::NAN)))
+                    }
+                    None => (String::new(), None),
+                },
+            };
+            match ratio {
+                None => 1.0,
+                Some(r) if (0.0..=1.0).contains(&r) => r,
+                Some(_) => {
+                    issues.push(&path, "must be a number from 0 to 1");
+                    1.0
+                }
+            }
+        }
+    };
+    Sampler {
+        parent_based,
+        ratio,
     }
 }
 
@@ -306,9 +726,15 @@ fn milliseconds(text: &str) -> Result<Duration, String> {
         .map_err(|_| format!("`{text}` is not a whole number of milliseconds"))
 }
 
-/// The URL exports go to. `append` is for the generic endpoint: `http/protobuf` appends
-/// `v1/metrics` to its path; gRPC takes only its scheme and authority.
-fn endpoint(text: &str, protocol: OtlpProtocol, append: bool) -> Result<Uri, String> {
+/// The URL `signal`'s exports go to. `append` is for the generic endpoint:
+/// `http/protobuf` appends `v1/metrics` (`v1/traces`) to its path; gRPC takes only its
+/// scheme and authority.
+fn endpoint(
+    text: &str,
+    protocol: OtlpProtocol,
+    signal: &SignalVars,
+    append: bool,
+) -> Result<Uri, String> {
     let uri: Uri = text
         .parse()
         .map_err(|_| format!("`{}` is not a URL", shown(text)))?;
@@ -342,14 +768,15 @@ fn endpoint(text: &str, protocol: OtlpProtocol, append: bool) -> Result<Uri, Str
                     uri.path()
                 ));
             }
-            GRPC_METRICS_PATH.to_string()
+            signal.grpc_path.to_string()
         }
         OtlpProtocol::HttpProtobuf if append => {
             let base = uri.path();
+            let path = signal.http_path;
             if base.ends_with('/') {
-                format!("{base}{HTTP_METRICS_PATH}")
+                format!("{base}{path}")
             } else {
-                format!("{base}/{HTTP_METRICS_PATH}")
+                format!("{base}/{path}")
             }
         }
         OtlpProtocol::HttpProtobuf => uri
@@ -864,5 +1291,372 @@ mod tests {
         // A file key is located at its line.
         let issues = load("otlp:\n  protocol: http/json\n", &[]).unwrap_err();
         assert_eq!(issues[0].location.map(|(line, _)| line), Some(3));
+    }
+    fn traces(file: &str, env: &[(&str, &str)]) -> Option<OtlpTraces> {
+        load(file, env)
+            .unwrap_or_else(|e| panic!("{file:?} {env:?}: {e:?}"))
+            .and_then(|otlp| otlp.traces)
+    }
+
+    /// Spans are opt-in: an endpoint alone pushes metrics only; `OTEL_TRACES_EXPORTER`
+    /// or `otlp.traces.enabled` turns them on (and the push with them), the file winning.
+    #[test]
+    fn spans_are_opt_in_and_the_file_wins() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        assert!(traces("", &[endpoint]).is_none());
+        assert!(traces("", &[endpoint, ("OTEL_TRACES_EXPORTER", "none")]).is_none());
+        let on = traces("", &[endpoint, ("OTEL_TRACES_EXPORTER", "otlp")]).expect("on");
+        assert_eq!(on.url, "http://c:4318/v1/traces");
+        assert_eq!(
+            on.sampler,
+            Sampler {
+                parent_based: true,
+                ratio: 1.0
+            }
+        );
+        assert_eq!(on.schedule_delay, Duration::from_secs(5));
+        assert_eq!(on.max_queue_size, 2048);
+        assert_eq!(on.max_export_batch_size, 512);
+        assert_eq!(on.export_timeout, Duration::from_secs(30));
+        assert!(traces(
+            "otlp:\n  traces:\n    enabled: false\n",
+            &[endpoint, ("OTEL_TRACES_EXPORTER", "otlp")]
+        )
+        .is_none());
+        // `enabled: true` alone turns the push on, to the default collector.
+        let alone = traces("otlp:\n  traces:\n    enabled: true\n", &[]).expect("on");
+        assert_eq!(alone.url, "http://localhost:4318/v1/traces");
+        // The whole push off: no spans either.
+        assert!(traces(
+            "otlp:\n  enabled: false\n  traces:\n    enabled: true\n",
+            &[]
+        )
+        .is_none());
+        assert!(traces(
+            "otlp:\n  traces:\n    enabled: true\n",
+            &[("OTEL_SDK_DISABLED", "true")]
+        )
+        .is_none());
+    }
+
+    /// (file, environment, the traces URL, protocol, sampler, ratio)
+    #[test]
+    fn traces_settings_follow_the_specification() {
+        let on = ("OTEL_TRACES_EXPORTER", "otlp");
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, bool, f64);
+        let cases: &[Case] = &[
+            // The generic endpoint gets `v1/traces`; the signal's one is used as written.
+            (
+                "",
+                &[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/base/")],
+                "https://c:4318/base/v1/traces",
+                true,
+                1.0,
+            ),
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
+                ],
+                "http://t:9/spans",
+                true,
+                1.0,
+            ),
+            // The file's metrics URL: its `/v1/metrics` becomes `/v1/traces`.
+            (
+                "otlp:\n  endpoint: http://f:4318/x/v1/metrics\n",
+                &[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")],
+                "http://f:4318/x/v1/traces",
+                true,
+                1.0,
+            ),
+            // The file's traces key wins over everything.
+            (
+                "otlp:\n  traces:\n    endpoint: http://ft:1/t\n",
+                &[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
+                ],
+                "http://ft:1/t",
+                true,
+                1.0,
+            ),
+            // gRPC: the collector's authority and TraceService's method.
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ],
+                "http://c:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                true,
+                1.0,
+            ),
+            (
+                "otlp:\n  protocol: grpc\n  endpoint: http://g:4317\n",
+                &[on],
+                "http://g:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                true,
+                1.0,
+            ),
+            // Samplers.
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+                ],
+                "http://localhost:4318/v1/traces",
+                false,
+                0.25,
+            ),
+            (
+                "",
+                &[on, ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")],
+                "http://localhost:4318/v1/traces",
+                true,
+                1.0,
+            ),
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_TRACES_SAMPLER", "always_off"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "junk"),
+                ],
+                "http://localhost:4318/v1/traces",
+                false,
+                0.0,
+            ),
+            (
+                "",
+                &[on, ("OTEL_TRACES_SAMPLER", "parentbased_always_off")],
+                "http://localhost:4318/v1/traces",
+                true,
+                0.0,
+            ),
+            (
+                "otlp:\n  traces:\n    sampler_ratio: 0.1\n",
+                &[on, ("OTEL_TRACES_SAMPLER", "always_on")],
+                "http://localhost:4318/v1/traces",
+                true,
+                0.1,
+            ),
+            (
+                "otlp:\n  traces:\n    sampler: always_on\n",
+                &[on, ("OTEL_TRACES_SAMPLER", "always_off")],
+                "http://localhost:4318/v1/traces",
+                false,
+                1.0,
+            ),
+        ];
+        for (file, env, url, parent_based, ratio) in cases {
+            let t = traces(file, env).unwrap_or_else(|| panic!("{file:?} {env:?}: off"));
+            assert_eq!(t.url.to_string(), *url, "{file:?} {env:?}");
+            assert_eq!(
+                t.sampler,
+                Sampler {
+                    parent_based: *parent_based,
+                    ratio: *ratio
+                },
+                "{file:?} {env:?}"
+            );
+        }
+        // The signal's variables win over the generic ones; the file's keys over both.
+        let t = traces(
+            "",
+            &[
+                on,
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2500"),
+                ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=t%20k"),
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10"),
+                ("OTEL_BSP_EXPORT_TIMEOUT", "4000"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(t.protocol, OtlpProtocol::Grpc);
+        assert_eq!(t.timeout, Duration::from_millis(2500));
+        assert_eq!(t.compression, OtlpCompression::Gzip);
+        assert_eq!(t.headers[0].1, "t k");
+        assert!(
+            !format!("{t:?}").contains("t k"),
+            "header values are never shown"
+        );
+        assert_eq!(t.schedule_delay, Duration::from_millis(200));
+        assert_eq!((t.max_queue_size, t.max_export_batch_size), (100, 10));
+        assert_eq!(t.export_timeout, Duration::from_secs(4));
+        let t = traces(
+            "otlp:\n  compression: none\n  traces:\n    schedule_delay: 1s\n    max_queue_size: 8\n    max_export_batch_size: 8\n",
+            &[
+                on,
+                ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(t.compression, OtlpCompression::None);
+        assert_eq!(t.schedule_delay, Duration::from_secs(1));
+        assert_eq!((t.max_queue_size, t.max_export_batch_size), (8, 8));
+    }
+
+    #[test]
+    fn bad_traces_values_are_errors_naming_the_variable_or_key() {
+        let on = ("OTEL_TRACES_EXPORTER", "otlp");
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: &[Case] = &[
+            (
+                "",
+                &[("OTEL_TRACES_EXPORTER", "zipkin")],
+                "$OTEL_TRACES_EXPORTER",
+                "OTLP only",
+            ),
+            (
+                "",
+                &[on, ("OTEL_TRACES_SAMPLER", "jaeger_remote")],
+                "$OTEL_TRACES_SAMPLER",
+                "not one of",
+            ),
+            (
+                "otlp:\n  traces:\n    sampler: sometimes\n",
+                &[],
+                "otlp.traces.sampler",
+                "not one of",
+            ),
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+                ],
+                "$OTEL_TRACES_SAMPLER_ARG",
+                "from 0 to 1",
+            ),
+            (
+                "",
+                &[
+                    on,
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "half"),
+                ],
+                "$OTEL_TRACES_SAMPLER_ARG",
+                "from 0 to 1",
+            ),
+            (
+                "otlp:\n  traces:\n    sampler_ratio: -0.1\n",
+                &[],
+                "otlp.traces.sampler_ratio",
+                "from 0 to 1",
+            ),
+            (
+                "otlp:\n  traces:\n    sampler: always_on\n    sampler_ratio: 0.5\n",
+                &[],
+                "otlp.traces.sampler_ratio",
+                "ratio sampler only",
+            ),
+            (
+                "",
+                &[on, ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "nope")],
+                "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "scheme",
+            ),
+            (
+                "otlp:\n  traces:\n    endpoint: ftp://x:1\n",
+                &[],
+                "otlp.traces.endpoint",
+                "not supported",
+            ),
+            (
+                "otlp:\n  endpoint: http://c:4318/custom\n",
+                &[on],
+                "otlp.endpoint",
+                "otlp.traces.endpoint",
+            ),
+            (
+                "",
+                &[on, ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")],
+                "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "not supported",
+            ),
+            (
+                "",
+                &[on, ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k")],
+                "$OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "key=value",
+            ),
+            (
+                "",
+                &[on, ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5s")],
+                "$OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                "milliseconds",
+            ),
+            (
+                "",
+                &[on, ("OTEL_BSP_SCHEDULE_DELAY", "0")],
+                "$OTEL_BSP_SCHEDULE_DELAY",
+                "more than zero",
+            ),
+            (
+                "",
+                &[on, ("OTEL_BSP_EXPORT_TIMEOUT", "x")],
+                "$OTEL_BSP_EXPORT_TIMEOUT",
+                "milliseconds",
+            ),
+            (
+                "",
+                &[on, ("OTEL_BSP_MAX_QUEUE_SIZE", "0")],
+                "$OTEL_BSP_MAX_QUEUE_SIZE",
+                "from 1 to",
+            ),
+            (
+                "",
+                &[on, ("OTEL_BSP_MAX_QUEUE_SIZE", "-1")],
+                "$OTEL_BSP_MAX_QUEUE_SIZE",
+                "whole number",
+            ),
+            (
+                "",
+                &[on, ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")],
+                "$OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                "more than the queue",
+            ),
+            (
+                "otlp:\n  traces:\n    max_queue_size: 100000000\n",
+                &[],
+                "otlp.traces.max_queue_size",
+                "from 1 to",
+            ),
+            (
+                "otlp:\n  traces:\n    colour: red\n",
+                &[],
+                "otlp.traces",
+                "unknown field",
+            ),
+        ];
+        for (file, env, path, message) in cases {
+            let issues = load(file, env).expect_err(&format!("{file:?} {env:?} must fail"));
+            assert!(
+                issues
+                    .iter()
+                    .any(|i| i.path.starts_with(*path) && i.message.contains(message)),
+                "{file:?} {env:?}: expected `{path}`: ...{message}..., got {issues:?}"
+            );
+        }
+        // A value both signals read is reported once.
+        let issues = load("", &[on, ("OTEL_EXPORTER_OTLP_PROTOCOL", "udp")]).unwrap_err();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        // Bad spans settings stop startup even while spans are off.
+        assert!(load("", &[("OTEL_BSP_MAX_QUEUE_SIZE", "0")]).is_err());
     }
 }

@@ -401,7 +401,7 @@ pub struct RawLog {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with `enabled`, `endpoint`, `protocol`, `headers`, `compression`, `timeout`, `interval`, `export_timeout` and `resource_attributes`"
+    expecting = "a mapping with `enabled`, `endpoint`, `protocol`, `headers`, `compression`, `timeout`, `interval`, `export_timeout`, `resource_attributes` and `traces`"
 )]
 pub struct RawOtlp {
     /// `false` turns the push off whatever the environment says; `true` turns it on, to the
@@ -415,17 +415,19 @@ pub struct RawOtlp {
     /// `http/protobuf` appends `/v1/metrics`). Default `http://localhost:4318/v1/metrics`
     /// (`http://localhost:4317` for `grpc`).
     pub endpoint: Option<String>,
-    /// `http/protobuf` or `grpc`. Over `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, then
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL`. Default `http/protobuf`.
+    /// `http/protobuf` or `grpc`. Over `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` (spans:
+    /// `_TRACES_PROTOCOL`), then `OTEL_EXPORTER_OTLP_PROTOCOL`. Default `http/protobuf`.
     pub protocol: Option<String>,
     /// Request headers sent with every export (e.g. an API key); never logged. Over
-    /// `OTEL_EXPORTER_OTLP_METRICS_HEADERS`, then `OTEL_EXPORTER_OTLP_HEADERS`.
+    /// `OTEL_EXPORTER_OTLP_METRICS_HEADERS` (spans: `_TRACES_HEADERS`), then
+    /// `OTEL_EXPORTER_OTLP_HEADERS`.
     pub headers: Option<BTreeMap<String, String>>,
-    /// `gzip` or `none`. Over `OTEL_EXPORTER_OTLP_METRICS_COMPRESSION`, then
-    /// `OTEL_EXPORTER_OTLP_COMPRESSION`. Default `none`.
+    /// `gzip` or `none`. Over `OTEL_EXPORTER_OTLP_METRICS_COMPRESSION` (spans:
+    /// `_TRACES_COMPRESSION`), then `OTEL_EXPORTER_OTLP_COMPRESSION`. Default `none`.
     pub compression: Option<String>,
-    /// How long one export request may take. Over `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`,
-    /// then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds). Default 10s.
+    /// How long one export request may take. Over `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`
+    /// (spans: `_TRACES_TIMEOUT`), then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds).
+    /// Default 10s.
     pub timeout: Option<HumanDuration>,
     /// Time between exports. Over `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds). Default
     /// 60s.
@@ -436,6 +438,48 @@ pub struct RawOtlp {
     /// Resource attributes, over those of `OTEL_RESOURCE_ATTRIBUTES` and
     /// `OTEL_SERVICE_NAME` (`service.name` defaults to `tokentap`).
     pub resource_attributes: Option<BTreeMap<String, String>>,
+    /// Per-request spans (see [`RawOtlpTraces`]), sent with the push's protocol, headers,
+    /// compression and timeout (`OTEL_EXPORTER_OTLP_TRACES_*` over the generic variables
+    /// where the file leaves them out).
+    pub traces: Option<RawOtlpTraces>,
+}
+
+/// `otlp.traces`: one span per measured request, exported over OTLP. Off unless turned on
+/// here or by `OTEL_TRACES_EXPORTER=otlp`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `enabled`, `endpoint`, `sampler`, `sampler_ratio`, `schedule_delay`, `max_queue_size`, `max_export_batch_size` and `export_timeout`"
+)]
+pub struct RawOtlpTraces {
+    /// `true` turns spans on (and with them the OTLP push), `false` off whatever
+    /// `OTEL_TRACES_EXPORTER` says. Left out: on when `OTEL_TRACES_EXPORTER` is `otlp`.
+    pub enabled: Option<bool>,
+    /// The collector's traces URL, used as written. Over
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (as written), then `otlp.endpoint` (gRPC: its
+    /// authority; `http/protobuf`: its path with `/v1/metrics` made `/v1/traces`), then
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`http/protobuf` appends `/v1/traces`). Default
+    /// `http://localhost:4318/v1/traces` (`http://localhost:4317` for `grpc`).
+    pub endpoint: Option<String>,
+    /// `parentbased_always_on` (the default), `parentbased_always_off`,
+    /// `parentbased_traceidratio`, `always_on`, `always_off` or `traceidratio`. Over
+    /// `OTEL_TRACES_SAMPLER`.
+    pub sampler: Option<String>,
+    /// The ratio of a `traceidratio` sampler, 0 to 1 (given alone, the sampler is
+    /// `parentbased_traceidratio`). Over `OTEL_TRACES_SAMPLER_ARG`. Default 1.
+    pub sampler_ratio: Option<Number>,
+    /// The longest a finished span waits before it is sent. Over `OTEL_BSP_SCHEDULE_DELAY`
+    /// (milliseconds). Default 5s.
+    pub schedule_delay: Option<HumanDuration>,
+    /// Spans waiting to be sent at most; more are dropped and counted. Over
+    /// `OTEL_BSP_MAX_QUEUE_SIZE`. Default 2048.
+    pub max_queue_size: Option<Count>,
+    /// Spans per export at most (no more than `max_queue_size`). Over
+    /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`. Default 512.
+    pub max_export_batch_size: Option<Count>,
+    /// How long one export may take with its retries. Over `OTEL_BSP_EXPORT_TIMEOUT`
+    /// (milliseconds). Default 30s.
+    pub export_timeout: Option<HumanDuration>,
 }
 
 fn url_or_upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RawUpstream, D::Error> {

@@ -505,14 +505,14 @@ pub(super) static BUILD_INFO: RegistryFamily = RegistryFamily {
 
 pub(super) static OTLP_EXPORTS: RegistryFamily = RegistryFamily {
     name: "tokentap_otlp_exports_total",
-    help: "OTLP exports finished, by signal and result (success, or failed: refused by the collector or out of time and retries).",
+    help: "OTLP exports finished, by signal (metrics, traces) and result (success, or failed: refused by the collector or out of time and retries).",
     labels: &["result", "signal"],
     kind: RegistryKind::Counter,
 };
 
 pub(super) static OTLP_EXPORTS_DROPPED: RegistryFamily = RegistryFamily {
     name: "tokentap_otlp_exports_dropped_total",
-    help: "OTLP exports never sent, by signal and reason (replaced: a newer one came while the collector was busy or down; shutdown: unsent at exit).",
+    help: "OTLP exports never sent, by signal and reason (replaced: a newer metrics snapshot came while the collector was busy or down; queue_full: a span dropped because the span queue was full; shutdown: unsent at exit). For signal traces each count is one span.",
     labels: &["reason", "signal"],
     kind: RegistryKind::Counter,
 };

@@ -183,6 +183,8 @@ pub struct Metrics {
     names: MetricNames,
     /// Whoever wants each measured request as it ends (spans, the live view).
     pub request_taps: requests::RequestTaps,
+    /// Per-request spans: which requests get one, and where they go.
+    pub spans: requests::Spans,
 }
 
 /// Bucket bounds as the config validated them: at least one, positive, finite and
@@ -364,6 +366,7 @@ impl Metrics {
             last_render_bytes: AtomicUsize::new(0),
             names,
             request_taps: requests::RequestTaps::default(),
+            spans: requests::Spans::default(),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![
@@ -649,6 +652,13 @@ impl Metrics {
         self.otlp_exports_dropped
             .with_label_values(&[reason, signal])
             .inc();
+    }
+
+    /// The counter of OTLP exports of `signal` never sent for `reason`, to count without
+    /// a label lookup (the span queue's drops, in the request path).
+    pub fn otlp_export_dropped_counter(&self, signal: &str, reason: &str) -> IntCounter {
+        self.otlp_exports_dropped
+            .with_label_values(&[reason, signal])
     }
 
     /// Count a request on a non-LLM route.

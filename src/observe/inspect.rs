@@ -89,13 +89,19 @@ pub fn tenant_for(headers: &HeaderMap, sources: &[TenantSource]) -> Option<Strin
 /// The trace context of a request whose `header` holds a valid W3C `traceparent` value
 /// (see [`parse_traceparent`]); `None` for a missing, repeated or malformed one.
 pub fn trace_context(headers: &HeaderMap, header: &HeaderName) -> Option<TraceContext> {
+    trace_parent(headers, header).map(|(trace, _)| trace)
+}
+
+/// [`trace_context`] with the parent's sampled flag (bit 0 of the `traceparent`'s flags),
+/// which parent-based span sampling follows.
+pub fn trace_parent(headers: &HeaderMap, header: &HeaderName) -> Option<(TraceContext, bool)> {
     let mut values = headers.get_all(header).iter();
     let value = values.next()?;
     if values.next().is_some() {
         // `traceparent` is a single value, not a list: two of them name no one trace.
         return None;
     }
-    parse_traceparent(value.as_bytes())
+    parse_traceparent_flags(value.as_bytes()).map(|(trace, flags)| (trace, flags & 1 == 1))
 }
 
 /// Length of a version-`00` `traceparent`: `00-` + 32 + `-` + 16 + `-` + 2.
@@ -110,6 +116,11 @@ const TRACEPARENT_LEN: usize = 55;
 ///   any) must be `-` (what follows belongs to that version and is ignored);
 /// - an all-zero trace id or parent id is invalid.
 pub fn parse_traceparent(value: &[u8]) -> Option<TraceContext> {
+    parse_traceparent_flags(value).map(|(trace, _)| trace)
+}
+
+/// [`parse_traceparent`], with the flags byte.
+pub fn parse_traceparent_flags(value: &[u8]) -> Option<(TraceContext, u8)> {
     if value.len() < TRACEPARENT_LEN {
         return None;
     }
@@ -125,11 +136,11 @@ pub fn parse_traceparent(value: &[u8]) -> Option<TraceContext> {
     }
     let trace_id = lower_hex::<16>(&value[3..35])?;
     let span_id = lower_hex::<8>(&value[36..52])?;
-    lower_hex::<1>(&value[53..55])?;
+    let [flags] = lower_hex::<1>(&value[53..55])?;
     if trace_id == [0; 16] || span_id == [0; 8] {
         return None;
     }
-    Some(TraceContext { trace_id, span_id })
+    Some((TraceContext { trace_id, span_id }, flags))
 }
 
 /// `2 * N` lower-case hex digits as `N` bytes.
@@ -335,6 +346,14 @@ mod tests {
             format!("fe-{TRACE}-{SPAN}-09-"),
         ] {
             assert_eq!(parse_traceparent(good.as_bytes()), Some(expected), "{good}");
+        }
+        // The flags byte as written; bit 0 is the sampled flag.
+        for (flags, byte) in [("00", 0), ("01", 1), ("09", 9), ("ff", 255)] {
+            let value = format!("00-{TRACE}-{SPAN}-{flags}");
+            assert_eq!(
+                parse_traceparent_flags(value.as_bytes()),
+                Some((expected, byte))
+            );
         }
         let upper = |s: &str| s.to_ascii_uppercase();
         let hostile = [

@@ -19,6 +19,7 @@
 //! itself goes on.
 
 pub mod inspect;
+pub mod itl_sketch;
 pub mod rate_limits;
 mod recorder;
 
@@ -118,9 +119,20 @@ pub fn start(
     if dialect.is_grpc() {
         facts.served_model = served.get(config);
     }
+    // The trace context is read when exemplars or spans want it; with spans on, a sampled
+    // request gets its own span id, and its exemplars name that span (which is exported)
+    // rather than the client's.
     let exemplars = &config.metrics.exemplars;
-    if exemplars.enabled {
-        facts.trace = inspect::trace_context(head.headers, &exemplars.header);
+    let spans_on = metrics.spans.on();
+    if exemplars.enabled || spans_on {
+        let parent = inspect::trace_parent(head.headers, &exemplars.header);
+        facts.trace = parent.map(|(trace, _)| trace);
+        if spans_on {
+            facts.span = metrics.spans.decide(parent);
+        }
+        if exemplars.enabled {
+            facts.exemplar = facts.span.or(facts.trace);
+        }
     }
     let facts = Arc::new(facts);
     let recorder = Recorder::new(

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::StatusCode;
 use prometheus::IntGauge;
 
+use super::itl_sketch::ItlSketch;
 use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
@@ -21,6 +22,9 @@ use crate::metrics::{
     Verdict,
 };
 use crate::wire::{gen_ai, Dialect, EngineTimings, ErrorClass, Signal};
+
+/// The most distinct finish reasons kept for one request.
+const MAX_FINISH_REASONS: usize = 8;
 
 /// What is known about one measured request: who it is (from its head, at once) and what
 /// its body said (published by the request scan as soon as it is read). Labels and the
@@ -32,8 +36,15 @@ pub struct RequestFacts {
     pub path: String,
     pub dialect: Dialect,
     pub tenant: Option<String>,
-    /// The request's valid W3C trace context, when exemplars are on and it carried one.
+    /// The request's valid W3C trace context, when exemplars or spans are on and it
+    /// carried one.
     pub trace: Option<TraceContext>,
+    /// tokentap's own span for the request, when spans are on and it was sampled: the
+    /// parent's trace id (or a new one) and a new span id.
+    pub span: Option<TraceContext>,
+    /// What the request's exemplars name, when exemplars are on: its span, else the trace
+    /// context it carried.
+    pub exemplar: Option<TraceContext>,
     pub model: OnceLock<String>,
     /// Set when the body's `model` was too long for the request scanner to read.
     pub model_too_long: OnceLock<()>,
@@ -58,6 +69,8 @@ impl RequestFacts {
             dialect,
             tenant,
             trace: None,
+            span: None,
+            exemplar: None,
             model: OnceLock::new(),
             model_too_long: OnceLock::new(),
             stream: OnceLock::new(),
@@ -106,6 +119,11 @@ pub struct Recorder {
     rate_limits: Option<Box<RateLimits>>,
     /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
     slowest_itl: Option<Duration>,
+    /// Every per-token ITL value, sketched for the median: kept only for a request that
+    /// gets a span.
+    itl_sketch: Option<ItlSketch>,
+    /// The finish reasons the stream named, each once.
+    finish_reasons: Vec<String>,
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
     in_flight: InFlight,
@@ -119,6 +137,7 @@ impl Recorder {
         stall_threshold: Duration,
     ) -> Recorder {
         let in_flight = InFlight::enter(&metrics.streams_in_flight);
+        let itl_sketch = facts.span.map(|_| ItlSketch::default());
         Recorder {
             metrics,
             clock: TokenClock::new(t_req),
@@ -134,6 +153,8 @@ impl Recorder {
             grpc_status: None,
             rate_limits: None,
             slowest_itl: None,
+            itl_sketch,
+            finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             in_flight,
         }
@@ -198,6 +219,9 @@ impl Recorder {
                         if share.count > 0 {
                             self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
                         }
+                        if let Some(sketch) = &mut self.itl_sketch {
+                            sketch.add(share.per_token, share.count);
+                        }
                     }
                     let handles = self.handles();
                     if *exact {
@@ -242,6 +266,14 @@ impl Recorder {
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
                 Signal::EngineTimings(timings) => self.engine.merge(*timings),
+                Signal::FinishReason(reason) => {
+                    // Each reason once; a stream of many choices names a few at most.
+                    if self.finish_reasons.len() < MAX_FINISH_REASONS
+                        && !self.finish_reasons.contains(reason)
+                    {
+                        self.finish_reasons.push(reason.clone());
+                    }
+                }
             }
         }
     }
@@ -306,9 +338,12 @@ impl Recorder {
             if share.count > 0 {
                 self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
             }
+            if let Some(sketch) = &mut self.itl_sketch {
+                sketch.add(share.per_token, share.count);
+            }
         }
         let mut figures = RequestFigures::from(&timings);
-        figures.exemplar = self.facts.trace.map(|trace| RequestExemplar {
+        figures.exemplar = self.facts.exemplar.map(|trace| RequestExemplar {
             trace,
             at: SystemTime::now(),
             ttft: timings.ttft,
@@ -339,7 +374,8 @@ impl Recorder {
         }
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);
-        if self.metrics.request_taps.any() {
+        let tapped = self.metrics.request_taps.any();
+        if tapped || self.facts.span.is_some() {
             let finished = FinishedRequest {
                 model: handles.model().clone(),
                 tenant: handles.tenant().clone(),
@@ -365,8 +401,26 @@ impl Recorder {
                 output_tokens: timings.output_tokens,
                 input_tokens: timings.input_tokens,
                 counting: timings.counting.as_str(),
+                span: self.facts.span,
+                request_model: self.facts.model.get().cloned(),
+                response_model: self.response_model.clone(),
+                // A bucket's midpoint can lie past the largest value in it: never more
+                // than the largest seen.
+                itl_p50: self
+                    .itl_sketch
+                    .as_ref()
+                    .and_then(|s| s.quantile(0.5))
+                    .map(|p50| p50.min(self.slowest_itl.unwrap_or(p50))),
+                gen_ai_operation: gen_ai::operation_name(self.facts.dialect, &self.facts.path),
+                gen_ai_provider: gen_ai::provider_name(self.facts.dialect),
+                finish_reasons: std::mem::take(&mut self.finish_reasons),
             };
-            self.metrics.request_taps.finished(&finished);
+            if tapped {
+                self.metrics.request_taps.finished(&finished);
+            }
+            if self.facts.span.is_some() {
+                self.metrics.spans.finished(&finished);
+            }
         }
 
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);

@@ -10,31 +10,29 @@
 //! (1s doubling to 30s, jittered, or what the collector asked for with `Retry-After`)
 //! until it goes through or `export_timeout` has passed since its first attempt; each
 //! attempt has the transport's `timeout`. Every export ends in
-//! `tokentap_otlp_exports_total{result="success"|"failed"}`.
+//! `tokentap_otlp_exports_total{result="success"|"failed"}`. The retries and the count
+//! are `delivery`'s, which the span exporter shares.
 //!
 //! At shutdown whatever waits or is in flight is given up (`reason="shutdown"`), and one
 //! last snapshot, taken after the drain so every request is in it, is sent once within
 //! `timeout`.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use prost::Message;
-use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::delivery::Delivery;
 use super::mapping::{export_request, Origin};
-use super::transport::{SendError, Transport};
+use super::transport::Transport;
 use crate::config::Otlp;
 use crate::metrics::Metrics;
 
 /// The `signal` label of this exporter's counters.
 pub const SIGNAL: &str = "metrics";
-
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The running exporter; [`Exporter::finish`] makes the last export and stops it.
 pub struct Exporter {
@@ -76,7 +74,11 @@ async fn run(
     start: SystemTime,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let transport = Arc::new(Transport::new(&settings, settings.url.clone()));
+    let delivery = Arc::new(Delivery::new(
+        Transport::new(&settings, settings.url.clone()),
+        SIGNAL,
+        settings.export_timeout,
+    ));
     let origin = Arc::new(Origin {
         resource: settings.resource.clone(),
         start,
@@ -101,11 +103,7 @@ async fn run(
     loop {
         if in_flight.is_none() {
             if let Some(export) = waiting.take() {
-                in_flight = Some(Box::pin(deliver(
-                    transport.clone(),
-                    export,
-                    settings.export_timeout,
-                )));
+                in_flight = Some(Box::pin(delivery.clone().deliver(export.body)));
             }
         }
         tokio::select! {
@@ -115,7 +113,7 @@ async fn run(
                 if in_flight.is_some() =>
             {
                 in_flight = None;
-                count(&metrics, delivered);
+                delivery.count(&metrics, delivered);
             }
             _ = ticker.tick() => {
                 let Some(export) = encode().await else { continue };
@@ -132,49 +130,6 @@ async fn run(
         metrics.otlp_export_dropped(SIGNAL, "shutdown");
     }
     if let Some(last) = encode().await {
-        count(&metrics, transport.send(&last.body).await);
+        delivery.count(&metrics, delivery.once(&last.body).await);
     }
-}
-
-fn count(metrics: &Metrics, result: Result<(), SendError>) {
-    match result {
-        Ok(()) => metrics.otlp_export(SIGNAL, "success"),
-        Err(error) => {
-            tracing::warn!(%error, "OTLP metrics export failed; the next one carries its counts");
-            metrics.otlp_export(SIGNAL, "failed");
-        }
-    }
-}
-
-/// Send `export`, retrying what is retryable until `export_timeout` has passed.
-async fn deliver(
-    transport: Arc<Transport>,
-    export: Export,
-    export_timeout: Duration,
-) -> Result<(), SendError> {
-    let deadline = Instant::now() + export_timeout;
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        match transport.send(&export.body).await {
-            Err(SendError::Retryable { reason, after }) => {
-                let wait = after.unwrap_or_else(|| jittered(backoff));
-                if Instant::now() + wait >= deadline {
-                    return Err(SendError::Retryable {
-                        reason: format!("{reason}; no time left to retry"),
-                        after,
-                    });
-                }
-                tracing::debug!(%reason, ?wait, "OTLP export will be retried");
-                tokio::time::sleep(wait).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            done => return done,
-        }
-    }
-}
-
-/// `backoff` scaled by a random factor from 0.5 to 1.5, so that many sidecars that lost
-/// the same collector do not all come back at once.
-fn jittered(backoff: Duration) -> Duration {
-    backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
 }

@@ -29,7 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::{Otlp, OtlpCompression, OtlpProtocol};
+use crate::config::{Otlp, OtlpCompression, OtlpProtocol, OtlpTraces};
 use crate::wire::grpc::framing;
 
 /// The most of a collector's answer read (its partial-success message, an error text).
@@ -49,6 +49,15 @@ pub enum SendError {
     Permanent(String),
 }
 
+/// Where one signal's exports go and how.
+struct Link {
+    protocol: OtlpProtocol,
+    url: Uri,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    compression: OtlpCompression,
+    timeout: Duration,
+}
+
 /// A collector endpoint and how to talk to it.
 pub struct Transport {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
@@ -60,8 +69,29 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// A transport to `url` with `settings`' protocol, headers, compression and timeout.
+    /// A transport to the metrics push's collector, as `settings` say.
     pub fn new(settings: &Otlp, url: Uri) -> Transport {
+        Transport::to(Link {
+            protocol: settings.protocol,
+            url,
+            headers: settings.headers.clone(),
+            compression: settings.compression,
+            timeout: settings.timeout,
+        })
+    }
+
+    /// A transport to the span export's collector, as `settings` say.
+    pub fn for_traces(settings: &OtlpTraces) -> Transport {
+        Transport::to(Link {
+            protocol: settings.protocol,
+            url: settings.url.clone(),
+            headers: settings.headers.clone(),
+            compression: settings.compression,
+            timeout: settings.timeout,
+        })
+    }
+
+    fn to(settings: Link) -> Transport {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -91,8 +121,8 @@ impl Transport {
         Transport {
             client,
             protocol: settings.protocol,
-            url,
-            headers: settings.headers.clone(),
+            url: settings.url,
+            headers: settings.headers,
             compression: settings.compression,
             timeout: settings.timeout,
         }

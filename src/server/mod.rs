@@ -37,6 +37,8 @@ use crate::config::{Config, ConfigError, ListenerTls};
 use crate::exchange::shutting_down;
 use crate::metrics::Metrics;
 use crate::otlp::exporter::Exporter;
+use crate::otlp::span_mapping::Server as SpanServer;
+use crate::otlp::spans::SpanExporter;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
@@ -192,6 +194,24 @@ impl Server {
             metrics.clone(),
             readiness.clone(),
         ));
+        let spans = config
+            .otlp
+            .as_ref()
+            .and_then(|otlp| Some((otlp.traces.clone()?, otlp.resource.clone())))
+            .map(|(traces, resource)| {
+                let upstream = &config.upstream;
+                let server = SpanServer {
+                    address: upstream.authority.host().to_string(),
+                    port: upstream.authority.port_u16().unwrap_or(
+                        if upstream.scheme == http::uri::Scheme::HTTPS {
+                            443
+                        } else {
+                            80
+                        },
+                    ),
+                };
+                SpanExporter::spawn(traces, resource, Some(server), metrics.clone())
+            });
         let otlp = config
             .otlp
             .clone()
@@ -228,6 +248,10 @@ impl Server {
         drain(graceful, &proxy, &metrics).await;
         // Streams still open are cut here; each is counted before `run` returns.
         workers.stop().await;
+        // Spans first: their last batch goes out before the metrics push's last export.
+        if let Some(exporter) = spans {
+            exporter.finish().await;
+        }
         if let Some(exporter) = otlp {
             exporter.finish().await;
         }

@@ -98,6 +98,9 @@ impl Handler for Anthropic {
                 }
             }
             "message_delta" => {
+                if let Some(reason) = event.delta.and_then(|d| d.stop_reason) {
+                    out.push(Signal::FinishReason(reason));
+                }
                 if let Some(usage) = event.usage {
                     let input = usage.input();
                     let output = usage.output_tokens.0;
@@ -184,6 +187,8 @@ struct Delta {
     thinking: Text,
     #[serde(default)]
     partial_json: Text,
+    /// A `message_delta`'s.
+    stop_reason: Option<String>,
 }
 
 impl Delta {
@@ -291,6 +296,7 @@ mod tests {
                 usage(Some(40), None),
                 out(OutputKind::Content),
                 out(OutputKind::Content),
+                Signal::FinishReason("end_turn".into()),
                 usage(None, Some(12)),
                 Done
             ]

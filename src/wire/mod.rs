@@ -41,6 +41,13 @@
 //! message ([`grpc`] has their rules). Responses compressed with `gzip`,
 //! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
 //!
+//! Where a stream says why a choice ended, its dialect reports it as
+//! [`Signal::FinishReason`], from the value the event's parse already holds: OpenAI chat
+//! and completions `choices[].finish_reason` (the first non-empty one of a chunk),
+//! Anthropic `message_delta.delta.stop_reason`, TGI's last event's
+//! `details.finish_reason`, Ollama's final line's `done_reason`, and the `finish_reason`
+//! of the gRPC engines' `complete` message (of a stream; a whole JSON body's is not read). It feeds a span's `gen_ai.response.finish_reasons`.
+//!
 //! Where a response carries the engine's own timings (TensorRT-LLM's `perf_metrics`,
 //! Ollama's final durations, Groq's and Cerebras' queue and prompt times, llama.cpp's
 //! `timings.prompt_ms`), its dialect reports them as [`Signal::EngineTimings`];

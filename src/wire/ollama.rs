@@ -99,6 +99,9 @@ impl Handler for Ollama {
         }
         out.extend(timings);
         if line.done.0 {
+            if let Some(reason) = line.done_reason.take().filter(|r| !r.is_empty()) {
+                out.push(Signal::FinishReason(reason));
+            }
             out.push(Signal::Done);
         }
     }
@@ -168,6 +171,8 @@ struct Line<'a> {
     prompt_eval_duration: Num,
     #[serde(default)]
     error: Present,
+    /// The final line's.
+    done_reason: Option<String>,
 }
 
 impl Line<'_> {
@@ -282,6 +287,7 @@ mod tests {
                     input_tokens: Some(26),
                     output_tokens: Some(282)
                 },
+                Signal::FinishReason("stop".into()),
                 Done
             ]
         );

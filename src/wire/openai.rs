@@ -119,6 +119,9 @@ impl OpenAi {
             }
             None => self.tally.report(reported_output),
         }
+        if let Some(reason) = choices.finish_reason {
+            out.push(Signal::FinishReason(reason));
+        }
         if let Some((input_tokens, output_tokens)) = usage {
             out.push(Signal::Usage {
                 input_tokens,
@@ -371,6 +374,8 @@ struct Choice {
     #[serde(default)]
     text: Text,
     logprobs: Option<Logprobs>,
+    /// `null` until the choice's last chunk.
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -473,6 +478,8 @@ struct Choices {
     content_logprobs: u64,
     /// Entries in `logprobs.tokens` (completions).
     token_logprobs: u64,
+    /// The first non-empty `finish_reason` of the chunk's choices.
+    finish_reason: Option<String>,
 }
 
 impl Fold for Choices {
@@ -488,6 +495,9 @@ impl Fold for Choices {
             }
         }
         self.text |= choice.text.carries;
+        if self.finish_reason.is_none() {
+            self.finish_reason = choice.finish_reason.filter(|r| !r.is_empty());
+        }
         let estimate = match &choice.delta {
             Some(delta) => delta.estimate(),
             None => choice.text.estimate,
@@ -731,7 +741,7 @@ mod tests {
         ] {
             assert_eq!(delta(d), vec![], "{d}");
         }
-        // finish_reason-only and usage-only chunks.
+        // finish_reason-only and usage-only chunks: no output, the reason alone.
         let signals = stream(
             CHAT,
             &[
@@ -739,7 +749,7 @@ mod tests {
                 r#"{"choices":[],"usage":null}"#,
             ],
         );
-        assert_eq!(signals, vec![]);
+        assert_eq!(signals, vec![Signal::FinishReason("stop".into())]);
     }
 
     #[test]
@@ -772,6 +782,37 @@ mod tests {
         );
     }
 
+    /// The reason a choice ended, from the value the chunk's parse holds: the first
+    /// non-empty one of a chunk's choices; `null` or `""` give none.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let reasons = |events: &[&str]| -> Vec<String> {
+            stream(CHAT, events)
+                .into_iter()
+                .filter_map(|s| match s {
+                    Signal::FinishReason(r) => Some(r),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            reasons(&[
+                r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":""},{"delta":{},"finish_reason":"tool_calls"},{"delta":{},"finish_reason":"stop"}]}"#,
+            ]),
+            ["tool_calls"]
+        );
+        assert_eq!(
+            reasons(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#]),
+            Vec::<String>::new()
+        );
+        // Not a string: the chunk is malformed, as any other wrong type.
+        assert_eq!(
+            stream(CHAT, &[r#"{"choices":[{"delta":{},"finish_reason":7}]}"#]),
+            vec![Signal::Malformed]
+        );
+    }
+
     #[test]
     fn completions_text() {
         let signals = stream(
@@ -783,7 +824,11 @@ mod tests {
         );
         assert_eq!(
             signals,
-            vec![Model("gpt-3.5-turbo-instruct".into()), content(1, false)]
+            vec![
+                Model("gpt-3.5-turbo-instruct".into()),
+                content(1, false),
+                Signal::FinishReason("length".into())
+            ]
         );
         // Each dialect reads its own field.
         assert_eq!(
@@ -847,6 +892,7 @@ mod tests {
                 u(4),
                 content(1, false),
                 u(4),
+                Signal::FinishReason("stop".into()),
                 u(5)
             ]
         );
@@ -916,6 +962,7 @@ mod tests {
         assert_eq!(
             stream(CHAT, &[timings]),
             vec![
+                Signal::FinishReason("stop".into()),
                 usage(Some(10), Some(30)),
                 engine(None, Some(Duration::from_micros(12_500)))
             ]
@@ -942,6 +989,7 @@ mod tests {
             stream(CHAT, &[groq_first, groq_last]),
             vec![
                 Model("gemma2-9b-it".into()),
+                Signal::FinishReason("stop".into()),
                 engine(Some(ms(61)), Some(ms(2)))
             ]
         );

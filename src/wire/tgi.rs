@@ -84,9 +84,13 @@ impl Handler for Tgi {
                 });
             }
         }
-        if let Some(details) = event.details {
+        if let Some(mut details) = event.details {
+            let reason = details.finish_reason.take();
             if let Some(usage) = details.usage() {
                 out.push(usage);
+            }
+            if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+                out.push(Signal::FinishReason(reason));
             }
             out.push(Signal::Done);
         }
@@ -146,6 +150,7 @@ struct Details {
     prompt_tokens: Num,
     /// `/generate` with `decoder_input_details`: one entry per prompt token.
     prefill: Option<Folded<Count>>,
+    finish_reason: Option<String>,
 }
 
 impl Details {
@@ -206,15 +211,19 @@ mod tests {
         }
     }
 
+    fn finish() -> Signal {
+        Signal::FinishReason("eos_token".into())
+    }
+
     #[test]
     fn one_exact_token_per_event_special_counted_by_default() {
         assert_eq!(
             sse(Tgi::default(), STREAM),
-            vec![TOKEN, TOKEN, TOKEN, usage(), Done]
+            vec![TOKEN, TOKEN, TOKEN, usage(), finish(), Done]
         );
         assert_eq!(
             sse(Tgi::new(true), STREAM),
-            vec![TOKEN, TOKEN, usage(), Done]
+            vec![TOKEN, TOKEN, usage(), finish(), Done]
         );
     }
 

@@ -153,6 +153,10 @@ pub enum Signal {
     /// The engine's own account of the request's time, as the response reported it. A
     /// later report replaces an earlier one part by part (`None` leaves a part as it was).
     EngineTimings(EngineTimings),
+    /// Why the stream says a choice ended (`stop`, `length`, `tool_calls`, `end_turn`,
+    /// ...), as written: OpenAI's `finish_reason`, Anthropic's `stop_reason`, the gRPC
+    /// engines' `finish_reason`. Read from the value the event's parse already holds.
+    FinishReason(String),
 }
 
 /// Where the engine says a request's time to first token went, measured on the engine's

@@ -28,6 +28,7 @@ mod layering;
 mod lifecycle;
 mod native;
 mod otlp;
+mod otlp_spans;
 mod proxy;
 mod recording;
 mod reliability;

@@ -195,6 +195,7 @@ fn render(signal: &Signal) -> String {
         Signal::Malformed => "malformed".to_owned(),
         Signal::Done => "done".to_owned(),
         Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
+        Signal::FinishReason(reason) => format!("finish {reason}"),
         Signal::EngineTimings(t) => {
             let ms = |d: Option<std::time::Duration>| {
                 d.map_or_else(

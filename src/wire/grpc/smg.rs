@@ -208,6 +208,9 @@ impl Smg {
                 {
                     out.push(Signal::Error(ErrorClass::Other));
                 }
+                if !finish_reason.is_empty() {
+                    out.push(Signal::FinishReason(finish_reason));
+                }
                 if !timings.is_empty() {
                     out.push(Signal::EngineTimings(timings));
                 }
@@ -301,6 +304,7 @@ mod tests {
                 tokens(1),
                 tokens(2),
                 usage(Some(12), Some(6)),
+                Signal::FinishReason("stop".into()),
                 Done,
             ]
         );
@@ -311,7 +315,11 @@ mod tests {
         let body = sglang_complete(&[1, 2, 3, 4], 7, 4, "length");
         assert_eq!(
             grpc(Smg::new(Engine::Sglang), &body),
-            vec![usage(Some(7), Some(4)), Done]
+            vec![
+                usage(Some(7), Some(4)),
+                Signal::FinishReason("length".into()),
+                Done
+            ]
         );
     }
 
@@ -331,10 +339,13 @@ mod tests {
             vec![
                 tokens(1),
                 usage(Some(5), Some(2)),
+                Signal::FinishReason("stop".into()),
                 Done,
                 usage(Some(5), Some(5)),
+                Signal::FinishReason("stop".into()),
                 Done,
                 usage(None, Some(5)),
+                Signal::FinishReason("stop".into()),
                 Done,
             ]
         );
@@ -378,6 +389,7 @@ mod tests {
                 usage(Some(4), None),
                 usage(Some(4), Some(2)),
                 Error(ErrorClass::Other),
+                Signal::FinishReason("error".into()),
                 Done,
             ]
         );
@@ -412,7 +424,13 @@ mod tests {
         .concat();
         assert_eq!(
             grpc(Smg::new(Engine::Trtllm), &trtllm_body),
-            vec![tokens(4), usage(Some(8), None), usage(None, Some(4)), Done]
+            vec![
+                tokens(4),
+                usage(Some(8), None),
+                usage(None, Some(4)),
+                Signal::FinishReason("length".into()),
+                Done
+            ]
         );
     }
 
@@ -450,7 +468,9 @@ mod tests {
             Smg::new(Engine::Trtllm),
             &trtllm_complete(perf(1_700_000_000.0, 1_700_000_000.25, 1_700_000_000.5)),
         );
-        let [Usage { .. }, Signal::EngineTimings(t), Done] = signals.as_slice() else {
+        let [Usage { .. }, Signal::FinishReason(_), Signal::EngineTimings(t), Done] =
+            signals.as_slice()
+        else {
             panic!("{signals:?}");
         };
         let ms = |d: Option<std::time::Duration>| d.map(|d| (d.as_secs_f64() * 1e3).round());
@@ -502,6 +522,7 @@ mod tests {
                 Malformed,
                 usage(Some(3), None),
                 Error(ErrorClass::Other),
+                Signal::FinishReason("abort".into()),
                 Done
             ]
         );
