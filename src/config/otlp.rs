@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -92,6 +93,8 @@ pub struct Otlp {
     pub compression: OtlpCompression,
     /// One export request's timeout.
     pub timeout: Duration,
+    /// The files an `https://` collector is verified with and tokentap proves itself by.
+    pub tls: OtlpTls,
     pub interval: Duration,
     /// One export's time with its retries.
     pub export_timeout: Duration,
@@ -99,6 +102,24 @@ pub struct Otlp {
     pub resource: Vec<(String, String)>,
     /// Per-request spans, when on.
     pub traces: Option<OtlpTraces>,
+}
+
+/// The TLS files of an export's connection: a CA file to trust beside the platform's and
+/// webpki's roots, and a client certificate and key for a collector that asks for one
+/// (both or neither). Each says where it was written, so a file that cannot be read is
+/// reported against the key or variable that named it; they are read at start.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OtlpTls {
+    pub ca_file: Option<TlsFile>,
+    pub client_certificate: Option<TlsFile>,
+    pub client_key: Option<TlsFile>,
+}
+
+/// A file path and the key (`otlp.ca_file`) or `$VARIABLE` it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFile {
+    pub path: PathBuf,
+    pub from: String,
 }
 
 /// The validated span export: where and how spans go, which requests get one, and the
@@ -112,6 +133,7 @@ pub struct OtlpTraces {
     pub compression: OtlpCompression,
     /// One export request's timeout.
     pub timeout: Duration,
+    pub tls: OtlpTls,
     pub sampler: Sampler,
     /// The longest a finished span waits before it is sent.
     pub schedule_delay: Duration,
@@ -131,6 +153,7 @@ impl fmt::Debug for OtlpTraces {
             .field("headers", &header_names)
             .field("compression", &self.compression)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
             .field("sampler", &self.sampler)
             .field("schedule_delay", &self.schedule_delay)
             .field("max_queue_size", &self.max_queue_size)
@@ -149,6 +172,7 @@ impl fmt::Debug for Otlp {
             .field("headers", &header_names)
             .field("compression", &self.compression)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
             .field("interval", &self.interval)
             .field("export_timeout", &self.export_timeout)
             .field("resource", &self.resource)
@@ -188,6 +212,9 @@ struct SignalVars {
     headers: [&'static str; 2],
     compression: [&'static str; 2],
     timeout: [&'static str; 2],
+    certificate: [&'static str; 2],
+    client_certificate: [&'static str; 2],
+    client_key: [&'static str; 2],
     /// What `http/protobuf` appends to the generic endpoint's path.
     http_path: &'static str,
     /// The gRPC method.
@@ -212,6 +239,18 @@ const METRICS: SignalVars = SignalVars {
         "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
         "OTEL_EXPORTER_OTLP_TIMEOUT",
     ],
+    certificate: [
+        "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    ],
+    client_certificate: [
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    ],
+    client_key: [
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    ],
     http_path: HTTP_METRICS_PATH,
     grpc_path: GRPC_METRICS_PATH,
 };
@@ -234,6 +273,18 @@ const TRACES: SignalVars = SignalVars {
         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         "OTEL_EXPORTER_OTLP_TIMEOUT",
     ],
+    certificate: [
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    ],
+    client_certificate: [
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    ],
+    client_key: [
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    ],
     http_path: HTTP_TRACES_PATH,
     grpc_path: GRPC_TRACES_PATH,
 };
@@ -245,6 +296,7 @@ struct Link {
     headers: Vec<(HeaderName, HeaderValue)>,
     compression: OtlpCompression,
     timeout: Duration,
+    tls: OtlpTls,
 }
 
 /// The file's keys a [`Link`] is made of (shared by both signals).
@@ -254,6 +306,9 @@ struct FileLink {
     headers: Option<BTreeMap<String, String>>,
     compression: Option<String>,
     timeout: Option<HumanDuration>,
+    ca_file: Option<PathBuf>,
+    client_certificate: Option<PathBuf>,
+    client_key: Option<PathBuf>,
 }
 
 /// A duration from the file's `key` or the first of the variables `names` set, in whole
@@ -333,11 +388,48 @@ impl FileLink {
             &vars.timeout,
             default_timeout(),
         );
+        let file = |key: &'static str, path: Option<PathBuf>| {
+            path.map(|path| TlsFile {
+                path,
+                from: key.to_string(),
+            })
+        };
+        let tls_file = |key: &'static str, path: Option<PathBuf>, names: &[&'static str]| {
+            file(key, path).or_else(|| {
+                env.first(names).map(|(name, text)| TlsFile {
+                    path: PathBuf::from(text),
+                    from: var(name),
+                })
+            })
+        };
+        let tls = OtlpTls {
+            ca_file: tls_file("otlp.ca_file", self.ca_file, &vars.certificate),
+            client_certificate: tls_file(
+                "otlp.client_certificate",
+                self.client_certificate,
+                &vars.client_certificate,
+            ),
+            client_key: tls_file("otlp.client_key", self.client_key, &vars.client_key),
+        };
+        match (&tls.client_certificate, &tls.client_key) {
+            (Some(certificate), None) => issues.push(
+                &certificate.from,
+                "a client certificate needs its key (otlp.client_key or \
+                 $OTEL_EXPORTER_OTLP_CLIENT_KEY)",
+            ),
+            (None, Some(key)) => issues.push(
+                &key.from,
+                "a client key needs its certificate (otlp.client_certificate or \
+                 $OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)",
+            ),
+            _ => {}
+        }
         Link {
             protocol,
             headers,
             compression,
             timeout,
+            tls,
         }
     }
 }
@@ -372,6 +464,9 @@ impl RawOtlp {
             headers: self.headers,
             compression: self.compression,
             timeout: self.timeout,
+            ca_file: self.ca_file,
+            client_certificate: self.client_certificate,
+            client_key: self.client_key,
         };
         let link = file_link.clone().resolve(issues, &env, &METRICS);
         let url = if let Some(text) = file_endpoint {
@@ -447,6 +542,7 @@ impl RawOtlp {
             headers: link.headers,
             compression: link.compression,
             timeout: link.timeout,
+            tls: link.tls,
             interval,
             export_timeout,
             resource,
@@ -585,6 +681,7 @@ fn traces(
         headers: link.headers,
         compression: link.compression,
         timeout: link.timeout,
+        tls: link.tls,
         sampler,
         schedule_delay,
         max_queue_size,
@@ -1296,6 +1393,74 @@ mod tests {
         load(file, env)
             .unwrap_or_else(|e| panic!("{file:?} {env:?}: {e:?}"))
             .and_then(|otlp| otlp.traces)
+    }
+
+    /// TLS files: the file's keys over the signal's variables over the generic ones, each
+    /// remembering what named it; a client certificate needs its key and the reverse.
+    #[test]
+    fn tls_files_follow_the_precedence_and_come_in_pairs() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318");
+        let traces_on = ("OTEL_TRACES_EXPORTER", "otlp");
+        let file = |tls: &Option<TlsFile>| tls.as_ref().map(|f| (f.path.clone(), f.from.clone()));
+        let otlp = on(
+            "",
+            &[
+                endpoint,
+                traces_on,
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/generic/ca.pem"),
+                ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces/ca.pem"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c.pem"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem"),
+            ],
+        );
+        assert_eq!(
+            file(&otlp.tls.ca_file),
+            Some((
+                "/generic/ca.pem".into(),
+                "$OTEL_EXPORTER_OTLP_CERTIFICATE".into()
+            ))
+        );
+        let traces = otlp.traces.expect("spans on");
+        assert_eq!(
+            file(&traces.tls.ca_file),
+            Some((
+                "/traces/ca.pem".into(),
+                "$OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into()
+            ))
+        );
+        assert_eq!(
+            file(&traces.tls.client_key),
+            Some(("/k.pem".into(), "$OTEL_EXPORTER_OTLP_CLIENT_KEY".into()))
+        );
+        let otlp = on(
+            "otlp:\n  ca_file: /file/ca.pem\n",
+            &[
+                endpoint,
+                ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "/metrics/ca.pem"),
+            ],
+        );
+        assert_eq!(
+            file(&otlp.tls.ca_file),
+            Some(("/file/ca.pem".into(), "otlp.ca_file".into()))
+        );
+        assert_eq!(otlp.tls.client_certificate, None);
+
+        for (text, env, path) in [
+            (
+                "otlp:\n  client_certificate: /c.pem\n",
+                vec![endpoint],
+                "otlp.client_certificate",
+            ),
+            (
+                "",
+                vec![endpoint, ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem")],
+                "$OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ),
+        ] {
+            let issues = load(text, &env).expect_err("one without the other");
+            assert_eq!(issues.len(), 1, "{issues:?}");
+            assert_eq!(issues[0].path, path);
+        }
     }
 
     /// Spans are opt-in: an endpoint alone pushes metrics only; `OTEL_TRACES_EXPORTER`

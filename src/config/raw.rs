@@ -401,7 +401,7 @@ pub struct RawLog {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with `enabled`, `endpoint`, `protocol`, `headers`, `compression`, `timeout`, `interval`, `export_timeout`, `resource_attributes` and `traces`"
+    expecting = "a mapping with `enabled`, `endpoint`, `protocol`, `headers`, `compression`, `timeout`, `interval`, `export_timeout`, `resource_attributes`, `ca_file`, `client_certificate`, `client_key` and `traces`"
 )]
 pub struct RawOtlp {
     /// `false` turns the push off whatever the environment says; `true` turns it on, to the
@@ -438,6 +438,17 @@ pub struct RawOtlp {
     /// Resource attributes, over those of `OTEL_RESOURCE_ATTRIBUTES` and
     /// `OTEL_SERVICE_NAME` (`service.name` defaults to `tokentap`).
     pub resource_attributes: Option<BTreeMap<String, String>>,
+    /// A PEM file of CA certificates to trust beside the platform's and webpki's, for an
+    /// `https://` collector signed by a private CA. Over
+    /// `OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE` (spans: `_TRACES_CERTIFICATE`), then
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+    pub ca_file: Option<PathBuf>,
+    /// A PEM certificate chain and its private key, presented to a collector that asks for
+    /// a client certificate (mutual TLS); both or neither. Over
+    /// `OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE` / `_CLIENT_KEY` (spans: `_TRACES_`),
+    /// then `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` / `_CLIENT_KEY`.
+    pub client_certificate: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
     /// Per-request spans (see [`RawOtlpTraces`]), sent with the push's protocol, headers,
     /// compression and timeout (`OTEL_EXPORTER_OTLP_TRACES_*` over the generic variables
     /// where the file leaves them out).

@@ -41,9 +41,15 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    /// Start exporting `metrics` as `settings` say, counting from `start` (the start time
-    /// of every cumulative point).
-    pub fn spawn(settings: Otlp, metrics: Arc<Metrics>, start: SystemTime) -> Exporter {
+    /// Start exporting `metrics` as `settings` say through `transport` (built from them
+    /// with [`Transport::new`] at start), counting from `start` (the start time of every
+    /// cumulative point).
+    pub fn spawn(
+        settings: Otlp,
+        transport: Transport,
+        metrics: Arc<Metrics>,
+        start: SystemTime,
+    ) -> Exporter {
         let (stop, stopped) = oneshot::channel();
         tracing::info!(
             url = %settings.url,
@@ -51,7 +57,7 @@ impl Exporter {
             interval = ?settings.interval,
             "OTLP metrics push on"
         );
-        let task = tokio::spawn(run(settings, metrics, start, stopped));
+        let task = tokio::spawn(run(settings, transport, metrics, start, stopped));
         Exporter { stop, task }
     }
 
@@ -70,15 +76,12 @@ struct Export {
 
 async fn run(
     settings: Otlp,
+    transport: Transport,
     metrics: Arc<Metrics>,
     start: SystemTime,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let delivery = Arc::new(Delivery::new(
-        Transport::new(&settings, settings.url.clone()),
-        SIGNAL,
-        settings.export_timeout,
-    ));
+    let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
     let origin = Arc::new(Origin {
         resource: settings.resource.clone(),
         start,

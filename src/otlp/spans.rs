@@ -60,10 +60,12 @@ pub struct SpanExporter {
 }
 
 impl SpanExporter {
-    /// Start giving sampled requests spans and exporting them as `settings` say, from
+    /// Start giving sampled requests spans and exporting them as `settings` say through
+    /// `transport` (built from them with [`Transport::for_traces`] at start), from
     /// `resource`, naming `server` (the upstream) in each.
     pub fn spawn(
         settings: OtlpTraces,
+        transport: Transport,
         resource: Vec<(String, String)>,
         server: Option<Server>,
         metrics: Arc<Metrics>,
@@ -84,6 +86,7 @@ impl SpanExporter {
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(run(
             settings,
+            transport,
             resource,
             server,
             metrics.clone(),
@@ -128,17 +131,14 @@ impl Batcher {
 
 async fn run(
     settings: OtlpTraces,
+    transport: Transport,
     resource: Vec<(String, String)>,
     server: Option<Server>,
     metrics: Arc<Metrics>,
     mut spans: mpsc::Receiver<Box<FinishedRequest>>,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let delivery = Arc::new(Delivery::new(
-        Transport::for_traces(&settings),
-        SIGNAL,
-        settings.export_timeout,
-    ));
+    let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
     let max_batch = settings.max_export_batch_size;
     let mut batcher = Batcher {
         resource,

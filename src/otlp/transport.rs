@@ -17,7 +17,6 @@
 //! exporter's own backoff serves.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,7 +28,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::{Otlp, OtlpCompression, OtlpProtocol, OtlpTraces};
+use crate::config::{Otlp, OtlpCompression, OtlpProtocol, OtlpTls, OtlpTraces, TlsFile};
+use crate::trust::{self, ClientIdentity, TrustError};
 use crate::wire::grpc::framing;
 
 /// The most of a collector's answer read (its partial-success message, an error text).
@@ -56,6 +56,16 @@ struct Link {
     headers: Vec<(HeaderName, HeaderValue)>,
     compression: OtlpCompression,
     timeout: Duration,
+    tls: OtlpTls,
+}
+
+/// Why a transport could not be built: a TLS file it was given, and the key or variable
+/// that named it.
+#[derive(Debug, thiserror::Error)]
+#[error("{from}: {source}")]
+pub struct TransportError {
+    from: String,
+    source: TrustError,
 }
 
 /// A collector endpoint and how to talk to it.
@@ -70,39 +80,35 @@ pub struct Transport {
 
 impl Transport {
     /// A transport to the metrics push's collector, as `settings` say.
-    pub fn new(settings: &Otlp, url: Uri) -> Transport {
+    pub fn new(settings: &Otlp, url: Uri) -> Result<Transport, TransportError> {
         Transport::to(Link {
             protocol: settings.protocol,
             url,
             headers: settings.headers.clone(),
             compression: settings.compression,
             timeout: settings.timeout,
+            tls: settings.tls.clone(),
         })
     }
 
     /// A transport to the span export's collector, as `settings` say.
-    pub fn for_traces(settings: &OtlpTraces) -> Transport {
+    pub fn for_traces(settings: &OtlpTraces) -> Result<Transport, TransportError> {
         Transport::to(Link {
             protocol: settings.protocol,
             url: settings.url.clone(),
             headers: settings.headers.clone(),
             compression: settings.compression,
             timeout: settings.timeout,
+            tls: settings.tls.clone(),
         })
     }
 
-    fn to(settings: Link) -> Transport {
+    fn to(settings: Link) -> Result<Transport, TransportError> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.timeout));
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(root_store())
-        .with_no_client_auth();
+        let tls = tls_config(&settings.tls)?;
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
@@ -118,14 +124,14 @@ impl Transport {
             .pool_max_idle_per_host(1)
             .http2_only(grpc)
             .build(connector);
-        Transport {
+        Ok(Transport {
             client,
             protocol: settings.protocol,
             url: settings.url,
             headers: settings.headers,
             compression: settings.compression,
             timeout: settings.timeout,
-        }
+        })
     }
 
     /// Send one encoded export request (a protobuf message), within the timeout.
@@ -258,12 +264,35 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-fn root_store() -> rustls::RootCertStore {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    let native = rustls_native_certs::load_native_certs();
-    let _ = roots.add_parsable_certificates(native.certs);
-    roots
+/// The TLS client configuration of `files`: the trust store with their CA file, and their
+/// client identity when they name one.
+fn tls_config(files: &OtlpTls) -> Result<rustls::ClientConfig, TransportError> {
+    let named = |file: &TlsFile| {
+        let from = file.from.clone();
+        move |source| TransportError { from, source }
+    };
+    let roots = match &files.ca_file {
+        Some(file) => trust::root_store(Some(&file.path)).map_err(named(file))?,
+        None => trust::root_store(None).expect("no CA file, nothing to read"),
+    };
+    match (&files.client_certificate, &files.client_key) {
+        (Some(certificate), Some(key)) => {
+            let identity = ClientIdentity::load(&certificate.path, &key.path).map_err(|err| {
+                // Named by the file at fault: the key's, or else the certificate's.
+                let at_key = match &err {
+                    TrustError::NoKey { .. } => true,
+                    TrustError::UnreadableIdentity { path, .. } => {
+                        *path == key.path.display().to_string()
+                    }
+                    _ => false,
+                };
+                named(if at_key { key } else { certificate })(err)
+            })?;
+            trust::client_config_with(roots, identity).map_err(named(certificate))
+        }
+        // The configuration refuses one without the other.
+        _ => Ok(trust::client_config(roots)),
+    }
 }
 
 #[cfg(test)]

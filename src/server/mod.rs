@@ -39,6 +39,7 @@ use crate::metrics::Metrics;
 use crate::otlp::exporter::Exporter;
 use crate::otlp::span_mapping::Server as SpanServer;
 use crate::otlp::spans::SpanExporter;
+use crate::otlp::transport::{Transport, TransportError};
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
@@ -64,6 +65,9 @@ pub enum ServeError {
     Client(#[from] ClientError),
     #[error("listener TLS: {0}")]
     Tls(String),
+    /// A TLS file of the OTLP export, named by its key or variable.
+    #[error("OTLP: {0}")]
+    Otlp(#[from] TransportError),
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
 }
@@ -78,6 +82,8 @@ pub struct Server {
     tls: Option<TlsAcceptor>,
     readiness: Arc<Readiness>,
     workers: usize,
+    /// The OTLP push's and the span export's connections, when on.
+    otlp_transports: (Option<Transport>, Option<Transport>),
 }
 
 /// Applies a new configuration to a running server (SIGHUP).
@@ -120,6 +126,17 @@ impl Server {
         );
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
+        // Built now, so a TLS file of the OTLP export that cannot be used stops the start.
+        let otlp_transports = match &config.otlp {
+            Some(otlp) => (
+                Some(Transport::new(otlp, otlp.url.clone())?),
+                otlp.traces
+                    .as_ref()
+                    .map(Transport::for_traces)
+                    .transpose()?,
+            ),
+            None => (None, None),
+        };
         let proxy_listener = bind_proxy(config.listen)?;
         let admin_listener = bind_admin(config.admin).await?;
         let readiness = Arc::new(Readiness::default());
@@ -135,6 +152,7 @@ impl Server {
             tls,
             readiness,
             workers: Workers::default_count(),
+            otlp_transports,
         })
     }
 
@@ -181,6 +199,7 @@ impl Server {
             tls,
             readiness,
             workers,
+            otlp_transports,
         } = self;
         let workers = Workers::start(workers).map_err(ServeError::Workers)?;
         // Before the admin port serves: no scrape sees the limit gauge unset.
@@ -194,11 +213,13 @@ impl Server {
             metrics.clone(),
             readiness.clone(),
         ));
+        let (metrics_transport, traces_transport) = otlp_transports;
         let spans = config
             .otlp
             .as_ref()
             .and_then(|otlp| Some((otlp.traces.clone()?, otlp.resource.clone())))
-            .map(|(traces, resource)| {
+            .zip(traces_transport)
+            .map(|((traces, resource), transport)| {
                 let upstream = &config.upstream;
                 let server = SpanServer {
                     address: upstream.authority.host().to_string(),
@@ -210,12 +231,15 @@ impl Server {
                         },
                     ),
                 };
-                SpanExporter::spawn(traces, resource, Some(server), metrics.clone())
+                SpanExporter::spawn(traces, transport, resource, Some(server), metrics.clone())
             });
         let otlp = config
             .otlp
             .clone()
-            .map(|settings| Exporter::spawn(settings, metrics.clone(), SystemTime::now()));
+            .zip(metrics_transport)
+            .map(|(settings, transport)| {
+                Exporter::spawn(settings, transport, metrics.clone(), SystemTime::now())
+            });
         let probe_task = tokio::spawn(probe_upstream(
             proxy.clone(),
             readiness.clone(),

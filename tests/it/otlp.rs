@@ -282,3 +282,259 @@ async fn over_grpc_unavailable_is_retried_and_the_export_arrives() {
     assert_eq!(&seen.statuses[..2], [14, 0]);
     assert_eq!(requests(&seen.accepted[0]), 1.0);
 }
+
+/// A private CA, a collector certificate it signed for `localhost`, and a client
+/// certificate it signed, each written as PEM under `dir`.
+struct Pki {
+    dir: std::path::PathBuf,
+    server_config: Arc<rustls::ServerConfig>,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let dir = std::env::temp_dir().join(format!("tokentap-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let signed = |names: Vec<String>| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(names)
+                .unwrap()
+                .signed_by(&key, &ca, &ca_key)
+                .unwrap();
+            (cert, key)
+        };
+        let (server, server_key) = signed(vec!["localhost".into()]);
+        let (client, client_key) = signed(vec!["tokentap".into()]);
+        for (file, pem) in [
+            ("ca.pem", ca.pem()),
+            ("client.pem", client.pem()),
+            ("client-key.pem", client_key.serialize_pem()),
+        ] {
+            std::fs::write(dir.join(file), pem).unwrap();
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.into(),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let server_config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![server.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+            )
+            .unwrap();
+        Pki {
+            dir,
+            server_config: Arc::new(server_config),
+        }
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).display().to_string()
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// An OTLP/HTTP collector over TLS that asks every client for a certificate its CA signed,
+/// and counts the exports it accepts.
+async fn tls_collector(pki: &Pki) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config.clone());
+    let shared = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, seen) = (acceptor.clone(), shared.clone());
+            tokio::spawn(async move {
+                // A client without a trusted certificate fails here.
+                let Ok(stream) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let body = request.into_body().collect().await.unwrap().to_bytes();
+                        let export = ExportMetricsServiceRequest::decode(body).expect("protobuf");
+                        let mut seen = seen.lock().unwrap();
+                        seen.accepted.push(export);
+                        seen.statuses.push(200);
+                        Response::builder().body(Full::new(Bytes::new()))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Shut `proxy` down and wait until it has stopped (its last export sent or given up).
+async fn stop(mut proxy: Proxy) {
+    proxy.shutdown();
+    proxy.task.take().unwrap().await.unwrap().unwrap();
+}
+
+/// A collector behind TLS with a private CA and mutual TLS: with `otlp.ca_file` and the
+/// client certificate and key the exports arrive; without the CA, or without the client
+/// certificate, each export fails (counted, no request held up); the same files from the
+/// OpenTelemetry variables work as the keys do; a file that cannot be used stops the start
+/// with the key or variable that named it.
+#[tokio::test]
+async fn a_tls_collector_is_verified_by_the_configured_ca_and_given_the_client_certificate() {
+    let pki = Pki::new("otlp-tls");
+    let (collector, seen) = tls_collector(&pki).await;
+    let sim = SimHandle::start(sim()).await;
+    let endpoint = format!("https://localhost:{}/v1/metrics", collector.port());
+    let base = format!(
+        "otlp:\n  endpoint: {endpoint}\n  interval: 100ms\n  timeout: 1s\n  export_timeout: 1s\n"
+    );
+    let keys = format!(
+        "  ca_file: {}\n  client_certificate: {}\n  client_key: {}\n",
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client-key.pem")
+    );
+    let proxy = Proxy::start(&sim.url(), &format!("{base}{keys}")).await;
+    one_request(&proxy).await;
+    common::wait_for_metrics(proxy.admin, "an export over mutual TLS", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
+    })
+    .await;
+    assert!(!seen.lock().unwrap().accepted.is_empty());
+    stop(proxy).await;
+
+    let without_ca = format!(
+        "{base}  client_certificate: {}\n  client_key: {}\n",
+        pki.path("client.pem"),
+        pki.path("client-key.pem")
+    );
+    let without_client = format!("{base}  ca_file: {}\n", pki.path("ca.pem"));
+    for (what, yaml) in [
+        ("no CA", without_ca),
+        ("no client certificate", without_client),
+    ] {
+        let accepted = seen.lock().unwrap().accepted.len();
+        let proxy = Proxy::start(&sim.url(), &yaml).await;
+        one_request(&proxy).await;
+        let m = common::wait_for_metrics(proxy.admin, what, |m| {
+            m.sum("tokentap_otlp_exports_total", &[("result", "failed")]) >= 1.0
+        })
+        .await;
+        assert_eq!(
+            m.sum("tokentap_otlp_exports_total", &[("result", "success")]),
+            0.0,
+            "{what}"
+        );
+        assert_eq!(m.sum("tokentap_requests_total", &[]), 1.0, "{what}");
+        assert_eq!(seen.lock().unwrap().accepted.len(), accepted, "{what}");
+        stop(proxy).await;
+    }
+
+    // The OpenTelemetry variables name the same files.
+    let overrides = |environment: Vec<(&str, String)>| tokentap::config::Overrides {
+        upstream: Some(sim.url()),
+        listen: Some("127.0.0.1:0".into()),
+        admin: Some("127.0.0.1:0".into()),
+        environment: environment
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..Default::default()
+    };
+    let env = vec![
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.clone()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "100".into()),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("ca.pem")),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            pki.path("client.pem"),
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", pki.path("client-key.pem")),
+    ];
+    let config =
+        tokentap::config::Config::from_yaml("{}", "test", &overrides(env.clone())).unwrap();
+    let server = tokentap::server::Server::bind(config).await.expect("bind");
+    let admin = server.admin_addr();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(server.run(async move {
+        let mut stopped = stopped;
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    common::wait_for_metrics(admin, "an export with the variables' files", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
+    })
+    .await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+
+    // A file that cannot be used is named by what named it, at start.
+    for (key, yaml_or_env) in [
+        (
+            "otlp.ca_file",
+            Ok(format!("{base}  ca_file: {}\n", pki.path("missing.pem"))),
+        ),
+        (
+            "otlp.client_key",
+            Ok(format!(
+                "{base}  client_certificate: {}\n  client_key: {}\n",
+                pki.path("client.pem"),
+                pki.path("ca.pem")
+            )),
+        ),
+        (
+            "otlp.client_certificate",
+            Ok(format!(
+                "{base}  client_certificate: {}\n  client_key: {}\n",
+                pki.path("client-key.pem"),
+                pki.path("client-key.pem")
+            )),
+        ),
+        (
+            "$OTEL_EXPORTER_OTLP_CERTIFICATE",
+            Err(("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("client-key.pem"))),
+        ),
+    ] {
+        let config = match yaml_or_env {
+            Ok(yaml) => tokentap::config::Config::from_yaml(&yaml, "test", &overrides(vec![])),
+            Err((name, value)) => tokentap::config::Config::from_yaml(
+                "{}",
+                "test",
+                &overrides(vec![
+                    (
+                        "OTEL_EXPORTER_OTLP_ENDPOINT",
+                        format!("https://localhost:{}", collector.port()),
+                    ),
+                    (name, value),
+                ]),
+            ),
+        }
+        .expect("valid config: the files are read at start");
+        let err = match tokentap::server::Server::bind(config).await {
+            Ok(_) => panic!("{key}: started"),
+            Err(err) => err.to_string(),
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
