@@ -24,7 +24,8 @@
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, and the live view's endpoints;
+//! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
@@ -36,6 +37,7 @@ pub mod demo;
 pub mod exchange;
 pub mod idle_pool;
 pub mod intermediary;
+pub mod live;
 pub mod metrics;
 pub mod observe;
 pub mod otlp;

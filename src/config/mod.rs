@@ -41,6 +41,8 @@ pub struct Config {
     pub tls: Option<ListenerTls>,
     pub shutdown: Shutdown,
     pub proxy: ProxySettings,
+    /// `ui.enabled`: the live view on the admin port.
+    pub ui: bool,
     pub limits: Limits,
     pub tenants: Vec<TenantSource>,
     pub labels: Labels,

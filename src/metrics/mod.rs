@@ -24,6 +24,7 @@ pub mod exemplar;
 mod exposition;
 mod families;
 pub mod labels;
+pub mod live;
 pub mod native;
 mod outcome;
 pub mod protobuf;
@@ -174,6 +175,8 @@ pub struct Metrics {
     last_render_bytes: AtomicUsize,
     /// Whoever wants each measured request as it ends (spans, the live view).
     pub request_taps: requests::RequestTaps,
+    /// The streams in flight one by one, while the live view is on.
+    pub live_streams: Arc<live::LiveStreams>,
 }
 
 /// Bucket bounds as the config validated them: at least one, positive, finite and
@@ -328,6 +331,7 @@ impl Metrics {
             ),
             last_render_bytes: AtomicUsize::new(0),
             request_taps: requests::RequestTaps::default(),
+            live_streams: Arc::default(),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![
@@ -698,6 +702,21 @@ impl Metrics {
             .into_iter()
             .chain(self.registry.gather());
         families.extend(small.filter_map(|mf| registry_snapshot(&mf)));
+        families.sort_by(|a, b| a.name.cmp(&b.name));
+        Snapshot { families }
+    }
+
+    /// The per-pair and per-model families called `names` (those with series), as
+    /// [`Metrics::snapshot`] reads them, and nothing else: what the live view's ticker
+    /// reads each second, without the registry's families or the process collector.
+    pub fn snapshot_of(&self, names: &[&str]) -> Snapshot {
+        let pairs = self.pairs();
+        let mut families: Vec<FamilySnapshot> = self
+            .families
+            .iter()
+            .filter(|f| names.contains(&f.name))
+            .filter_map(|f| f.snapshot(&pairs))
+            .collect();
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
     }

@@ -35,6 +35,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
 use crate::exchange::shutting_down;
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::otlp::exporter::Exporter;
 use crate::proxy::upstream::{ClientError, UpstreamClient};
@@ -186,10 +187,13 @@ impl Server {
             workers.count(),
             metrics.clone(),
         );
+        // The live view's ring fills from the start, so a viewer sees the last minutes.
+        let live = config.ui.then(|| Live::start(metrics.clone()));
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
             readiness.clone(),
+            live.clone(),
         ));
         let otlp = config
             .otlp
@@ -232,6 +236,7 @@ impl Server {
         }
         probe_task.abort();
         admin_task.abort();
+        drop(live);
         Ok(())
     }
 }

@@ -25,6 +25,7 @@ mod grpc_net;
 mod itl;
 mod layering;
 mod lifecycle;
+mod live;
 mod native;
 mod otlp;
 mod proxy;

@@ -1,0 +1,632 @@
+//! The live view: what changed in the last minutes, per model, served by the admin port
+//! (`/ui`, `/api/live/snapshot`, `/api/live/stream`) and read by `tokentap top`.
+//!
+//! One ticker task, once a second, whether or not anyone watches:
+//! - reads the TTFT, ITL, request and output-token families ([`window::FAMILIES`]) and
+//!   pushes the change since the previous tick into the [`window::Ring`] (ten minutes,
+//!   bounded), so a viewer who arrives sees the last minutes;
+//! - moves the tick's slowest finished requests (kept by the [`RequestTap`], a few per
+//!   tick) into a ring of its own (five minutes).
+//!
+//! Only while someone watches, once per tick and per window someone watches (at most
+//! [`WINDOWS`]`.len()` frames, however many viewers): the windowed figures, the streams
+//! in flight and the tick's finished requests, serialized once to the SSE bytes that
+//! every subscriber of that window receives (a `tokio::sync::broadcast` of `Bytes`). A
+//! subscriber more than [`BACKLOG`] frames behind is dropped, not buffered; at most
+//! [`MAX_SUBSCRIBERS`] are served at once.
+//!
+//! Nothing here shows a request's text, headers or keys: model and tenant label values
+//! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
+//! access log carry them. README's "Live view" documents the API.
+
+pub mod page;
+pub mod window;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::metrics::live::LiveStreamView;
+use crate::metrics::requests::{FinishedRequest, RequestTap, TapId};
+use crate::metrics::snapshot::Values;
+use crate::metrics::{Metrics, Outcome};
+use window::{quantile, Ring, Windowed, OUTCOMES};
+
+/// How often the ring takes a tick and frames go out.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The windows a viewer may choose, in seconds; the first page shows [`DEFAULT_WINDOW`].
+pub const WINDOWS: [u64; 3] = [10, 60, 300];
+pub const DEFAULT_WINDOW: u64 = 60;
+/// Ticks of TTFT/ITL columns in a snapshot's heatmaps (five minutes).
+pub const HEATMAP_TICKS: usize = 300;
+/// Streams in flight listed in a frame (the longest running first); the total is given.
+pub const IN_FLIGHT_SHOWN: usize = 20;
+/// Slowest finished requests kept per tick, and listed in a snapshot.
+pub const SLOWEST_PER_TICK: usize = 5;
+pub const SLOWEST_SHOWN: usize = 20;
+/// Ticks of slowest requests kept (five minutes).
+pub const SLOWEST_TICKS: usize = 300;
+/// Finished requests sent per tick to subscribers (the rest are counted as `dropped`).
+pub const REQUESTS_PER_TICK: usize = 100;
+/// SSE subscribers served at once (the admin port serves 16 connections: the rest stay
+/// for scrapes and probes).
+pub const MAX_SUBSCRIBERS: usize = 8;
+/// Frames a subscriber may be behind before it is dropped.
+pub const BACKLOG: usize = 8;
+
+/// A finished request as the live view shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finished {
+    pub model: Arc<str>,
+    pub tenant: Arc<str>,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    /// When it ended, ms since the Unix epoch.
+    pub ended_ms: u64,
+    pub duration_s: f64,
+    pub ttft_s: Option<f64>,
+    pub slowest_gap_s: Option<f64>,
+    pub output_tokens: u64,
+    /// W3C trace id, when the request carried a trace context that was read
+    /// (`metrics.exemplars.enabled`).
+    pub trace_id: Option<String>,
+}
+
+impl Finished {
+    fn of(request: &FinishedRequest) -> Finished {
+        let ended = request.started + request.duration;
+        Finished {
+            model: request.model.clone(),
+            tenant: request.tenant.clone(),
+            outcome: request.verdict.outcome.as_str(),
+            status: request.http_status,
+            ended_ms: unix_ms(ended),
+            duration_s: request.duration.as_secs_f64(),
+            ttft_s: request.ttft.map(|d| d.as_secs_f64()),
+            slowest_gap_s: request.slowest_gap.map(|d| d.as_secs_f64()),
+            output_tokens: request.output_tokens,
+            trace_id: request.trace.map(|t| t.trace_id_hex()),
+        }
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the request tap keeps between ticks.
+#[derive(Default)]
+struct Recent {
+    /// This tick's slowest, at most [`SLOWEST_PER_TICK`].
+    slowest: Vec<Finished>,
+    /// This tick's finished requests, kept only while someone watches.
+    feed: Vec<Finished>,
+    dropped: u64,
+}
+
+/// The tap: on the request's thread, so it takes one short lock, and none when the
+/// request is neither among the tick's slowest nor watched.
+struct Tap {
+    shared: Weak<Shared>,
+}
+
+impl RequestTap for Tap {
+    fn finished(&self, request: &FinishedRequest) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let nanos = request.duration.as_nanos() as u64;
+        let watching = shared.watching.load(Ordering::Relaxed);
+        if !watching && nanos <= shared.slowest_floor.load(Ordering::Relaxed) {
+            return;
+        }
+        let finished = Finished::of(request);
+        let mut recent = shared.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if watching {
+            if recent.feed.len() < REQUESTS_PER_TICK {
+                recent.feed.push(finished.clone());
+            } else {
+                recent.dropped += 1;
+            }
+        }
+        let slowest = &mut recent.slowest;
+        if slowest.len() < SLOWEST_PER_TICK {
+            slowest.push(finished);
+        } else if let Some(min) = slowest
+            .iter_mut()
+            .min_by(|a, b| a.duration_s.total_cmp(&b.duration_s))
+        {
+            if finished.duration_s > min.duration_s {
+                *min = finished;
+            }
+        }
+        if slowest.len() == SLOWEST_PER_TICK {
+            let floor = slowest
+                .iter()
+                .map(|f| f.duration_s)
+                .fold(f64::INFINITY, f64::min);
+            shared
+                .slowest_floor
+                .store((floor * 1e9) as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What the ticker writes and the admin port reads.
+struct Shared {
+    metrics: Arc<Metrics>,
+    ring: Mutex<Ring>,
+    bounds: Mutex<Bounds>,
+    slowest: Mutex<VecDeque<Vec<Finished>>>,
+    recent: Mutex<Recent>,
+    /// Whether any subscriber was there at the latest tick.
+    watching: AtomicBool,
+    /// The shortest duration among this tick's kept slowest, once they are
+    /// [`SLOWEST_PER_TICK`] (ns): shorter requests are not even locked for.
+    slowest_floor: AtomicU64,
+    channels: Vec<broadcast::Sender<Bytes>>,
+    subscribers: AtomicUsize,
+    /// Ticks taken and frames serialized, for tests and the bench's note.
+    ticks: AtomicU64,
+    frames: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct Bounds {
+    ttft: Arc<[f64]>,
+    itl: Arc<[f64]>,
+}
+
+/// The live view's handle: started by the server when `ui.enabled`, stopped with it.
+pub struct Live {
+    shared: Arc<Shared>,
+    tap: TapId,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Live {
+    /// Switch on the registry of streams in flight and the request tap, and spawn the
+    /// ticker on the current runtime.
+    pub fn start(metrics: Arc<Metrics>) -> Arc<Live> {
+        metrics.live_streams.enable();
+        let shared = Arc::new(Shared {
+            metrics: metrics.clone(),
+            ring: Mutex::default(),
+            bounds: Mutex::default(),
+            slowest: Mutex::default(),
+            recent: Mutex::default(),
+            watching: AtomicBool::new(false),
+            slowest_floor: AtomicU64::new(0),
+            channels: WINDOWS
+                .iter()
+                .map(|_| broadcast::channel(BACKLOG).0)
+                .collect(),
+            subscribers: AtomicUsize::new(0),
+            ticks: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+        });
+        let tap = metrics.request_taps.add(Arc::new(Tap {
+            shared: Arc::downgrade(&shared),
+        }));
+        let ticking = Arc::downgrade(&shared);
+        let ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(shared) = ticking.upgrade() else {
+                    return;
+                };
+                shared.tick(SystemTime::now(), Instant::now());
+            }
+        });
+        Arc::new(Live {
+            shared,
+            tap,
+            ticker,
+        })
+    }
+
+    /// The JSON snapshot: the figures over `window` seconds (one of [`WINDOWS`], else
+    /// the default), the heatmaps of the last [`HEATMAP_TICKS`] ticks, the streams in
+    /// flight and the slowest recent requests.
+    pub fn snapshot(&self, window: Option<u64>) -> Bytes {
+        let window = window_index(window);
+        let frame = self.shared.frame(window, Instant::now(), true);
+        Bytes::from(serde_json::to_vec(&frame).expect("plain data serializes"))
+    }
+
+    /// Subscribe to the SSE frames of `window`; `None` at [`MAX_SUBSCRIBERS`].
+    pub fn subscribe(&self, window: Option<u64>) -> Option<Subscription> {
+        let taken = self.shared.subscribers.fetch_add(1, Ordering::AcqRel);
+        if taken >= MAX_SUBSCRIBERS {
+            self.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let receiver = self.shared.channels[window_index(window)].subscribe();
+        Some(Subscription {
+            receiver,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Ticks taken and frames serialized so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.shared.ticks.load(Ordering::Relaxed),
+            self.shared.frames.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The ring's memory now, in bytes.
+    pub fn ring_bytes(&self) -> usize {
+        self.shared.lock_ring().bytes()
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.ticker.abort();
+        self.shared.metrics.request_taps.remove(self.tap);
+    }
+}
+
+fn window_index(window: Option<u64>) -> usize {
+    let window = window.unwrap_or(DEFAULT_WINDOW);
+    WINDOWS
+        .iter()
+        .position(|&w| w == window)
+        .or_else(|| WINDOWS.iter().position(|&w| w == DEFAULT_WINDOW))
+        .unwrap_or(0)
+}
+
+/// One SSE subscriber: its frames, and its place among [`MAX_SUBSCRIBERS`].
+pub struct Subscription {
+    receiver: broadcast::Receiver<Bytes>,
+    shared: Arc<Shared>,
+}
+
+impl Subscription {
+    /// The next frame's bytes; `None` when the subscriber fell more than [`BACKLOG`]
+    /// frames behind (it is dropped) or the live view stopped.
+    pub async fn next(&mut self) -> Option<Bytes> {
+        self.receiver.recv().await.ok()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The SSE bytes of one event.
+fn sse_event(name: &str, json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + name.len() + 16);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+impl Shared {
+    fn lock_ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tick(&self, now: SystemTime, instant: Instant) {
+        let snapshot = self.metrics.snapshot_of(&window::FAMILIES);
+        {
+            let mut bounds = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
+            for family in &snapshot.families {
+                if let Values::Histogram(series) = &family.values {
+                    if let Some(first) = series.first() {
+                        match &*family.name {
+                            window::TTFT => bounds.ttft = first.value.bounds.clone(),
+                            window::ITL => bounds.itl = first.value.bounds.clone(),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        self.lock_ring()
+            .push(unix_ms(now), window::totals(&snapshot));
+        let (finished, dropped) = {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let slowest = std::mem::take(&mut recent.slowest);
+            self.slowest_floor.store(0, Ordering::Relaxed);
+            let mut kept = self.slowest.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() == SLOWEST_TICKS {
+                kept.pop_front();
+            }
+            kept.push_back(slowest);
+            (
+                std::mem::take(&mut recent.feed),
+                std::mem::take(&mut recent.dropped),
+            )
+        };
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+
+        let watched: Vec<usize> = (0..WINDOWS.len())
+            .filter(|&i| self.channels[i].receiver_count() > 0)
+            .collect();
+        self.watching.store(!watched.is_empty(), Ordering::Relaxed);
+        if watched.is_empty() {
+            return;
+        }
+        let requests = (!finished.is_empty() || dropped > 0).then(|| {
+            let json = serde_json::to_vec(&RequestsEvent {
+                requests: &finished,
+                dropped,
+            })
+            .expect("plain data serializes");
+            Bytes::from(sse_event("requests", &json))
+        });
+        for i in watched {
+            let frame = self.frame(i, instant, false);
+            let json = serde_json::to_vec(&frame).expect("plain data serializes");
+            self.frames.fetch_add(1, Ordering::Relaxed);
+            let _ = self.channels[i].send(Bytes::from(sse_event("tick", &json)));
+            if let Some(requests) = &requests {
+                let _ = self.channels[i].send(requests.clone());
+            }
+        }
+    }
+
+    /// The figures of window `index`, with the heatmaps and slowest when `full`.
+    fn frame(&self, index: usize, now: Instant, full: bool) -> Frame {
+        let window_s = WINDOWS[index];
+        let ticks = (window_s * 1000 / TICK.as_millis() as u64) as usize;
+        let bounds = self
+            .bounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut streams = self.metrics.live_streams.views(now);
+        let ring = self.lock_ring();
+        let latest = ring.slots().back();
+        let models = ring
+            .window(ticks)
+            .into_iter()
+            .enumerate()
+            .map(|(index, w)| {
+                let column = latest
+                    .and_then(|s| s.models.iter().find(|(i, _)| usize::from(*i) == index))
+                    .map(|(_, t)| Column {
+                        ttft: t.ttft.to_vec(),
+                        itl: t.itl.to_vec(),
+                    })
+                    .unwrap_or_else(|| Column::zeros(&bounds));
+                let in_flight = streams.iter().filter(|s| s.model == w.model).count();
+                ModelFigures::of(&w, &bounds, column, in_flight)
+            })
+            .collect();
+        let heatmap = full.then(|| Heatmap::of(&ring, &bounds));
+        let at_ms = ring.latest_ms().unwrap_or(0);
+        let models_over_cap = ring.models_over_cap();
+        drop(ring);
+        let total = streams.len();
+        streams.sort_by_key(|s| std::cmp::Reverse(s.elapsed));
+        streams.truncate(IN_FLIGHT_SHOWN);
+        let slowest = full.then(|| {
+            let kept = self.slowest.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all: Vec<Finished> = kept.iter().flatten().cloned().collect();
+            drop(kept);
+            all.sort_by(|a, b| b.duration_s.total_cmp(&a.duration_s));
+            all.truncate(SLOWEST_SHOWN);
+            all
+        });
+        Frame {
+            at_ms,
+            window_s,
+            bounds,
+            models,
+            in_flight: InFlight {
+                total,
+                streams: streams.iter().map(StreamFigures::of).collect(),
+            },
+            models_over_cap,
+            heatmap,
+            slowest,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RequestsEvent<'a> {
+    requests: &'a [Finished],
+    dropped: u64,
+}
+
+/// A tick's frame, or the snapshot (with `heatmap` and `slowest`).
+#[derive(Serialize)]
+struct Frame {
+    at_ms: u64,
+    window_s: u64,
+    bounds: Bounds,
+    models: Vec<ModelFigures>,
+    in_flight: InFlight,
+    models_over_cap: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    heatmap: Option<Heatmap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slowest: Option<Vec<Finished>>,
+}
+
+#[derive(Serialize)]
+struct InFlight {
+    total: usize,
+    streams: Vec<StreamFigures>,
+}
+
+#[derive(Serialize)]
+struct StreamFigures {
+    model: Arc<str>,
+    tenant: Arc<str>,
+    elapsed_s: f64,
+    tokens: u64,
+    /// Tokens per second from the request head to the latest event.
+    tokens_per_s: Option<f64>,
+    largest_gap_s: Option<f64>,
+    /// Seconds since the latest token-bearing event (a stream stalled right now).
+    since_last_event_s: Option<f64>,
+}
+
+impl StreamFigures {
+    fn of(view: &LiveStreamView) -> StreamFigures {
+        let last = view.last_event.map(|d| d.as_secs_f64());
+        StreamFigures {
+            model: view.model.clone(),
+            tenant: view.tenant.clone(),
+            elapsed_s: view.elapsed.as_secs_f64(),
+            tokens: view.tokens,
+            tokens_per_s: last.filter(|&s| s > 0.0).map(|s| view.tokens as f64 / s),
+            largest_gap_s: view.largest_gap.map(|d| d.as_secs_f64()),
+            since_last_event_s: last.map(|s| (view.elapsed.as_secs_f64() - s).max(0.0)),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Column {
+    ttft: Vec<u32>,
+    itl: Vec<u32>,
+}
+
+impl Column {
+    fn zeros(bounds: &Bounds) -> Column {
+        Column {
+            ttft: vec![0; bounds.ttft.len() + 1],
+            itl: vec![0; bounds.itl.len() + 1],
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Quantiles {
+    count: u64,
+    mean: Option<f64>,
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+}
+
+impl Quantiles {
+    fn of(buckets: &window::Buckets, bounds: &[f64]) -> Quantiles {
+        let count = buckets.count();
+        let q = |q| quantile(q, bounds, &buckets.counts);
+        Quantiles {
+            count,
+            mean: (count > 0).then(|| buckets.sum / count as f64),
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ModelFigures {
+    model: Arc<str>,
+    /// Seconds the window covers (less than asked while the ring fills).
+    covered_s: f64,
+    requests: u64,
+    requests_per_s: f64,
+    /// Requests by outcome (every outcome, zeros included).
+    outcomes: std::collections::BTreeMap<&'static str, u64>,
+    output_tokens: u64,
+    tokens_per_s: f64,
+    in_flight: usize,
+    ttft: Quantiles,
+    itl: Quantiles,
+    /// The latest tick's TTFT and ITL bucket counts: the heatmaps' newest column.
+    column: Column,
+}
+
+impl ModelFigures {
+    fn of(w: &Windowed, bounds: &Bounds, column: Column, in_flight: usize) -> ModelFigures {
+        let covered_s = w.ticks as f64 * TICK.as_secs_f64();
+        let per_s = |n: u64| {
+            if covered_s > 0.0 {
+                n as f64 / covered_s
+            } else {
+                0.0
+            }
+        };
+        let outcomes = Outcome::ALL
+            .iter()
+            .zip(w.requests)
+            .map(|(o, n)| (o.as_str(), n))
+            .collect();
+        debug_assert_eq!(w.requests.len(), OUTCOMES);
+        ModelFigures {
+            model: w.model.clone(),
+            covered_s,
+            requests: w.request_count(),
+            requests_per_s: per_s(w.request_count()),
+            outcomes,
+            output_tokens: w.output_tokens,
+            tokens_per_s: per_s(w.output_tokens),
+            in_flight,
+            ttft: Quantiles::of(&w.ttft, &bounds.ttft),
+            itl: Quantiles::of(&w.itl, &bounds.itl),
+            column,
+        }
+    }
+}
+
+/// Per model, one TTFT and one ITL column of bucket counts per tick, oldest first.
+#[derive(Serialize)]
+struct Heatmap {
+    at_ms: Vec<u64>,
+    models: std::collections::BTreeMap<Arc<str>, Columns>,
+}
+
+#[derive(Serialize)]
+struct Columns {
+    ttft: Vec<Vec<u32>>,
+    itl: Vec<Vec<u32>>,
+}
+
+impl Heatmap {
+    fn of(ring: &Ring, bounds: &Bounds) -> Heatmap {
+        let slots = ring.slots();
+        let skip = slots.len().saturating_sub(HEATMAP_TICKS);
+        let at_ms = slots.iter().skip(skip).map(|s| s.at_ms).collect();
+        let zeros = Column::zeros(bounds);
+        let models = ring
+            .models()
+            .iter()
+            .enumerate()
+            .map(|(index, model)| {
+                let mut columns = Columns {
+                    ttft: Vec::new(),
+                    itl: Vec::new(),
+                };
+                for slot in slots.iter().skip(skip) {
+                    match slot.models.iter().find(|(i, _)| usize::from(*i) == index) {
+                        Some((_, t)) => {
+                            columns.ttft.push(t.ttft.to_vec());
+                            columns.itl.push(t.itl.to_vec());
+                        }
+                        None => {
+                            columns.ttft.push(zeros.ttft.clone());
+                            columns.itl.push(zeros.itl.clone());
+                        }
+                    }
+                }
+                (model.clone(), columns)
+            })
+            .collect();
+        Heatmap { at_ms, models }
+    }
+}
