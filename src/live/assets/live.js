@@ -122,10 +122,11 @@ function heatPlot(model, kind) {
   }
   const bucketLabel = (i) => {
     const b = live.bounds[kind];
-    return i < b.length ? secs(b[i]) : "+Inf";
+    if (i >= b.length) return "+Inf";
+    return b[i] < 1 ? +(b[i] * 1000).toPrecision(3) + "ms" : +b[i].toPrecision(3) + "s";
   };
   const opts = {
-    width: 540,
+    width: Math.max(320, holder.clientWidth - 12),
     height: 200,
     legend: { show: false },
     cursor: { show: false },
@@ -136,7 +137,7 @@ function heatPlot(model, kind) {
     axes: [
       {},
       {
-        size: 64,
+        size: 56,
         splits: () => {
           const n = live.bounds[kind].length + 1;
           const step = Math.max(1, Math.ceil(n / 8));
