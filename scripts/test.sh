@@ -66,5 +66,8 @@ bash scripts/ops/e2e-alerts.sh
 step "end to end: the live view (/ui) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap; screenshot in target/e2e-ui/"
 bash scripts/ops/e2e-ui.sh
 
+step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
+bash scripts/ops/e2e-top.sh
+
 step "end to end: the SGLang Model Gateway (smg, PyPI) -> tokentap -> the simulator's gRPC engines"
 bash scripts/ops/smg_check.sh --tokentap "$TOKENTAP_BIN"

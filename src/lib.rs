@@ -28,7 +28,8 @@
 //! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`config`]: the YAML file and flags, validated with located errors;
-//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
+//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
+//! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
 
 pub mod admin;
 pub mod clock;
@@ -46,6 +47,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod sim;
+pub mod top;
 pub mod wire;
 
 pub use config::Config;
