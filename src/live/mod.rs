@@ -413,6 +413,7 @@ impl Shared {
         let heatmap = full.then(|| Heatmap::of(&ring, &bounds));
         let at_ms = ring.latest_ms().unwrap_or(0);
         let models_over_cap = ring.models_over_cap();
+        let ring_bytes = full.then(|| ring.bytes());
         drop(ring);
         let total = streams.len();
         streams.sort_by_key(|s| std::cmp::Reverse(s.elapsed));
@@ -435,6 +436,7 @@ impl Shared {
                 streams: streams.iter().map(StreamFigures::of).collect(),
             },
             models_over_cap,
+            ring_bytes,
             heatmap,
             slowest,
         }
@@ -456,6 +458,9 @@ struct Frame {
     models: Vec<ModelFigures>,
     in_flight: InFlight,
     models_over_cap: usize,
+    /// The ring's memory now (snapshot only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ring_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     heatmap: Option<Heatmap>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -628,5 +633,84 @@ impl Heatmap {
             })
             .collect();
         Heatmap { at_ms, models }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Arc<Metrics> {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        Metrics::new(&config.metrics.buckets, &config.labels)
+    }
+
+    fn tick(live: &Live) {
+        live.shared.tick(SystemTime::now(), Instant::now());
+    }
+
+    #[tokio::test]
+    async fn many_viewers_of_a_window_cost_one_frame_per_tick() {
+        let live = Live::start(metrics());
+        live.ticker.abort();
+        tick(&live);
+        // Nobody watches: the ring ticks, no frame is built.
+        assert_eq!(live.counts(), (1, 0));
+        let mut viewers: Vec<Subscription> = (0..5)
+            .map(|_| live.subscribe(Some(60)).expect("room"))
+            .collect();
+        tick(&live);
+        assert_eq!(live.counts(), (2, 1), "one frame for five viewers");
+        for viewer in &mut viewers {
+            let frame = viewer.next().await.expect("a frame");
+            assert!(frame.starts_with(b"event: tick\ndata: {"));
+        }
+        // A second window watched: a second frame per tick, no more.
+        let _other = live.subscribe(Some(10)).expect("room");
+        tick(&live);
+        assert_eq!(live.counts(), (3, 3));
+        // At most MAX_SUBSCRIBERS; a place frees when a viewer leaves.
+        let mut more: Vec<Subscription> = (0..2).map(|_| live.subscribe(None).unwrap()).collect();
+        assert!(live.subscribe(None).is_none());
+        more.pop();
+        assert!(live.subscribe(None).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_viewer_that_falls_behind_is_dropped() {
+        let live = Live::start(metrics());
+        live.ticker.abort();
+        let mut slow = live.subscribe(None).expect("room");
+        for _ in 0..BACKLOG + 2 {
+            tick(&live);
+        }
+        assert!(slow.next().await.is_none(), "dropped, not buffered");
+    }
+
+    #[tokio::test]
+    async fn switched_on_it_lists_streams_and_keeps_the_slowest() {
+        let metrics = metrics();
+        let live = Live::start(metrics.clone());
+        live.ticker.abort();
+        assert!(metrics.live_streams.is_enabled());
+        let t0 = Instant::now();
+        let entry = metrics
+            .live_streams
+            .register(Arc::from("m"), Arc::from("t"), t0)
+            .expect("on");
+        entry.stream().event(t0 + Duration::from_millis(5), 3, None);
+        let snapshot: serde_json::Value =
+            serde_json::from_slice(&live.snapshot(None)).expect("JSON");
+        assert_eq!(snapshot["in_flight"]["total"], 1);
+        assert_eq!(snapshot["in_flight"]["streams"][0]["tokens"], 3);
+        drop(entry);
+        // Dropping the live view removes its tap.
+        assert!(metrics.request_taps.any());
+        drop(live);
+        assert!(!metrics.request_taps.any());
     }
 }

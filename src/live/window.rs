@@ -228,6 +228,11 @@ impl Ring {
                 slot.models.push((index as u16, tick));
             }
         }
+        slot.models.shrink_to_fit();
+        if self.slots.capacity() < SLOTS {
+            // All at once, and no more: the bound counts SLOTS slots.
+            self.slots.reserve_exact(SLOTS - self.slots.len());
+        }
         if self.slots.len() == SLOTS {
             self.slots.pop_front();
         }
@@ -472,6 +477,29 @@ mod tests {
             "{}",
             Ring::max_bytes(buckets)
         );
+    }
+
+    #[test]
+    fn the_bound_with_the_default_buckets() {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        let b = &config.metrics.buckets;
+        let widest = b
+            .time_to_first_token_seconds
+            .len()
+            .max(b.inter_token_latency_seconds.len());
+        let bound = Ring::max_bytes(widest);
+        println!(
+            "ring bound with the default buckets ({} TTFT, {} ITL): {bound} bytes; one model over ten minutes: {} bytes",
+            b.time_to_first_token_seconds.len(),
+            b.inter_token_latency_seconds.len(),
+            bound / MAX_MODELS
+        );
+        // docs/PERFORMANCE.md and README state "at most about 5 MiB".
+        assert!(bound < 11 << 19, "{bound}");
     }
 
     #[test]
