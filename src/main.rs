@@ -46,6 +46,10 @@ struct RunArgs {
     /// Log filter, e.g. info or tokentap=debug (config: log.level).
     #[arg(long, env = "TOKENTAP_LOG")]
     log_level: Option<String>,
+    /// Serve the live view (/ui, /api/live/*) on the admin port: true or false
+    /// (config: ui.enabled; default true).
+    #[arg(long, env = "TOKENTAP_UI")]
+    ui: Option<bool>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -298,6 +302,7 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         admin: args.admin,
         log_format: args.log_format,
         log_level: args.log_level,
+        ui: args.ui,
         environment: otel_environment(),
     };
     let loaded = match &args.config {
