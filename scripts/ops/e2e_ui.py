@@ -15,7 +15,8 @@ browser is downloaded: Debian's `chromium`):
      that its ITL heatmap's hottest recent bucket moves above 250 ms within seconds while
      the other models' stay below 100 ms, and that its streams show in flight (its ITL
      shows when a stream ends, since its per-event counts are apportioned from the
-     reported usage: streams of 8 tokens, so a couple of seconds);
+     reported usage: streams of 8 tokens, so a couple of seconds), and that the slowest
+     recent request is one of its, listed with the trace id its traceparent carried;
   4. writes a screenshot (OUT/ui.png, and --screenshot if given).
 Prints PASS/FAIL lines and `e2e-ui: N passed, M failed`; exit 1 on a failure.
 """
@@ -290,8 +291,10 @@ def main():
         slow_bucket = next(i for i, b in enumerate(itl_bounds) if b >= 0.25)
         fast_bucket = next(i for i, b in enumerate(itl_bounds) if b >= 0.1)
         started = time.time()
+        trace_id = "5ee1e2e0000000000000000000000027"
         traffic = Traffic(proxy, models, per_model=2,
-                          headers={args.regress: {"x-sim-itl-ms": "300"}})
+                          headers={args.regress: {"x-sim-itl-ms": "300",
+                                                  "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}})
         others = [m for m in models if m != args.regress]
         expression = (
             f"(() => {{ const hot = (m) => Number((document.getElementById('heat-' + m + '/itl')"
@@ -309,6 +312,12 @@ def main():
             "Array.from(document.querySelectorAll('#inflight tbody tr td:first-child'))"
             f".some(td => td.textContent === {json.dumps(args.regress)})", 10,
             "its streams in flight"), f"{args.regress}'s streams are listed in flight")
+        check(browser.wait(
+            "(() => { const first = document.querySelector('#slowest tbody tr');"
+            f" return !!first && first.textContent.includes({json.dumps(args.regress)})"
+            f" && first.textContent.includes('{trace_id}'); }})()", 10,
+            "the slowest request, with its trace id"),
+            f"the slowest recent request is {args.regress}'s, with its trace id")
         time.sleep(2)
         path = os.path.join(args.out, "ui.png")
         browser.screenshot(path)

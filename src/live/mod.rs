@@ -382,7 +382,7 @@ impl Shared {
         }
     }
 
-    /// The figures of window `index`, with the heatmaps and slowest when `full`.
+    /// The figures of window `index`, with the heatmaps when `full`.
     fn frame(&self, index: usize, now: Instant, full: bool) -> Frame {
         let window_s = WINDOWS[index];
         let ticks = (window_s * 1000 / TICK.as_millis() as u64) as usize;
@@ -418,14 +418,12 @@ impl Shared {
         let total = streams.len();
         streams.sort_by_key(|s| std::cmp::Reverse(s.elapsed));
         streams.truncate(IN_FLIGHT_SHOWN);
-        let slowest = full.then(|| {
+        let slowest = {
             let kept = self.slowest.lock().unwrap_or_else(|e| e.into_inner());
-            let mut all: Vec<Finished> = kept.iter().flatten().cloned().collect();
-            drop(kept);
+            let mut all: Vec<&Finished> = kept.iter().flatten().collect();
             all.sort_by(|a, b| b.duration_s.total_cmp(&a.duration_s));
-            all.truncate(SLOWEST_SHOWN);
-            all
-        });
+            all.into_iter().take(SLOWEST_SHOWN).cloned().collect()
+        };
         Frame {
             at_ms,
             window_s,
@@ -449,7 +447,7 @@ struct RequestsEvent<'a> {
     dropped: u64,
 }
 
-/// A tick's frame, or the snapshot (with `heatmap` and `slowest`).
+/// A tick's frame, or the snapshot (with `heatmap` and `ring_bytes`).
 #[derive(Serialize)]
 struct Frame {
     at_ms: u64,
@@ -463,8 +461,7 @@ struct Frame {
     ring_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     heatmap: Option<Heatmap>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    slowest: Option<Vec<Finished>>,
+    slowest: Vec<Finished>,
 }
 
 #[derive(Serialize)]

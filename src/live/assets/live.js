@@ -1,6 +1,7 @@
-// tokentap's live view: reads /api/live/snapshot once (and every 10 s for the slowest
-// requests), then the server-sent events of /api/live/stream: `tick` (the window's
-// figures and each model's newest heatmap column) and `requests` (requests just finished).
+// tokentap's live view: reads /api/live/snapshot once (the heatmaps' last 5 minutes), then
+// the server-sent events of /api/live/stream: `tick` (the window's figures, the slowest
+// recent requests and each model's newest heatmap column) and `requests` (requests just
+// finished).
 // Charts: uPlot (vendored, /ui/uplot.min.js); the heatmaps are drawn in its draw hook.
 "use strict";
 
@@ -226,6 +227,7 @@ function render(frame) {
   live.bounds = frame.bounds;
   renderModels(frame);
   renderInFlight(frame);
+  renderSlowest(frame.slowest || []);
   for (const model of Object.keys(live.heat)) redrawHeat(model);
 }
 
@@ -235,12 +237,6 @@ async function fetchSnapshot() {
   return response.json();
 }
 
-async function refreshSlowest() {
-  try {
-    renderSlowest((await fetchSnapshot()).slowest || []);
-  } catch (e) { /* the stream's status says it */ }
-}
-
 async function start() {
   if (live.source) live.source.close();
   const status = $("#status");
@@ -248,7 +244,6 @@ async function start() {
     const snapshot = await fetchSnapshot();
     loadHeat(snapshot);
     render(snapshot);
-    renderSlowest(snapshot.slowest || []);
   } catch (e) {
     status.className = "down";
     status.textContent = "no data: " + e.message;
@@ -276,5 +271,4 @@ $("#window").addEventListener("change", (e) => {
   live.window = Number(e.target.value);
   start();
 });
-setInterval(refreshSlowest, 10000);
 start();
