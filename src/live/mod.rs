@@ -171,6 +171,8 @@ struct Shared {
     /// [`SLOWEST_PER_TICK`] (ns): shorter requests are not even locked for.
     slowest_floor: AtomicU64,
     channels: Vec<broadcast::Sender<Bytes>>,
+    /// Set when the live view stops: every subscription ends.
+    stopped: tokio::sync::watch::Sender<bool>,
     subscribers: AtomicUsize,
     /// Ticks taken and frames serialized, for tests and the bench's note.
     ticks: AtomicU64,
@@ -207,6 +209,7 @@ impl Live {
                 .iter()
                 .map(|_| broadcast::channel(BACKLOG).0)
                 .collect(),
+            stopped: tokio::sync::watch::channel(false).0,
             subscribers: AtomicUsize::new(0),
             ticks: AtomicU64::new(0),
             frames: AtomicU64::new(0),
@@ -252,6 +255,7 @@ impl Live {
         let receiver = self.shared.channels[window_index(window)].subscribe();
         Some(Subscription {
             receiver,
+            stopped: self.shared.stopped.subscribe(),
             shared: self.shared.clone(),
         })
     }
@@ -270,10 +274,19 @@ impl Live {
     }
 }
 
-impl Drop for Live {
-    fn drop(&mut self) {
+impl Live {
+    /// Stop: the ticker and the tap, and every subscription ends. The admin port's
+    /// connections may still hold the handle; this does not wait for them to go.
+    pub fn stop(&self) {
         self.ticker.abort();
         self.shared.metrics.request_taps.remove(self.tap);
+        self.shared.stopped.send_replace(true);
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -289,6 +302,7 @@ fn window_index(window: Option<u64>) -> usize {
 /// One SSE subscriber: its frames, and its place among [`MAX_SUBSCRIBERS`].
 pub struct Subscription {
     receiver: broadcast::Receiver<Bytes>,
+    stopped: tokio::sync::watch::Receiver<bool>,
     shared: Arc<Shared>,
 }
 
@@ -296,7 +310,13 @@ impl Subscription {
     /// The next frame's bytes; `None` when the subscriber fell more than [`BACKLOG`]
     /// frames behind (it is dropped) or the live view stopped.
     pub async fn next(&mut self) -> Option<Bytes> {
-        self.receiver.recv().await.ok()
+        if *self.stopped.borrow() {
+            return None;
+        }
+        tokio::select! {
+            frame = self.receiver.recv() => frame.ok(),
+            _ = self.stopped.changed() => None,
+        }
     }
 }
 
@@ -705,9 +725,11 @@ mod tests {
         assert_eq!(snapshot["in_flight"]["total"], 1);
         assert_eq!(snapshot["in_flight"]["streams"][0]["tokens"], 3);
         drop(entry);
-        // Dropping the live view removes its tap.
+        // Dropping the live view removes its tap and ends its subscriptions.
+        let mut viewer = live.subscribe(None).expect("room");
         assert!(metrics.request_taps.any());
         drop(live);
         assert!(!metrics.request_taps.any());
+        assert!(viewer.next().await.is_none());
     }
 }

@@ -236,7 +236,9 @@ impl Server {
         }
         probe_task.abort();
         admin_task.abort();
-        drop(live);
+        if let Some(live) = live {
+            live.stop();
+        }
         Ok(())
     }
 }

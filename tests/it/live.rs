@@ -341,3 +341,24 @@ async fn switched_off_the_live_view_is_not_there() {
     stream(&proxy, "fast", "t", &[]).await;
     assert_eq!(get(proxy.admin, "/metrics").await.0, 200);
 }
+
+#[tokio::test]
+async fn the_stream_ends_when_the_server_stops() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    let response = client()
+        .request(
+            Request::get(format!("http://{}/api/live/stream", proxy.admin))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("the stream opens");
+    let mut body = response.into_body();
+    proxy.shutdown();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the SSE stream outlived the server");
+}
