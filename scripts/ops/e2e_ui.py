@@ -325,6 +325,9 @@ def main():
             browser.screenshot(args.screenshot)
         check(os.path.getsize(path) > 10000, f"screenshot written: {path}")
         traffic.finish()
+        snapshot = json.load(urllib.request.urlopen(f"{admin}/api/live/snapshot", timeout=10))
+        print(f"ring: {snapshot['ring_bytes']} bytes after {len(snapshot['heatmap']['at_ms'])} "
+              f"ticks of the last 300 with {len(snapshot['models'])} models", flush=True)
     finally:
         browser.close()
     print(f"e2e-ui: {passed} passed, {failed} failed")
