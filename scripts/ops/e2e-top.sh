@@ -9,7 +9,7 @@
 #   TOKENTAP_BIN=target/debug/tokentap scripts/ops/e2e-top.sh
 #   CAPTURE=docs/images/top.txt scripts/ops/e2e-top.sh   # keep a screen capture there
 #
-# Installs tmux (apt) when missing. Last line: `e2e-top: N passed, M failed`; exit 1 on a
+# Installs tmux and curl (apt) when missing. Last line: `e2e-top: N passed, M failed`; exit 1 on a
 # failure, 2 if it could not run.
 set -uo pipefail
 
@@ -19,9 +19,10 @@ MODELS=(llama-3.1-8b qwen2.5-32b mistral-7b)
 
 die() { echo "e2e-top: $*" >&2; exit 2; }
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
-if ! command -v tmux >/dev/null; then
+if ! command -v tmux >/dev/null || ! command -v curl >/dev/null; then
   apt-get update -qq >/dev/null 2>&1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null 2>&1 || die "cannot install tmux"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux curl >/dev/null 2>&1 \
+    || die "cannot install tmux and curl"
 fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-top.XXXXXX")
