@@ -3,7 +3,8 @@
 # free loopback ports, and `tokentap top` against its admin port in a tmux pane. Checks
 # that top draws every demo model, that its figures refresh (the frame count moves on),
 # that `q` exits with status 0 and gives the terminal back, and that when the server goes
-# away top exits by itself, with a message, the terminal given back.
+# away top exits by itself, with a message, the terminal given back; and that
+# `tokentap demo --top` shows top over the demo and ends on q.
 #
 #   cargo build --release && scripts/ops/e2e-top.sh
 #   TOKENTAP_BIN=target/debug/tokentap scripts/ops/e2e-top.sh
@@ -105,6 +106,22 @@ wait_status gone 15; check $? "top exits when the server goes away"
 [ "$(cat "$TMP/gone.status" 2>/dev/null)" = 1 ]; check $? "with status 1 ($(cat "$TMP/gone.status" 2>/dev/null))"
 grep -q "went away" "$TMP/gone.err"; check $? "and says so: $(head -c 200 "$TMP/gone.err")"
 ! screen gone | grep -q "slowest streams in flight"; check $? "the terminal is given back after the server left"
+
+# 3. `tokentap demo --top`: the demo with top instead of its table; q ends both.
+read -r P_PROXY P_ADMIN < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
+tmux -S "$SOCKET" new-session -d -s demo -x 150 -y 40 \
+  "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
+tmux -S "$SOCKET" set-option -t demo remain-on-exit on >/dev/null
+for _ in $(seq 150); do screen demo | grep -q "${MODELS[2]}" && break; sleep 0.1; done
+screen demo | grep -q "tokentap top" && screen demo | grep -q "${MODELS[2]}"
+check $? "demo --top shows top with the demo's models"
+tmux -S "$SOCKET" send-keys -t demo q
+wait_status demo 30; check $? "q ends the demo too"
+[ "$(cat "$TMP/demo.status" 2>/dev/null)" = 0 ]; check $? "demo --top exits with status 0 ($(cat "$TMP/demo.status" 2>/dev/null))"
 
 echo "e2e-top: $passed passed, $failed failed"
 [ "$failed" = 0 ]

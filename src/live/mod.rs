@@ -253,6 +253,8 @@ impl Live {
             return None;
         }
         let receiver = self.shared.channels[window_index(window)].subscribe();
+        // Collect this second's finished requests for it already.
+        self.shared.watching.store(true, Ordering::Relaxed);
         Some(Subscription {
             receiver,
             stopped: self.shared.stopped.subscribe(),
@@ -412,6 +414,10 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut streams = self.metrics.live_streams.views(now);
+        let mut in_flight: std::collections::HashMap<&str, usize> = Default::default();
+        for stream in &streams {
+            *in_flight.entry(&*stream.model).or_default() += 1;
+        }
         let ring = self.lock_ring();
         let latest = ring.slots().back();
         let models = ring
@@ -426,7 +432,7 @@ impl Shared {
                         itl: t.itl.to_vec(),
                     })
                     .unwrap_or_else(|| Column::zeros(&bounds));
-                let in_flight = streams.iter().filter(|s| s.model == w.model).count();
+                let in_flight = in_flight.get(&*w.model).copied().unwrap_or(0);
                 ModelFigures::of(&w, &bounds, column, in_flight)
             })
             .collect();
