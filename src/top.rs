@@ -4,7 +4,8 @@
 //! One reader thread subscribes to `/api/live/stream` (the same server-sent `tick` frames
 //! the page reads, serialized once on the server for every viewer) and hands each frame
 //! to the terminal loop, which redraws a table per model and the slowest streams in flight
-//! (ratatui on crossterm). `q`, Esc or Ctrl-C quits; when the server goes away (the stream
+//! (ratatui on crossterm). `w` cycles the window (10 s, 1 min, 5 min: a new subscription).
+//! `q`, Esc or Ctrl-C quits; when the server goes away (the stream
 //! ends or breaks) the terminal is restored and [`run`] says so.
 
 use std::io;
@@ -58,17 +59,8 @@ enum Message {
 /// Run until `q` or the server goes away. Connects first, so an address with no live view
 /// fails before the terminal is touched.
 pub fn run(options: &TopOptions) -> Result<TopEnd, TopError> {
-    let (tx, rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let url = format!(
-        "http://{}/api/live/stream?window={}",
-        options.admin, options.window
-    );
-    let reader_url = url.clone();
-    std::thread::Builder::new()
-        .name("top-reader".into())
-        .spawn(move || read_stream(&reader_url, &ready_tx, &tx))?;
-    match ready_rx.recv() {
+    let (rx, ready) = spawn_reader(&options.admin, options.window)?;
+    match ready.recv() {
         Ok(Ok(())) => {}
         Ok(Err(why)) => return Err(TopError::Connect(options.admin.clone(), why)),
         Err(_) => {
@@ -79,10 +71,34 @@ pub fn run(options: &TopOptions) -> Result<TopEnd, TopError> {
         }
     }
     let mut terminal = ratatui::init();
-    let end = ui(&mut terminal, options, &rx);
+    let end = ui(&mut terminal, options.clone(), rx);
     ratatui::restore();
     Ok(end?)
 }
+
+/// A reader thread on `window`'s stream: its frames, and whether it connected.
+#[allow(clippy::type_complexity)]
+fn spawn_reader(
+    admin: &str,
+    window: u64,
+) -> io::Result<(mpsc::Receiver<Message>, mpsc::Receiver<Result<(), String>>)> {
+    let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let url = format!("http://{admin}/api/live/stream?window={window}");
+    std::thread::Builder::new()
+        .name("top-reader".into())
+        .spawn(move || read_stream(&url, &ready_tx, &tx))?;
+    Ok((rx, ready_rx))
+}
+
+/// The next window of [`WINDOWS`] after `window`.
+fn next_window(window: u64) -> u64 {
+    let i = WINDOWS.iter().position(|&w| w == window).unwrap_or(0);
+    WINDOWS[(i + 1) % WINDOWS.len()]
+}
+
+/// The windows `top` cycles through with `w`, as the server offers them.
+const WINDOWS: [u64; 3] = [10, 60, 300];
 
 /// The reader: the SSE stream's `tick` frames to `tx`, and why it ended.
 fn read_stream(url: &str, ready: &mpsc::Sender<Result<(), String>>, tx: &mpsc::Sender<Message>) {
@@ -170,8 +186,8 @@ fn tick_data(event: &str) -> Option<&str> {
 
 fn ui(
     terminal: &mut DefaultTerminal,
-    options: &TopOptions,
-    rx: &mpsc::Receiver<Message>,
+    mut options: TopOptions,
+    mut rx: mpsc::Receiver<Message>,
 ) -> io::Result<TopEnd> {
     let mut latest: Option<Value> = None;
     let mut frames = 0u64;
@@ -193,7 +209,7 @@ fn ui(
             }
         }
         if dirty || drawn.elapsed() >= Duration::from_secs(1) {
-            terminal.draw(|f| draw(f, options, latest.as_ref(), frames))?;
+            terminal.draw(|f| draw(f, &options, latest.as_ref(), frames))?;
             drawn = Instant::now();
             dirty = false;
         }
@@ -204,6 +220,21 @@ fn ui(
                         && key.modifiers.contains(KeyModifiers::CONTROL);
                     if ctrl_c || matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) {
                         return Ok(TopEnd::Quit);
+                    }
+                    if key.code == KeyCode::Char('w') {
+                        // The next window: a new subscription; the old reader ends at its
+                        // next frame, when it finds nobody listening.
+                        options.window = next_window(options.window);
+                        let (next, ready) = spawn_reader(&options.admin, options.window)?;
+                        match ready.recv() {
+                            Ok(Ok(())) => {}
+                            Ok(Err(why)) => return Ok(TopEnd::ServerGone(why)),
+                            Err(_) => return Ok(TopEnd::ServerGone("the reader stopped".into())),
+                        }
+                        rx = next;
+                        latest = None;
+                        frames = 0;
+                        dirty = true;
                     }
                 }
                 Event::Resize(..) => dirty = true,
@@ -396,12 +427,22 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         ),
         streams,
     );
-    f.render_widget(Paragraph::new("q quit"), foot);
+    f.render_widget(
+        Paragraph::new("q quit  w window (10 s, 1 min, 5 min)"),
+        foot,
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn w_cycles_the_windows() {
+        assert_eq!(next_window(60), 300);
+        assert_eq!(next_window(300), 10);
+        assert_eq!(next_window(10), 60);
+    }
 
     #[test]
     fn only_tick_events_are_read() {

@@ -2,6 +2,7 @@
 # `tokentap top` in a pseudo-terminal: `tokentap demo` (simulator, tokentap, traffic) on
 # free loopback ports, and `tokentap top` against its admin port in a tmux pane. Checks
 # that top draws every demo model, that its figures refresh (the frame count moves on),
+# that `w` switches the window,
 # that `q` exits with status 0 and gives the terminal back, and that when the server goes
 # away top exits by itself, with a message, the terminal given back; and that
 # `tokentap demo --top` shows top over the demo and ends on q.
@@ -93,6 +94,11 @@ second=$(frames quit)
 [ -n "$first" ] && [ -n "$second" ] && [ "$second" -gt "$first" ]
 check $? "top refreshes (frames ${first:-?} -> ${second:-?})"
 [ -n "${CAPTURE:-}" ] && screen quit >"$CAPTURE"
+tmux -S "$SOCKET" send-keys -t quit w
+for _ in $(seq 50); do screen quit | grep -q "window 300 s" && break; sleep 0.1; done
+screen quit | grep -q "window 300 s"; check $? "w switches the window to 5 minutes"
+for _ in $(seq 50); do [ -n "$(frames quit)" ] && [ "$(frames quit)" -gt 0 ] && break; sleep 0.1; done
+[ -n "$(frames quit)" ] && [ "$(frames quit)" -gt 0 ]; check $? "and its frames come ($(frames quit))"
 tmux -S "$SOCKET" send-keys -t quit q
 wait_status quit 5; check $? "q ends top"
 [ "$(cat "$TMP/quit.status" 2>/dev/null)" = 0 ]; check $? "q exits with status 0 ($(cat "$TMP/quit.status" 2>/dev/null))"
