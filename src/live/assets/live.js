@@ -61,6 +61,14 @@ function renderModels(frame) {
   }
 }
 
+function renderOverCap(frame) {
+  const note = $("#over-cap");
+  note.hidden = !frame.models_over_cap;
+  note.textContent = frame.models_over_cap
+    ? frame.models_over_cap + " more model(s) past the 32 the live view keeps are not shown (see /metrics)."
+    : "";
+}
+
 function renderInFlight(frame) {
   const body = $("#inflight tbody");
   body.textContent = "";
@@ -227,6 +235,7 @@ function render(frame) {
   live.bounds = frame.bounds;
   renderModels(frame);
   renderInFlight(frame);
+  renderOverCap(frame);
   renderSlowest(frame.slowest || []);
   for (const model of Object.keys(live.heat)) redrawHeat(model);
 }
