@@ -238,6 +238,25 @@ fn bench_observe(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // The same with the live view on (`ui.enabled`, the default): its registry of streams
+    // in flight and its request tap on every request; nobody watching.
+    let live_metrics = self::metrics(&config);
+    let live = {
+        let _runtime = rt.enter();
+        tokentap::live::Live::start(live_metrics.clone())
+    };
+    let live_gateway = self::gateway(&config, &live_metrics);
+    group.bench_function("observed_live_view", |b| {
+        b.iter_batched(
+            || {
+                let tenant = Some("tenant-a".to_string());
+                streamed(&live_gateway, CHAT, "sim-model", tenant, &frames, idle)
+            },
+            |body| black_box(drain(&rt, body)),
+            BatchSize::SmallInput,
+        )
+    });
+    drop(live);
     let mut n = 0u64;
     group.bench_function("observed_900_tenants", |b| {
         b.iter_batched(

@@ -4,8 +4,8 @@
 # formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
 # under a real Prometheus of each kind (classic and native) with the dashboard's queries,
-# the exemplars through both, and the shipped alerts through a real Alertmanager to a
-# webhook.
+# the exemplars through both, the shipped alerts through a real Alertmanager to a
+# webhook, and the live view in headless Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +65,12 @@ bash scripts/ops/e2e-gen-ai.sh
 
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
+
+step "end to end: the live view (/ui) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap; screenshot in target/e2e-ui/"
+bash scripts/ops/e2e-ui.sh
+
+step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
+bash scripts/ops/e2e-top.sh
 
 step "end to end: the SGLang Model Gateway (smg, PyPI) -> tokentap -> the simulator's gRPC engines"
 bash scripts/ops/smg_check.sh --tokentap "$TOKENTAP_BIN"

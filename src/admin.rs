@@ -1,7 +1,9 @@
 //! The admin port: `/metrics` (Prometheus text format by default; the OpenMetrics text
 //! with exemplars, or the protobuf format with native histograms and exemplars, for a
-//! scraper that asks for it), `/healthz` (the process is alive) and
-//! `/readyz` (config loaded, listener bound, upstream reachable, not draining).
+//! scraper that asks for it), `/healthz` (the process is alive),
+//! `/readyz` (config loaded, listener bound, upstream reachable, not draining), and while
+//! `ui.enabled` the live view (`live`): the page `/ui` and its files, the JSON snapshot
+//! `/api/live/snapshot` and the server-sent events `/api/live/stream`.
 //!
 //! It is a separate listener so that scraping and probes never compete with, or show up
 //! in, proxied traffic. It keeps its own bounded share of file descriptors: at most
@@ -33,6 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::live::{page, Live};
 use crate::metrics::{protobuf, Exposition, Metrics};
 
 /// Prometheus text exposition format 0.0.4.
@@ -51,7 +54,12 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// write buffer is full, sixteen times over, before it yields by itself.
 const CHUNKS_PER_POLL: u32 = 4;
 
-type AdminBody = Either<Full<Bytes>, MetricsBody>;
+/// The SSE body of `/api/live/stream`: a subscriber's frames as they come.
+type SseBody = http_body_util::StreamBody<
+    futures_util::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>,
+>;
+
+type AdminBody = Either<Full<Bytes>, Either<MetricsBody, SseBody>>;
 
 /// What `/readyz` reports. The server sets it (bound, probe result, draining); it lives
 /// here, beside the endpoint that reads it.
@@ -78,7 +86,12 @@ impl Readiness {
 }
 
 /// Serve the admin endpoints until the task is aborted.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<Readiness>) {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    live: Option<Arc<Live>>,
+) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin listening (/metrics, /healthz, /readyz)");
     }
@@ -95,12 +108,18 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Arc<
         };
         let metrics = metrics.clone();
         let readiness = readiness.clone();
+        let live = live.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |request| {
                 let metrics = metrics.clone();
                 let readiness = readiness.clone();
-                async move { Ok::<_, Infallible>(route(&request, &metrics, &readiness).await) }
+                let live = live.clone();
+                async move {
+                    Ok::<_, Infallible>(
+                        route(&request, &metrics, &readiness, live.as_deref()).await,
+                    )
+                }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -115,11 +134,22 @@ async fn route(
     request: &Request<Incoming>,
     metrics: &Arc<Metrics>,
     readiness: &Readiness,
+    live: Option<&Live>,
 ) -> Response<AdminBody> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
     }
-    match request.uri().path() {
+    let path = request.uri().path();
+    if path == "/ui" || path.starts_with("/ui/") || path.starts_with("/api/live/") {
+        return match live {
+            Some(live) => live_route(request, live),
+            None => plain(
+                StatusCode::NOT_FOUND,
+                "not found: the live view is off (ui.enabled: false)\n",
+            ),
+        };
+    }
+    match path {
         "/metrics" => match negotiate(request.headers().get_all(header::ACCEPT)) {
             Format::Protobuf => protobuf_metrics(metrics).await,
             Format::OpenMetrics => {
@@ -213,10 +243,80 @@ fn text_metrics(exposition: Exposition, content_type: &'static str) -> Response<
         exposition,
         chunks: 0,
     };
-    let mut response = Response::new(Either::Right(body));
+    let mut response = Response::new(Either::Right(Either::Left(body)));
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The `window` query parameter (seconds), if given and a number.
+fn window_param(request: &Request<Incoming>) -> Option<u64> {
+    request
+        .uri()
+        .query()?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("window="))
+        .and_then(|value| value.parse().ok())
+}
+
+/// The live view's page, files, snapshot and stream.
+fn live_route(request: &Request<Incoming>, live: &Live) -> Response<AdminBody> {
+    let path = request.uri().path();
+    if let Some((content_type, body)) = page::file(path) {
+        return with_type(Full::new(Bytes::from_static(body)), content_type);
+    }
+    match path {
+        "/api/live/snapshot" => with_type(
+            Full::new(live.snapshot(window_param(request))),
+            "application/json",
+        ),
+        "/api/live/stream" => match live.subscribe(window_param(request)) {
+            Some(subscription) => sse(subscription),
+            None => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many live subscribers; try again later\n",
+            ),
+        },
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "not found: try /ui, /api/live/snapshot, /api/live/stream\n",
+        ),
+    }
+}
+
+fn with_type(body: Full<Bytes>, content_type: &'static str) -> Response<AdminBody> {
+    let mut response = Response::new(Either::Left(body));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `/api/live/stream`: a comment at once (so the client sees the stream open), then each
+/// frame the subscription receives; the body ends when the subscriber falls behind.
+fn sse(subscription: crate::live::Subscription) -> Response<AdminBody> {
+    use futures_util::StreamExt;
+    let opening = futures_util::stream::once(async {
+        Ok(Frame::data(Bytes::from_static(
+            b"retry: 2000\n: tokentap live\n\n",
+        )))
+    });
+    let frames = futures_util::stream::unfold(subscription, |mut subscription| async move {
+        let frame = subscription.next().await?;
+        Some((Ok(Frame::data(frame)), subscription))
+    });
+    let body = http_body_util::StreamBody::new(opening.chain(frames).boxed());
+    let mut response = Response::new(Either::Right(Either::Right(body)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 

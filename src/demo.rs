@@ -42,6 +42,8 @@ pub struct DemoOptions {
     pub concurrency: usize,
     /// How often the summary is printed.
     pub refresh: Duration,
+    /// Print the text table (off while `tokentap top` shows the figures instead).
+    pub table: bool,
 }
 
 impl Default for DemoOptions {
@@ -52,6 +54,7 @@ impl Default for DemoOptions {
             duration: None,
             concurrency: 8,
             refresh: Duration::from_secs(2),
+            table: true,
         }
     }
 }
@@ -142,6 +145,9 @@ pub async fn run(
     println!("  tokentap proxy     http://{proxy_addr}  ->  http://{sim_addr}");
     println!("  metrics            http://{admin_addr}/metrics");
     println!(
+        "  live view          http://{admin_addr}/ui   (or: tokentap top --admin {admin_addr})"
+    );
+    println!(
         "  try: curl -N http://{proxy_addr}/v1/chat/completions -H 'x-tenant-id: me' \\\n         -d '{{\"model\":\"llama-3.1-8b\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
     );
     println!("  Ctrl-C to stop.\n");
@@ -171,14 +177,20 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             () = expired => break,
-            _ = ticker.tick() => print_summary(&metrics, sent.load(Ordering::Relaxed)),
+            _ = ticker.tick() => {
+                if options.table {
+                    print_summary(&metrics, sent.load(Ordering::Relaxed));
+                }
+            }
         }
     }
     let _ = stop_traffic.send(true);
     for worker in workers {
         let _ = worker.await;
     }
-    print_summary(&metrics, sent.load(Ordering::Relaxed));
+    if options.table {
+        print_summary(&metrics, sent.load(Ordering::Relaxed));
+    }
     let _ = stop_proxy.send(true);
     let _ = server_task.await;
     let _ = stop_sim.send(true);

@@ -24,10 +24,12 @@
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
 //! - [`metrics`]: the metric families and bounded labels;
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, and the live view's endpoints;
+//! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`config`]: the YAML file and flags, validated with located errors;
-//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo.
+//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
+//! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
 
 pub mod admin;
 pub mod clock;
@@ -36,6 +38,7 @@ pub mod demo;
 pub mod exchange;
 pub mod idle_pool;
 pub mod intermediary;
+pub mod live;
 pub mod metrics;
 pub mod observe;
 pub mod otlp;
@@ -44,6 +47,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod sim;
+pub mod top;
 pub mod trust;
 pub mod wire;
 

@@ -46,6 +46,10 @@ struct RunArgs {
     /// Log filter, e.g. info or tokentap=debug (config: log.level).
     #[arg(long, env = "TOKENTAP_LOG")]
     log_level: Option<String>,
+    /// Serve the live view (/ui, /api/live/*) on the admin port: true or false
+    /// (config: ui.enabled; default true).
+    #[arg(long, env = "TOKENTAP_UI")]
+    ui: Option<bool>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -60,6 +64,19 @@ enum Command {
     Sim(SimArgs),
     /// Run the simulator, tokentap and a traffic generator, and show live figures.
     Demo(DemoArgs),
+    /// The live view's figures in the terminal, from a running tokentap's admin port:
+    /// a table per model over the window and the slowest streams in flight. q quits.
+    Top(TopArgs),
+}
+
+#[derive(Args, Debug)]
+struct TopArgs {
+    /// The tokentap admin address (host:port) to watch.
+    #[arg(long, default_value = "127.0.0.1:9464", env = "TOKENTAP_ADMIN")]
+    admin: String,
+    /// The window in seconds: 10, 60 or 300.
+    #[arg(long, default_value = "60", value_parser = parse_window)]
+    window: u64,
 }
 
 #[derive(Args, Debug)]
@@ -129,6 +146,9 @@ struct DemoArgs {
     /// Concurrent client streams.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Show `tokentap top` instead of the text table.
+    #[arg(long)]
+    top: bool,
 }
 
 fn main() -> ExitCode {
@@ -138,6 +158,11 @@ fn main() -> ExitCode {
         Some(Command::Sim(args)) => {
             init_logs(LogFormat::Text, "info");
             report(runtime().and_then(|rt| rt.block_on(run_sim(args))))
+        }
+        Some(Command::Top(args)) => top(&args.admin, args.window),
+        Some(Command::Demo(args)) if args.top => {
+            init_logs(LogFormat::Text, "error");
+            demo_with_top(args)
         }
         Some(Command::Demo(args)) => {
             init_logs(LogFormat::Text, "warn");
@@ -172,6 +197,70 @@ fn start_runtime(mut builder: tokio::runtime::Builder) -> anyhow::Result<tokio::
         .enable_all()
         .build()
         .context("cannot start the async runtime")
+}
+
+/// A live view window: 10, 60 or 300 seconds.
+fn parse_window(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(window @ (10 | 60 | 300)) => Ok(window),
+        _ => Err(format!("`{value}` is not one of 10, 60, 300")),
+    }
+}
+
+/// `tokentap top`: 0 when the user quits, 1 (with a message) when the server goes away
+/// or cannot be reached.
+fn top(admin: &str, window: u64) -> ExitCode {
+    let options = tokentap::top::TopOptions {
+        admin: admin.to_string(),
+        window,
+    };
+    match tokentap::top::run(&options) {
+        Ok(tokentap::top::TopEnd::Quit) => ExitCode::SUCCESS,
+        Ok(tokentap::top::TopEnd::ServerGone(why)) => {
+            eprintln!("tokentap top: the server at {admin} went away ({why})");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("tokentap top: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tokentap demo --top`: the demo without its table, and `top` on its admin port until
+/// the user quits.
+fn demo_with_top(args: DemoArgs) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(err) => return report(Err(err)),
+    };
+    let options = tokentap::demo::DemoOptions {
+        listen: args.listen,
+        admin: args.admin,
+        duration: args.duration,
+        concurrency: args.concurrency.max(1),
+        table: false,
+        ..Default::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let demo = runtime.spawn(tokentap::demo::run(options, async {
+        let _ = stopped.await;
+    }));
+    // The admin port answers once the demo's tokentap is bound.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(args.admin).is_err() {
+        if demo.is_finished() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let code = top(&args.admin.to_string(), 60);
+    let _ = stop.send(());
+    match runtime.block_on(demo) {
+        Ok(Ok(())) => code,
+        Ok(Err(err)) => report(Err(anyhow::Error::new(err).context("demo failed"))),
+        Err(err) => report(Err(anyhow::Error::new(err).context("demo failed"))),
+    }
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {
@@ -213,6 +302,7 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         admin: args.admin,
         log_format: args.log_format,
         log_level: args.log_level,
+        ui: args.ui,
         environment: otel_environment(),
     };
     let loaded = match &args.config {

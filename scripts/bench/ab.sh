@@ -23,20 +23,29 @@
 #   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --yaml on=/tmp/otlp-spans.yaml \
 #       off=target/release/tokentap on=target/release/tokentap
 #
+# The live view's cost in one build (`--no-ui NAME` switches `ui.enabled` off for target
+# NAME; `--viewer NAME` keeps one SSE client on its `/api/live/stream` through the run, a
+# curl whose own CPU is not counted; both repeatable):
+#
+#   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --ports 19100 --no-ui off --viewer one \
+#       off=target/release/tokentap none=target/release/tokentap one=target/release/tokentap
+#
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
-# --yaml NAME=FILE, --ports BASE (default 18000: the simulator's port; nginx BASE+82, targets
-# from BASE+310).
+# --yaml NAME=FILE, --no-ui NAME, --viewer NAME, --ports BASE (default 18000: the simulator's
+# port; nginx BASE+82, targets from BASE+310).
 # Prints one line per run: target, CPU per event (utime+stime / events, and each alone),
 # latency p50/p99.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000
+C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
         --fast) SWITCHES+=("$2=true"); shift ;;
         --hyper) SWITCHES+=("$2=false"); shift ;;
         --yaml) EXTRA+=("$2"); shift ;;
+        --no-ui) NO_UI+=("$2"); shift ;;
+        --viewer) VIEWERS+=("$2"); shift ;;
         --ports) BASE=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
@@ -75,6 +84,9 @@ for t in "${TARGETS[@]}"; do
     for e in "${EXTRA[@]}"; do
         if [ "${e%%=*}" = "$name" ]; then cat "${e#*=}" >> "$RUN/$name.yaml"; fi
     done
+    for n in "${NO_UI[@]}"; do
+        if [ "$n" = "$name" ]; then printf 'ui:\n  enabled: false\n' >> "$RUN/$name.yaml"; fi
+    done
     "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
     port=$((port + 2))
@@ -88,6 +100,12 @@ if [ "$NGINX" = 1 ]; then
     PIDS_ALL+=("$NGINX_MASTER"); PORT[nginx]=$((BASE + 82)); NAMES+=(nginx)
 fi
 for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
+for v in "${VIEWERS[@]}"; do
+    admin=$((${PORT[$v]} + 1))
+    wait_port "$admin"
+    curl -sN "http://127.0.0.1:$admin/api/live/stream?window=60" > "$RUN/viewer-$v.sse" 2>/dev/null &
+    PIDS_ALL+=($!)
+done
 # nginx's CPU is its master's and its workers'.
 [ "$NGINX" = 1 ] && PID[nginx]="$NGINX_MASTER $(pgrep -P "$NGINX_MASTER" | tr '\n' ' ')"
 
@@ -112,4 +130,7 @@ print(f"c{c} r{r} {name:10s} cpu/event {user + sys_:6.2f} us (user {user:5.2f} s
       f"events/s {out['events_per_s']:.0f} errors {out['errors']}", flush=True)
 PY
     done
+done
+for v in "${VIEWERS[@]}"; do
+    echo "viewer on $v: $(grep -c '^event: tick' "$RUN/viewer-$v.sse") ticks and $(grep -c '^event: requests' "$RUN/viewer-$v.sse") requests events received"
 done

@@ -45,6 +45,10 @@ pub(super) const DEFAULT_MAX_PAIRS: usize = 250;
 pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
+pub(super) const fn default_ui_enabled() -> bool {
+    true
+}
+
 pub(super) const fn default_http1_fast_path() -> bool {
     true
 }

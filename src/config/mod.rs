@@ -41,6 +41,8 @@ pub struct Config {
     pub tls: Option<ListenerTls>,
     pub shutdown: Shutdown,
     pub proxy: ProxySettings,
+    /// `ui.enabled`: the live view on the admin port.
+    pub ui: bool,
     pub limits: Limits,
     pub tenants: Vec<TenantSource>,
     pub labels: Labels,
@@ -294,6 +296,8 @@ pub struct Overrides {
     pub admin: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
+    /// `--ui`: `ui.enabled`.
+    pub ui: Option<bool>,
     /// The OpenTelemetry SDK's environment variables (`OTEL_*`) and the pod's identity
     /// (`K8S_*`), as `main` read them: what the `otlp` keys leave out.
     pub environment: std::collections::BTreeMap<String, String>,

@@ -34,6 +34,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub proxy: RawProxy,
     #[serde(default)]
+    pub ui: RawUi,
+    #[serde(default)]
     pub limits: RawLimits,
     #[serde(default)]
     pub tenants: RawTenants,
@@ -125,6 +127,18 @@ pub struct RawTls {
 }
 
 /// How the proxy port serves HTTP/1.1.
+/// The live view on the admin port.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with `enabled`")]
+pub struct RawUi {
+    /// Serve the live view: the page `/ui`, the JSON snapshot `/api/live/snapshot` and
+    /// the server-sent events `/api/live/stream` on the admin port, read-only, with a
+    /// ring of the last ten minutes per model kept in memory (at most about 5 MiB).
+    /// `false`: those paths answer 404 and no ticker, ring or request tap runs. Read at
+    /// start. Default true.
+    pub enabled: Option<bool>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with `http1_fast_path`")]
 pub struct RawProxy {

@@ -124,6 +124,29 @@ fn label_caps_are_bounded_unless_opted_out() {
 }
 
 #[test]
+fn the_live_view_is_on_unless_switched_off_by_the_file_or_the_flag() {
+    let base = "upstream: http://127.0.0.1:8000\n";
+    assert!(parse(base).expect("valid").ui);
+    let off = parse(&format!("{base}ui:\n  enabled: false\n")).expect("valid");
+    assert!(!off.ui);
+    let flag = Overrides {
+        ui: Some(false),
+        ..Overrides::default()
+    };
+    let config = Config::from_yaml(base, "f", &flag).expect("valid");
+    assert!(!config.ui);
+    let flag = Overrides {
+        ui: Some(true),
+        ..Overrides::default()
+    };
+    let config =
+        Config::from_yaml(&format!("{base}ui:\n  enabled: false\n"), "f", &flag).expect("valid");
+    assert!(config.ui, "the flag wins over the file");
+    let err = parse(&format!("{base}ui:\n  enable: false\n")).expect_err("a typo");
+    assert!(err.to_string().contains("ui"), "{err}");
+}
+
+#[test]
 fn flags_override_the_file() {
     let overrides = Overrides {
         upstream: Some("http://10.0.0.1:9000".into()),

@@ -98,6 +98,10 @@ impl RawConfig {
                 .http1_fast_path
                 .unwrap_or(default_http1_fast_path()),
         };
+        let ui = overrides
+            .ui
+            .or(self.ui.enabled)
+            .unwrap_or(default_ui_enabled());
         let limits = self.limits.validate(&mut issues);
         let tenants = self.tenants.validate(&mut issues);
         let labels = self.labels.validate(&mut issues);
@@ -115,6 +119,7 @@ impl RawConfig {
                 tls,
                 shutdown,
                 proxy,
+                ui,
                 limits,
                 tenants,
                 labels,

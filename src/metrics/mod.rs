@@ -25,6 +25,7 @@ mod exposition;
 mod families;
 pub mod gen_ai;
 pub mod labels;
+pub mod live;
 pub mod native;
 mod outcome;
 pub mod protobuf;
@@ -185,6 +186,8 @@ pub struct Metrics {
     pub request_taps: requests::RequestTaps,
     /// Per-request spans: which requests get one, and where they go.
     pub spans: requests::Spans,
+    /// The streams in flight one by one, while the live view is on.
+    pub live_streams: Arc<live::LiveStreams>,
 }
 
 /// Bucket bounds as the config validated them: at least one, positive, finite and
@@ -367,6 +370,7 @@ impl Metrics {
             names,
             request_taps: requests::RequestTaps::default(),
             spans: requests::Spans::default(),
+            live_streams: Arc::default(),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![
@@ -843,6 +847,21 @@ impl Metrics {
             .into_iter()
             .chain(self.registry.gather());
         families.extend(small.filter_map(|mf| registry_snapshot(&mf)));
+        families.sort_by(|a, b| a.name.cmp(&b.name));
+        Snapshot { families }
+    }
+
+    /// The per-pair and per-model families called `names` (those with series), as
+    /// [`Metrics::snapshot`] reads them, and nothing else: what the live view's ticker
+    /// reads each second, without the registry's families or the process collector.
+    pub fn snapshot_of(&self, names: &[&str]) -> Snapshot {
+        let pairs = self.pairs();
+        let mut families: Vec<FamilySnapshot> = self
+            .families
+            .iter()
+            .filter(|f| names.contains(&f.name))
+            .filter_map(|f| f.snapshot(&pairs))
+            .collect();
         families.sort_by(|a, b| a.name.cmp(&b.name));
         Snapshot { families }
     }

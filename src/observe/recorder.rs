@@ -16,6 +16,7 @@ use super::itl_sketch::ItlSketch;
 use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
+use crate::metrics::live::LiveEntry;
 use crate::metrics::requests::FinishedRequest;
 use crate::metrics::{
     EngineFigures, Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries,
@@ -127,6 +128,10 @@ pub struct Recorder {
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
     in_flight: InFlight,
+    /// The stream's entry in the live view's list of streams in flight, from its first
+    /// token-bearing event while the live view is on.
+    live: Option<LiveEntry>,
+    t_req: Instant,
 }
 
 impl Recorder {
@@ -157,6 +162,8 @@ impl Recorder {
             finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             in_flight,
+            live: None,
+            t_req,
         }
     }
 
@@ -230,6 +237,12 @@ impl Recorder {
                             .tokens_per_event()
                             .observe(f64::from((*tokens).max(1)));
                     }
+                    let gap = match stamp {
+                        Stamp::First { .. } => None,
+                        Stamp::Next { gap, .. } => Some(gap),
+                    };
+                    self.live_event(at, *tokens, gap);
+                    let handles = self.handles();
                     match stamp {
                         Stamp::First { ttft } => handles.first_token(ttft),
                         Stamp::Next { gap, itl } => {
@@ -275,6 +288,23 @@ impl Recorder {
                     }
                 }
             }
+        }
+    }
+
+    /// Note a token-bearing event on the stream's live entry, registering it on the
+    /// first while the live view is on: relaxed atomics, nothing when it is off.
+    fn live_event(&mut self, at: Instant, tokens: u32, gap: Option<Duration>) {
+        if self.live.is_none() {
+            if !self.metrics.live_streams.is_enabled() {
+                return;
+            }
+            let t_req = self.t_req;
+            let handles = self.handles();
+            let (model, tenant) = (handles.model().clone(), handles.tenant().clone());
+            self.live = self.metrics.live_streams.register(model, tenant, t_req);
+        }
+        if let Some(entry) = &self.live {
+            entry.stream().event(at, u64::from(tokens.max(1)), gap);
         }
     }
 
@@ -352,6 +382,7 @@ impl Recorder {
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
+        drop(self.live.take());
         self.metrics
             .record_gen_ai(handles, verdict, timings.ttft, &figures);
         self.metrics.record_request(handles, verdict, figures);

@@ -35,6 +35,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin::{self, Readiness};
 use crate::config::{Config, ConfigError, ListenerTls};
 use crate::exchange::shutting_down;
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::otlp::exporter::Exporter;
 use crate::otlp::span_mapping::Server as SpanServer;
@@ -208,10 +209,13 @@ impl Server {
             workers.count(),
             metrics.clone(),
         );
+        // The live view's ring fills from the start, so a viewer sees the last minutes.
+        let live = config.ui.then(|| Live::start(metrics.clone()));
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
             readiness.clone(),
+            live.clone(),
         ));
         let (metrics_transport, traces_transport) = otlp_transports;
         let spans = config
@@ -281,6 +285,9 @@ impl Server {
         }
         probe_task.abort();
         admin_task.abort();
+        if let Some(live) = live {
+            live.stop();
+        }
         Ok(())
     }
 }

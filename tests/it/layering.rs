@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 type Module = Vec<String>;
 
 /// Layers the sans-IO core must not reach into.
-const ABOVE_THE_CORE: [&str; 9] = [
-    "proxy", "observe", "metrics", "server", "config", "admin", "sim", "demo", "otlp",
+const ABOVE_THE_CORE: [&str; 11] = [
+    "proxy", "observe", "metrics", "server", "config", "admin", "sim", "demo", "otlp", "live",
+    "top",
 ];
 
 #[test]

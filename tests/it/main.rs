@@ -26,6 +26,7 @@ mod grpc_net;
 mod itl;
 mod layering;
 mod lifecycle;
+mod live;
 mod native;
 mod otlp;
 mod otlp_spans;

@@ -314,6 +314,17 @@ impl Metrics {
             .sum()
     }
 
+    /// Every sample of `name`: its labels and value.
+    pub fn samples_of<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = (&'a [(String, String)], f64)> + 'a {
+        self.samples
+            .iter()
+            .filter(move |(n, _, _)| n == name)
+            .map(|(_, labels, value)| (labels.as_slice(), *value))
+    }
+
     /// `sum / count` of a histogram for the given labels.
     pub fn mean(&self, histogram: &str, labels: &[(&str, &str)]) -> f64 {
         self.sum(&format!("{histogram}_sum"), labels)

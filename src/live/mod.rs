@@ -1,0 +1,741 @@
+//! The live view: what changed in the last minutes, per model, served by the admin port
+//! (`/ui`, `/api/live/snapshot`, `/api/live/stream`) and read by `tokentap top`.
+//!
+//! One ticker task, once a second, whether or not anyone watches:
+//! - reads the TTFT, ITL, request and output-token families ([`window::FAMILIES`]) and
+//!   pushes the change since the previous tick into the [`window::Ring`] (ten minutes,
+//!   bounded), so a viewer who arrives sees the last minutes;
+//! - moves the tick's slowest finished requests (kept by the [`RequestTap`], a few per
+//!   tick) into a ring of its own (five minutes).
+//!
+//! Only while someone watches, once per tick and per window someone watches (at most
+//! [`WINDOWS`]`.len()` frames, however many viewers): the windowed figures, the streams
+//! in flight and the tick's finished requests, serialized once to the SSE bytes that
+//! every subscriber of that window receives (a `tokio::sync::broadcast` of `Bytes`). A
+//! subscriber more than [`BACKLOG`] frames behind is dropped, not buffered; at most
+//! [`MAX_SUBSCRIBERS`] are served at once.
+//!
+//! Nothing here shows a request's text, headers or keys: model and tenant label values
+//! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
+//! access log carry them. README's "Live view" documents the API.
+
+pub mod page;
+pub mod window;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::metrics::live::LiveStreamView;
+use crate::metrics::requests::{FinishedRequest, RequestTap, TapId};
+use crate::metrics::snapshot::Values;
+use crate::metrics::{Metrics, Outcome};
+use window::{quantile, Ring, Windowed, OUTCOMES};
+
+/// How often the ring takes a tick and frames go out.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The windows a viewer may choose, in seconds; the first page shows [`DEFAULT_WINDOW`].
+pub const WINDOWS: [u64; 3] = [10, 60, 300];
+pub const DEFAULT_WINDOW: u64 = 60;
+/// Ticks of TTFT/ITL columns in a snapshot's heatmaps (five minutes).
+pub const HEATMAP_TICKS: usize = 300;
+/// Streams in flight listed in a frame (the longest running first); the total is given.
+pub const IN_FLIGHT_SHOWN: usize = 20;
+/// Slowest finished requests kept per tick, and listed in a snapshot.
+pub const SLOWEST_PER_TICK: usize = 5;
+pub const SLOWEST_SHOWN: usize = 20;
+/// Ticks of slowest requests kept (five minutes).
+pub const SLOWEST_TICKS: usize = 300;
+/// Finished requests sent per tick to subscribers (the rest are counted as `dropped`).
+pub const REQUESTS_PER_TICK: usize = 100;
+/// SSE subscribers served at once (the admin port serves 16 connections: the rest stay
+/// for scrapes and probes).
+pub const MAX_SUBSCRIBERS: usize = 8;
+/// Frames a subscriber may be behind before it is dropped.
+pub const BACKLOG: usize = 8;
+
+/// A finished request as the live view shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finished {
+    pub model: Arc<str>,
+    pub tenant: Arc<str>,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    /// When it ended, ms since the Unix epoch.
+    pub ended_ms: u64,
+    pub duration_s: f64,
+    pub ttft_s: Option<f64>,
+    pub slowest_gap_s: Option<f64>,
+    pub output_tokens: u64,
+    /// W3C trace id, when the request carried a trace context that was read
+    /// (`metrics.exemplars.enabled`).
+    pub trace_id: Option<String>,
+}
+
+impl Finished {
+    fn of(request: &FinishedRequest) -> Finished {
+        let ended = request.started + request.duration;
+        Finished {
+            model: request.model.clone(),
+            tenant: request.tenant.clone(),
+            outcome: request.verdict.outcome.as_str(),
+            status: request.http_status,
+            ended_ms: unix_ms(ended),
+            duration_s: request.duration.as_secs_f64(),
+            ttft_s: request.ttft.map(|d| d.as_secs_f64()),
+            slowest_gap_s: request.slowest_gap.map(|d| d.as_secs_f64()),
+            output_tokens: request.output_tokens,
+            trace_id: request.trace.map(|t| t.trace_id_hex()),
+        }
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the request tap keeps between ticks.
+#[derive(Default)]
+struct Recent {
+    /// This tick's slowest, at most [`SLOWEST_PER_TICK`].
+    slowest: Vec<Finished>,
+    /// This tick's finished requests, kept only while someone watches.
+    feed: Vec<Finished>,
+    dropped: u64,
+}
+
+/// The tap: on the request's thread, so it takes one short lock, and none when the
+/// request is neither among the tick's slowest nor watched.
+struct Tap {
+    shared: Weak<Shared>,
+}
+
+impl RequestTap for Tap {
+    fn finished(&self, request: &FinishedRequest) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let nanos = request.duration.as_nanos() as u64;
+        let watching = shared.watching.load(Ordering::Relaxed);
+        if !watching && nanos <= shared.slowest_floor.load(Ordering::Relaxed) {
+            return;
+        }
+        let finished = Finished::of(request);
+        let mut recent = shared.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if watching {
+            if recent.feed.len() < REQUESTS_PER_TICK {
+                recent.feed.push(finished.clone());
+            } else {
+                recent.dropped += 1;
+            }
+        }
+        let slowest = &mut recent.slowest;
+        if slowest.len() < SLOWEST_PER_TICK {
+            slowest.push(finished);
+        } else if let Some(min) = slowest
+            .iter_mut()
+            .min_by(|a, b| a.duration_s.total_cmp(&b.duration_s))
+        {
+            if finished.duration_s > min.duration_s {
+                *min = finished;
+            }
+        }
+        if slowest.len() == SLOWEST_PER_TICK {
+            let floor = slowest
+                .iter()
+                .map(|f| f.duration_s)
+                .fold(f64::INFINITY, f64::min);
+            shared
+                .slowest_floor
+                .store((floor * 1e9) as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What the ticker writes and the admin port reads.
+struct Shared {
+    metrics: Arc<Metrics>,
+    ring: Mutex<Ring>,
+    bounds: Mutex<Bounds>,
+    slowest: Mutex<VecDeque<Vec<Finished>>>,
+    recent: Mutex<Recent>,
+    /// Whether any subscriber was there at the latest tick.
+    watching: AtomicBool,
+    /// The shortest duration among this tick's kept slowest, once they are
+    /// [`SLOWEST_PER_TICK`] (ns): shorter requests are not even locked for.
+    slowest_floor: AtomicU64,
+    channels: Vec<broadcast::Sender<Bytes>>,
+    /// Set when the live view stops: every subscription ends.
+    stopped: tokio::sync::watch::Sender<bool>,
+    subscribers: AtomicUsize,
+    /// Ticks taken and frames serialized, for tests and the bench's note.
+    ticks: AtomicU64,
+    frames: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct Bounds {
+    ttft: Arc<[f64]>,
+    itl: Arc<[f64]>,
+}
+
+/// The live view's handle: started by the server when `ui.enabled`, stopped with it.
+pub struct Live {
+    shared: Arc<Shared>,
+    tap: TapId,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Live {
+    /// Switch on the registry of streams in flight and the request tap, and spawn the
+    /// ticker on the current runtime.
+    pub fn start(metrics: Arc<Metrics>) -> Arc<Live> {
+        metrics.live_streams.enable();
+        let shared = Arc::new(Shared {
+            metrics: metrics.clone(),
+            ring: Mutex::default(),
+            bounds: Mutex::default(),
+            slowest: Mutex::default(),
+            recent: Mutex::default(),
+            watching: AtomicBool::new(false),
+            slowest_floor: AtomicU64::new(0),
+            channels: WINDOWS
+                .iter()
+                .map(|_| broadcast::channel(BACKLOG).0)
+                .collect(),
+            stopped: tokio::sync::watch::channel(false).0,
+            subscribers: AtomicUsize::new(0),
+            ticks: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+        });
+        let tap = metrics.request_taps.add(Arc::new(Tap {
+            shared: Arc::downgrade(&shared),
+        }));
+        let ticking = Arc::downgrade(&shared);
+        let ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(shared) = ticking.upgrade() else {
+                    return;
+                };
+                shared.tick(SystemTime::now(), Instant::now());
+            }
+        });
+        Arc::new(Live {
+            shared,
+            tap,
+            ticker,
+        })
+    }
+
+    /// The JSON snapshot: the figures over `window` seconds (one of [`WINDOWS`], else
+    /// the default), the heatmaps of the last [`HEATMAP_TICKS`] ticks, the streams in
+    /// flight and the slowest recent requests.
+    pub fn snapshot(&self, window: Option<u64>) -> Bytes {
+        let window = window_index(window);
+        let frame = self.shared.frame(window, Instant::now(), true);
+        Bytes::from(serde_json::to_vec(&frame).expect("plain data serializes"))
+    }
+
+    /// Subscribe to the SSE frames of `window`; `None` at [`MAX_SUBSCRIBERS`].
+    pub fn subscribe(&self, window: Option<u64>) -> Option<Subscription> {
+        let taken = self.shared.subscribers.fetch_add(1, Ordering::AcqRel);
+        if taken >= MAX_SUBSCRIBERS {
+            self.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let receiver = self.shared.channels[window_index(window)].subscribe();
+        // Collect this second's finished requests for it already.
+        self.shared.watching.store(true, Ordering::Relaxed);
+        Some(Subscription {
+            receiver,
+            stopped: self.shared.stopped.subscribe(),
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Ticks taken and frames serialized so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.shared.ticks.load(Ordering::Relaxed),
+            self.shared.frames.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The ring's memory now, in bytes.
+    pub fn ring_bytes(&self) -> usize {
+        self.shared.lock_ring().bytes()
+    }
+}
+
+impl Live {
+    /// Stop: the ticker and the tap, and every subscription ends. The admin port's
+    /// connections may still hold the handle; this does not wait for them to go.
+    pub fn stop(&self) {
+        self.ticker.abort();
+        self.shared.metrics.request_taps.remove(self.tap);
+        self.shared.stopped.send_replace(true);
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn window_index(window: Option<u64>) -> usize {
+    let window = window.unwrap_or(DEFAULT_WINDOW);
+    WINDOWS
+        .iter()
+        .position(|&w| w == window)
+        .or_else(|| WINDOWS.iter().position(|&w| w == DEFAULT_WINDOW))
+        .unwrap_or(0)
+}
+
+/// One SSE subscriber: its frames, and its place among [`MAX_SUBSCRIBERS`].
+pub struct Subscription {
+    receiver: broadcast::Receiver<Bytes>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    shared: Arc<Shared>,
+}
+
+impl Subscription {
+    /// The next frame's bytes; `None` when the subscriber fell more than [`BACKLOG`]
+    /// frames behind (it is dropped) or the live view stopped.
+    pub async fn next(&mut self) -> Option<Bytes> {
+        if *self.stopped.borrow() {
+            return None;
+        }
+        tokio::select! {
+            frame = self.receiver.recv() => frame.ok(),
+            _ = self.stopped.changed() => None,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The SSE bytes of one event.
+fn sse_event(name: &str, json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + name.len() + 16);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+impl Shared {
+    fn lock_ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tick(&self, now: SystemTime, instant: Instant) {
+        let snapshot = self.metrics.snapshot_of(&window::FAMILIES);
+        {
+            let mut bounds = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
+            for family in &snapshot.families {
+                if let Values::Histogram(series) = &family.values {
+                    if let Some(first) = series.first() {
+                        match &*family.name {
+                            window::TTFT => bounds.ttft = first.value.bounds.clone(),
+                            window::ITL => bounds.itl = first.value.bounds.clone(),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        self.lock_ring()
+            .push(unix_ms(now), window::totals(&snapshot));
+        let (finished, dropped) = {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let slowest = std::mem::take(&mut recent.slowest);
+            self.slowest_floor.store(0, Ordering::Relaxed);
+            let mut kept = self.slowest.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() == SLOWEST_TICKS {
+                kept.pop_front();
+            }
+            kept.push_back(slowest);
+            (
+                std::mem::take(&mut recent.feed),
+                std::mem::take(&mut recent.dropped),
+            )
+        };
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+
+        let watched: Vec<usize> = (0..WINDOWS.len())
+            .filter(|&i| self.channels[i].receiver_count() > 0)
+            .collect();
+        self.watching.store(!watched.is_empty(), Ordering::Relaxed);
+        if watched.is_empty() {
+            return;
+        }
+        let requests = (!finished.is_empty() || dropped > 0).then(|| {
+            let json = serde_json::to_vec(&RequestsEvent {
+                requests: &finished,
+                dropped,
+            })
+            .expect("plain data serializes");
+            Bytes::from(sse_event("requests", &json))
+        });
+        for i in watched {
+            let frame = self.frame(i, instant, false);
+            let json = serde_json::to_vec(&frame).expect("plain data serializes");
+            self.frames.fetch_add(1, Ordering::Relaxed);
+            let _ = self.channels[i].send(Bytes::from(sse_event("tick", &json)));
+            if let Some(requests) = &requests {
+                let _ = self.channels[i].send(requests.clone());
+            }
+        }
+    }
+
+    /// The figures of window `index`, with the heatmaps when `full`.
+    fn frame(&self, index: usize, now: Instant, full: bool) -> Frame {
+        let window_s = WINDOWS[index];
+        let ticks = (window_s * 1000 / TICK.as_millis() as u64) as usize;
+        let bounds = self
+            .bounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut streams = self.metrics.live_streams.views(now);
+        let mut in_flight: std::collections::HashMap<&str, usize> = Default::default();
+        for stream in &streams {
+            *in_flight.entry(&*stream.model).or_default() += 1;
+        }
+        let ring = self.lock_ring();
+        let latest = ring.slots().back();
+        let models = ring
+            .window(ticks)
+            .into_iter()
+            .enumerate()
+            .map(|(index, w)| {
+                let column = latest
+                    .and_then(|s| s.models.iter().find(|(i, _)| usize::from(*i) == index))
+                    .map(|(_, t)| Column {
+                        ttft: t.ttft.to_vec(),
+                        itl: t.itl.to_vec(),
+                    })
+                    .unwrap_or_else(|| Column::zeros(&bounds));
+                let in_flight = in_flight.get(&*w.model).copied().unwrap_or(0);
+                ModelFigures::of(&w, &bounds, column, in_flight)
+            })
+            .collect();
+        let heatmap = full.then(|| Heatmap::of(&ring, &bounds));
+        let at_ms = ring.latest_ms().unwrap_or(0);
+        let models_over_cap = ring.models_over_cap();
+        let ring_bytes = full.then(|| ring.bytes());
+        drop(ring);
+        let total = streams.len();
+        streams.sort_by_key(|s| std::cmp::Reverse(s.elapsed));
+        streams.truncate(IN_FLIGHT_SHOWN);
+        let slowest = {
+            let kept = self.slowest.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all: Vec<&Finished> = kept.iter().flatten().collect();
+            all.sort_by(|a, b| b.duration_s.total_cmp(&a.duration_s));
+            all.into_iter().take(SLOWEST_SHOWN).cloned().collect()
+        };
+        Frame {
+            at_ms,
+            window_s,
+            bounds,
+            models,
+            in_flight: InFlight {
+                total,
+                streams: streams.iter().map(StreamFigures::of).collect(),
+            },
+            models_over_cap,
+            ring_bytes,
+            heatmap,
+            slowest,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RequestsEvent<'a> {
+    requests: &'a [Finished],
+    dropped: u64,
+}
+
+/// A tick's frame, or the snapshot (with `heatmap` and `ring_bytes`).
+#[derive(Serialize)]
+struct Frame {
+    at_ms: u64,
+    window_s: u64,
+    bounds: Bounds,
+    models: Vec<ModelFigures>,
+    in_flight: InFlight,
+    models_over_cap: usize,
+    /// The ring's memory now (snapshot only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ring_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    heatmap: Option<Heatmap>,
+    slowest: Vec<Finished>,
+}
+
+#[derive(Serialize)]
+struct InFlight {
+    total: usize,
+    streams: Vec<StreamFigures>,
+}
+
+#[derive(Serialize)]
+struct StreamFigures {
+    model: Arc<str>,
+    tenant: Arc<str>,
+    elapsed_s: f64,
+    tokens: u64,
+    /// Tokens per second from the request head to the latest event.
+    tokens_per_s: Option<f64>,
+    largest_gap_s: Option<f64>,
+    /// Seconds since the latest token-bearing event (a stream stalled right now).
+    since_last_event_s: Option<f64>,
+}
+
+impl StreamFigures {
+    fn of(view: &LiveStreamView) -> StreamFigures {
+        let last = view.last_event.map(|d| d.as_secs_f64());
+        StreamFigures {
+            model: view.model.clone(),
+            tenant: view.tenant.clone(),
+            elapsed_s: view.elapsed.as_secs_f64(),
+            tokens: view.tokens,
+            tokens_per_s: last.filter(|&s| s > 0.0).map(|s| view.tokens as f64 / s),
+            largest_gap_s: view.largest_gap.map(|d| d.as_secs_f64()),
+            since_last_event_s: last.map(|s| (view.elapsed.as_secs_f64() - s).max(0.0)),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Column {
+    ttft: Vec<u32>,
+    itl: Vec<u32>,
+}
+
+impl Column {
+    fn zeros(bounds: &Bounds) -> Column {
+        Column {
+            ttft: vec![0; bounds.ttft.len() + 1],
+            itl: vec![0; bounds.itl.len() + 1],
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Quantiles {
+    count: u64,
+    mean: Option<f64>,
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+}
+
+impl Quantiles {
+    fn of(buckets: &window::Buckets, bounds: &[f64]) -> Quantiles {
+        let count = buckets.count();
+        let q = |q| quantile(q, bounds, &buckets.counts);
+        Quantiles {
+            count,
+            mean: (count > 0).then(|| buckets.sum / count as f64),
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ModelFigures {
+    model: Arc<str>,
+    /// Seconds the window covers (less than asked while the ring fills).
+    covered_s: f64,
+    requests: u64,
+    requests_per_s: f64,
+    /// Requests by outcome (every outcome, zeros included).
+    outcomes: std::collections::BTreeMap<&'static str, u64>,
+    output_tokens: u64,
+    tokens_per_s: f64,
+    in_flight: usize,
+    ttft: Quantiles,
+    itl: Quantiles,
+    /// The latest tick's TTFT and ITL bucket counts: the heatmaps' newest column.
+    column: Column,
+}
+
+impl ModelFigures {
+    fn of(w: &Windowed, bounds: &Bounds, column: Column, in_flight: usize) -> ModelFigures {
+        let covered_s = w.ticks as f64 * TICK.as_secs_f64();
+        let per_s = |n: u64| {
+            if covered_s > 0.0 {
+                n as f64 / covered_s
+            } else {
+                0.0
+            }
+        };
+        let outcomes = Outcome::ALL
+            .iter()
+            .zip(w.requests)
+            .map(|(o, n)| (o.as_str(), n))
+            .collect();
+        debug_assert_eq!(w.requests.len(), OUTCOMES);
+        ModelFigures {
+            model: w.model.clone(),
+            covered_s,
+            requests: w.request_count(),
+            requests_per_s: per_s(w.request_count()),
+            outcomes,
+            output_tokens: w.output_tokens,
+            tokens_per_s: per_s(w.output_tokens),
+            in_flight,
+            ttft: Quantiles::of(&w.ttft, &bounds.ttft),
+            itl: Quantiles::of(&w.itl, &bounds.itl),
+            column,
+        }
+    }
+}
+
+/// Per model, one TTFT and one ITL column of bucket counts per tick, oldest first.
+#[derive(Serialize)]
+struct Heatmap {
+    at_ms: Vec<u64>,
+    models: std::collections::BTreeMap<Arc<str>, Columns>,
+}
+
+#[derive(Serialize)]
+struct Columns {
+    ttft: Vec<Vec<u32>>,
+    itl: Vec<Vec<u32>>,
+}
+
+impl Heatmap {
+    fn of(ring: &Ring, bounds: &Bounds) -> Heatmap {
+        let slots = ring.slots();
+        let skip = slots.len().saturating_sub(HEATMAP_TICKS);
+        let at_ms = slots.iter().skip(skip).map(|s| s.at_ms).collect();
+        let zeros = Column::zeros(bounds);
+        let models = ring
+            .models()
+            .iter()
+            .enumerate()
+            .map(|(index, model)| {
+                let mut columns = Columns {
+                    ttft: Vec::new(),
+                    itl: Vec::new(),
+                };
+                for slot in slots.iter().skip(skip) {
+                    match slot.models.iter().find(|(i, _)| usize::from(*i) == index) {
+                        Some((_, t)) => {
+                            columns.ttft.push(t.ttft.to_vec());
+                            columns.itl.push(t.itl.to_vec());
+                        }
+                        None => {
+                            columns.ttft.push(zeros.ttft.clone());
+                            columns.itl.push(zeros.itl.clone());
+                        }
+                    }
+                }
+                (model.clone(), columns)
+            })
+            .collect();
+        Heatmap { at_ms, models }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Arc<Metrics> {
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        Metrics::new(&config.metrics.buckets, &config.labels)
+    }
+
+    fn tick(live: &Live) {
+        live.shared.tick(SystemTime::now(), Instant::now());
+    }
+
+    #[tokio::test]
+    async fn many_viewers_of_a_window_cost_one_frame_per_tick() {
+        let live = Live::start(metrics());
+        live.ticker.abort();
+        tick(&live);
+        // Nobody watches: the ring ticks, no frame is built.
+        assert_eq!(live.counts(), (1, 0));
+        let mut viewers: Vec<Subscription> = (0..5)
+            .map(|_| live.subscribe(Some(60)).expect("room"))
+            .collect();
+        tick(&live);
+        assert_eq!(live.counts(), (2, 1), "one frame for five viewers");
+        for viewer in &mut viewers {
+            let frame = viewer.next().await.expect("a frame");
+            assert!(frame.starts_with(b"event: tick\ndata: {"));
+        }
+        // A second window watched: a second frame per tick, no more.
+        let _other = live.subscribe(Some(10)).expect("room");
+        tick(&live);
+        assert_eq!(live.counts(), (3, 3));
+        // At most MAX_SUBSCRIBERS; a place frees when a viewer leaves.
+        let mut more: Vec<Subscription> = (0..2).map(|_| live.subscribe(None).unwrap()).collect();
+        assert!(live.subscribe(None).is_none());
+        more.pop();
+        assert!(live.subscribe(None).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_viewer_that_falls_behind_is_dropped() {
+        let live = Live::start(metrics());
+        live.ticker.abort();
+        let mut slow = live.subscribe(None).expect("room");
+        for _ in 0..BACKLOG + 2 {
+            tick(&live);
+        }
+        assert!(slow.next().await.is_none(), "dropped, not buffered");
+    }
+
+    #[tokio::test]
+    async fn switched_on_it_lists_streams_and_keeps_the_slowest() {
+        let metrics = metrics();
+        let live = Live::start(metrics.clone());
+        live.ticker.abort();
+        assert!(metrics.live_streams.is_enabled());
+        let t0 = Instant::now();
+        let entry = metrics
+            .live_streams
+            .register(Arc::from("m"), Arc::from("t"), t0)
+            .expect("on");
+        entry.stream().event(t0 + Duration::from_millis(5), 3, None);
+        let snapshot: serde_json::Value =
+            serde_json::from_slice(&live.snapshot(None)).expect("JSON");
+        assert_eq!(snapshot["in_flight"]["total"], 1);
+        assert_eq!(snapshot["in_flight"]["streams"][0]["tokens"], 3);
+        drop(entry);
+        // Dropping the live view removes its tap and ends its subscriptions.
+        let mut viewer = live.subscribe(None).expect("room");
+        assert!(metrics.request_taps.any());
+        drop(live);
+        assert!(!metrics.request_taps.any());
+        assert!(viewer.next().await.is_none());
+    }
+}

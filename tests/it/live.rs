@@ -1,0 +1,364 @@
+//! The live view's API against the in-process simulator: after traffic to two models, the
+//! JSON snapshot's figures over its window are those of `/metrics` over the same time
+//! (the window covers all of it: nothing happened before), its quantiles are the
+//! windowed buckets' as `histogram_quantile` reads them, a long stream shows in flight
+//! with its tokens so far, the SSE stream sends `tick` and `requests` events, nothing of
+//! a request's text appears, and `ui.enabled: false` answers 404.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{body_text, client, Proxy, SimHandle};
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use tokentap::live::window::quantile;
+use tokentap::sim::{ModelProfile, SimConfig};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+fn sim_config() -> SimConfig {
+    SimConfig {
+        models: vec![
+            ModelProfile::new(
+                "fast",
+                Duration::from_millis(15),
+                Duration::from_millis(3),
+                8,
+            ),
+            ModelProfile::new(
+                "slow",
+                Duration::from_millis(60),
+                Duration::from_millis(12),
+                5,
+            ),
+        ],
+        ..SimConfig::default()
+    }
+}
+
+async fn get(admin: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let response = client()
+        .request(
+            Request::get(format!("http://{admin}{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("admin answers");
+    let status = response.status().as_u16();
+    (status, body_text(response).await)
+}
+
+async fn snapshot(admin: std::net::SocketAddr, window: u64) -> Value {
+    let (status, body) = get(admin, &format!("/api/live/snapshot?window={window}")).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("the snapshot is JSON")
+}
+
+async fn stream(proxy: &Proxy, model: &str, tenant: &str, extra: &[(&'static str, &str)]) {
+    let mut request = common::chat(
+        &proxy.url("/v1/chat/completions"),
+        model,
+        tenant,
+        true,
+        true,
+    );
+    for (name, value) in extra {
+        request
+            .headers_mut()
+            .insert(*name, value.parse().expect("a header value"));
+    }
+    let response = client().request(request).await.expect("response");
+    response.into_body().collect().await.expect("stream");
+}
+
+/// A model's histogram buckets in `/metrics`, summed over tenants, not cumulative.
+fn buckets(metrics: &common::Metrics, name: &str, model: &str, bounds: &[f64]) -> Vec<u64> {
+    let mut cumulative: BTreeMap<usize, f64> = BTreeMap::new();
+    for (labels, value) in metrics.samples_of(name) {
+        let label = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        if label("model") != Some(model) {
+            continue;
+        }
+        let le = label("le").expect("a bucket has le");
+        let index = if le == "+Inf" {
+            bounds.len()
+        } else {
+            let le: f64 = le.parse().expect("le is a number");
+            bounds
+                .iter()
+                .position(|b| (b - le).abs() < 1e-9)
+                .expect("le is one of the bounds")
+        };
+        *cumulative.entry(index).or_default() += value;
+    }
+    let mut below = 0.0;
+    cumulative
+        .values()
+        .map(|&c| {
+            let n = (c - below) as u64;
+            below = c;
+            n
+        })
+        .collect()
+}
+
+fn bounds(snapshot: &Value, which: &str) -> Vec<f64> {
+    snapshot["bounds"][which]
+        .as_array()
+        .expect("bounds")
+        .iter()
+        .map(|b| b.as_f64().unwrap())
+        .collect()
+}
+
+fn model<'a>(snapshot: &'a Value, name: &str) -> Option<&'a Value> {
+    snapshot["models"]
+        .as_array()?
+        .iter()
+        .find(|m| m["model"] == name)
+}
+
+#[tokio::test]
+async fn the_snapshot_matches_metrics_over_the_same_window() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "metrics:\n  exemplars:\n    enabled: true\n").await;
+
+    // An SSE subscriber from the start.
+    let sse = client()
+        .request(
+            Request::get(format!("http://{}/api/live/stream?window=10", proxy.admin))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("the stream opens");
+    assert_eq!(sse.status(), 200);
+    assert_eq!(sse.headers()["content-type"], "text/event-stream");
+    let mut sse = sse.into_body();
+
+    // A long stream, in flight while the others run.
+    let long = {
+        let proxy_url = proxy.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let mut request = common::chat(&proxy_url, "slow", "patient", true, true);
+            request
+                .headers_mut()
+                .insert("x-sim-itl-ms", "400".parse().unwrap());
+            let response = client().request(request).await.expect("response");
+            response.into_body().collect().await.expect("stream");
+        })
+    };
+    for i in 0..6 {
+        stream(&proxy, "fast", &format!("t{}", i % 2), &[]).await;
+    }
+    let traceparent = format!("00-{TRACE_ID}-00f067aa0ba902b7-01");
+    stream(
+        &proxy,
+        "slow",
+        "t0",
+        &[("traceparent", &traceparent), ("x-sim-itl-ms", "150")],
+    )
+    .await;
+    for _ in 0..3 {
+        stream(&proxy, "slow", "t1", &[]).await;
+    }
+
+    // The long stream is listed in flight with its tokens so far.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = snapshot(proxy.admin, 60).await;
+        let shown = snap["in_flight"]["streams"].as_array().unwrap().clone();
+        if let Some(s) = shown.iter().find(|s| s["tenant"] == "patient") {
+            if s["tokens"].as_u64().unwrap() >= 1 {
+                assert_eq!(s["model"], "slow");
+                assert!(s["elapsed_s"].as_f64().unwrap() > 0.0);
+                assert_eq!(model(&snap, "slow").expect("slow listed")["in_flight"], 1);
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never in flight: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    long.await.expect("the long stream ends");
+
+    // Once the ring has ticked past the last request, the window holds all of it.
+    let metrics = proxy
+        .wait_metrics("11 requests", |m| {
+            m.sum("tokentap_requests_total", &[]) == 11.0
+        })
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let snap = loop {
+        let snap = snapshot(proxy.admin, 60).await;
+        let counted: u64 = snap["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["requests"].as_u64().unwrap())
+            .sum();
+        if counted == 11 {
+            break snap;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ring lags: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let ttft_bounds = bounds(&snap, "ttft");
+    let itl_bounds = bounds(&snap, "itl");
+    for name in ["fast", "slow"] {
+        let m = model(&snap, name).unwrap_or_else(|| panic!("{name} listed: {snap}"));
+        let labels = [("model", name)];
+        assert_eq!(
+            m["requests"].as_f64().unwrap(),
+            metrics.sum("tokentap_requests_total", &labels),
+            "{name}"
+        );
+        assert_eq!(
+            m["outcomes"]["completed"].as_f64().unwrap(),
+            metrics.sum(
+                "tokentap_requests_total",
+                &[("model", name), ("outcome", "completed")]
+            )
+        );
+        assert_eq!(
+            m["output_tokens"].as_f64().unwrap(),
+            metrics.sum("tokentap_output_tokens_total", &labels)
+        );
+        for (family, key, bounds) in [
+            ("tokentap_time_to_first_token_seconds", "ttft", &ttft_bounds),
+            ("tokentap_inter_token_latency_seconds", "itl", &itl_bounds),
+        ] {
+            let counts = buckets(&metrics, &format!("{family}_bucket"), name, bounds);
+            let figures = &m[key];
+            assert_eq!(
+                figures["count"].as_u64().unwrap(),
+                counts.iter().sum::<u64>(),
+                "{name} {key}"
+            );
+            for (q, field) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
+                let want = quantile(q, bounds, &counts).expect("observations");
+                let got = figures[field].as_f64().unwrap();
+                assert!(
+                    (got - want).abs() < 1e-9,
+                    "{name} {key} {field}: {got} vs {want}"
+                );
+            }
+            let mean = metrics.mean(family, &labels);
+            assert!((figures["mean"].as_f64().unwrap() - mean).abs() < 1e-9);
+        }
+        let heat = &snap["heatmap"]["models"][name]["itl"];
+        let columns = heat.as_array().expect("heatmap columns");
+        assert_eq!(
+            columns.len(),
+            snap["heatmap"]["at_ms"].as_array().unwrap().len()
+        );
+        let heat_total: u64 = columns
+            .iter()
+            .flat_map(|c| c.as_array().unwrap())
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            heat_total,
+            m["itl"]["count"].as_u64().unwrap(),
+            "{name} heatmap"
+        );
+    }
+    // The slow ITL of the traced request puts it among the slowest, with its trace id.
+    let slowest = snap["slowest"].as_array().expect("slowest");
+    assert_eq!(slowest[0]["model"], "slow");
+    assert!(
+        slowest.iter().any(|s| s["trace_id"] == TRACE_ID),
+        "{slowest:?}"
+    );
+    assert_eq!(snap["in_flight"]["total"], 0);
+
+    // The SSE stream sent ticks and the finished requests.
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(seen.contains("event: tick\ndata: ")
+        && seen.contains("event: requests\ndata: ")
+        && seen.contains("\"model\":\"fast\""))
+    {
+        let frame = tokio::time::timeout_at(deadline, sse.frame())
+            .await
+            .expect("SSE frames come")
+            .expect("a frame")
+            .expect("no error");
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    for event in seen.split("\n\n").filter(|e| e.starts_with("event: ")) {
+        let data = event.split_once("\ndata: ").expect("data").1;
+        let _: Value = serde_json::from_str(data).expect("each event's data is JSON");
+    }
+    // No request text anywhere.
+    let text = format!("{snap}{seen}");
+    assert!(!text.contains("Say something"));
+    assert!(!text.contains("traceparent"));
+}
+
+#[tokio::test]
+async fn the_page_and_its_files_are_served() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    let (status, page) = get(proxy.admin, "/ui").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("uplot.min.js"), "{page}");
+    for path in ["/ui/uplot.min.js", "/ui/uplot.min.css", "/ui/live.js"] {
+        let (status, body) = get(proxy.admin, path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(!body.is_empty(), "{path}");
+    }
+    // No page refers to anything off the binary.
+    assert!(!page.contains("http://") && !page.contains("https://"));
+    assert_eq!(get(proxy.admin, "/ui/nothing").await.0, 404);
+}
+
+#[tokio::test]
+async fn switched_off_the_live_view_is_not_there() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "ui:\n  enabled: false\n").await;
+    for path in [
+        "/ui",
+        "/ui/uplot.min.js",
+        "/api/live/snapshot",
+        "/api/live/stream",
+    ] {
+        let (status, body) = get(proxy.admin, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    stream(&proxy, "fast", "t", &[]).await;
+    assert_eq!(get(proxy.admin, "/metrics").await.0, 200);
+}
+
+#[tokio::test]
+async fn the_stream_ends_when_the_server_stops() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    let response = client()
+        .request(
+            Request::get(format!("http://{}/api/live/stream", proxy.admin))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .expect("the stream opens");
+    let mut body = response.into_body();
+    proxy.shutdown();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the SSE stream outlived the server");
+}
