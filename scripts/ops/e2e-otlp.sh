@@ -28,54 +28,26 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=scripts/ops/lib.sh
+. "$ROOT/scripts/ops/lib.sh"
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 MODEL=llama-3.1-8b
 
-die() { echo "e2e-otlp: $*" >&2; exit 2; }
+ops_init e2e-otlp
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
 python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' 2>/dev/null \
   || python3 -m pip install -q grpcio opentelemetry-proto \
   || die "cannot install grpcio and opentelemetry-proto"
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-otlp.XXXXXX")
-PIDS=()
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
-  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-start() {  # start NAME CMD...   (stdout and stderr to $TMP/NAME.log)
-  local name=$1; shift
-  "$@" >"$TMP/$name.log" 2>&1 &
-  PIDS+=("$!")
-}
-wait_http() {  # wait_http URL TIMEOUT_S
-  for _ in $(seq $(($2 * 10))); do
-    [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1")" = 200 ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
-read -r P_SIM P_GRPC P_HTTP P_PROXY_G P_ADMIN_G P_PROXY_H P_ADMIN_H < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(7)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
+read -r P_SIM P_GRPC P_HTTP P_PROXY_G P_ADMIN_G P_PROXY_H P_ADMIN_H < <(free_ports 7)
 H=127.0.0.1
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 40ms --itl 4ms --jitter 0.5 --tokens 20
-wait_http "http://$H:$P_SIM/health" 30 || { tail "$TMP"/*.log; die "simulator not ready"; }
+wait_http - "http://$H:$P_SIM/health" 200 30 || die "simulator not ready"
 start receiver python3 "$ROOT/scripts/ops/otlp_receiver.py" "$P_GRPC" "$P_HTTP"
 RECEIVER_PID=${PIDS[-1]}
-wait_http "http://$H:$P_HTTP/latest" 30 || { tail "$TMP"/*.log; die "receiver not ready"; }
+wait_http - "http://$H:$P_HTTP/latest" 200 30 || die "receiver not ready"
 export OTEL_METRIC_EXPORT_INTERVAL=500 OTEL_EXPORTER_OTLP_TIMEOUT=300 OTEL_METRIC_EXPORT_TIMEOUT=1000 \
   K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e \
   OTEL_TRACES_EXPORTER=otlp OTEL_BSP_SCHEDULE_DELAY=200
@@ -85,7 +57,7 @@ OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" \
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://$H:$P_HTTP/v1/traces" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
   start tokentap-http "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" --admin "$H:$P_ADMIN_H"
 for port in "$P_ADMIN_G" "$P_ADMIN_H"; do
-  wait_http "http://$H:$port/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }
+  wait_http - "http://$H:$port/readyz" 200 30 || die "tokentap not ready"
 done
 
 python3 "$ROOT/scripts/ops/e2e_otlp.py" "$H" "$P_SIM" "$P_HTTP" "$RECEIVER_PID" \

@@ -16,6 +16,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=scripts/ops/lib.sh
+. "$ROOT/scripts/ops/lib.sh"  # free_ports (the tmux server needs a cleanup of its own)
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 MODELS=(llama-3.1-8b qwen2.5-32b mistral-7b)
 
@@ -48,11 +50,7 @@ cleanup() {
 trap cleanup EXIT
 
 start_demo() {  # start_demo NAME -> DEMO_PID, ADMIN
-  read -r P_PROXY P_ADMIN < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
+  read -r P_PROXY P_ADMIN < <(free_ports 2)
   ADMIN=127.0.0.1:$P_ADMIN
   "$BIN" demo --listen "127.0.0.1:$P_PROXY" --admin "$ADMIN" --duration 120s --concurrency 4 \
     >"$TMP/$1.log" 2>&1 &
@@ -114,11 +112,7 @@ grep -q "went away" "$TMP/gone.err"; check $? "and says so: $(head -c 200 "$TMP/
 ! screen gone | grep -q "slowest streams in flight"; check $? "the terminal is given back after the server left"
 
 # 3. `tokentap demo --top`: the demo with top instead of its table; q ends both.
-read -r P_PROXY P_ADMIN < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
+read -r P_PROXY P_ADMIN < <(free_ports 2)
 tmux -S "$SOCKET" new-session -d -s demo -x 150 -y 40 \
   "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
 tmux -S "$SOCKET" set-option -t demo remain-on-exit on >/dev/null

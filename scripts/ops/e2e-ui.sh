@@ -17,12 +17,14 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=scripts/ops/lib.sh
+. "$ROOT/scripts/ops/lib.sh"
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 OUT=${E2E_UI_OUT:-$ROOT/target/e2e-ui}
 MODELS=llama-3.1-8b,mixtral-8x7b,qwen2.5-72b
 REGRESS=mixtral-8x7b
 
-die() { echo "e2e-ui: $*" >&2; exit 2; }
+ops_init e2e-ui
 [ -x "$BIN" ] || die "no tokentap binary at $BIN: run \`cargo build --release\` or set TOKENTAP_BIN"
 APT_UPDATED=0
 apt_install() {
@@ -36,44 +38,15 @@ python3 -c 'import websocket' 2>/dev/null \
   || die "cannot install websocket-client"
 
 mkdir -p "$OUT"
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-ui.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
-  if [ "${KEEP_E2E_TMP:-0}" = 1 ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-start() {  # start NAME CMD...   (stdout and stderr to $TMP/NAME.log)
-  local name=$1; shift
-  "$@" >"$TMP/$name.log" 2>&1 &
-  PIDS+=("$!")
-}
-wait_http() {  # wait_http URL TIMEOUT_S
-  for _ in $(seq $(($2 * 10))); do
-    [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1")" = 200 ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
-read -r P_SIM P_PROXY P_ADMIN < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
+read -r P_SIM P_PROXY P_ADMIN < <(free_ports 3)
 H=127.0.0.1
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODELS" --ttft 80ms --itl 12ms --jitter 0.3 --tokens 20
 # The simulator first: tokentap's first readiness probe must find it.
 for _ in $(seq 300); do curl -s -o /dev/null -m 2 "http://$H:$P_SIM/" && break; sleep 0.1; done
 start tokentap "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY" --admin "$H:$P_ADMIN"
-wait_http "http://$H:$P_ADMIN/readyz" 30 || { tail "$TMP"/*.log; die "tokentap not ready"; }
+wait_http - "http://$H:$P_ADMIN/readyz" 200 30 || die "tokentap not ready"
 
 python3 "$ROOT/scripts/ops/e2e_ui.py" --chromium "$(command -v chromium)" \
   --proxy "http://$H:$P_PROXY" --admin "http://$H:$P_ADMIN" \
