@@ -61,6 +61,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dashboard_queries as dq  # noqa: E402
 import e2e_traffic  # noqa: E402
+from exposition import parse_exposition, total  # noqa: E402
 import tokentap_contract as contract  # noqa: E402
 
 import yaml  # noqa: E402
@@ -104,30 +105,6 @@ def prom_query(prom, expr, path="/api/v1/query", **params):
     return body["data"], None
 
 
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_exposition(text):
-    """[(name, {labels}, value)] and {family: type}."""
-    samples, types = [], {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, typ = line.split(None, 3)
-            types[name] = typ.strip()
-            continue
-        if not line or line.startswith("#"):
-            continue
-        m = LINE.match(line)
-        if m:
-            labels = dict(LABEL.findall(m.group(3) or ""))
-            try:
-                samples.append((m.group(1), labels, float(m.group(4))))
-            except ValueError:
-                pass
-    return samples, types
-
-
 def classic_only(expr):
     """The classic-only series (a histogram's _bucket/_sum/_count) an expression reads."""
     return sorted({m.group(0) for m in re.finditer(r"\btokentap_[a-z0-9_]+_(?:bucket|sum|count)\b", expr)
@@ -151,10 +128,6 @@ def series_read(expr):
         if sel not in out:
             out.append(sel)
     return out
-
-
-def total(samples, name, **match):
-    return sum(v for n, l, v in samples if n == name and all(l.get(k) == val for k, val in match.items()))
 
 
 def main():

@@ -21,6 +21,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from exposition import parse_exposition, total
 from tokentap_contract import GEN_AI_METRICS, GEN_AI_REPLACES
 
 MODEL = "llama-3-8b"
@@ -64,28 +65,6 @@ def traffic(proxies):
     print(f"{sent} requests through {len(proxies)} proxies")
 
 
-def parse(text):
-    """[(name, {label: value}, value)] of a text exposition."""
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, value = line.rsplit(" ", 1)
-        name, _, rest = series.partition("{")
-        labels = {}
-        for pair in rest.rstrip("}").split('",'):
-            if pair:
-                k, v = pair.split("=", 1)
-                labels[k] = v.strip('"')
-        samples.append((name, labels, float(value)))
-    return samples
-
-
-def total(samples, name, **labels):
-    return sum(v for n, l, v in samples
-               if n == name and all(l.get(k) == want for k, want in labels.items()))
-
-
 def scrape(admin):
     with urllib.request.urlopen(f"{admin}/metrics", timeout=10) as r:
         return r.read().decode()
@@ -108,9 +87,9 @@ def check(args):
         print(("PASS " if ok else "FAIL ") + what, flush=True)
 
     texts = {"both": scrape(args.both), "gen_ai": scrape(args.gen_ai)}
-    samples = {names: parse(text) for names, text in texts.items()}
-    for names, text in texts.items():
-        types = {l.split()[2]: l.split()[3] for l in text.splitlines() if l.startswith("# TYPE ")}
+    parsed = {names: parse_exposition(text) for names, text in texts.items()}
+    samples = {names: samples for names, (samples, _) in parsed.items()}
+    for names, (_, types) in parsed.items():
         missing = [f for f, (kind, _) in GEN_AI_METRICS.items() if types.get(f) != kind]
         verdict(not missing, f"[{names}] every GenAI family exposed with its type"
                 + (f" (missing {missing})" if missing else ""))

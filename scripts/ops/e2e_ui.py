@@ -35,6 +35,9 @@ import urllib.request
 
 import websocket  # websocket-client
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from exposition import parse_exposition, total  # noqa: E402
+
 passed = failed = 0
 
 
@@ -165,26 +168,9 @@ class Traffic:
 
 
 def scrape(admin):
-    """`/metrics` as {(name, frozenset(labels)): value}."""
+    """`/metrics` as [(name, {labels}, value)]."""
     text = urllib.request.urlopen(f"{admin}/metrics", timeout=10).read().decode()
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, value = line.rsplit(" ", 1)
-        name, _, rest = series.partition("{")
-        labels = {}
-        for pair in rest.rstrip("}").split('",'):
-            if "=" in pair:
-                k, v = pair.split("=", 1)
-                labels[k] = v.strip('"')
-        samples.append((name, labels, float(value)))
-    return samples
-
-
-def total(samples, name, **match):
-    return sum(v for n, l, v in samples
-               if n == name and all(l.get(k) == want for k, want in match.items()))
+    return parse_exposition(text)[0]
 
 
 def buckets(samples, name, model, bounds):
