@@ -64,6 +64,10 @@ pub enum Decision {
 pub enum HandOff {
     /// The h2c connection preface.
     H2Preface,
+    /// The method `PRI`, which only the h2 preface uses (RFC 9113 3.4). httparse skips
+    /// empty lines before a request line, so such a head need not start with `PRI `, but
+    /// the head sent upstream would, and the upstream may take it for a preface.
+    PriMethod,
     /// The head (or what has arrived of it) is longer than `limits.max_header_bytes`.
     HeadTooLarge,
     /// HTTP/1.0: other keep-alive and framing rules.
@@ -241,6 +245,9 @@ fn forward(
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| HandOff::Unparsable)?;
     if method == Method::CONNECT {
         return Err(HandOff::Connect);
+    }
+    if method.as_str() == "PRI" {
+        return Err(HandOff::PriMethod);
     }
     let target = request.path.unwrap_or_default();
     // A fragment is not part of a request target (RFC 9112 3.2); hyper drops it too.
@@ -539,6 +546,7 @@ pub(crate) mod tests {
             ("GET /v1/chat HTTP/1.1\r\nX-D: a\x01b\r\n\n", Reject(400)),
             // Anything else unusual goes to hyper.
             ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", ToHyper(HandOff::H2Preface)),
+            ("\r\nPRI / HTTP/1.1\r\nHost: a\r\n\r\n", ToHyper(HandOff::PriMethod)),
             ("GET / HTTP/1.0\r\nHost: a\r\n\r\n", ToHyper(HandOff::NotHttp11)),
             ("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", ToHyper(HandOff::Connect)),
             ("CONNECT / HTTP/1.1\r\nHost: a\r\n\r\n", ToHyper(HandOff::Connect)),

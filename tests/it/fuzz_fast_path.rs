@@ -98,3 +98,12 @@ fn head_at_the_limit_grows_with_the_upstream_host() {
     data.extend_from_slice(b"\r\n\r\n");
     checks::check_fast_path(&data);
 }
+
+/// httparse skips empty lines before a request line, so a head can start with `PRI `
+/// after them; what goes upstream then starts with it (found by the fuzzer in CI).
+#[test]
+fn a_pri_request_after_an_empty_line() {
+    let mut data = vec![0, 0];
+    data.extend_from_slice(b"\r\nPRI / HTTP/1.1\r\nHost: a\r\n\r\n");
+    checks::check_fast_path(&data);
+}
