@@ -29,7 +29,7 @@ use crate::wire::Dialect;
 
 pub use crate::metrics::{Buckets, LabelPolicy, Labels, MetricNames, NativeHistograms};
 pub use issue::ConfigIssue;
-pub use otlp::{Otlp, OtlpCompression, OtlpProtocol, OtlpTls, OtlpTraces, TlsFile};
+pub use otlp::{Otlp, OtlpCompression, OtlpLink, OtlpProtocol, OtlpTls, OtlpTraces, TlsFile};
 pub use raw::RawConfig;
 
 /// The validated configuration tokentap runs with.

@@ -82,19 +82,12 @@ pub enum OtlpCompression {
 }
 
 /// The validated OTLP push.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Otlp {
-    pub protocol: OtlpProtocol,
     /// The full URL requests go to (for gRPC, the collector's authority and the method's
     /// path).
     pub url: Uri,
-    /// Sent with every export; the values are secrets.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    pub compression: OtlpCompression,
-    /// One export request's timeout.
-    pub timeout: Duration,
-    /// The files an `https://` collector is verified with and tokentap proves itself by.
-    pub tls: OtlpTls,
+    pub link: OtlpLink,
     pub interval: Duration,
     /// One export's time with its retries.
     pub export_timeout: Duration,
@@ -102,6 +95,33 @@ pub struct Otlp {
     pub resource: Vec<(String, String)>,
     /// Per-request spans, when on.
     pub traces: Option<OtlpTraces>,
+}
+
+/// How one signal's exports travel, but its URL: the file's keys over the signal's
+/// variables over the generic ones. Both signals and the transport share it.
+#[derive(Clone, PartialEq)]
+pub struct OtlpLink {
+    pub protocol: OtlpProtocol,
+    /// Sent with every export; the values are secrets.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub compression: OtlpCompression,
+    /// One export request's timeout.
+    pub timeout: Duration,
+    /// The files an `https://` collector is verified with and tokentap proves itself by.
+    pub tls: OtlpTls,
+}
+
+impl fmt::Debug for OtlpLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("OtlpLink")
+            .field("protocol", &self.protocol)
+            .field("headers", &header_names)
+            .field("compression", &self.compression)
+            .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 /// The TLS files of an export's connection: a CA file to trust beside the platform's and
@@ -124,16 +144,10 @@ pub struct TlsFile {
 
 /// The validated span export: where and how spans go, which requests get one, and the
 /// batch processor's bounds.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct OtlpTraces {
-    pub protocol: OtlpProtocol,
     pub url: Uri,
-    /// The values are secrets.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    pub compression: OtlpCompression,
-    /// One export request's timeout.
-    pub timeout: Duration,
-    pub tls: OtlpTls,
+    pub link: OtlpLink,
     pub sampler: Sampler,
     /// The longest a finished span waits before it is sent.
     pub schedule_delay: Duration,
@@ -142,43 +156,6 @@ pub struct OtlpTraces {
     pub max_export_batch_size: usize,
     /// One export's time with its retries.
     pub export_timeout: Duration,
-}
-
-impl fmt::Debug for OtlpTraces {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header_names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("OtlpTraces")
-            .field("protocol", &self.protocol)
-            .field("url", &self.url)
-            .field("headers", &header_names)
-            .field("compression", &self.compression)
-            .field("timeout", &self.timeout)
-            .field("tls", &self.tls)
-            .field("sampler", &self.sampler)
-            .field("schedule_delay", &self.schedule_delay)
-            .field("max_queue_size", &self.max_queue_size)
-            .field("max_export_batch_size", &self.max_export_batch_size)
-            .field("export_timeout", &self.export_timeout)
-            .finish()
-    }
-}
-
-impl fmt::Debug for Otlp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header_names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("Otlp")
-            .field("protocol", &self.protocol)
-            .field("url", &self.url)
-            .field("headers", &header_names)
-            .field("compression", &self.compression)
-            .field("timeout", &self.timeout)
-            .field("tls", &self.tls)
-            .field("interval", &self.interval)
-            .field("export_timeout", &self.export_timeout)
-            .field("resource", &self.resource)
-            .field("traces", &self.traces)
-            .finish()
-    }
 }
 
 /// Reads a variable as the specification does: empty is unset.
@@ -289,17 +266,7 @@ const TRACES: SignalVars = SignalVars {
     grpc_path: GRPC_TRACES_PATH,
 };
 
-/// How one signal's exports travel, but its URL: the file's keys over the signal's
-/// variables over the generic ones.
-struct Link {
-    protocol: OtlpProtocol,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    compression: OtlpCompression,
-    timeout: Duration,
-    tls: OtlpTls,
-}
-
-/// The file's keys a [`Link`] is made of (shared by both signals).
+/// The file's keys an [`OtlpLink`] is made of (shared by both signals).
 #[derive(Clone)]
 struct FileLink {
     protocol: Option<String>,
@@ -344,7 +311,7 @@ fn millis(
 }
 
 impl FileLink {
-    fn resolve(self, issues: &mut Issues<'_>, env: &Env<'_>, vars: &SignalVars) -> Link {
+    fn resolve(self, issues: &mut Issues<'_>, env: &Env<'_>, vars: &SignalVars) -> OtlpLink {
         let protocol = match self.protocol.as_deref() {
             Some(text) => protocol(text)
                 .map_err(|m| issues.push("otlp.protocol", m))
@@ -424,7 +391,7 @@ impl FileLink {
             ),
             _ => {}
         }
-        Link {
+        OtlpLink {
             protocol,
             headers,
             compression,
@@ -537,12 +504,8 @@ impl RawOtlp {
             return None;
         }
         Some(Otlp {
-            protocol: link.protocol,
             url: url?,
-            headers: link.headers,
-            compression: link.compression,
-            timeout: link.timeout,
-            tls: link.tls,
+            link,
             interval,
             export_timeout,
             resource,
@@ -676,12 +639,8 @@ fn traces(
         return None;
     }
     Some(OtlpTraces {
-        protocol: link.protocol,
         url: url?,
-        headers: link.headers,
-        compression: link.compression,
-        timeout: link.timeout,
-        tls: link.tls,
+        link,
         sampler,
         schedule_delay,
         max_queue_size,
@@ -1041,18 +1000,32 @@ mod tests {
     }
 
     #[test]
+    fn debug_names_headers_but_never_shows_their_values() {
+        let otlp = on(
+            "otlp:\n  headers:\n    api-key: file-secret\n  traces:\n    enabled: true\n",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "t-key=env-secret"),
+            ],
+        );
+        let shown = format!("{otlp:?}");
+        assert!(shown.contains("api-key"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
     fn off_without_an_endpoint_and_on_with_the_generic_one_alone() {
         assert_eq!(load("", &[]), Ok(None));
         let otlp = on(
             "",
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")],
         );
-        assert_eq!(otlp.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(otlp.link.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(otlp.url, "http://collector:4318/v1/metrics");
         assert_eq!(otlp.interval, Duration::from_secs(60));
-        assert_eq!(otlp.timeout, Duration::from_secs(10));
+        assert_eq!(otlp.link.timeout, Duration::from_secs(10));
         assert_eq!(otlp.export_timeout, Duration::from_secs(30));
-        assert_eq!(otlp.compression, OtlpCompression::None);
+        assert_eq!(otlp.link.compression, OtlpCompression::None);
         assert!(otlp
             .resource
             .contains(&("service.name".into(), "tokentap".into())));
@@ -1131,14 +1104,14 @@ mod tests {
                 ),
             ],
         );
-        assert_eq!(otlp.protocol, OtlpProtocol::Grpc);
-        assert_eq!(otlp.timeout, Duration::from_millis(2500));
+        assert_eq!(otlp.link.protocol, OtlpProtocol::Grpc);
+        assert_eq!(otlp.link.timeout, Duration::from_millis(2500));
         assert_eq!(otlp.interval, Duration::from_secs(5));
         assert_eq!(otlp.export_timeout, Duration::from_secs(7));
-        assert_eq!(otlp.compression, OtlpCompression::Gzip);
-        assert_eq!(otlp.headers.len(), 2);
-        assert_eq!(otlp.headers[0].0, "api-key");
-        assert_eq!(otlp.headers[0].1, "a b");
+        assert_eq!(otlp.link.compression, OtlpCompression::Gzip);
+        assert_eq!(otlp.link.headers.len(), 2);
+        assert_eq!(otlp.link.headers[0].0, "api-key");
+        assert_eq!(otlp.link.headers[0].1, "a b");
         assert!(
             !format!("{otlp:?}").contains("a b"),
             "header values are never shown"
@@ -1156,12 +1129,12 @@ mod tests {
                 ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=generic"),
             ],
         );
-        assert_eq!(otlp.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(otlp.link.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(otlp.interval, Duration::from_secs(2));
-        assert_eq!(otlp.timeout, Duration::from_secs(1));
-        assert_eq!(otlp.compression, OtlpCompression::None);
-        assert_eq!(otlp.headers.len(), 1);
-        assert_eq!(otlp.headers[0].0, "k");
+        assert_eq!(otlp.link.timeout, Duration::from_secs(1));
+        assert_eq!(otlp.link.compression, OtlpCompression::None);
+        assert_eq!(otlp.link.headers.len(), 1);
+        assert_eq!(otlp.link.headers[0].0, "k");
     }
 
     #[test]
@@ -1414,7 +1387,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            file(&otlp.tls.ca_file),
+            file(&otlp.link.tls.ca_file),
             Some((
                 "/generic/ca.pem".into(),
                 "$OTEL_EXPORTER_OTLP_CERTIFICATE".into()
@@ -1422,14 +1395,14 @@ mod tests {
         );
         let traces = otlp.traces.expect("spans on");
         assert_eq!(
-            file(&traces.tls.ca_file),
+            file(&traces.link.tls.ca_file),
             Some((
                 "/traces/ca.pem".into(),
                 "$OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into()
             ))
         );
         assert_eq!(
-            file(&traces.tls.client_key),
+            file(&traces.link.tls.client_key),
             Some(("/k.pem".into(), "$OTEL_EXPORTER_OTLP_CLIENT_KEY".into()))
         );
         let otlp = on(
@@ -1440,10 +1413,10 @@ mod tests {
             ],
         );
         assert_eq!(
-            file(&otlp.tls.ca_file),
+            file(&otlp.link.tls.ca_file),
             Some(("/file/ca.pem".into(), "otlp.ca_file".into()))
         );
-        assert_eq!(otlp.tls.client_certificate, None);
+        assert_eq!(otlp.link.tls.client_certificate, None);
 
         for (text, env, path) in [
             (
@@ -1649,10 +1622,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(t.protocol, OtlpProtocol::Grpc);
-        assert_eq!(t.timeout, Duration::from_millis(2500));
-        assert_eq!(t.compression, OtlpCompression::Gzip);
-        assert_eq!(t.headers[0].1, "t k");
+        assert_eq!(t.link.protocol, OtlpProtocol::Grpc);
+        assert_eq!(t.link.timeout, Duration::from_millis(2500));
+        assert_eq!(t.link.compression, OtlpCompression::Gzip);
+        assert_eq!(t.link.headers[0].1, "t k");
         assert!(
             !format!("{t:?}").contains("t k"),
             "header values are never shown"
@@ -1670,7 +1643,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(t.compression, OtlpCompression::None);
+        assert_eq!(t.link.compression, OtlpCompression::None);
         assert_eq!(t.schedule_delay, Duration::from_secs(1));
         assert_eq!((t.max_queue_size, t.max_export_batch_size), (8, 8));
     }

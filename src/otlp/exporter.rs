@@ -53,7 +53,7 @@ impl Exporter {
         let (stop, stopped) = oneshot::channel();
         tracing::info!(
             url = %settings.url,
-            protocol = ?settings.protocol,
+            protocol = ?settings.link.protocol,
             interval = ?settings.interval,
             "OTLP metrics push on"
         );

@@ -61,7 +61,7 @@ pub struct SpanExporter {
 
 impl SpanExporter {
     /// Start giving sampled requests spans and exporting them as `settings` say through
-    /// `transport` (built from them with [`Transport::for_traces`] at start), from
+    /// `transport` (built from them with [`Transport::new`] at start), from
     /// `resource`, naming `server` (the upstream) in each.
     pub fn spawn(
         settings: OtlpTraces,
@@ -78,7 +78,7 @@ impl SpanExporter {
         });
         tracing::info!(
             url = %settings.url,
-            protocol = ?settings.protocol,
+            protocol = ?settings.link.protocol,
             sampler = ?settings.sampler,
             "OTLP spans on"
         );
@@ -179,7 +179,7 @@ async fn run(
 
     // Shutdown: no request gets a span any more; send what is left within `timeout`.
     spans.close();
-    let deadline = Instant::now() + settings.timeout;
+    let deadline = Instant::now() + settings.link.timeout;
     let flush = async {
         if let Some(in_flight) = in_flight.take() {
             delivery.count(&metrics, in_flight.await);

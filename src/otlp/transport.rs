@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::{Otlp, OtlpCompression, OtlpProtocol, OtlpTls, OtlpTraces, TlsFile};
+use crate::config::{OtlpCompression, OtlpLink, OtlpProtocol, OtlpTls, TlsFile};
 use crate::trust::{self, ClientIdentity, TrustError};
 use crate::wire::grpc::framing;
 
@@ -49,16 +49,6 @@ pub enum SendError {
     Permanent(String),
 }
 
-/// Where one signal's exports go and how.
-struct Link {
-    protocol: OtlpProtocol,
-    url: Uri,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    compression: OtlpCompression,
-    timeout: Duration,
-    tls: OtlpTls,
-}
-
 /// Why a transport could not be built: a TLS file it was given, and the key or variable
 /// that named it.
 #[derive(Debug, thiserror::Error)]
@@ -71,48 +61,23 @@ pub struct TransportError {
 /// A collector endpoint and how to talk to it.
 pub struct Transport {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    protocol: OtlpProtocol,
     url: Uri,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    compression: OtlpCompression,
-    timeout: Duration,
+    link: OtlpLink,
 }
 
 impl Transport {
-    /// A transport to the metrics push's collector, as `settings` say.
-    pub fn new(settings: &Otlp, url: Uri) -> Result<Transport, TransportError> {
-        Transport::to(Link {
-            protocol: settings.protocol,
-            url,
-            headers: settings.headers.clone(),
-            compression: settings.compression,
-            timeout: settings.timeout,
-            tls: settings.tls.clone(),
-        })
-    }
-
-    /// A transport to the span export's collector, as `settings` say.
-    pub fn for_traces(settings: &OtlpTraces) -> Result<Transport, TransportError> {
-        Transport::to(Link {
-            protocol: settings.protocol,
-            url: settings.url.clone(),
-            headers: settings.headers.clone(),
-            compression: settings.compression,
-            timeout: settings.timeout,
-            tls: settings.tls.clone(),
-        })
-    }
-
-    fn to(settings: Link) -> Result<Transport, TransportError> {
+    /// A transport that sends to `url` as `link` says (the metrics push's or the span
+    /// export's).
+    pub fn new(link: &OtlpLink, url: Uri) -> Result<Transport, TransportError> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(settings.timeout));
-        let tls = tls_config(&settings.tls)?;
+        http.set_connect_timeout(Some(link.timeout));
+        let tls = tls_config(&link.tls)?;
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
-        let grpc = settings.protocol == OtlpProtocol::Grpc;
+        let grpc = link.protocol == OtlpProtocol::Grpc;
         let connector = if grpc {
             builder.enable_http2().wrap_connector(http)
         } else {
@@ -126,27 +91,24 @@ impl Transport {
             .build(connector);
         Ok(Transport {
             client,
-            protocol: settings.protocol,
-            url: settings.url,
-            headers: settings.headers,
-            compression: settings.compression,
-            timeout: settings.timeout,
+            url,
+            link: link.clone(),
         })
     }
 
     /// Send one encoded export request (a protobuf message), within the timeout.
     pub async fn send(&self, message: &[u8]) -> Result<(), SendError> {
-        match tokio::time::timeout(self.timeout, self.exchange(message)).await {
+        match tokio::time::timeout(self.link.timeout, self.exchange(message)).await {
             Ok(result) => result,
             Err(_) => Err(SendError::Retryable {
-                reason: format!("no answer within {:?}", self.timeout),
+                reason: format!("no answer within {:?}", self.link.timeout),
                 after: None,
             }),
         }
     }
 
     async fn exchange(&self, message: &[u8]) -> Result<(), SendError> {
-        let gzip = self.compression == OtlpCompression::Gzip;
+        let gzip = self.link.compression == OtlpCompression::Gzip;
         let payload = if gzip {
             gzip_bytes(message)
         } else {
@@ -155,10 +117,10 @@ impl Transport {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.url.clone());
-        for (name, value) in &self.headers {
+        for (name, value) in &self.link.headers {
             request = request.header(name, value);
         }
-        let body = match self.protocol {
+        let body = match self.link.protocol {
             OtlpProtocol::HttpProtobuf => {
                 request = request.header(CONTENT_TYPE, "application/x-protobuf");
                 if gzip {
@@ -189,7 +151,7 @@ impl Transport {
             })?;
         let (head, body) = response.into_parts();
         let collected = Limited::new(body, MAX_RESPONSE_BYTES).collect().await;
-        match self.protocol {
+        match self.link.protocol {
             OtlpProtocol::HttpProtobuf => http_outcome(head.status, &head.headers),
             OtlpProtocol::Grpc => {
                 let trailers = collected.ok().and_then(|c| c.trailers().cloned());
@@ -298,6 +260,7 @@ fn tls_config(files: &OtlpTls) -> Result<rustls::ClientConfig, TransportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn http_answers_are_classified_as_the_specification_says() {

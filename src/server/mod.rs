@@ -130,10 +130,10 @@ impl Server {
         // Built now, so a TLS file of the OTLP export that cannot be used stops the start.
         let otlp_transports = match &config.otlp {
             Some(otlp) => (
-                Some(Transport::new(otlp, otlp.url.clone())?),
+                Some(Transport::new(&otlp.link, otlp.url.clone())?),
                 otlp.traces
                     .as_ref()
-                    .map(Transport::for_traces)
+                    .map(|traces| Transport::new(&traces.link, traces.url.clone()))
                     .transpose()?,
             ),
             None => (None, None),
