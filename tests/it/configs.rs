@@ -87,3 +87,46 @@ fn check_config_loads_the_tokenizer_and_reports_every_error() {
         "{stderr}"
     );
 }
+
+/// The OTLP overlay's variables (`components/otlp/otlp.env`, a kustomize env file),
+/// applied to the shipped sidecar config as the container gets them: the push goes to the
+/// collector and spans are on at the ratio the file's comment states.
+#[test]
+fn the_otlp_component_turns_on_the_push_and_sampled_spans() {
+    let env_file = "deploy/kubernetes/components/otlp/otlp.env";
+    let text = std::fs::read_to_string(env_file).expect("the OTLP component's env file");
+    let environment = text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (name, value) = line.split_once('=').expect("NAME=value");
+            (name.to_string(), value.to_string())
+        })
+        .collect();
+    let overrides = Overrides {
+        environment,
+        ..Overrides::default()
+    };
+    let config = Config::from_file(
+        Path::new("deploy/kubernetes/base/tokentap.yaml"),
+        &overrides,
+    )
+    .unwrap_or_else(|err| panic!("{env_file} with the base config:\n{err}"));
+    let otlp = config.otlp.expect("the push is on");
+    assert_eq!(
+        otlp.url,
+        "http://otel-collector.observability.svc:4318/v1/metrics"
+    );
+    assert_eq!(otlp.interval, std::time::Duration::from_secs(60));
+    let traces = otlp.traces.expect("spans are on");
+    assert_eq!(
+        traces.url,
+        "http://otel-collector.observability.svc:4318/v1/traces"
+    );
+    assert!(traces.sampler.parent_based);
+    assert_eq!(traces.sampler.ratio, 0.1);
+    assert!(otlp
+        .resource
+        .contains(&("service.name".to_string(), "tokentap".to_string())));
+}
