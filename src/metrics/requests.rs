@@ -59,6 +59,9 @@ pub struct FinishedRequest {
     /// the request under): set only when per-request spans are on and the request was
     /// sampled. Its parent is [`trace`](Self::trace) when the request carried one.
     pub span: Option<TraceContext>,
+    /// The parent's W3C `tracestate`, which the span carries; only for a request with a
+    /// [`span`](Self::span) and a parent.
+    pub trace_state: Option<String>,
     /// The model the request body named, as written (not folded into a label value);
     /// `None` when it named none or one too long to read.
     pub request_model: Option<String>,
@@ -296,6 +299,7 @@ mod tests {
             input_tokens: None,
             counting: "none",
             span: None,
+            trace_state: None,
             request_model: None,
             response_model: None,
             itl_p50: None,

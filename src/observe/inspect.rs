@@ -6,7 +6,10 @@
 //! Nothing read here is stored raw: the tenant passes the label policy before it becomes
 //! a label, API keys are only ever hashed, and a trace context is kept only as the two
 //! ids of a valid W3C `traceparent` (never any other header text, which could be a
-//! secret or unbounded).
+//! secret or unbounded). The one exception is `tracestate`, which the W3C meant to be
+//! carried from a parent to its children: a request with a span (opt-in, sampled) and a
+//! valid parent keeps it when it is valid by the spec's grammar, which bounds it, and its
+//! span carries it as OpenTelemetry SDKs do.
 
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
@@ -141,6 +144,76 @@ pub fn parse_traceparent_flags(value: &[u8]) -> Option<(TraceContext, u8)> {
         return None;
     }
     Some((TraceContext { trace_id, span_id }, flags))
+}
+
+/// The most list members a `tracestate` holds (Trace Context Level 1, 3.3.1.1).
+const TRACESTATE_MAX_MEMBERS: usize = 32;
+
+/// A request's W3C `tracestate`, its fields joined as one list with `,`, when every
+/// member is valid (see [`valid_tracestate_member`]), no key repeats and there are at
+/// most 32; `None` otherwise (the spec lets a vendor that cannot parse it drop it, and a
+/// part of it would be another vendor's state cut short) or when there is none.
+pub fn trace_state(headers: &HeaderMap) -> Option<String> {
+    let mut members: Vec<&[u8]> = Vec::new();
+    for value in headers.get_all("tracestate") {
+        for member in value.as_bytes().split(|&b| b == b',') {
+            let member = member.trim_ascii();
+            if member.is_empty() {
+                continue;
+            }
+            let key = |m: &[u8]| m.split(|&b| b == b'=').next().map(<[u8]>::to_vec);
+            if members.len() == TRACESTATE_MAX_MEMBERS
+                || !valid_tracestate_member(member)
+                || members.iter().any(|m| key(m) == key(member))
+            {
+                return None;
+            }
+            members.push(member);
+        }
+    }
+    if members.is_empty() {
+        return None;
+    }
+    // Every byte was checked to be printable ASCII.
+    let joined = members.join(&b","[..]);
+    String::from_utf8(joined).ok()
+}
+
+/// One `tracestate` list member, `key=value`, as the spec's grammar says:
+/// - key: a lower-case letter then up to 255 of `a-z 0-9 _ - * /`; or a multi-tenant
+///   `tenant@system`, the tenant a letter or digit then up to 240 of those, the system a
+///   letter then up to 13;
+/// - value: 1 to 256 printable ASCII characters but `,` and `=`, spaces allowed except at
+///   the end.
+fn valid_tracestate_member(member: &[u8]) -> bool {
+    let Some(at) = member.iter().position(|&b| b == b'=') else {
+        return false;
+    };
+    let (key, value) = (&member[..at], &member[at + 1..]);
+    let rest = |part: &[u8], most: usize| {
+        part.len() <= most
+            && part.iter().all(|&b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || matches!(b, b'_' | b'-' | b'*' | b'/')
+            })
+    };
+    let key_ok = match key.iter().position(|&b| b == b'@') {
+        None => matches!(key.first(), Some(b) if b.is_ascii_lowercase()) && rest(&key[1..], 255),
+        Some(at) => {
+            let (tenant, system) = (&key[..at], &key[at + 1..]);
+            matches!(tenant.first(), Some(b) if b.is_ascii_lowercase() || b.is_ascii_digit())
+                && rest(&tenant[1..], 240)
+                && matches!(system.first(), Some(b) if b.is_ascii_lowercase())
+                && rest(&system[1..], 13)
+        }
+    };
+    let value_ok = (1..=256).contains(&value.len())
+        && value
+            .iter()
+            .all(|&b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+        && value.last() != Some(&b' ');
+    key_ok && value_ok
 }
 
 /// `2 * N` lower-case hex digits as `N` bytes.
@@ -323,6 +396,75 @@ mod tests {
         assert_eq!(at(&routes, &g, GENERATE), Some(Dialect::SglangGrpc));
         assert_eq!(at(&routes, &g, "/grpc.health.v1.Health/Check"), None);
         assert_eq!(at(&routes, &json, "/anything"), Some(Dialect::OpenAiChat));
+    }
+
+    /// A `tracestate` is kept, its fields joined, only when all of it is valid.
+    #[test]
+    fn tracestate_hostile_cases() {
+        let state = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append("tracestate", value.parse().unwrap());
+            }
+            trace_state(&headers)
+        };
+        let kept = |values: &[&str], expected: &str| {
+            assert_eq!(state(values).as_deref(), Some(expected), "{values:?}");
+        };
+        kept(&["rojo=00f067aa0ba902b7"], "rojo=00f067aa0ba902b7");
+        kept(
+            &["rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"],
+            "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE",
+        );
+        // Fields are one list; optional whitespace and empty members go.
+        kept(&["a=1 ,\t, b=2", "c=3"], "a=1,b=2,c=3");
+        kept(&["k= v v "], "k= v v");
+        kept(
+            &["fw529a3039@dt=FW4;0;0;1f;1"],
+            "fw529a3039@dt=FW4;0;0;1f;1",
+        );
+        kept(&["0x@a-b=v", "k*/_-=x y"], "0x@a-b=v,k*/_-=x y");
+        let key255 = format!("a{}", "b".repeat(255));
+        let value256 = "v".repeat(256);
+        let long = format!("{key255}={value256}");
+        kept(&[&long], &long);
+        let many: Vec<String> = (0..32).map(|i| format!("k{i}=v")).collect();
+        kept(&[&many.join(",")], &many.join(","));
+
+        let hostile: Vec<String> = vec![
+            String::new(),
+            ",,".into(),
+            "novalue".into(),
+            "k=".into(),
+            "=v".into(),
+            "K=v".into(),
+            "1k=v".into(),
+            "k=a=b".into(),
+            "k=v,k=w".into(),
+            "k=v\u{7f}".into(),
+            "@sys=v".into(),
+            "t@=v".into(),
+            "t@1sys=v".into(),
+            format!("t@{}=v", "s".repeat(15)),
+            format!("{}@s=v", "t".repeat(242)),
+            format!("a{}=v", "b".repeat(256)),
+            format!("k={}", "v".repeat(257)),
+            (0..33)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(","),
+            "good=1,bad key=2".into(),
+        ];
+        for value in &hostile {
+            let Ok(header) = http::HeaderValue::from_str(value) else {
+                continue;
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert("tracestate", header);
+            assert_eq!(trace_state(&headers), None, "{value:?}");
+        }
+        // A bad member in a second field drops the whole list.
+        assert_eq!(state(&["a=1", "B=2"]), None);
     }
 
     /// Every way a `traceparent` can be wrong gives no trace context; the valid ones give

@@ -129,6 +129,9 @@ pub fn start(
         facts.trace = parent.map(|(trace, _)| trace);
         if spans_on {
             facts.span = metrics.spans.decide(parent);
+            if facts.span.is_some() && parent.is_some() {
+                facts.trace_state = inspect::trace_state(head.headers);
+            }
         }
         if exemplars.enabled {
             facts.exemplar = facts.span.or(facts.trace);

@@ -43,6 +43,9 @@ pub struct RequestFacts {
     /// tokentap's own span for the request, when spans are on and it was sampled: the
     /// parent's trace id (or a new one) and a new span id.
     pub span: Option<TraceContext>,
+    /// The parent's valid W3C `tracestate`, for a request with a span and a parent: the
+    /// span carries it.
+    pub trace_state: Option<String>,
     /// What the request's exemplars name, when exemplars are on: its span, else the trace
     /// context it carried.
     pub exemplar: Option<TraceContext>,
@@ -71,6 +74,7 @@ impl RequestFacts {
             tenant,
             trace: None,
             span: None,
+            trace_state: None,
             exemplar: None,
             model: OnceLock::new(),
             model_too_long: OnceLock::new(),
@@ -433,6 +437,7 @@ impl Recorder {
                 input_tokens: timings.input_tokens,
                 counting: timings.counting.as_str(),
                 span: self.facts.span,
+                trace_state: self.facts.trace_state.clone(),
                 request_model: self.facts.model.get().cloned(),
                 response_model: self.response_model.clone(),
                 // A bucket's midpoint can lie past the largest value in it: never more

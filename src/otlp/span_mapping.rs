@@ -131,7 +131,7 @@ pub fn span(request: &FinishedRequest, server: Option<&Server>) -> Option<Span> 
     Some(Span {
         trace_id: own.trace_id.to_vec(),
         span_id: own.span_id.to_vec(),
-        trace_state: String::new(),
+        trace_state: request.trace_state.clone().unwrap_or_default(),
         parent_span_id: parent.map(|p| p.span_id.to_vec()).unwrap_or_default(),
         flags,
         name,
@@ -236,6 +236,7 @@ mod tests {
                 trace_id: [1; 16],
                 span_id: [2; 8],
             }),
+            trace_state: None,
             request_model: Some("claude".into()),
             response_model: None,
             itl_p50: Some(Duration::from_millis(20)),
@@ -301,8 +302,10 @@ mod tests {
         );
         failed.http_status = None;
         failed.request_model = None;
+        failed.trace_state = Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into());
         let span = span(&failed, None).expect("a span");
         assert_eq!(span.parent_span_id, vec![9; 8]);
+        assert_eq!(span.trace_state, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
         assert_eq!(span.flags, SAMPLED | HAS_IS_REMOTE | IS_REMOTE);
         assert_eq!(span.name, "chat", "no model named: the operation alone");
         assert_eq!(span.status.as_ref().unwrap().code, StatusCode::Error as i32);

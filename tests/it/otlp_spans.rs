@@ -160,16 +160,25 @@ async fn spans_are_children_of_the_sent_traceparent_with_the_genai_attributes() 
     let sim = SimHandle::start(sim()).await;
     let proxy = Proxy::start(&sim.url(), &config(collector, "")).await;
     let parents = ["00f067aa0ba902b7", "1111111111111111"];
-    for parent in parents {
+    // A valid `tracestate` goes on the span, joined; an invalid one (upper case) does not.
+    let states = ["rojo=00f067aa0ba902b7 , congo=t61rcWkgMzE", "Bad=1"];
+    for (parent, state) in parents.into_iter().zip(states) {
         let status = request(
             &proxy,
             "traced",
-            &[("traceparent", &traceparent(parent, "01"))],
+            &[
+                ("traceparent", &traceparent(parent, "01")),
+                ("tracestate", state),
+            ],
         )
         .await;
         assert_eq!(status, 200);
     }
-    assert_eq!(request(&proxy, "root", &[]).await, 200);
+    // Without a parent there is no state to carry.
+    assert_eq!(
+        request(&proxy, "root", &[("tracestate", "rojo=1")]).await,
+        200
+    );
     let seen = wait_for_spans(&spans, 3).await;
     assert_eq!(seen.len(), 3, "one span per request");
 
@@ -185,8 +194,17 @@ async fn spans_are_children_of_the_sent_traceparent_with_the_genai_attributes() 
         assert_ne!(hex::encode(&span.span_id), parent, "a span of its own");
         assert_eq!(span.flags, 0x301, "sampled, with a remote parent");
     }
+    assert_eq!(
+        traced[0].trace_state,
+        "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+    );
+    assert_eq!(
+        traced[1].trace_state, "",
+        "an invalid tracestate is dropped"
+    );
     let root = seen.iter().find(|s| model_of(s) == "root").unwrap();
     assert!(root.parent_span_id.is_empty(), "no traceparent: a root");
+    assert_eq!(root.trace_state, "");
     assert_ne!(hex::encode(&root.trace_id), TRACE);
     assert_eq!(root.trace_id.len(), 16);
     assert_eq!(root.span_id.len(), 8);
