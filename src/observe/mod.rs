@@ -33,6 +33,7 @@ use rate_limits::RateLimits;
 use http::{header, HeaderMap, Method, StatusCode, Uri};
 
 use crate::config::Config;
+use crate::metrics::exemplar::TraceContext;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
 use crate::prefetch;
@@ -119,23 +120,14 @@ pub fn start(
     if dialect.is_grpc() {
         facts.served_model = served.get(config);
     }
-    // The trace context is read when exemplars or spans want it; with spans on, a sampled
-    // request gets its own span id, and its exemplars name that span (which is exported)
-    // rather than the client's.
-    let exemplars = &config.metrics.exemplars;
-    let spans_on = metrics.spans.on();
-    if exemplars.enabled || spans_on {
-        let parent = inspect::trace_parent(head.headers, &exemplars.header);
-        facts.trace = parent.map(|(trace, _)| trace);
-        if spans_on {
-            facts.span = metrics.spans.decide(parent);
-            if facts.span.is_some() && parent.is_some() {
-                facts.trace_state = inspect::trace_state(head.headers);
-            }
-        }
-        if exemplars.enabled {
-            facts.exemplar = facts.span.or(facts.trace);
-        }
+    let tracing = Tracing::of(head.headers, config, metrics);
+    facts.trace = tracing.trace;
+    facts.span = tracing.span;
+    facts.trace_state = tracing.trace_state;
+    // A sampled request's exemplars name its span (which is exported) rather than the
+    // client's.
+    if config.metrics.exemplars.enabled {
+        facts.exemplar = facts.span.or(facts.trace);
     }
     let facts = Arc::new(facts);
     let recorder = Recorder::new(
@@ -158,6 +150,40 @@ pub fn start(
 /// tokentap's status: on a measured route (or an unreadable head, whose route nobody
 /// knows) in `tokentap_requests_total` with model `unknown`, on any other route as
 /// passthrough.
+/// A request's place in a trace: what its head says, read when exemplars or spans want
+/// it, and its own span when spans are on and it is sampled.
+struct Tracing {
+    /// The valid W3C `traceparent` it carried.
+    trace: Option<TraceContext>,
+    /// tokentap's span for it: the parent's trace (or a new one) and a new span id.
+    span: Option<TraceContext>,
+    /// The parent's `tracestate`, for a span with a parent.
+    trace_state: Option<String>,
+}
+
+impl Tracing {
+    fn of(headers: &HeaderMap, config: &Config, metrics: &Metrics) -> Tracing {
+        let exemplars = &config.metrics.exemplars;
+        let spans_on = metrics.spans.on();
+        let mut tracing = Tracing {
+            trace: None,
+            span: None,
+            trace_state: None,
+        };
+        if exemplars.enabled || spans_on {
+            let parent = inspect::trace_parent(headers, &exemplars.header);
+            tracing.trace = parent.map(|(trace, _)| trace);
+            if spans_on {
+                tracing.span = metrics.spans.decide(parent);
+                if tracing.span.is_some() && parent.is_some() {
+                    tracing.trace_state = inspect::trace_state(headers);
+                }
+            }
+        }
+        tracing
+    }
+}
+
 pub fn refused(
     head: Option<RequestHead<'_>>,
     config: &Config,
@@ -194,6 +220,9 @@ pub fn refused(
     let verdict =
         crate::metrics::Verdict::new(outcome, crate::metrics::StatusClass::tokentap(status));
     metrics.count_request(&series, verdict);
+    if let (Some(head), Some(dialect)) = (head, dialect) {
+        refused_span(head, dialect, config, metrics, &series, verdict, status);
+    }
     tracing::info!(
         target: "tokentap::access",
         method = head.map(|head| head.method.as_str()),
@@ -206,6 +235,58 @@ pub fn refused(
         outcome = verdict.outcome.as_str(),
         "request"
     );
+}
+
+/// The span of a request tokentap answered itself before any exchange, when spans are on
+/// and it is sampled: it starts and ends at once, with the status and outcome tokentap
+/// gave, so a caller's trace shows where its call stopped.
+fn refused_span(
+    head: RequestHead<'_>,
+    dialect: Dialect,
+    config: &Config,
+    metrics: &Metrics,
+    series: &crate::metrics::StreamSeries,
+    verdict: crate::metrics::Verdict,
+    status: StatusCode,
+) {
+    let tracing = Tracing::of(head.headers, config, metrics);
+    if tracing.span.is_none() {
+        return;
+    }
+    let path = head.uri.path();
+    let finished = crate::metrics::requests::FinishedRequest {
+        model: series.model().clone(),
+        tenant: series.tenant().clone(),
+        dialect: dialect.as_str(),
+        path: path.to_string(),
+        verdict,
+        http_status: Some(status.as_u16()),
+        answered_by_tokentap: true,
+        grpc_status: None,
+        stream: None,
+        trace: tracing.trace,
+        started: SystemTime::now(),
+        duration: std::time::Duration::ZERO,
+        ttfb: None,
+        ttft: None,
+        mean_itl: None,
+        slowest_itl: None,
+        slowest_gap: None,
+        tpot: None,
+        events: 0,
+        output_tokens: 0,
+        input_tokens: None,
+        counting: "none",
+        span: tracing.span,
+        trace_state: tracing.trace_state,
+        request_model: None,
+        response_model: None,
+        itl_p50: None,
+        gen_ai_operation: wire::gen_ai::operation_name(dialect, path),
+        gen_ai_provider: wire::gen_ai::provider_name(dialect),
+        finish_reasons: Vec::new(),
+    };
+    metrics.spans.finished(&finished);
 }
 
 /// The request body's scan for `model` and `stream`, fed bytes as they go upstream.

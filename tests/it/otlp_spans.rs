@@ -2,7 +2,8 @@
 //! is a child of the `traceparent` it sent, an untraced one a root; the GenAI attributes
 //! carry what the simulator streamed; the sampler decides which requests get one; a
 //! failed request's span says ERROR; exemplars name the exported span; and a collector
-//! that never answers costs no request, its losses counted. (scripts/ops/e2e-otlp.sh
+//! that never answers costs no request, its losses counted; a request refused at the
+//! in-flight limit has a span too. (scripts/ops/e2e-otlp.sh
 //! checks spans against the OpenTelemetry project's Python receiver, both protocols.)
 
 use crate::common;
@@ -78,6 +79,13 @@ fn sim() -> SimConfig {
             .map(|name| {
                 ModelProfile::new(name, Duration::from_millis(20), Duration::from_millis(4), 8)
             })
+            // Three tokens a second apart: a stream that holds its slot.
+            .chain([ModelProfile::new(
+                "slow",
+                Duration::from_millis(20),
+                Duration::from_secs(1),
+                3,
+            )])
             .collect(),
         ..SimConfig::default()
     }
@@ -368,6 +376,52 @@ async fn a_failed_request_has_an_error_span() {
         .map(|s| int(&attributes(s), "http.response.status_code"))
         .collect();
     assert!(codes.contains(&503), "{codes:?}");
+}
+
+/// A request tokentap refuses at `limits.max_in_flight` (its own 503, the upstream never
+/// asked) still gets a span, a child of its `traceparent`, so the caller's trace shows
+/// where the call stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_at_the_in_flight_limit_has_a_span() {
+    let (collector, spans) = collector().await;
+    let sim = SimHandle::start(sim()).await;
+    let file = format!("{}limits:\n  max_in_flight: 1\n", config(collector, ""));
+    let proxy = Arc::new(Proxy::start(&sim.url(), &file).await);
+    // The one slot, held by a slow stream.
+    let holder = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move { request(&proxy, "slow", &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let parent = "00f067aa0ba902b7";
+    let status = request(
+        &proxy,
+        "traced",
+        &[("traceparent", &traceparent(parent, "01"))],
+    )
+    .await;
+    assert_eq!(status, 503);
+    let seen = wait_for_spans(&spans, 1).await;
+    let span = seen
+        .iter()
+        .find(|s| hex::encode(&s.parent_span_id) == parent)
+        .expect("the refused request's span");
+    assert_eq!(hex::encode(&span.trace_id), TRACE);
+    assert_eq!(
+        span.status.as_ref().map(|s| s.code),
+        Some(SpanStatus::Error as i32)
+    );
+    let a = attributes(span);
+    assert_eq!(text(&a, "error.type"), "overloaded");
+    assert_eq!(int(&a, "http.response.status_code"), 503);
+    assert_eq!(text(&a, "gen_ai.operation.name"), "chat");
+    assert_eq!(span.end_time_unix_nano, span.start_time_unix_nano);
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(
+        wait_for_spans(&spans, 2).await.len(),
+        2,
+        "the held request's own"
+    );
 }
 
 /// A collector that never answers holds no request up; the spans the queue cannot hold
