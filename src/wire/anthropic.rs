@@ -9,7 +9,7 @@
 //! | `content_block_delta` with `text_delta` | `Output` Content, estimated from its text |
 //! | `content_block_delta` with `thinking_delta` | `Output` Reasoning |
 //! | `content_block_delta` with `input_json_delta` | `Output` ToolCall |
-//! | `message_delta` | `Usage`: the cumulative `output_tokens` (and input tokens if repeated) |
+//! | `message_delta` | `FinishReason` (`delta.stop_reason`); `Usage`: the cumulative `output_tokens` (and input tokens if repeated) |
 //! | `message_stop` | `Done` |
 //! | `error` | `Error`, of the class its `error.type` names (`rate_limit_error`, `overloaded_error`) |
 //! | `ping`, `content_block_start`/`_stop`, `signature_delta`, `citations_delta` | nothing |
@@ -27,6 +27,8 @@
 //! cache_creation_input_tokens + cache_read_input_tokens`: Anthropic's `input_tokens`
 //! excludes the prompt tokens read from or written to the cache, and tokentap reports the
 //! whole prompt, as OpenAI's `prompt_tokens` does.
+//!
+//! A non-streaming `message` yields its `model`, `stop_reason` and `usage`.
 
 use serde::Deserialize;
 
@@ -34,7 +36,7 @@ use super::count::{most_visible, Tally};
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{add, ErrorFields, Num, Present, Str, Text};
+use super::json::{add, ErrorFields, Num, Present, Reason, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -98,8 +100,8 @@ impl Handler for Anthropic {
                 }
             }
             "message_delta" => {
-                if let Some(reason) = event.delta.and_then(|d| d.stop_reason) {
-                    out.push(Signal::FinishReason(reason));
+                if let Some(reason) = event.delta.and_then(|d| d.stop_reason.signal()) {
+                    out.push(reason);
                 }
                 if let Some(usage) = event.usage {
                     let input = usage.input();
@@ -127,6 +129,7 @@ impl Handler for Anthropic {
             return;
         }
         self.model(message.model, out);
+        out.extend(message.stop_reason.signal());
         if let Some(usage) = message.usage {
             let input = usage.input();
             let output = usage.output_tokens.0;
@@ -188,7 +191,8 @@ struct Delta {
     #[serde(default)]
     partial_json: Text,
     /// A `message_delta`'s.
-    stop_reason: Option<String>,
+    #[serde(default)]
+    stop_reason: Reason,
 }
 
 impl Delta {
@@ -245,6 +249,8 @@ struct Body<'a> {
     kind: Str<'a>,
     #[serde(borrow, default)]
     model: Str<'a>,
+    #[serde(default)]
+    stop_reason: Reason,
     usage: Option<Usage>,
     #[serde(default)]
     error: Present,
@@ -394,8 +400,56 @@ mod tests {
             body(Anthropic::default(), b),
             vec![
                 Model("claude-3-5-haiku-20241022".into()),
+                Signal::FinishReason("end_turn".into()),
                 usage(Some(12), Some(6))
             ]
         );
+    }
+
+    /// `message_delta.delta.stop_reason` of a stream and `stop_reason` of a whole
+    /// message, as Anthropic spells them; `null`, `""` or a value that is not a string
+    /// give none, and the rest of the event or body is still read.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let delta = |reason: &str| {
+            let e = ev(
+                "message_delta",
+                &format!(
+                    r#""delta":{{"stop_reason":{reason},"stop_sequence":null}},"usage":{{"output_tokens":3}}"#
+                ),
+            );
+            sse(Anthropic::default(), e.as_bytes())
+        };
+        assert_eq!(
+            delta(r#""max_tokens""#),
+            vec![
+                Signal::FinishReason("max_tokens".into()),
+                usage(None, Some(3))
+            ]
+        );
+        for none in ["null", r#""""#, "7", r#"{"type":"end_turn"}"#] {
+            assert_eq!(delta(none), vec![usage(None, Some(3))], "{none}");
+        }
+        let tool_use = br#"{"id":"msg_01","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":[{"type":"tool_use","id":"toolu_01","name":"get_weather","input":{"location":"Paris"}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":384,"output_tokens":57}}"#;
+        assert_eq!(
+            body(Anthropic::default(), tool_use),
+            vec![
+                Model("claude-sonnet-4-20250514".into()),
+                Signal::FinishReason("tool_use".into()),
+                usage(Some(384), Some(57))
+            ]
+        );
+        for none in ["null", r#""""#, "false"] {
+            let b = format!(
+                r#"{{"type":"message","model":"m","stop_reason":{none},"usage":{{"input_tokens":1,"output_tokens":2}}}}"#
+            );
+            assert_eq!(
+                body(Anthropic::default(), b.as_bytes()),
+                vec![Model("m".into()), usage(Some(1), Some(2))],
+                "{none}"
+            );
+        }
+        let absent = br#"{"type":"message","model":"m"}"#;
+        assert_eq!(body(Anthropic::default(), absent), vec![Model("m".into())]);
     }
 }

@@ -26,7 +26,8 @@ pub(crate) trait Handler: Send {
     /// Whitespace around `data` is the framer's; the data may still be anything.
     fn event(&mut self, name: &str, data: &[u8], out: &mut Vec<Signal>);
     /// A whole non-streaming body. Emits no [`Signal::Output`]: a body that arrives at
-    /// once has no inter-token timing, only a model, usage and possibly an error.
+    /// once has no inter-token timing, only a model, usage, finish reasons and possibly
+    /// an error.
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>);
     /// The body ended cleanly, after its last event: what only the end settles (the
     /// tokens of a tokenizer's pending text). Nothing by default.

@@ -23,15 +23,24 @@
 //!   toolUsePromptTokenCount` (cached tokens are part of `promptTokenCount`), output
 //!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output).
 //!
+//! - Each candidate's `finishReason` (`STOP`, `MAX_TOKENS`, `SAFETY`, ...; on its last
+//!   chunk) is [`Signal::FinishReason`] as Gemini spells it, each distinct one once per
+//!   chunk, after the chunk's `Output` and before its `Usage`.
+//!
+//! A non-streaming response yields its model, finish reasons and usage.
+//!
 //! A blocked prompt (`promptFeedback.blockReason`) or a `finishReason` such as `SAFETY` is
-//! not an error: the stream completed, with whatever output it had.
+//! not an error: the stream completed, with whatever output it had. A blocked prompt
+//! has no candidates, so it names no finish reason.
 
 use serde::Deserialize;
 
 use super::count::{most_visible, Tally};
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{add, Count, ErrorFields, Flag, Fold, Folded, Num, Present, Str, Text};
+use super::json::{
+    add, Count, ErrorFields, Flag, Fold, Folded, Num, Present, Reason, Reasons, Str, Text,
+};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{OutputKind, Signal};
@@ -96,6 +105,7 @@ impl Handler for Gemini {
             }
             None => self.tally.report(now),
         }
+        candidates.reasons.signals(out);
         if let Some((input, output)) = usage.filter(|(i, o)| i.is_some() || o.is_some()) {
             out.push(Signal::Usage {
                 input_tokens: input,
@@ -111,6 +121,9 @@ impl Handler for Gemini {
         };
         if !self.head(&mut chunk, body, out) {
             return;
+        }
+        if let Some(candidates) = chunk.candidates {
+            candidates.0.reasons.signals(out);
         }
         if let Some((input, output)) = chunk
             .usage
@@ -174,6 +187,9 @@ struct Candidate {
     content: Option<Content>,
     #[serde(rename = "logprobsResult", alias = "logprobs_result")]
     logprobs: Option<LogprobsResult>,
+    /// On a candidate's last chunk only.
+    #[serde(rename = "finishReason", alias = "finish_reason", default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -269,6 +285,8 @@ struct Candidates {
     estimate: u64,
     /// `logprobsResult.chosenCandidates` entries, summed over candidates.
     logprobs: u64,
+    /// The candidates' distinct `finishReason`s.
+    reasons: Reasons,
 }
 
 impl Fold for Candidates {
@@ -282,6 +300,7 @@ impl Fold for Candidates {
         if let Some(chosen) = candidate.logprobs.and_then(|l| l.chosen) {
             self.logprobs = self.logprobs.saturating_add(chosen.0 .0);
         }
+        self.reasons.add(candidate.finish_reason);
     }
 }
 
@@ -439,9 +458,74 @@ mod tests {
     #[test]
     fn whole_responses() {
         let b = r#"{"candidates":[{"content":{"parts":[{"text":"Hi there"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":3,"thoughtsTokenCount":2,"totalTokenCount":10},"modelVersion":"gemini-2.0-flash"}"#;
-        let want = vec![Model("gemini-2.0-flash".into()), usage(Some(5), Some(5))];
+        let want = vec![
+            Model("gemini-2.0-flash".into()),
+            Signal::FinishReason("STOP".into()),
+            usage(Some(5), Some(5)),
+        ];
         assert_eq!(body(Gemini::default(), b.as_bytes()), want);
         // Through the array framing, a top-level object is a whole body too.
         assert_eq!(array(Gemini::default(), b.as_bytes()), want);
+    }
+
+    /// Each candidate's `finishReason`, as Gemini spells it, in a stream (SSE or a JSON
+    /// array) and in a whole body; absent, `null`, `""` or a value that is not a string
+    /// give none, and the rest of the chunk is still read.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let last = r#"{"candidates": [{"content": {"parts": [{"text": " sky."}],"role": "model"},"finishReason": "MAX_TOKENS","index": 0}],"usageMetadata": {"promptTokenCount": 8,"candidatesTokenCount": 4,"totalTokenCount": 12},"modelVersion": "gemini-2.5-flash","responseId": "abc"}"#;
+        let first = chunk(
+            r#"{"text": "The"}"#,
+            r#""promptTokenCount": 8,"candidatesTokenCount": 1"#,
+        );
+        let want = vec![
+            Model("gemini-2.5-flash".into()),
+            out(1, true, OutputKind::Content),
+            usage(Some(8), Some(1)),
+            out(3, true, OutputKind::Content),
+            Signal::FinishReason("MAX_TOKENS".into()),
+            usage(Some(8), Some(4)),
+        ];
+        let s = format!("data: {first}\r\n\r\ndata: {last}\r\n\r\n");
+        assert_eq!(sse(Gemini::default(), s.as_bytes()), want);
+        assert_eq!(
+            array(
+                Gemini::default(),
+                format!("[{first},\r\n{last}]").as_bytes()
+            ),
+            want
+        );
+        // Several candidates: each distinct reason once.
+        let many = r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"finishReason":"STOP","index":0},{"finishReason":"SAFETY","index":1,"safetyRatings":[{"category":"HARM_CATEGORY_HARASSMENT","probability":"MEDIUM"}]},{"content":{"parts":[{"text":"b"}]},"finishReason":"STOP","index":2}],"modelVersion":"gemini-2.0-flash"}"#;
+        let reasons = vec![
+            Model("gemini-2.0-flash".into()),
+            Signal::FinishReason("STOP".into()),
+            Signal::FinishReason("SAFETY".into()),
+        ];
+        assert_eq!(body(Gemini::default(), many.as_bytes()), reasons);
+        // In snake case too, as the other fields' aliases are.
+        let snake = r#"{"candidates":[{"finish_reason":"RECITATION"}],"usage_metadata":{"prompt_token_count":3}}"#;
+        assert_eq!(
+            body(Gemini::default(), snake.as_bytes()),
+            vec![
+                Signal::FinishReason("RECITATION".into()),
+                usage(Some(3), None)
+            ]
+        );
+        for none in [r#""""#, "null", "1", r#"["STOP"]"#] {
+            let c = format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":"a"}}]}},"finishReason":{none}}}],"usageMetadata":{{"promptTokenCount":2}}}}"#
+            );
+            assert_eq!(
+                sse(Gemini::default(), format!("data: {c}\n\n").as_bytes()),
+                vec![out(1, false, OutputKind::Content), usage(Some(2), None)],
+                "{none}"
+            );
+            assert_eq!(
+                body(Gemini::default(), c.as_bytes()),
+                vec![usage(Some(2), None)],
+                "{none}"
+            );
+        }
     }
 }

@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use super::error_class::ErrorClass;
 use super::text_estimate::estimate_tokens;
+use super::types::Signal;
 
 /// The length of an array whose elements are not read.
 #[derive(Default)]
@@ -270,6 +271,76 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// Why a response, or one of its choices, ended, as the provider spells it (`stop`,
+/// `end_turn`, `MAX_TOKENS` ...): a non-empty string, owned since it outlives the parse as
+/// a [`Signal::FinishReason`]. Any other JSON value (`null`, `""`, a number ...) is no
+/// reason, so an odd one costs nothing else of its event or body.
+#[derive(Default)]
+pub(crate) struct Reason(pub(crate) Option<String>);
+
+impl Reason {
+    pub(crate) fn signal(self) -> Option<Signal> {
+        self.0.map(Signal::FinishReason)
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct ReasonVisitor;
+        impl<'de> Visitor<'de> for ReasonVisitor {
+            type Value = Reason;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Reason, E> {
+                Ok(Reason((!v.is_empty()).then(|| v.to_owned())))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_unit<E>(self) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Reason, A::Error> {
+                drain_seq(seq).map(|_| Reason(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Reason, A::Error> {
+                drain_map(map).map(|()| Reason(None))
+            }
+        }
+        de.deserialize_any(ReasonVisitor)
+    }
+}
+
+/// The distinct [`Reason`]s of an array's elements (a body's choices, a chunk's
+/// candidates), in order. Without any it allocates nothing, as on every chunk but a
+/// stream's last.
+#[derive(Default)]
+pub(crate) struct Reasons(Vec<String>);
+
+impl Reasons {
+    pub(crate) fn add(&mut self, reason: Reason) {
+        if let Some(reason) = reason.0 {
+            if !self.0.contains(&reason) {
+                self.0.push(reason);
+            }
+        }
+    }
+
+    pub(crate) fn signals(self, out: &mut Vec<Signal>) {
+        out.extend(self.0.into_iter().map(Signal::FinishReason));
+    }
+}
+
 /// An error's `code`, which servers write as a number (an HTTP status: vLLM, Gemini) or
 /// as a name (OpenAI's `"rate_limit_exceeded"`); any other JSON value is neither.
 #[derive(Default)]
@@ -519,16 +590,16 @@ pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json
 pub(crate) fn typed_event<'a, T: serde::Deserialize<'a>>(
     name: &str,
     data: &'a [u8],
-) -> Option<Result<T, super::types::Signal>> {
+) -> Option<Result<T, Signal>> {
     let data = data.trim_ascii();
     if data.is_empty() {
         return None;
     }
     Some(parse(data).map_err(|_| {
         if name == "error" {
-            super::types::Signal::Error(ErrorClass::Other)
+            Signal::Error(ErrorClass::Other)
         } else {
-            super::types::Signal::Malformed
+            Signal::Malformed
         }
     }))
 }
@@ -560,5 +631,36 @@ mod tests {
         for other in ["null", "12", "true", r#"{"text":"not a part here"}"#] {
             assert_eq!(text(other), (false, 0), "{other}");
         }
+    }
+
+    #[test]
+    fn a_reason_is_a_non_empty_string_and_nothing_else() {
+        let reason = |json: &str| parse::<Reason>(json.as_bytes()).expect("JSON").0;
+        assert_eq!(reason(r#""MAX_TOKENS""#).as_deref(), Some("MAX_TOKENS"));
+        assert_eq!(reason(r#""end\u005fturn""#).as_deref(), Some("end_turn"));
+        for none in [
+            r#""""#,
+            "null",
+            "7",
+            "true",
+            "[\"stop\"]",
+            r#"{"reason":"stop"}"#,
+        ] {
+            assert_eq!(reason(none), None, "{none}");
+        }
+        let mut reasons = Reasons::default();
+        for r in ["stop", "length", "stop"] {
+            reasons.add(Reason(Some(r.into())));
+        }
+        reasons.add(Reason(None));
+        let mut out = Vec::new();
+        reasons.signals(&mut out);
+        assert_eq!(
+            out,
+            [
+                Signal::FinishReason("stop".into()),
+                Signal::FinishReason("length".into())
+            ]
+        );
     }
 }

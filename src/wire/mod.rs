@@ -36,17 +36,29 @@
 //! Everywhere: one event is at most one [`Signal::Output`], of the most visible kind it
 //! carries (content > refusal > tool call > reasoning); role-only, empty, keep-alive,
 //! ping and usage-only events carry none. Reported usage is cumulative and replaces the
-//! event count as N. A non-streaming (JSON) body yields the model, usage and errors only:
-//! it arrives at once and has no inter-token timing. For the gRPC dialects an event is one
-//! message ([`grpc`] has their rules). Responses compressed with `gzip`,
-//! `deflate`, `br` or `zstd` are decoded on the observer's copy ([`compress`]).
+//! event count as N. A non-streaming (JSON) body yields the model, usage, finish reasons
+//! and errors only: it arrives at once and has no inter-token timing. For the gRPC
+//! dialects an event is one message ([`grpc`] has their rules). Responses compressed
+//! with `gzip`, `deflate`, `br` or `zstd` are decoded on the observer's copy
+//! ([`compress`]).
 //!
-//! Where a stream says why a choice ended, its dialect reports it as
-//! [`Signal::FinishReason`], from the value the event's parse already holds: OpenAI chat
-//! and completions `choices[].finish_reason` (the first non-empty one of a chunk),
-//! Anthropic `message_delta.delta.stop_reason`, TGI's last event's
-//! `details.finish_reason`, Ollama's final line's `done_reason`, and the `finish_reason`
-//! of the gRPC engines' `complete` message (of a stream; a whole JSON body's is not read). It feeds a span's `gen_ai.response.finish_reasons`.
+//! Where a response says why it (or one of its choices) ended, its dialect reports that
+//! as [`Signal::FinishReason`], spelt as the response spells it, from the value the
+//! event's or body's one parse already holds; a reason that is `null`, empty or not a
+//! string is none, and costs nothing else of its event:
+//!
+//! | dialect | stream | whole JSON body |
+//! |---|---|---|
+//! | `openai_chat`, `openai_completions` | `choices[].finish_reason`, the first non-empty one of a chunk | each choice's distinct `finish_reason` |
+//! | `openai_responses` | `response.completed` / `.incomplete` / `.failed`: `response.incomplete_details.reason`, else `response.status` | the same, once `status` is final (`completed`, `incomplete`, `failed`, `cancelled`) |
+//! | `anthropic` | `message_delta.delta.stop_reason` | `stop_reason` |
+//! | `gemini` | each candidate's distinct `finishReason` (`STOP`, `MAX_TOKENS`, `SAFETY` ...) | the same |
+//! | `ollama` | the final line's (`done: true`) `done_reason` | `done_reason` |
+//! | `tgi` | the last event's `details.finish_reason` | `details.finish_reason` |
+//! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | the `complete` message's `finish_reason` | the same: a non-streamed call is its `complete` alone |
+//! | `triton`, `triton_grpc` | none: Triton's responses carry no finish reason | none |
+//!
+//! A span carries the distinct reasons as `gen_ai.response.finish_reasons`.
 //!
 //! Where a response carries the engine's own timings (TensorRT-LLM's `perf_metrics`,
 //! Ollama's final durations, Groq's and Cerebras' queue and prompt times, llama.cpp's

@@ -22,7 +22,11 @@
 //!   its handler took the request until a runner with the model loaded was ready (waiting
 //!   for the scheduler, and loading the model when it was not resident);
 //!   `prompt_eval_duration` is the prefill. `eval_duration` and `total_duration` are not
-//!   read: tokentap measures decoding and the whole request itself.
+//!   read: tokentap measures decoding and the whole request itself. Its `done_reason`
+//!   (`stop`, `length`, `load`, `unload`) is [`Signal::FinishReason`], before the `Done`.
+//!
+//! A non-streaming body is one final line: its model, usage, durations and
+//! `done_reason`.
 
 use serde::Deserialize;
 
@@ -31,7 +35,7 @@ use super::engine_timings;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text};
 use super::frame::Handler;
-use super::json::{Count, Flag, Fold, Folded, Num, Present, Str, Text};
+use super::json::{Count, Flag, Fold, Folded, Num, Present, Reason, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{EngineTimings, OutputKind, Signal};
@@ -99,9 +103,7 @@ impl Handler for Ollama {
         }
         out.extend(timings);
         if line.done.0 {
-            if let Some(reason) = line.done_reason.take().filter(|r| !r.is_empty()) {
-                out.push(Signal::FinishReason(reason));
-            }
+            out.extend(line.done_reason.signal());
             out.push(Signal::Done);
         }
     }
@@ -115,6 +117,9 @@ impl Handler for Ollama {
             out.push(usage);
         }
         out.extend(reported_timings(&line));
+        if !line.error.0 {
+            out.extend(line.done_reason.signal());
+        }
     }
 
     fn finish(&mut self, out: &mut Vec<Signal>) {
@@ -171,8 +176,9 @@ struct Line<'a> {
     prompt_eval_duration: Num,
     #[serde(default)]
     error: Present,
-    /// The final line's.
-    done_reason: Option<String>,
+    /// The final line's, or the whole body's.
+    #[serde(default)]
+    done_reason: Reason,
 }
 
 impl Line<'_> {
@@ -397,12 +403,61 @@ mod tests {
                 Signal::Usage {
                     input_tokens: Some(10),
                     output_tokens: Some(3)
-                }
+                },
+                Signal::FinishReason("stop".into())
             ]
         );
         assert_eq!(
             body(Ollama::default(), br#"{"error":"model 'x' not found"}"#),
             vec![Error(ErrorClass::Other)]
         );
+    }
+
+    /// `done_reason` of the final line and of a whole body; `null`, `""` or a value that
+    /// is not a string give none, and the rest of the line is still read.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let last = |reason: &str| {
+            format!(
+                r#"{{"model":"qwen3","created_at":"2025-06-01T10:00:00Z","response":"","done":true,"done_reason":{reason},"context":[1,2],"eval_count":128}}"#
+            )
+        };
+        let usage = Signal::Usage {
+            input_tokens: None,
+            output_tokens: Some(128),
+        };
+        let stream = |line: String| ndjson(Ollama::default(), format!("{line}\n").as_bytes());
+        assert_eq!(
+            stream(last(r#""length""#)),
+            vec![
+                Model("qwen3".into()),
+                usage.clone(),
+                Signal::FinishReason("length".into()),
+                Done
+            ]
+        );
+        assert_eq!(
+            body(Ollama::default(), last(r#""length""#).as_bytes()),
+            vec![
+                Model("qwen3".into()),
+                usage.clone(),
+                Signal::FinishReason("length".into())
+            ]
+        );
+        for none in ["null", r#""""#, "1", r#"{"reason":"stop"}"#] {
+            assert_eq!(
+                stream(last(none)),
+                vec![Model("qwen3".into()), usage.clone(), Done],
+                "{none}"
+            );
+            assert_eq!(
+                body(Ollama::default(), last(none).as_bytes()),
+                vec![Model("qwen3".into()), usage.clone()],
+                "{none}"
+            );
+        }
+        // Only the final line's counts: a line not yet done names no reason.
+        let early = r#"{"model":"qwen3","response":"","done":false,"done_reason":"stop"}"#;
+        assert_eq!(stream(early.into()), vec![Model("qwen3".into())]);
     }
 }

@@ -38,7 +38,8 @@
 //!
 //! How a body is cut into chunks is `frame`'s, as for every dialect: the `OpenAi` handler
 //! only says what one chunk, or one whole body, means. A non-streaming body yields the
-//! `model`, `usage` (or llama.cpp `timings`) and `error`, and no [`Signal::Output`].
+//! `model`, each choice's distinct `finish_reason`, `usage` (or llama.cpp `timings`) and
+//! `error`, and no [`Signal::Output`].
 //!
 //! Parsing uses borrowed serde structs that read only what the rules need and fold
 //! arrays as they go (no `serde_json::Value`, no `Vec` per chunk); leaf fields accept any
@@ -52,7 +53,7 @@ use super::engine_timings::Float;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
-use super::json::{Code, Count, ErrorFields, Fold, Folded, Num, Str, Text};
+use super::json::{Code, Count, ErrorFields, Fold, Folded, Num, Reason, Reasons, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
 use super::types::{Dialect, EngineTimings, OutputKind, Signal};
@@ -185,7 +186,7 @@ fn completion_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
     }
 }
 
-/// Model, usage and error of a whole non-streaming body.
+/// Model, finish reasons, usage and error of a whole non-streaming body.
 fn read_body(body: &[u8], out: &mut Vec<Signal>) {
     let parsed = match super::json::parse::<Body<'_>>(body) {
         Ok(parsed) => parsed,
@@ -200,6 +201,9 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
     }
     if let Some(model) = parsed.model.non_empty() {
         out.push(Signal::Model(model.into_owned()));
+    }
+    if let Some(choices) = parsed.choices {
+        choices.0 .0.signals(out);
     }
     let engine = reported_timings(
         &parsed.usage,
@@ -327,11 +331,12 @@ struct ErrorReport<'a> {
     kind: Str<'a>,
 }
 
-/// A whole non-streaming response (its `choices` are not read).
+/// A whole non-streaming response; of its `choices` only the `finish_reason`s are read.
 #[derive(Deserialize)]
 struct Body<'a> {
     #[serde(borrow, default)]
     model: Str<'a>,
+    choices: Option<Folded<BodyChoices>>,
     #[serde(borrow, default)]
     object: Str<'a>,
     error: Option<IgnoredAny>,
@@ -375,7 +380,8 @@ struct Choice {
     text: Text,
     logprobs: Option<Logprobs>,
     /// `null` until the choice's last chunk.
-    finish_reason: Option<String>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -496,7 +502,7 @@ impl Fold for Choices {
         }
         self.text |= choice.text.carries;
         if self.finish_reason.is_none() {
-            self.finish_reason = choice.finish_reason.filter(|r| !r.is_empty());
+            self.finish_reason = choice.finish_reason.0;
         }
         let estimate = match &choice.delta {
             Some(delta) => delta.estimate(),
@@ -508,6 +514,25 @@ impl Fold for Choices {
             self.content_logprobs = self.content_logprobs.saturating_add(len(lp.content));
             self.token_logprobs = self.token_logprobs.saturating_add(len(lp.tokens));
         }
+    }
+}
+
+/// A whole body's choice: only why it ended.
+#[derive(Deserialize)]
+struct BodyChoice {
+    #[serde(default)]
+    finish_reason: Reason,
+}
+
+/// The distinct `finish_reason`s of a whole body's choices (one per choice with `n` > 1).
+#[derive(Default)]
+struct BodyChoices(Reasons);
+
+impl Fold for BodyChoices {
+    type Item = BodyChoice;
+
+    fn add(&mut self, choice: BodyChoice) {
+        self.0.add(choice.finish_reason);
     }
 }
 
@@ -783,7 +808,8 @@ mod tests {
     }
 
     /// The reason a choice ended, from the value the chunk's parse holds: the first
-    /// non-empty one of a chunk's choices; `null` or `""` give none.
+    /// non-empty one of a chunk's choices; `null`, `""` or a value that is not a string
+    /// give none.
     #[test]
     fn finish_reasons_are_read_where_the_stream_says_them() {
         let reasons = |events: &[&str]| -> Vec<String> {
@@ -806,11 +832,71 @@ mod tests {
             reasons(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#]),
             Vec::<String>::new()
         );
-        // Not a string: the chunk is malformed, as any other wrong type.
+        // Not a string: no reason, and the rest of the chunk still counts.
         assert_eq!(
-            stream(CHAT, &[r#"{"choices":[{"delta":{},"finish_reason":7}]}"#]),
-            vec![Signal::Malformed]
+            stream(
+                CHAT,
+                &[r#"{"choices":[{"delta":{"content":"a"},"finish_reason":7}]}"#]
+            ),
+            vec![content(1, false)]
         );
+    }
+
+    /// A whole body names a reason per choice; each distinct one is reported, in order,
+    /// for chat and completions alike.
+    #[test]
+    fn finish_reasons_of_a_whole_body() {
+        let body = |dialect: Dialect, body: &str| {
+            let mut dec = JsonBody::new(OpenAi::new(dialect, None), DecodeLimits::DEFAULT);
+            let mut signals = Vec::new();
+            dec.feed(body.as_bytes(), &mut signals)
+                .expect("within limits");
+            dec.finish(&mut signals).expect("finish");
+            signals
+        };
+        let tool_call = r#"{"id":"chatcmpl-BcQ8","object":"chat.completion","created":1748496646,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_q","type":"function","function":{"name":"get_weather","arguments":"{\"location\":\"Shanghai\"}"}}]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":91,"completion_tokens":14,"total_tokens":105}}"#;
+        assert_eq!(
+            body(CHAT, tool_call),
+            vec![
+                Model("gpt-4o-2024-08-06".into()),
+                Signal::FinishReason("tool_calls".into()),
+                usage(Some(91), Some(14))
+            ]
+        );
+        let n3 = r#"{"object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"stop"},{"index":1,"message":{"role":"assistant","content":"b c"},"finish_reason":"length"},{"index":2,"message":{"role":"assistant","content":"d"},"finish_reason":"stop"}]}"#;
+        assert_eq!(
+            body(CHAT, n3),
+            vec![
+                Model("m".into()),
+                Signal::FinishReason("stop".into()),
+                Signal::FinishReason("length".into())
+            ]
+        );
+        let completion = r#"{"id":"cmpl-1","object":"text_completion","model":"gpt-3.5-turbo-instruct","choices":[{"text":"\n\nThis is","index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+        assert_eq!(
+            body(COMPLETIONS, completion),
+            vec![
+                Model("gpt-3.5-turbo-instruct".into()),
+                Signal::FinishReason("length".into()),
+                usage(Some(5), Some(7))
+            ]
+        );
+        // Absent, null, empty or not a string: no reason, and the rest still read.
+        for choice in [
+            r#"{"index":0,"message":{"content":"a"}}"#,
+            r#"{"index":0,"finish_reason":null}"#,
+            r#"{"index":0,"finish_reason":""}"#,
+            r#"{"index":0,"finish_reason":7}"#,
+            r#"{"index":0,"finish_reason":{"type":"stop"}}"#,
+        ] {
+            let b =
+                format!(r#"{{"model":"m","choices":[{choice}],"usage":{{"prompt_tokens":1}}}}"#);
+            assert_eq!(
+                body(CHAT, &b),
+                vec![Model("m".into()), usage(Some(1), None)],
+                "{choice}"
+            );
+        }
     }
 
     #[test]
@@ -1067,7 +1153,11 @@ mod tests {
         let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29}}"#;
         assert_eq!(
             json(body, DecodeLimits::DEFAULT),
-            Ok(vec![Model("gpt-4o-mini".into()), usage(Some(19), Some(10))])
+            Ok(vec![
+                Model("gpt-4o-mini".into()),
+                Signal::FinishReason("stop".into()),
+                usage(Some(19), Some(10))
+            ])
         );
         let llama = r#"{"model":"m.gguf","choices":[],"timings":{"prompt_n":5,"predicted_n":8}}"#;
         assert_eq!(

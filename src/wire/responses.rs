@@ -12,8 +12,8 @@
 //! | `response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`, `response.mcp_call_arguments.delta`, `response.code_interpreter_call_code.delta` | `Output` ToolCall |
 //! | `response.reasoning_text.delta`, `response.reasoning_summary_text.delta` (and the older `response.reasoning.delta`, `response.reasoning_summary.delta`) | `Output` Reasoning |
 //! | any event whose `response` names a `model` | `Model`, once |
-//! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), then `Done` |
-//! | `response.failed`, or an `error` event | `Usage` if reported, `Error`, `Done` for `response.failed` |
+//! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), `FinishReason`, then `Done` |
+//! | `response.failed`, or an `error` event | `Usage` if reported, `FinishReason` (`failed`) and `Error`, `Done` for `response.failed` |
 //!
 //! An `Error`'s class is what the report names: the `error` event's `code` (or the
 //! `error` object some servers put in it), `response.failed`'s `response.error.code`
@@ -26,6 +26,13 @@
 //! response was delivered as far as it went, and its usage is as exact as a completed one.
 //! `input_tokens` includes cached tokens and `output_tokens` includes reasoning tokens, as
 //! OpenAI bills them.
+//!
+//! A terminal event's finish reason is its `response.incomplete_details.reason`
+//! (`max_output_tokens`, `content_filter`) when there is one, else its `response.status`
+//! (`completed`, `incomplete`, `failed`). A non-streaming body yields its model, usage,
+//! the same finish reason once its `status` is final (`completed`, `incomplete`,
+//! `failed`, `cancelled`; a background response's `queued` or `in_progress` is none) and
+//! the error of a failed one.
 
 use serde::Deserialize;
 
@@ -99,6 +106,12 @@ impl Handler for Responses {
             if let Some(usage) = usage.filter(|_| is_terminal(kind) || failed) {
                 out.push(usage);
             }
+            if is_terminal(kind) {
+                out.extend(finish_reason(
+                    &response.status,
+                    response.incomplete_details.as_ref(),
+                ));
+            }
             if failed {
                 out.push(Signal::Error(error_class(data)));
             }
@@ -138,6 +151,12 @@ impl Handler for Responses {
         if let Some(usage) = response.usage {
             out.push(usage.signal());
         }
+        if is_final(response.status.as_str()) {
+            out.extend(finish_reason(
+                &response.status,
+                response.incomplete_details.as_ref(),
+            ));
+        }
         if response.status.0.as_deref() == Some("failed") {
             out.push(Signal::Error(error_class(body)));
         }
@@ -170,6 +189,12 @@ fn is_terminal(kind: &str) -> bool {
     )
 }
 
+/// The statuses of a response that has ended; a background response's body may still be
+/// `queued` or `in_progress`, which is no reason it ended.
+fn is_final(status: &str) -> bool {
+    matches!(status, "completed" | "incomplete" | "failed" | "cancelled")
+}
+
 /// One streamed event; only the fields the rules read.
 #[derive(Deserialize)]
 struct Event<'a> {
@@ -189,9 +214,30 @@ struct Response<'a> {
     model: Str<'a>,
     #[serde(borrow, default)]
     status: Str<'a>,
+    #[serde(borrow)]
+    incomplete_details: Option<IncompleteDetails<'a>>,
     usage: Option<Usage>,
     #[serde(default)]
     error: Present,
+}
+
+/// Why a response ended: the incomplete reason (`max_output_tokens`, `content_filter`)
+/// when there is one, else the status.
+fn finish_reason(status: &Str<'_>, details: Option<&IncompleteDetails<'_>>) -> Option<Signal> {
+    let reason = details.map_or("", |d| d.reason.as_str());
+    let reason = if reason.is_empty() {
+        status.as_str()
+    } else {
+        reason
+    };
+    (!reason.is_empty()).then(|| Signal::FinishReason(reason.to_owned()))
+}
+
+/// `{"reason": ...}` of an incomplete response; `null` otherwise.
+#[derive(Deserialize)]
+struct IncompleteDetails<'a> {
+    #[serde(borrow, default)]
+    reason: Str<'a>,
 }
 
 /// An error report: an `error` event (`code` at the top), a body with an `error` object,
@@ -248,6 +294,10 @@ mod tests {
             input_tokens: Some(i),
             output_tokens: Some(o),
         }
+    }
+
+    fn finish(reason: &str) -> Signal {
+        Signal::FinishReason(reason.into())
     }
 
     fn typed(kind: &str, rest: &str) -> String {
@@ -308,6 +358,7 @@ mod tests {
                 Model("gpt-4o".into()),
                 out(1, false, OutputKind::Content),
                 usage(9, 3),
+                finish("completed"),
                 Done
             ]
         );
@@ -317,7 +368,7 @@ mod tests {
         );
         assert_eq!(
             sse(Responses::default(), incomplete.as_bytes()),
-            vec![usage(1, 2), Done]
+            vec![usage(1, 2), finish("max_output_tokens"), Done]
         );
     }
 
@@ -330,7 +381,7 @@ mod tests {
         let other = Error(ErrorClass::Other);
         assert_eq!(
             sse(Responses::default(), failed.as_bytes()),
-            vec![other.clone(), Done]
+            vec![finish("failed"), other.clone(), Done]
         );
         let error = typed("error", r#""code":"ERR","message":"boom","param":null"#);
         assert_eq!(
@@ -355,7 +406,12 @@ mod tests {
         );
         assert_eq!(
             sse(Responses::default(), overloaded.as_bytes()),
-            vec![usage(4, 1), Error(ErrorClass::Overloaded), Done]
+            vec![
+                usage(4, 1),
+                finish("failed"),
+                Error(ErrorClass::Overloaded),
+                Done
+            ]
         );
         let failed_rate_limit = typed(
             "response.failed",
@@ -363,7 +419,7 @@ mod tests {
         );
         assert_eq!(
             sse(Responses::default(), failed_rate_limit.as_bytes()),
-            vec![Error(ErrorClass::RateLimited), Done]
+            vec![finish("failed"), Error(ErrorClass::RateLimited), Done]
         );
         assert_eq!(
             sse(
@@ -379,7 +435,11 @@ mod tests {
         let ok = br#"{"id":"resp_1","object":"response","status":"completed","model":"gpt-4o-mini","output":[],"usage":{"input_tokens":5,"output_tokens":7}}"#;
         assert_eq!(
             body(Responses::default(), ok),
-            vec![Model("gpt-4o-mini".into()), usage(5, 7)]
+            vec![
+                Model("gpt-4o-mini".into()),
+                usage(5, 7),
+                finish("completed")
+            ]
         );
         let err = br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#;
         assert_eq!(
@@ -389,7 +449,11 @@ mod tests {
         let failed = br#"{"status":"failed","model":"m","error":{"code":"server_error"}}"#;
         assert_eq!(
             body(Responses::default(), failed),
-            vec![Model("m".into()), Error(ErrorClass::Other)]
+            vec![
+                Model("m".into()),
+                finish("failed"),
+                Error(ErrorClass::Other)
+            ]
         );
         let limited = br#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
         assert_eq!(
@@ -400,7 +464,98 @@ mod tests {
             br#"{"status":"failed","model":"m","error":{"code":"server_is_overloaded"}}"#;
         assert_eq!(
             body(Responses::default(), overloaded),
-            vec![Model("m".into()), Error(ErrorClass::Overloaded)]
+            vec![
+                Model("m".into()),
+                finish("failed"),
+                Error(ErrorClass::Overloaded)
+            ]
         );
+    }
+
+    /// A terminal event's, or a final body's, `incomplete_details.reason` when there is
+    /// one, else its `status`; the lifecycle events before the end name none.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let mut s = typed(
+            "response.created",
+            r#""sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","incomplete_details":null,"model":"gpt-4.1","output":[],"usage":null}"#,
+        );
+        s += &typed(
+            "response.in_progress",
+            r#""sequence_number":1,"response":{"id":"resp_1","status":"in_progress","incomplete_details":null,"model":"gpt-4.1"}"#,
+        );
+        s += &typed(
+            "response.output_text.delta",
+            r#""sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi""#,
+        );
+        s += &typed(
+            "response.incomplete",
+            r#""sequence_number":3,"response":{"id":"resp_1","object":"response","status":"incomplete","incomplete_details":{"reason":"content_filter"},"model":"gpt-4.1","usage":{"input_tokens":11,"output_tokens":1,"total_tokens":12}}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), s.as_bytes()),
+            vec![
+                Model("gpt-4.1".into()),
+                out(1, false, OutputKind::Content),
+                usage(11, 1),
+                finish("content_filter"),
+                Done
+            ]
+        );
+        // No incomplete reason (absent, null, empty, not a string): the status.
+        for details in [
+            "",
+            r#""incomplete_details":null,"#,
+            r#""incomplete_details":{"reason":null},"#,
+            r#""incomplete_details":{"reason":""},"#,
+            r#""incomplete_details":{"reason":7},"#,
+        ] {
+            let e = typed(
+                "response.incomplete",
+                &format!(r#""response":{{{details}"status":"incomplete"}}"#),
+            );
+            assert_eq!(
+                sse(Responses::default(), e.as_bytes()),
+                vec![finish("incomplete"), Done],
+                "{details}"
+            );
+        }
+        // Neither: nothing but the end.
+        for status in ["", r#""status":null,"#, r#""status":"","#] {
+            let e = typed(
+                "response.completed",
+                &format!(r#""response":{{{status}"model":"m"}}"#),
+            );
+            assert_eq!(
+                sse(Responses::default(), e.as_bytes()),
+                vec![Model("m".into()), Done],
+                "{status}"
+            );
+        }
+        let incomplete = br#"{"id":"resp_2","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"model":"o4-mini","output":[],"usage":{"input_tokens":20,"output_tokens":16}}"#;
+        assert_eq!(
+            body(Responses::default(), incomplete),
+            vec![
+                Model("o4-mini".into()),
+                usage(20, 16),
+                finish("max_output_tokens")
+            ]
+        );
+        let cancelled = br#"{"id":"resp_3","object":"response","status":"cancelled","model":"o3","background":true}"#;
+        assert_eq!(
+            body(Responses::default(), cancelled),
+            vec![Model("o3".into()), finish("cancelled")]
+        );
+        // A background response not yet ended names no reason.
+        for status in ["queued", "in_progress"] {
+            let b = format!(
+                r#"{{"id":"resp_4","object":"response","status":"{status}","model":"o3","background":true}}"#
+            );
+            assert_eq!(
+                body(Responses::default(), b.as_bytes()),
+                vec![Model("o3".into())],
+                "{status}"
+            );
+        }
     }
 }

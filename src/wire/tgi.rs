@@ -19,7 +19,9 @@
 //!   they are not token-bearing events (TTFT and ITL then ignore them; N still comes
 //!   from `generated_tokens`).
 //! - `details` (on the last event) is [`Signal::Usage`]: output `generated_tokens`, input
-//!   `input_length` (TGI >= 2) or `prompt_tokens` where present; then [`Signal::Done`].
+//!   `input_length` (TGI >= 2) or `prompt_tokens` where present; then its `finish_reason`
+//!   (`length`, `eos_token`, `stop_sequence`) as [`Signal::FinishReason`]; then
+//!   [`Signal::Done`]. The `/generate` body's `details` yield the same but `Done`.
 //!
 //! TGI names no model in its native API; the model label comes from the request or is
 //! `unknown`. Its OpenAI-compatible `/v1/chat/completions` is the OpenAI dialect.
@@ -36,7 +38,7 @@ use serde::Deserialize;
 
 use super::error_class::ErrorClass;
 use super::frame::Handler;
-use super::json::{Count, Flag, Folded, Num, Present, Str};
+use super::json::{Count, Flag, Folded, Num, Present, Reason, Str};
 use super::types::{OutputKind, Signal};
 
 /// The response-head field in which TGI's `/generate` reports its queue time.
@@ -84,14 +86,8 @@ impl Handler for Tgi {
                 });
             }
         }
-        if let Some(mut details) = event.details {
-            let reason = details.finish_reason.take();
-            if let Some(usage) = details.usage() {
-                out.push(usage);
-            }
-            if let Some(reason) = reason.filter(|r| !r.is_empty()) {
-                out.push(Signal::FinishReason(reason));
-            }
+        if let Some(details) = event.details {
+            details.signals(out);
             out.push(Signal::Done);
         }
     }
@@ -105,8 +101,8 @@ impl Handler for Tgi {
             out.push(Signal::Error(error_class(body)));
             return;
         }
-        if let Some(usage) = response.details.and_then(|d| d.usage()) {
-            out.push(usage);
+        if let Some(details) = response.details {
+            details.signals(out);
         }
     }
 }
@@ -150,18 +146,23 @@ struct Details {
     prompt_tokens: Num,
     /// `/generate` with `decoder_input_details`: one entry per prompt token.
     prefill: Option<Folded<Count>>,
-    finish_reason: Option<String>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 impl Details {
-    fn usage(self) -> Option<Signal> {
+    /// Usage, when it counts anything, then the finish reason.
+    fn signals(self, out: &mut Vec<Signal>) {
         let prefill = self.prefill.map(|p| p.0 .0).filter(|n| *n > 0);
         let input = self.input_length.0.or(self.prompt_tokens.0).or(prefill);
         let output = self.generated_tokens.0;
-        (input.is_some() || output.is_some()).then_some(Signal::Usage {
-            input_tokens: input,
-            output_tokens: output,
-        })
+        if input.is_some() || output.is_some() {
+            out.push(Signal::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            });
+        }
+        out.extend(self.finish_reason.signal());
     }
 }
 
@@ -248,11 +249,56 @@ mod tests {
         let b = br#"{"generated_text":" Deep learning is","details":{"finish_reason":"length","generated_tokens":4,"seed":null,"prefill":[{"id":1,"text":"<s>","logprob":null},{"id":2,"text":"Hi","logprob":-1.0}],"tokens":[]}}"#;
         assert_eq!(
             body(Tgi::default(), b),
-            vec![Signal::Usage {
-                input_tokens: Some(2),
-                output_tokens: Some(4)
-            }]
+            vec![
+                Signal::Usage {
+                    input_tokens: Some(2),
+                    output_tokens: Some(4)
+                },
+                Signal::FinishReason("length".into())
+            ]
         );
         assert_eq!(body(Tgi::default(), br#"{"generated_text":"x"}"#), vec![]);
+    }
+
+    /// `details.finish_reason` of the last event and of a `/generate` body; `null`, `""`
+    /// or a value that is not a string give none, and the usage beside it still counts.
+    #[test]
+    fn finish_reasons_are_read_where_the_stream_says_them() {
+        let generate = |reason: &str| {
+            let b = format!(
+                r#"{{"generated_text":" Paris","details":{{"finish_reason":{reason},"generated_tokens":2,"seed":null}}}}"#
+            );
+            body(Tgi::default(), b.as_bytes())
+        };
+        let usage = Signal::Usage {
+            input_tokens: None,
+            output_tokens: Some(2),
+        };
+        assert_eq!(
+            generate(r#""stop_sequence""#),
+            vec![usage.clone(), Signal::FinishReason("stop_sequence".into())]
+        );
+        let last = |reason: &str| {
+            let e = format!(
+                "data:{{\"index\":2,\"token\":{{\"id\":2,\"text\":\"</s>\",\"special\":true}},\"generated_text\":\" Paris\",\"details\":{{\"finish_reason\":{reason},\"generated_tokens\":2}}}}\n\n"
+            );
+            sse(Tgi::new(true), e.as_bytes())
+        };
+        assert_eq!(
+            last(r#""length""#),
+            vec![usage.clone(), Signal::FinishReason("length".into()), Done]
+        );
+        for none in ["null", r#""""#, "3", "[]"] {
+            assert_eq!(generate(none), vec![usage.clone()], "{none}");
+            assert_eq!(last(none), vec![usage.clone(), Done], "{none}");
+        }
+        // Without `details` (a body asked for without them) there is nothing to read.
+        assert_eq!(
+            body(
+                Tgi::default(),
+                br#"{"generated_text":" Paris","details":null}"#
+            ),
+            vec![]
+        );
     }
 }

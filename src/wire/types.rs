@@ -153,9 +153,11 @@ pub enum Signal {
     /// The engine's own account of the request's time, as the response reported it. A
     /// later report replaces an earlier one part by part (`None` leaves a part as it was).
     EngineTimings(EngineTimings),
-    /// Why the stream says a choice ended (`stop`, `length`, `tool_calls`, `end_turn`,
-    /// ...), as written: OpenAI's `finish_reason`, Anthropic's `stop_reason`, the gRPC
-    /// engines' `finish_reason`. Read from the value the event's parse already holds.
+    /// Why the response says it, or one of its choices, ended (`stop`, `length`,
+    /// `tool_calls`, `end_turn`, `MAX_TOKENS`, ...), as written: OpenAI's
+    /// `finish_reason`, Anthropic's `stop_reason`, Gemini's `finishReason`, the Responses
+    /// API's incomplete reason or status, the gRPC engines' `finish_reason`. Read from the
+    /// value the event's or body's parse already holds (the table in [`crate::wire`]).
     FinishReason(String),
 }
 

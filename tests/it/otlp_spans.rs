@@ -351,6 +351,32 @@ async fn the_sampler_decides_which_requests_get_a_span() {
     }
 }
 
+/// A non-streamed answer's finish reason, read from its whole JSON body, reaches the
+/// span as a stream's does.
+#[tokio::test]
+async fn a_non_streamed_body_gives_its_finish_reasons_to_the_span() {
+    let (collector, spans) = collector().await;
+    let sim = SimHandle::start(sim()).await;
+    let proxy = Proxy::start(&sim.url(), &config(collector, "")).await;
+    let request = common::chat(&proxy.url("/v1/chat/completions"), "m", "t", false, false);
+    let response = client().request(request).await.expect("response");
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.expect("body");
+    let seen = wait_for_spans(&spans, 1).await;
+    let a = attributes(&seen[0]);
+    match a.get("gen_ai.response.finish_reasons") {
+        Some(Value::ArrayValue(array)) => {
+            let reasons: Vec<_> = array.values.iter().map(|v| v.value.clone()).collect();
+            assert_eq!(
+                reasons,
+                [Some(Value::StringValue("length".into()))],
+                "the simulator's body ends at its token count"
+            );
+        }
+        other => panic!("finish reasons: {other:?}"),
+    }
+}
+
 /// A request that fails mid-stream, or is refused, gets a span with status ERROR and
 /// `error.type` its outcome.
 #[tokio::test]

@@ -23,6 +23,7 @@
 //! error CLASS                            CLASS: rate_limited | overloaded | other
 //! malformed
 //! done
+//! finish REASON                          as the response spells it
 //! fail REASON                            the decoder stopped: DecodeError::reason()
 //! ```
 
