@@ -724,9 +724,10 @@ fn guarded(metrics: &Metrics, work: impl FnOnce()) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::live::Phase;
 
     #[test]
-    fn a_request_is_listed_at_its_head_and_named_by_its_body() {
+    fn a_request_is_listed_from_its_head_until_it_ends_however_it_ends() {
         let config = Arc::new(
             Config::from_overrides(&crate::config::Overrides {
                 upstream: Some("http://127.0.0.1:9".to_string()),
@@ -759,6 +760,23 @@ mod tests {
         );
         // The client gave up before the head: recorded as cancelled, and unlisted.
         drop(pending);
+        assert!(metrics.live_streams.is_empty());
+        // No head came and tokentap answered: unlisted too.
+        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
+        assert_eq!(metrics.live_streams.len(), 1);
+        pending.fail(
+            Instant::now(),
+            StatusCode::BAD_GATEWAY,
+            Outcome::UpstreamError,
+        );
+        assert!(metrics.live_streams.is_empty());
+        // A head, then the body's end.
+        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
+        let mut observer = pending
+            .response(Instant::now(), StatusCode::OK, &HeaderMap::new())
+            .expect("a measured route is observed");
+        assert_eq!(metrics.live_streams.views(t0)[0].phase, Phase::FirstToken);
+        observer.end(Instant::now());
         assert!(metrics.live_streams.is_empty());
     }
 }
