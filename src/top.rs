@@ -3,7 +3,7 @@
 //!
 //! One reader thread subscribes to `/api/live/stream` (the same server-sent `tick` frames
 //! the page reads, serialized once on the server for every viewer) and hands each frame
-//! to the terminal loop, which redraws a table per model and the slowest streams in flight
+//! to the terminal loop, which redraws a table per model and the slowest requests in flight
 //! (ratatui on crossterm). `w` cycles the window (10 s, 1 min, 5 min: a new subscription).
 //! `q`, Esc or Ctrl-C quits; when the server goes away (the stream
 //! ends or breaks) the terminal is restored and [`run`] says so.
@@ -258,6 +258,16 @@ fn number(value: &Value, digits: usize) -> String {
         .map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
 }
 
+/// What a request in flight waits for, short, from the live API's `phase`.
+fn phase(value: &Value) -> String {
+    match value.as_str() {
+        Some("waiting_head") => "await head".into(),
+        Some("waiting_first_token") => "await token".into(),
+        Some(other) => other.into(),
+        None => "".into(),
+    }
+}
+
 fn text(value: &Value) -> String {
     value.as_str().unwrap_or("").to_string()
 }
@@ -361,7 +371,8 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         models,
     );
 
-    // The slowest streams in flight: longest since their last token, then largest gap.
+    // The slowest requests in flight: longest since their last token (or, with none yet,
+    // since their request), then largest gap.
     let mut shown: Vec<&Value> = frame
         .and_then(|v| v["in_flight"]["streams"].as_array())
         .into_iter()
@@ -387,6 +398,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         [
             "model",
             "tenant",
+            "phase",
             "elapsed",
             "tokens",
             "tok/s",
@@ -400,8 +412,9 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         .iter()
         .map(|s| {
             Row::new(vec![
-                Cell::from(text(&s["model"])),
+                Cell::from(s["model"].as_str().unwrap_or("–").to_string()),
                 Cell::from(text(&s["tenant"])),
+                Cell::from(phase(&s["phase"])),
                 Cell::from(secs(&s["elapsed_s"])),
                 Cell::from(s["tokens"].to_string()),
                 Cell::from(number(&s["tokens_per_s"], 1)),
@@ -413,6 +426,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
     let widths = [
         Constraint::Length(24),
         Constraint::Length(16),
+        Constraint::Length(11),
         Constraint::Length(10),
         Constraint::Length(7),
         Constraint::Length(7),
@@ -423,7 +437,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         Table::new(rows, widths).header(header).block(
             Block::default()
                 .borders(Borders::ALL)
-                .title(format!(" slowest streams in flight ({total} now) ")),
+                .title(format!(" slowest requests in flight ({total} now) ")),
         ),
         streams,
     );

@@ -85,7 +85,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [ "$shown" = ${#MODELS[@]} ]; check $? "top draws every model (${shown}/${#MODELS[@]})"
-screen quit | grep -q "slowest streams in flight"; check $? "top draws the streams in flight"
+screen quit | grep -q "slowest requests in flight"; check $? "top draws the requests in flight"
 first=$(frames quit)
 sleep 2.5
 second=$(frames quit)
@@ -100,7 +100,7 @@ for _ in $(seq 50); do [ -n "$(frames quit)" ] && [ "$(frames quit)" -gt 0 ] && 
 tmux -S "$SOCKET" send-keys -t quit q
 wait_status quit 5; check $? "q ends top"
 [ "$(cat "$TMP/quit.status" 2>/dev/null)" = 0 ]; check $? "q exits with status 0 ($(cat "$TMP/quit.status" 2>/dev/null))"
-! screen quit | grep -q "slowest streams in flight"; check $? "the terminal is given back after q"
+! screen quit | grep -q "slowest requests in flight"; check $? "the terminal is given back after q"
 
 # 2. The server goes away: top exits by itself, with a message.
 start_top gone
@@ -109,7 +109,7 @@ kill -TERM "$DEMO_PID"
 wait_status gone 15; check $? "top exits when the server goes away"
 [ "$(cat "$TMP/gone.status" 2>/dev/null)" = 1 ]; check $? "with status 1 ($(cat "$TMP/gone.status" 2>/dev/null))"
 grep -q "went away" "$TMP/gone.err"; check $? "and says so: $(head -c 200 "$TMP/gone.err")"
-! screen gone | grep -q "slowest streams in flight"; check $? "the terminal is given back after the server left"
+! screen gone | grep -q "slowest requests in flight"; check $? "the terminal is given back after the server left"
 
 # 3. `tokentap demo --top`: the demo with top instead of its table; q ends both.
 read -r P_PROXY P_ADMIN < <(free_ports 2)

@@ -299,6 +299,12 @@ def main():
             f".some(td => td.textContent === {json.dumps(args.regress)})", 10,
             "its streams in flight"), f"{args.regress}'s streams are listed in flight")
         check(browser.wait(
+            "Array.from(document.querySelectorAll('#inflight tbody tr')).some(tr =>"
+            f" tr.cells[0].textContent === {json.dumps(args.regress)} &&"
+            " ['waiting_head', 'waiting_first_token', 'streaming']"
+            ".includes(tr.cells[2].dataset.phase))", 10,
+            "their phase"), f"{args.regress}'s requests in flight show their phase")
+        check(browser.wait(
             "(() => { const first = document.querySelector('#slowest tbody tr');"
             f" return !!first && first.textContent.includes({json.dumps(args.regress)})"
             f" && first.textContent.includes('{trace_id}'); }})()", 10,

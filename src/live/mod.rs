@@ -9,11 +9,11 @@
 //!   tick) into a ring of its own (five minutes).
 //!
 //! Only while someone watches, once per tick and per window someone watches (at most
-//! [`WINDOWS`]`.len()` frames, however many viewers): the windowed figures, the streams
-//! in flight and the tick's finished requests, serialized once to the SSE bytes that
-//! every subscriber of that window receives (a `tokio::sync::broadcast` of `Bytes`). A
-//! subscriber more than [`BACKLOG`] frames behind is dropped, not buffered; at most
-//! [`MAX_SUBSCRIBERS`] are served at once.
+//! [`WINDOWS`]`.len()` frames, however many viewers): the windowed figures, the requests
+//! in flight (each from its head, with its phase) and the tick's finished requests,
+//! serialized once to the SSE bytes that every subscriber of that window receives (a
+//! `tokio::sync::broadcast` of `Bytes`). A subscriber more than [`BACKLOG`] frames behind
+//! is dropped, not buffered; at most [`MAX_SUBSCRIBERS`] are served at once.
 //!
 //! Nothing here shows a request's text, headers or keys: model and tenant label values
 //! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
@@ -44,7 +44,7 @@ pub const WINDOWS: [u64; 3] = [10, 60, 300];
 pub const DEFAULT_WINDOW: u64 = 60;
 /// Ticks of TTFT/ITL columns in a snapshot's heatmaps (five minutes).
 pub const HEATMAP_TICKS: usize = 300;
-/// Streams in flight listed in a frame (the longest running first); the total is given.
+/// Requests in flight listed in a frame (the longest running first); the total is given.
 pub const IN_FLIGHT_SHOWN: usize = 20;
 /// Slowest finished requests kept per tick, and listed in a snapshot.
 pub const SLOWEST_PER_TICK: usize = 5;
@@ -193,7 +193,7 @@ pub struct Live {
 }
 
 impl Live {
-    /// Switch on the registry of streams in flight and the request tap, and spawn the
+    /// Switch on the registry of requests in flight and the request tap, and spawn the
     /// ticker on the current runtime.
     pub fn start(metrics: Arc<Metrics>) -> Arc<Live> {
         metrics.live_streams.enable();
@@ -415,8 +415,8 @@ impl Shared {
             .clone();
         let mut streams = self.metrics.live_streams.views(now);
         let mut in_flight: std::collections::HashMap<&str, usize> = Default::default();
-        for stream in &streams {
-            *in_flight.entry(&*stream.model).or_default() += 1;
+        for model in streams.iter().filter_map(|s| s.model.as_deref()) {
+            *in_flight.entry(model).or_default() += 1;
         }
         let ring = self.lock_ring();
         let latest = ring.slots().back();
@@ -498,8 +498,12 @@ struct InFlight {
 
 #[derive(Serialize)]
 struct StreamFigures {
-    model: Arc<str>,
+    /// `None` until the request body (or, for a request that names none, the response)
+    /// names the model.
+    model: Option<Arc<str>>,
     tenant: Arc<str>,
+    /// What it waits for: `waiting_head`, `waiting_first_token` or `streaming`.
+    phase: &'static str,
     elapsed_s: f64,
     tokens: u64,
     /// Tokens per second from the request head to the latest event.
@@ -515,6 +519,7 @@ impl StreamFigures {
         StreamFigures {
             model: view.model.clone(),
             tenant: view.tenant.clone(),
+            phase: view.phase.as_str(),
             elapsed_s: view.elapsed.as_secs_f64(),
             tokens: view.tokens,
             tokens_per_s: last.filter(|&s| s > 0.0).map(|s| view.tokens as f64 / s),
@@ -723,13 +728,25 @@ mod tests {
         let t0 = Instant::now();
         let entry = metrics
             .live_streams
-            .register(Arc::from("m"), Arc::from("t"), t0)
+            .register(None, Arc::from("t"), t0)
             .expect("on");
+        let snapshot: serde_json::Value =
+            serde_json::from_slice(&live.snapshot(None)).expect("JSON");
+        let listed = &snapshot["in_flight"]["streams"][0];
+        assert_eq!(listed["phase"], "waiting_head");
+        assert_eq!(listed["model"], serde_json::Value::Null);
+        assert_eq!(listed["tokens"], 0);
+        assert_eq!(listed["tokens_per_s"], serde_json::Value::Null);
+        entry.stream().model_or_init(|| Arc::from("m"));
+        entry.stream().response_head(t0 + Duration::from_millis(2));
         entry.stream().event(t0 + Duration::from_millis(5), 3, None);
         let snapshot: serde_json::Value =
             serde_json::from_slice(&live.snapshot(None)).expect("JSON");
         assert_eq!(snapshot["in_flight"]["total"], 1);
-        assert_eq!(snapshot["in_flight"]["streams"][0]["tokens"], 3);
+        let listed = &snapshot["in_flight"]["streams"][0];
+        assert_eq!(listed["tokens"], 3);
+        assert_eq!(listed["phase"], "streaming");
+        assert_eq!(listed["model"], "m");
         drop(entry);
         // Dropping the live view removes its tap and ends its subscriptions.
         let mut viewer = live.subscribe(None).expect("room");

@@ -1,29 +1,61 @@
-//! The streams in flight right now, one by one, for the live view (`live`): which model
-//! and tenant, when it started, its tokens so far and its largest gap so far.
+//! The requests in flight right now, one by one, for the live view (`live`): which model
+//! and tenant, when it started, what it waits for (its [`Phase`]), its tokens so far and
+//! its largest gap so far.
 //!
-//! Off unless the live view switches it on ([`LiveStreams::enable`]); then the recorder
-//! registers each measured stream once (a lock on one of [`SHARDS`] shards, picked by a
-//! counter, so concurrent registrations on different workers rarely meet) and updates it
-//! per event with relaxed atomics on the stream's own [`LiveStream`]: no lock and no
-//! shared line per event. The entry leaves the registry when the request is recorded (its
-//! [`LiveEntry`] is dropped). Like the rest of `metrics`, it takes plain values: instants
-//! and counts, whoever measured them.
+//! Off unless the live view switches it on ([`LiveStreams::enable`]); then each measured
+//! request is registered once, when its observation starts at the request head
+//! (`observe::start`, which the exchange policy calls for either transport): a lock on
+//! one of [`SHARDS`] shards, picked by a counter, so concurrent registrations on different
+//! workers rarely meet. Its response head and its token-bearing events are noted with
+//! relaxed atomics on the request's own [`LiveStream`]: no lock and no shared line per
+//! event. The entry leaves the registry when the request is recorded, however it ends
+//! (its [`LiveEntry`] is dropped).
+//!
+//! The tenant label is known at registration (the head says it); the model label is set
+//! once, when the request body names the model, or, for a request that names none, when
+//! its series are resolved (its first token, or its end). Like the rest of `metrics`, it
+//! takes plain values: instants, counts and label values, whoever measured them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Registry shards: enough that the workers (one per CPU) seldom share one.
 pub const SHARDS: usize = 16;
 
-/// One stream in flight, as the recorder updates it.
+/// What a request in flight is waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The upstream's response head.
+    Head,
+    /// The first token: the head came, no token-bearing event yet.
+    FirstToken,
+    /// Tokens are arriving.
+    Streaming,
+}
+
+impl Phase {
+    /// The name the live API gives the phase.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Head => "waiting_head",
+            Phase::FirstToken => "waiting_first_token",
+            Phase::Streaming => "streaming",
+        }
+    }
+}
+
+/// One request in flight, as its recorder updates it.
 #[derive(Debug)]
 pub struct LiveStream {
-    pub model: Arc<str>,
+    /// The model label, once known (see the module docs).
+    model: OnceLock<Arc<str>>,
     pub tenant: Arc<str>,
     /// When the request head was received (`t_req`).
     pub started: Instant,
+    /// Nanoseconds from `started` to the response head (0: none yet).
+    head_ns: AtomicU64,
     tokens: AtomicU64,
     /// Nanoseconds from `started` to the latest token-bearing event (0: none yet).
     last_event_ns: AtomicU64,
@@ -32,6 +64,23 @@ pub struct LiveStream {
 }
 
 impl LiveStream {
+    /// The model label, if it is known yet.
+    pub fn model(&self) -> Option<&Arc<str>> {
+        self.model.get()
+    }
+
+    /// The model label, set by `label` if nobody has set it yet: whoever comes first
+    /// resolves it, once.
+    pub fn model_or_init(&self, label: impl FnOnce() -> Arc<str>) -> &Arc<str> {
+        self.model.get_or_init(label)
+    }
+
+    /// The upstream's response head arrived at `at`.
+    pub fn response_head(&self, at: Instant) {
+        let since = at.saturating_duration_since(self.started).as_nanos() as u64;
+        self.head_ns.store(since.max(1), Ordering::Relaxed);
+    }
+
     /// A token-bearing event at `at` with `tokens` tokens, `gap` after the previous one
     /// (none for the first).
     pub fn event(&self, at: Instant, tokens: u64, gap: Option<Duration>) {
@@ -44,13 +93,21 @@ impl LiveStream {
         }
     }
 
-    /// What the stream has come to at `now`.
+    /// What the request has come to at `now`.
     pub fn view(&self, now: Instant) -> LiveStreamView {
         let nanos = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
         let last = self.last_event_ns.load(Ordering::Relaxed);
+        let phase = if last > 0 {
+            Phase::Streaming
+        } else if self.head_ns.load(Ordering::Relaxed) > 0 {
+            Phase::FirstToken
+        } else {
+            Phase::Head
+        };
         LiveStreamView {
-            model: self.model.clone(),
+            model: self.model.get().cloned(),
             tenant: self.tenant.clone(),
+            phase,
             elapsed: now.saturating_duration_since(self.started),
             tokens: self.tokens.load(Ordering::Relaxed),
             last_event: (last > 0).then(|| Duration::from_nanos(last)),
@@ -59,11 +116,13 @@ impl LiveStream {
     }
 }
 
-/// A stream in flight as read at one instant.
+/// A request in flight as read at one instant.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveStreamView {
-    pub model: Arc<str>,
+    /// The model label; `None` until it is known.
+    pub model: Option<Arc<str>>,
     pub tenant: Arc<str>,
+    pub phase: Phase,
     /// From `t_req` to the reading.
     pub elapsed: Duration,
     pub tokens: u64,
@@ -75,7 +134,7 @@ pub struct LiveStreamView {
 #[derive(Default)]
 struct Shard(Mutex<HashMap<u64, Arc<LiveStream>>>);
 
-/// The registry of streams in flight; see the module docs.
+/// The registry of requests in flight; see the module docs.
 pub struct LiveStreams {
     enabled: AtomicBool,
     next: AtomicU64,
@@ -102,10 +161,11 @@ impl LiveStreams {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Register a stream, if the registry is on; it stays listed until the entry drops.
+    /// Register a request whose head was received at `started`, if the registry is on;
+    /// it stays listed until the entry drops. `model`: its label, if known already.
     pub fn register(
         self: &Arc<Self>,
-        model: Arc<str>,
+        model: Option<Arc<str>>,
         tenant: Arc<str>,
         started: Instant,
     ) -> Option<LiveEntry> {
@@ -114,9 +174,10 @@ impl LiveStreams {
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let stream = Arc::new(LiveStream {
-            model,
+            model: model.map(OnceLock::from).unwrap_or_default(),
             tenant,
             started,
+            head_ns: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
             last_event_ns: AtomicU64::new(0),
             largest_gap_ns: AtomicU64::new(0),
@@ -136,7 +197,7 @@ impl LiveStreams {
         &self.shards[(id % SHARDS as u64) as usize].0
     }
 
-    /// Every stream in flight, as read at `now`.
+    /// Every request in flight, as read at `now`.
     pub fn views(&self, now: Instant) -> Vec<LiveStreamView> {
         let mut views = Vec::new();
         for shard in self.shards.iter() {
@@ -146,7 +207,7 @@ impl LiveStreams {
         views
     }
 
-    /// How many streams are listed.
+    /// How many requests are listed.
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -159,7 +220,7 @@ impl LiveStreams {
     }
 }
 
-/// A registered stream: updated through [`LiveEntry::stream`], unlisted on drop.
+/// A registered request: updated through [`LiveEntry::stream`], unlisted on drop.
 pub struct LiveEntry {
     registry: Arc<LiveStreams>,
     id: u64,
@@ -167,7 +228,7 @@ pub struct LiveEntry {
 }
 
 impl LiveEntry {
-    pub fn stream(&self) -> &LiveStream {
+    pub fn stream(&self) -> &Arc<LiveStream> {
         &self.stream
     }
 }
@@ -187,19 +248,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn streams_are_listed_while_their_entry_lives() {
+    fn requests_are_listed_while_their_entry_lives() {
         let registry = Arc::new(LiveStreams::default());
         let t0 = Instant::now();
-        assert!(registry
-            .register(Arc::from("m"), Arc::from("t"), t0)
-            .is_none());
+        assert!(registry.register(None, Arc::from("t"), t0).is_none());
         registry.enable();
-        let entry = registry
-            .register(Arc::from("m"), Arc::from("t"), t0)
-            .expect("on");
+        let entry = registry.register(None, Arc::from("t"), t0).expect("on");
         let other = registry
-            .register(Arc::from("n"), Arc::from("u"), t0)
+            .register(Some(Arc::from("n")), Arc::from("u"), t0)
             .expect("on");
+        let waiting = entry.stream().view(t0 + Duration::from_millis(50));
+        assert_eq!(waiting.phase, Phase::Head);
+        assert_eq!(waiting.model, None);
+        assert_eq!(waiting.elapsed, Duration::from_millis(50));
+        assert_eq!((waiting.tokens, waiting.last_event), (0, None));
+        assert_eq!(waiting.largest_gap, None);
+        // The first to set the model label wins.
+        assert_eq!(&**entry.stream().model_or_init(|| Arc::from("m")), "m");
+        assert_eq!(&**entry.stream().model_or_init(|| Arc::from("x")), "m");
+        entry.stream().response_head(t0 + Duration::from_millis(60));
+        let head = entry.stream().view(t0 + Duration::from_millis(80));
+        assert_eq!(head.phase, Phase::FirstToken);
+        assert_eq!(head.tokens, 0);
         entry
             .stream()
             .event(t0 + Duration::from_millis(100), 1, None);
@@ -214,6 +284,8 @@ mod tests {
             Some(Duration::from_millis(50)),
         );
         let view = entry.stream().view(t0 + Duration::from_secs(1));
+        assert_eq!(view.phase, Phase::Streaming);
+        assert_eq!(view.model.as_deref(), Some("m"));
         assert_eq!(view.tokens, 6);
         assert_eq!(view.elapsed, Duration::from_secs(1));
         assert_eq!(view.last_event, Some(Duration::from_millis(450)));
@@ -222,7 +294,7 @@ mod tests {
         drop(other);
         let views = registry.views(t0);
         assert_eq!(views.len(), 1);
-        assert_eq!(&*views[0].model, "m");
+        assert_eq!(views[0].model.as_deref(), Some("m"));
         drop(entry);
         assert!(registry.is_empty());
     }

@@ -416,11 +416,28 @@ impl Metrics {
         self.pair(model, tenant)
     }
 
-    /// [`Metrics::stream`] for a request whose `model` was too long to be read: the model
-    /// label is `other`, counted in `tokentap_label_overflow_total{label="model"}`.
-    pub fn stream_with_model_too_long(&self, tenant: Option<&str>) -> StreamSeries {
-        let model = self.models.resolve_too_long();
-        let tenant = self.tenants.resolve(tenant);
+    /// The `model` label of a request's model, through the label policy, as
+    /// [`Metrics::stream`] resolves it: for a caller that needs the label before the
+    /// series (the live view's list of requests in flight). Resolving counts an overflow,
+    /// so a label resolved here goes to [`Metrics::stream_of`], not through `stream` again.
+    pub fn model_label(&self, model: Option<&str>) -> Arc<str> {
+        self.models.resolve(model)
+    }
+
+    /// [`Metrics::model_label`] of a `model` too long to be read: `other`, counted in
+    /// `tokentap_label_overflow_total{label="model"}`.
+    pub fn model_label_too_long(&self) -> Arc<str> {
+        self.models.resolve_too_long()
+    }
+
+    /// The `tenant` label of a request's tenant, as [`Metrics::model_label`] for models.
+    pub fn tenant_label(&self, tenant: Option<&str>) -> Arc<str> {
+        self.tenants.resolve(tenant)
+    }
+
+    /// [`Metrics::stream`] of labels already resolved ([`Metrics::model_label`],
+    /// [`Metrics::tenant_label`]).
+    pub fn stream_of(&self, model: Arc<str>, tenant: Arc<str>) -> StreamSeries {
         self.pair(model, tenant)
     }
 

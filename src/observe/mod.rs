@@ -34,6 +34,7 @@ use http::{header, HeaderMap, Method, StatusCode, Uri};
 
 use crate::config::Config;
 use crate::metrics::exemplar::TraceContext;
+use crate::metrics::live::LiveStream;
 use crate::metrics::Metrics;
 pub use crate::metrics::Outcome;
 use crate::prefetch;
@@ -130,18 +131,23 @@ pub fn start(
         facts.exemplar = facts.span.or(facts.trace);
     }
     let facts = Arc::new(facts);
+    // With the live view on, this lists the request in flight: here, at its head, once
+    // for either transport.
     let recorder = Recorder::new(
         metrics.clone(),
         t_req,
         facts.clone(),
         config.metrics.stall_threshold,
     );
+    let live = recorder
+        .live_stream()
+        .map(|stream| LiveModel(stream.clone(), metrics.clone()));
     let pending = Pending(Some(Waiting::Measured {
         recorder: Box::new(recorder),
         config: config.clone(),
         tokenizer: tokenizer.cloned(),
     }));
-    (RequestScan::new(facts), pending)
+    (RequestScan::new(facts, live), pending)
 }
 
 /// A request tokentap answered with `status` itself, without sending it upstream and
@@ -293,6 +299,29 @@ fn refused_span(
 pub struct RequestScan {
     /// `None` once the scan is done (or never needed: passthrough, or a panic).
     scanner: Option<(Scanner, Arc<RequestFacts>)>,
+    /// The request's entry in the live view's list, to label with the model once the
+    /// body names it.
+    live: Option<LiveModel>,
+}
+
+/// A live entry whose model label is not set yet, and the metrics whose label policy
+/// resolves it.
+struct LiveModel(Arc<LiveStream>, Arc<Metrics>);
+
+impl LiveModel {
+    /// Label the entry with the request's model, if the body has named it: the request's
+    /// model is the label (`Recorder`'s rule), so it is final. Whether it is labelled.
+    fn label(&self, facts: &RequestFacts) -> bool {
+        let LiveModel(stream, metrics) = self;
+        if let Some(model) = facts.model.get() {
+            stream.model_or_init(|| metrics.model_label(Some(model)));
+        } else if facts.model_too_long.get().is_some() {
+            stream.model_or_init(|| metrics.model_label_too_long());
+        } else {
+            return stream.model().is_some();
+        }
+        true
+    }
 }
 
 /// A JSON body's scanner, or a gRPC one's (the first request message); their interfaces
@@ -312,7 +341,7 @@ macro_rules! each_scanner {
 }
 
 impl RequestScan {
-    fn new(facts: Arc<RequestFacts>) -> RequestScan {
+    fn new(facts: Arc<RequestFacts>, live: Option<LiveModel>) -> RequestScan {
         let scanner = if facts.dialect.is_grpc() {
             Scanner::Grpc(GrpcRequestScanner::new(facts.dialect))
         } else {
@@ -320,11 +349,15 @@ impl RequestScan {
         };
         RequestScan {
             scanner: Some((scanner, facts)),
+            live,
         }
     }
 
     fn inactive() -> RequestScan {
-        RequestScan { scanner: None }
+        RequestScan {
+            scanner: None,
+            live: None,
+        }
     }
 
     /// Look at the next bytes of the request body; what they say is published at once.
@@ -332,6 +365,7 @@ impl RequestScan {
         let Some((scanner, facts)) = self.scanner.as_mut() else {
             return;
         };
+        let live = &mut self.live;
         let scanned = catch_unwind(AssertUnwindSafe(|| {
             each_scanner!(scanner, s => {
                 s.feed(bytes);
@@ -346,11 +380,15 @@ impl RequestScan {
                 if let Some(stream) = s.stream() {
                     let _ = facts.stream.set(stream);
                 }
+                if live.as_ref().is_some_and(|live| live.label(facts)) {
+                    *live = None;
+                }
                 s.is_done()
             })
         }));
         if scanned.unwrap_or(true) {
             self.scanner = None;
+            self.live = None;
         }
     }
 }
@@ -764,5 +802,65 @@ fn guarded(metrics: &Metrics, work: impl FnOnce()) -> bool {
             metrics.unobserved(Unobservable::ObserverPanic);
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::live::Phase;
+
+    #[test]
+    fn a_request_is_listed_from_its_head_until_it_ends_however_it_ends() {
+        let config = Arc::new(
+            Config::from_overrides(&crate::config::Overrides {
+                upstream: Some("http://127.0.0.1:9".to_string()),
+                ..Default::default()
+            })
+            .expect("flag-only config is valid"),
+        );
+        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        metrics.live_streams.enable();
+        let served = Arc::new(ServedModels::default());
+        let (method, uri) = (Method::POST, Uri::from_static("/v1/chat/completions"));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant-id", "t".parse().unwrap());
+        let head = RequestHead {
+            method: &method,
+            uri: &uri,
+            headers: &headers,
+        };
+        let t0 = Instant::now();
+        let (mut scan, pending) = start(head, t0, &config, None, &metrics, &served);
+        let views = metrics.live_streams.views(t0);
+        assert_eq!(views.len(), 1);
+        assert_eq!((views[0].model.as_deref(), &*views[0].tenant), (None, "t"));
+        scan.feed(br#"{"model":"#);
+        assert_eq!(metrics.live_streams.views(t0)[0].model, None);
+        scan.feed(br#""m","stream":true}"#);
+        assert_eq!(
+            metrics.live_streams.views(t0)[0].model.as_deref(),
+            Some("m")
+        );
+        // The client gave up before the head: recorded as cancelled, and unlisted.
+        drop(pending);
+        assert!(metrics.live_streams.is_empty());
+        // No head came and tokentap answered: unlisted too.
+        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
+        assert_eq!(metrics.live_streams.len(), 1);
+        pending.fail(
+            Instant::now(),
+            StatusCode::BAD_GATEWAY,
+            Outcome::UpstreamError,
+        );
+        assert!(metrics.live_streams.is_empty());
+        // A head, then the body's end.
+        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
+        let mut observer = pending
+            .response(Instant::now(), StatusCode::OK, &HeaderMap::new())
+            .expect("a measured route is observed");
+        assert_eq!(metrics.live_streams.views(t0)[0].phase, Phase::FirstToken);
+        observer.end(Instant::now());
+        assert!(metrics.live_streams.is_empty());
     }
 }

@@ -16,7 +16,7 @@ use super::itl_sketch::ItlSketch;
 use super::rate_limits::{RateLimits, Resource};
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
-use crate::metrics::live::LiveEntry;
+use crate::metrics::live::{LiveEntry, LiveStream};
 use crate::metrics::requests::FinishedRequest;
 use crate::metrics::{
     EngineFigures, Metrics, Outcome, RequestExemplar, RequestFigures, StatusClass, StreamSeries,
@@ -132,10 +132,9 @@ pub struct Recorder {
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
     in_flight: InFlight,
-    /// The stream's entry in the live view's list of streams in flight, from its first
-    /// token-bearing event while the live view is on.
+    /// The request's entry in the live view's list of requests in flight, from its head
+    /// to its record, while the live view is on.
     live: Option<LiveEntry>,
-    t_req: Instant,
 }
 
 impl Recorder {
@@ -147,6 +146,12 @@ impl Recorder {
     ) -> Recorder {
         let in_flight = InFlight::enter(&metrics.streams_in_flight);
         let itl_sketch = facts.span.map(|_| ItlSketch::default());
+        let live = if metrics.live_streams.is_enabled() {
+            let tenant = metrics.tenant_label(facts.tenant.as_deref());
+            metrics.live_streams.register(None, tenant, t_req)
+        } else {
+            None
+        };
         Recorder {
             metrics,
             clock: TokenClock::new(t_req),
@@ -166,8 +171,7 @@ impl Recorder {
             finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             in_flight,
-            live: None,
-            t_req,
+            live,
         }
     }
 
@@ -185,6 +189,15 @@ impl Recorder {
     pub fn response_head(&mut self, at: Instant, status: StatusCode) {
         self.clock.response_head(at);
         self.status = Some(status);
+        if let Some(entry) = &self.live {
+            entry.stream().response_head(at);
+        }
+    }
+
+    /// The request's entry in the live view's list, while the live view is on: the
+    /// request scan names its model there as soon as the body says it.
+    pub fn live_stream(&self) -> Option<&Arc<LiveStream>> {
+        self.live.as_ref().map(LiveEntry::stream)
     }
 
     /// The rate limits the upstream reported in its response head.
@@ -245,7 +258,9 @@ impl Recorder {
                         Stamp::First { .. } => None,
                         Stamp::Next { gap, .. } => Some(gap),
                     };
-                    self.live_event(at, *tokens, gap);
+                    if let Some(entry) = &self.live {
+                        entry.stream().event(at, u64::from((*tokens).max(1)), gap);
+                    }
                     let handles = self.handles();
                     match stamp {
                         Stamp::First { ttft } => handles.first_token(ttft),
@@ -295,23 +310,6 @@ impl Recorder {
         }
     }
 
-    /// Note a token-bearing event on the stream's live entry, registering it on the
-    /// first while the live view is on: relaxed atomics, nothing when it is off.
-    fn live_event(&mut self, at: Instant, tokens: u32, gap: Option<Duration>) {
-        if self.live.is_none() {
-            if !self.metrics.live_streams.is_enabled() {
-                return;
-            }
-            let t_req = self.t_req;
-            let handles = self.handles();
-            let (model, tenant) = (handles.model().clone(), handles.tenant().clone());
-            self.live = self.metrics.live_streams.register(model, tenant, t_req);
-        }
-        if let Some(entry) = &self.live {
-            entry.stream().event(at, u64::from(tokens.max(1)), gap);
-        }
-    }
-
     /// Add what [`apply`](Self::apply) writes per event outside the recorder itself.
     pub fn hot_lines(&self, lines: &mut crate::prefetch::Lines) {
         self.clock.hot_lines(lines);
@@ -320,19 +318,19 @@ impl Recorder {
     /// The request's metric handles, resolved on first use.
     fn handles(&mut self) -> &StreamSeries {
         if self.handles.is_none() {
-            let request_model = self.facts.model.get().map(String::as_str);
-            let tenant = self.facts.tenant.as_deref();
-            // A model the request carried, even one too long to read, wins over the
-            // response's, as a readable one does.
-            let handles = if request_model.is_none() && self.facts.model_too_long.get().is_some() {
-                self.metrics.stream_with_model_too_long(tenant)
-            } else {
-                let model = request_model
-                    .or(self.response_model.as_deref())
-                    .or(self.facts.served_model.as_deref());
-                self.metrics.stream(model, tenant)
+            // Each label is resolved once: the live entry's, where there is one, were
+            // resolved at registration and (the model) by the request scan.
+            let (model, tenant) = match &self.live {
+                Some(entry) => (
+                    entry.stream().model_or_init(|| self.model_label()).clone(),
+                    entry.stream().tenant.clone(),
+                ),
+                None => (
+                    self.model_label(),
+                    self.metrics.tenant_label(self.facts.tenant.as_deref()),
+                ),
             };
-            let mut handles = handles;
+            let mut handles = self.metrics.stream_of(model, tenant);
             let dialect = self.facts.dialect;
             self.metrics.attach_gen_ai(
                 &mut handles,
@@ -346,6 +344,19 @@ impl Recorder {
             self.handles = Some(handles);
         }
         self.handles.as_ref().expect("resolved just above")
+    }
+
+    /// The `model` label: the request's model, even one too long to read, wins over the
+    /// response's, as a readable one does; then the model the engine said it serves.
+    fn model_label(&self) -> Arc<str> {
+        let request_model = self.facts.model.get().map(String::as_str);
+        if request_model.is_none() && self.facts.model_too_long.get().is_some() {
+            return self.metrics.model_label_too_long();
+        }
+        let model = request_model
+            .or(self.response_model.as_deref())
+            .or(self.facts.served_model.as_deref());
+        self.metrics.model_label(model)
     }
 
     /// Whether the stream's own end marker arrived: a client that leaves after it has
@@ -602,6 +613,7 @@ impl From<&Timings> for RequestFigures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::live::Phase;
     use crate::metrics::snapshot::{HistogramSnapshot, Values};
     use crate::wire::OutputKind;
 
@@ -650,6 +662,44 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_request_is_listed_from_its_head_only_while_the_live_view_is_on() {
+        let metrics = metrics();
+        let t0 = Instant::now();
+        let off = recorder(&metrics, t0);
+        assert!(off.live_stream().is_none());
+        drop(off);
+        metrics.live_streams.enable();
+        let facts = RequestFacts::new(
+            http::Method::POST,
+            "/v1/chat/completions".into(),
+            Dialect::OpenAiChat,
+            Some("t".into()),
+        );
+        let mut on = Recorder::new(metrics.clone(), t0, Arc::new(facts), Duration::from_secs(5));
+        let listed = |at| metrics.live_streams.views(at);
+        let waiting = listed(t0);
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].phase, Phase::Head);
+        assert_eq!(
+            (waiting[0].model.as_deref(), &*waiting[0].tenant),
+            (None, "t")
+        );
+        on.response_head(t0 + Duration::from_millis(5), StatusCode::OK);
+        assert_eq!(listed(t0)[0].phase, Phase::FirstToken);
+        // A request that named no model is labelled when its series are: the response's.
+        on.apply(
+            t0 + Duration::from_millis(9),
+            &[Signal::Model("from-response".into()), output(2, true)],
+        );
+        let streaming = listed(t0 + Duration::from_millis(10));
+        assert_eq!(streaming[0].phase, Phase::Streaming);
+        assert_eq!(streaming[0].model.as_deref(), Some("from-response"));
+        assert_eq!(streaming[0].tokens, 2);
+        on.record(t0 + Duration::from_millis(20), Outcome::Completed);
+        assert!(metrics.live_streams.is_empty());
     }
 
     #[test]

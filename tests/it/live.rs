@@ -3,7 +3,9 @@
 //! (the window covers all of it: nothing happened before), its quantiles are the
 //! windowed buckets' as `histogram_quantile` reads them, a long stream shows in flight
 //! with its tokens so far, the SSE stream sends `tick` and `requests` events, nothing of
-//! a request's text appears, and `ui.enabled: false` answers 404.
+//! a request's text appears, and `ui.enabled: false` answers 404. On both HTTP/1.1 paths
+//! (relay and hyper), a request is listed in flight from its head, in the phase it waits
+//! in, and leaves the list when it ends, its client gone before any answer included.
 
 use crate::common;
 
@@ -11,12 +13,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{body_text, client, Proxy, SimHandle};
+use common::{body_text, client, Proxy, SimHandle, Step};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokentap::live::window::quantile;
 use tokentap::sim::{ModelProfile, SimConfig};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
@@ -361,4 +365,160 @@ async fn the_stream_ends_when_the_server_stops() {
     })
     .await;
     assert!(ended.is_ok(), "the SSE stream outlived the server");
+}
+
+/// The two HTTP/1.1 paths: the relay (`proxy.http1_fast_path: true`) and hyper (`false`).
+/// Both begin a request through the one exchange policy, where it is listed.
+const PATHS: [bool; 2] = [true, false];
+
+async fn proxy_on_path(upstream: &str, fast: bool) -> Proxy {
+    Proxy::start(upstream, &format!("proxy:\n  http1_fast_path: {fast}\n")).await
+}
+
+/// The request of `tenant` in the snapshot's list of requests in flight, if listed.
+async fn listed(admin: std::net::SocketAddr, tenant: &str) -> Option<Value> {
+    let snap = snapshot(admin, 10).await;
+    snap["in_flight"]["streams"]
+        .as_array()?
+        .iter()
+        .find(|s| s["tenant"] == tenant)
+        .cloned()
+}
+
+/// Wait until the request of `tenant` is listed in `phase`, with its model (named from
+/// the moment the request body has been read: a reading between the head and the body
+/// shows none); its entry.
+async fn wait_listed(admin: std::net::SocketAddr, tenant: &str, phase: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let entry = listed(admin, tenant).await;
+        let ready = |s: &&Value| s["phase"] == phase && !s["model"].is_null();
+        if let Some(entry) = entry.as_ref().filter(ready) {
+            return entry.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{tenant} never listed {phase}: {entry:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until the request of `tenant` is no longer listed.
+async fn wait_unlisted(admin: std::net::SocketAddr, tenant: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Some(entry) = listed(admin, tenant).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{tenant} still listed: {entry}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn sse_head() -> Vec<u8> {
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        .to_vec()
+}
+
+fn chunk(data: &str) -> Vec<u8> {
+    format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
+}
+
+/// A request is listed from its head, on both HTTP/1.1 paths: while the upstream holds
+/// its response head (`waiting_head`, elapsed growing), then the first token
+/// (`waiting_first_token`), then streaming, with the model its body named; once it ends
+/// it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_listed_from_its_head_through_each_phase() {
+    let hold = Duration::from_millis(1500);
+    let event = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let backend = common::ScriptedBackend::start(vec![
+        Step::Sleep(hold),
+        Step::Write(sse_head()),
+        Step::Sleep(hold),
+        Step::Write(chunk(event)),
+        Step::Sleep(hold),
+        Step::Write(chunk("data: [DONE]\n\n")),
+        Step::Write(b"0\r\n\r\n".to_vec()),
+    ])
+    .await;
+    for fast in PATHS {
+        let proxy = proxy_on_path(&backend.url(), fast).await;
+        let tenant = format!("held-{fast}");
+        let request = common::chat(
+            &proxy.url("/v1/chat/completions"),
+            "held",
+            &tenant,
+            true,
+            false,
+        );
+        let client = tokio::spawn(async move {
+            let response = client().request(request).await.expect("response");
+            response.into_body().collect().await.expect("stream");
+        });
+
+        let first = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        assert_eq!(first["model"], "held", "{first}");
+        assert_eq!(first["tokens"], 0);
+        for empty in ["tokens_per_s", "largest_gap_s", "since_last_event_s"] {
+            assert_eq!(first[empty], Value::Null, "{empty}: {first}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let later = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        assert!(
+            later["elapsed_s"].as_f64().unwrap() > first["elapsed_s"].as_f64().unwrap(),
+            "elapsed stands still: {first} then {later}"
+        );
+
+        let head = wait_listed(proxy.admin, &tenant, "waiting_first_token").await;
+        assert_eq!(head["tokens"], 0, "{head}");
+        assert_eq!(head["tokens_per_s"], Value::Null, "{head}");
+
+        let streaming = wait_listed(proxy.admin, &tenant, "streaming").await;
+        assert_eq!(streaming["tokens"], 1, "{streaming}");
+        assert_eq!(streaming["model"], "held");
+
+        client.await.expect("the stream ends");
+        wait_unlisted(proxy.admin, &tenant).await;
+    }
+}
+
+/// A request whose client leaves while the upstream has not answered leaves the list, on
+/// both HTTP/1.1 paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_leaves_before_the_head_is_unlisted() {
+    let backend = common::ScriptedBackend::start(vec![
+        Step::Sleep(Duration::from_secs(60)),
+        Step::Write(sse_head()),
+    ])
+    .await;
+    for fast in PATHS {
+        let proxy = proxy_on_path(&backend.url(), fast).await;
+        let tenant = format!("gone-{fast}");
+        let body = r#"{"model":"gone","stream":true}"#;
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             x-tenant-id: {tenant}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+        client.write_all(request.as_bytes()).await.expect("send");
+        let waiting = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        assert_eq!(waiting["model"], "gone", "{waiting}");
+        drop(client);
+        wait_unlisted(proxy.admin, &tenant).await;
+        let m = proxy
+            .wait_metrics("gone recorded", |m| {
+                m.sum("tokentap_requests_total", &[("model", "gone")]) >= 1.0
+            })
+            .await;
+        assert_eq!(
+            m.sum(
+                "tokentap_requests_total",
+                &[("model", "gone"), ("outcome", "cancelled")]
+            ),
+            1.0
+        );
+    }
 }

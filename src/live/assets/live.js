@@ -69,6 +69,13 @@ function renderOverCap(frame) {
     : "";
 }
 
+// What a request in flight waits for, as /api/live names it.
+const PHASES = {
+  waiting_head: "waiting for head",
+  waiting_first_token: "waiting for first token",
+  streaming: "streaming",
+};
+
 function renderInFlight(frame) {
   const body = $("#inflight tbody");
   body.textContent = "";
@@ -77,8 +84,11 @@ function renderInFlight(frame) {
     (frame.in_flight.total > frame.in_flight.streams.length ? ", the longest running shown" : "") + ")";
   for (const s of frame.in_flight.streams) {
     const tr = document.createElement("tr");
-    cell(tr, s.model, "text");
+    // The model is null until the request body (or the response) names it.
+    cell(tr, s.model === null ? "–" : s.model, "text");
     cell(tr, s.tenant, "text");
+    cell(tr, PHASES[s.phase] || s.phase, s.phase === "streaming" ? "text" : "text wait")
+      .dataset.phase = s.phase;
     cell(tr, secs(s.elapsed_s));
     cell(tr, String(s.tokens));
     cell(tr, num(s.tokens_per_s, 1));
