@@ -79,6 +79,53 @@ pub struct FinishedRequest {
     pub finish_reasons: Vec<String>,
 }
 
+impl FinishedRequest {
+    /// A request that ended before anything of it was measured (tokentap answered it
+    /// at once, now): who it was and its verdict, every figure empty. The caller sets
+    /// what else it knows.
+    pub fn unmeasured(
+        model: Arc<str>,
+        tenant: Arc<str>,
+        dialect: &'static str,
+        path: String,
+        verdict: Verdict,
+        (gen_ai_operation, gen_ai_provider): (&'static str, &'static str),
+    ) -> FinishedRequest {
+        FinishedRequest {
+            model,
+            tenant,
+            dialect,
+            path,
+            verdict,
+            http_status: None,
+            answered_by_tokentap: false,
+            grpc_status: None,
+            stream: None,
+            trace: None,
+            started: SystemTime::now(),
+            duration: Duration::ZERO,
+            ttfb: None,
+            ttft: None,
+            mean_itl: None,
+            slowest_itl: None,
+            slowest_gap: None,
+            tpot: None,
+            events: 0,
+            output_tokens: 0,
+            input_tokens: None,
+            counting: "none",
+            span: None,
+            trace_state: None,
+            request_model: None,
+            response_model: None,
+            itl_p50: None,
+            gen_ai_operation,
+            gen_ai_provider,
+            finish_reasons: Vec::new(),
+        }
+    }
+}
+
 /// A consumer of [`FinishedRequest`]s. `finished` runs in the request path: it must not
 /// block, and a panic in it is caught as an observer panic.
 pub trait RequestTap: Send + Sync {
@@ -275,38 +322,19 @@ mod tests {
     }
 
     fn request(model: &str) -> FinishedRequest {
-        FinishedRequest {
-            model: Arc::from(model),
-            tenant: Arc::from("t"),
-            dialect: "openai_chat",
-            path: "/v1/chat/completions".into(),
-            verdict: Verdict::new(Outcome::Completed, StatusClass::Success),
-            http_status: Some(200),
-            answered_by_tokentap: false,
-            grpc_status: None,
-            stream: Some(true),
-            trace: None,
-            started: SystemTime::UNIX_EPOCH,
-            duration: Duration::from_millis(10),
-            ttfb: None,
-            ttft: None,
-            mean_itl: None,
-            slowest_itl: None,
-            slowest_gap: None,
-            tpot: None,
-            events: 0,
-            output_tokens: 0,
-            input_tokens: None,
-            counting: "none",
-            span: None,
-            trace_state: None,
-            request_model: None,
-            response_model: None,
-            itl_p50: None,
-            gen_ai_operation: "chat",
-            gen_ai_provider: "openai",
-            finish_reasons: Vec::new(),
-        }
+        let mut request = FinishedRequest::unmeasured(
+            Arc::from(model),
+            Arc::from("t"),
+            "openai_chat",
+            "/v1/chat/completions".into(),
+            Verdict::new(Outcome::Completed, StatusClass::Success),
+            ("chat", "openai"),
+        );
+        request.http_status = Some(200);
+        request.stream = Some(true);
+        request.started = SystemTime::UNIX_EPOCH;
+        request.duration = Duration::from_millis(10);
+        request
     }
 
     #[test]

@@ -260,38 +260,22 @@ fn refused_span(
         return;
     }
     let path = head.uri.path();
-    let finished = crate::metrics::requests::FinishedRequest {
-        model: series.model().clone(),
-        tenant: series.tenant().clone(),
-        dialect: dialect.as_str(),
-        path: path.to_string(),
+    let mut finished = crate::metrics::requests::FinishedRequest::unmeasured(
+        series.model().clone(),
+        series.tenant().clone(),
+        dialect.as_str(),
+        path.to_string(),
         verdict,
-        http_status: Some(status.as_u16()),
-        answered_by_tokentap: true,
-        grpc_status: None,
-        stream: None,
-        trace: tracing.trace,
-        started: SystemTime::now(),
-        duration: std::time::Duration::ZERO,
-        ttfb: None,
-        ttft: None,
-        mean_itl: None,
-        slowest_itl: None,
-        slowest_gap: None,
-        tpot: None,
-        events: 0,
-        output_tokens: 0,
-        input_tokens: None,
-        counting: "none",
-        span: tracing.span,
-        trace_state: tracing.trace_state,
-        request_model: None,
-        response_model: None,
-        itl_p50: None,
-        gen_ai_operation: wire::gen_ai::operation_name(dialect, path),
-        gen_ai_provider: wire::gen_ai::provider_name(dialect),
-        finish_reasons: Vec::new(),
-    };
+        (
+            wire::gen_ai::operation_name(dialect, path),
+            wire::gen_ai::provider_name(dialect),
+        ),
+    );
+    finished.http_status = Some(status.as_u16());
+    finished.answered_by_tokentap = true;
+    finished.trace = tracing.trace;
+    finished.span = tracing.span;
+    finished.trace_state = tracing.trace_state;
     metrics.spans.finished(&finished);
 }
 

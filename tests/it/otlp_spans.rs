@@ -156,6 +156,21 @@ fn double(attributes: &BTreeMap<String, Value>, key: &str) -> f64 {
     }
 }
 
+/// `gen_ai.response.finish_reasons`, which must be an array of strings.
+fn finish_reasons(attributes: &BTreeMap<String, Value>) -> Vec<String> {
+    match attributes.get("gen_ai.response.finish_reasons") {
+        Some(Value::ArrayValue(array)) => array
+            .values
+            .iter()
+            .map(|v| match &v.value {
+                Some(Value::StringValue(reason)) => reason.clone(),
+                other => panic!("a finish reason that is not a string: {other:?}"),
+            })
+            .collect(),
+        other => panic!("finish reasons: {other:?}"),
+    }
+}
+
 fn model_of(span: &Span) -> String {
     text(&attributes(span), "gen_ai.request.model")
 }
@@ -244,17 +259,11 @@ async fn spans_are_children_of_the_sent_traceparent_with_the_genai_attributes() 
         "itl p50 {p50} max {max}"
     );
     assert!(double(&a, "tokentap.ttfb") <= ttft);
-    match a.get("gen_ai.response.finish_reasons") {
-        Some(Value::ArrayValue(array)) => {
-            let reasons: Vec<_> = array.values.iter().map(|v| v.value.clone()).collect();
-            assert_eq!(
-                reasons,
-                [Some(Value::StringValue("length".into()))],
-                "the simulator ends at its token count"
-            );
-        }
-        other => panic!("finish reasons: {other:?}"),
-    }
+    assert_eq!(
+        finish_reasons(&a),
+        ["length"],
+        "the simulator ends at its token count"
+    );
     assert_eq!(text(&a, "tokentap.outcome"), "completed");
     assert_eq!(text(&a, "tokentap.status_class"), "2xx");
     assert_eq!(text(&a, "tokentap.tenant"), "t");
@@ -364,17 +373,11 @@ async fn a_non_streamed_body_gives_its_finish_reasons_to_the_span() {
     response.into_body().collect().await.expect("body");
     let seen = wait_for_spans(&spans, 1).await;
     let a = attributes(&seen[0]);
-    match a.get("gen_ai.response.finish_reasons") {
-        Some(Value::ArrayValue(array)) => {
-            let reasons: Vec<_> = array.values.iter().map(|v| v.value.clone()).collect();
-            assert_eq!(
-                reasons,
-                [Some(Value::StringValue("length".into()))],
-                "the simulator's body ends at its token count"
-            );
-        }
-        other => panic!("finish reasons: {other:?}"),
-    }
+    assert_eq!(
+        finish_reasons(&a),
+        ["length"],
+        "the simulator's body ends at its token count"
+    );
 }
 
 /// A request that fails mid-stream, or is refused, gets a span with status ERROR and
