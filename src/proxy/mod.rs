@@ -43,13 +43,17 @@ pub struct Proxy {
     gateway: Arc<Gateway<UpstreamClient>>,
     /// Upgraded connections, which the drain waits for.
     tunnels: Tunnels,
+    /// The configuration the process started with: what the settings a reload cannot
+    /// change still run as.
+    started: Arc<Config>,
 }
 
 /// Settings a reload cannot change in a running process (they shape listeners, the
-/// in-flight semaphore or already registered metric families).
+/// in-flight semaphore, already registered metric families, or the OTLP exporters and
+/// live view started with the server).
 const RESTART_ONLY: &str = "listen, admin, tls, limits, metrics.buckets, \
-     metrics.native_histograms, metrics.names and labels.tenant.families changes take effect \
-     after a restart";
+     metrics.native_histograms, metrics.names, labels.tenant.families, otlp and ui changes \
+     take effect after a restart";
 
 impl Proxy {
     pub fn new(
@@ -59,13 +63,14 @@ impl Proxy {
         metrics: Arc<Metrics>,
     ) -> Arc<Proxy> {
         let active = Active {
-            config,
+            config: config.clone(),
             tokenizer,
             upstream,
         };
         Arc::new(Proxy {
             gateway: Arc::new(Gateway::new(active, metrics)),
             tunnels: Tunnels::default(),
+            started: config,
         })
     }
 
@@ -87,7 +92,8 @@ impl Proxy {
     /// Switch to a new, already validated configuration (with its tokenizer, loaded),
     /// atomically: a request sees either the old configuration or the new one, never a
     /// mix. The upstream client (and its connection pool) is kept when the upstream
-    /// settings did not change. Returns a warning when settings that need a restart differ.
+    /// settings did not change. Returns a warning when settings that need a restart differ
+    /// from those the process started with (so every reload says so until a restart).
     pub fn reload(
         &self,
         config: Config,
@@ -99,7 +105,7 @@ impl Proxy {
         } else {
             UpstreamClient::new(&config.upstream)?
         };
-        let before = &old.config;
+        let before = &self.started;
         let restart_needed = before.listen != config.listen
             || before.admin != config.admin
             || before.tls != config.tls
@@ -107,7 +113,9 @@ impl Proxy {
             || before.metrics.buckets != config.metrics.buckets
             || before.metrics.native_histograms != config.metrics.native_histograms
             || before.metrics.names != config.metrics.names
-            || before.labels.tenant_families != config.labels.tenant_families;
+            || before.labels.tenant_families != config.labels.tenant_families
+            || before.otlp != config.otlp
+            || before.ui != config.ui;
         self.metrics().set_label_policies(&config.labels);
         self.gateway.swap(Active {
             config: Arc::new(config),

@@ -538,3 +538,42 @@ async fn a_tls_collector_is_verified_by_the_configured_ca_and_given_the_client_c
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+/// The push and the live view start with the server: a reload that changes `otlp` or
+/// `ui` is accepted with the restart warning naming them; one that changes neither (or
+/// goes back to what runs) carries none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_otlp_or_ui_warns_that_it_takes_a_restart() {
+    use tokentap::config::{Config, Overrides};
+    use tokentap::server::Server;
+    let overrides = Overrides {
+        upstream: Some("http://127.0.0.1:9".into()),
+        listen: Some("127.0.0.1:0".into()),
+        admin: Some("127.0.0.1:0".into()),
+        ..Overrides::default()
+    };
+    let config = |yaml: &str| Config::from_yaml(yaml, "test", &overrides).expect("valid");
+    let push = "otlp:\n  endpoint: http://127.0.0.1:9/v1/metrics\n  interval: 1h\n";
+    let server = Server::bind(config(push)).await.expect("bind");
+    let reloader = server.reloader();
+    let unchanged = reloader
+        .reload(config(&format!("{push}log:\n  level: debug\n")))
+        .expect("reload");
+    assert_eq!(unchanged, None);
+    for changed in [
+        push.replace("1h", "30s"),
+        String::from("{}"),
+        format!("{push}ui:\n  enabled: false\n"),
+    ] {
+        let warning = reloader
+            .reload(config(&changed))
+            .expect("reload")
+            .unwrap_or_else(|| panic!("no restart warning for {changed:?}"));
+        assert!(
+            warning.contains("otlp") && warning.contains("ui"),
+            "{warning}"
+        );
+        // Back to the running settings for the next case.
+        assert_eq!(reloader.reload(config(push)).expect("reload"), None);
+    }
+}
