@@ -49,7 +49,7 @@
 //!
 //! | dialect | stream | whole JSON body |
 //! |---|---|---|
-//! | `openai_chat`, `openai_completions` | `choices[].finish_reason`, the first non-empty one of a chunk | each choice's distinct `finish_reason` |
+//! | `openai_chat`, `openai_completions` | each choice's distinct `finish_reason` of every chunk | each choice's distinct `finish_reason` |
 //! | `openai_responses` | `response.completed` / `.incomplete` / `.failed`: `response.incomplete_details.reason`, else `response.status` | the same, once `status` is final (`completed`, `incomplete`, `failed`, `cancelled`) |
 //! | `anthropic` | `message_delta.delta.stop_reason` | `stop_reason` |
 //! | `gemini` | each candidate's distinct `finishReason` (`STOP`, `MAX_TOKENS`, `SAFETY` ...) | the same |

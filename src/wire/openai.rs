@@ -120,9 +120,7 @@ impl OpenAi {
             }
             None => self.tally.report(reported_output),
         }
-        if let Some(reason) = choices.finish_reason {
-            out.push(Signal::FinishReason(reason));
-        }
+        choices.finish_reasons.signals(out);
         if let Some((input_tokens, output_tokens)) = usage {
             out.push(Signal::Usage {
                 input_tokens,
@@ -484,8 +482,9 @@ struct Choices {
     content_logprobs: u64,
     /// Entries in `logprobs.tokens` (completions).
     token_logprobs: u64,
-    /// The first non-empty `finish_reason` of the chunk's choices.
-    finish_reason: Option<String>,
+    /// The distinct `finish_reason`s of the chunk's choices (several when `n` > 1 and
+    /// they end in one chunk).
+    finish_reasons: Reasons,
 }
 
 impl Fold for Choices {
@@ -501,9 +500,7 @@ impl Fold for Choices {
             }
         }
         self.text |= choice.text.carries;
-        if self.finish_reason.is_none() {
-            self.finish_reason = choice.finish_reason.0;
-        }
+        self.finish_reasons.add(choice.finish_reason);
         let estimate = match &choice.delta {
             Some(delta) => delta.estimate(),
             None => choice.text.estimate,
@@ -807,8 +804,8 @@ mod tests {
         );
     }
 
-    /// The reason a choice ended, from the value the chunk's parse holds: the first
-    /// non-empty one of a chunk's choices; `null`, `""` or a value that is not a string
+    /// The reasons choices ended, from the values the chunk's parse holds: each distinct
+    /// one of a chunk's choices, in order; `null`, `""` or a value that is not a string
     /// give none.
     #[test]
     fn finish_reasons_are_read_where_the_stream_says_them() {
@@ -824,9 +821,9 @@ mod tests {
         assert_eq!(
             reasons(&[
                 r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#,
-                r#"{"choices":[{"delta":{},"finish_reason":""},{"delta":{},"finish_reason":"tool_calls"},{"delta":{},"finish_reason":"stop"}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":""},{"delta":{},"finish_reason":"tool_calls"},{"delta":{},"finish_reason":"stop"},{"delta":{},"finish_reason":"stop"}]}"#,
             ]),
-            ["tool_calls"]
+            ["tool_calls", "stop"]
         );
         assert_eq!(
             reasons(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#]),
