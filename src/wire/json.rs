@@ -286,38 +286,7 @@ impl Reason {
 
 impl<'de> Deserialize<'de> for Reason {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        struct ReasonVisitor;
-        impl<'de> Visitor<'de> for ReasonVisitor {
-            type Value = Reason;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Reason, E> {
-                Ok(Reason((!v.is_empty()).then(|| v.to_owned())))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Reason, E> {
-                Ok(Reason(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Reason, E> {
-                Ok(Reason(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Reason, E> {
-                Ok(Reason(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Reason, E> {
-                Ok(Reason(None))
-            }
-            fn visit_unit<E>(self) -> Result<Reason, E> {
-                Ok(Reason(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Reason, A::Error> {
-                drain_seq(seq).map(|_| Reason(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Reason, A::Error> {
-                drain_map(map).map(|()| Reason(None))
-            }
-        }
-        de.deserialize_any(ReasonVisitor)
+        Str::deserialize(de).map(|s| Reason(s.non_empty().map(Cow::into_owned)))
     }
 }
 
