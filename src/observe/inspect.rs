@@ -161,10 +161,11 @@ pub fn trace_state(headers: &HeaderMap) -> Option<String> {
             if member.is_empty() {
                 continue;
             }
-            let key = |m: &[u8]| m.split(|&b| b == b'=').next().map(<[u8]>::to_vec);
             if members.len() == TRACESTATE_MAX_MEMBERS
                 || !valid_tracestate_member(member)
-                || members.iter().any(|m| key(m) == key(member))
+                || members
+                    .iter()
+                    .any(|m| tracestate_key(m) == tracestate_key(member))
             {
                 return None;
             }
@@ -177,6 +178,11 @@ pub fn trace_state(headers: &HeaderMap) -> Option<String> {
     // Every byte was checked to be printable ASCII.
     let joined = members.join(&b","[..]);
     String::from_utf8(joined).ok()
+}
+
+/// A `tracestate` list member's key: what comes before its first `=`.
+fn tracestate_key(member: &[u8]) -> &[u8] {
+    member.split(|&b| b == b'=').next().unwrap_or(member)
 }
 
 /// One `tracestate` list member, `key=value`, as the spec's grammar says:

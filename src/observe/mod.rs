@@ -150,12 +150,6 @@ pub fn start(
     (RequestScan::new(facts, live), pending)
 }
 
-/// A request tokentap answered with `status` itself, without sending it upstream and
-/// without reading its body: refused at admission (`head` given), or a head it could not
-/// read at all (`None`). Counted once like every other request, with `outcome` and
-/// tokentap's status: on a measured route (or an unreadable head, whose route nobody
-/// knows) in `tokentap_requests_total` with model `unknown`, on any other route as
-/// passthrough.
 /// A request's place in a trace: what its head says, read when exemplars or spans want
 /// it, and its own span when spans are on and it is sampled.
 struct Tracing {
@@ -190,6 +184,12 @@ impl Tracing {
     }
 }
 
+/// A request tokentap answered with `status` itself, without sending it upstream and
+/// without reading its body: refused at admission (`head` given), or a head it could not
+/// read at all (`None`). Counted once like every other request, with `outcome` and
+/// tokentap's status: on a measured route (or an unreadable head, whose route nobody
+/// knows) in `tokentap_requests_total` with model `unknown`, on any other route as
+/// passthrough.
 pub fn refused(
     head: Option<RequestHead<'_>>,
     config: &Config,
