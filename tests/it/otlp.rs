@@ -544,15 +544,8 @@ async fn a_tls_collector_is_verified_by_the_configured_ca_and_given_the_client_c
 /// goes back to what runs) carries none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_changes_otlp_or_ui_warns_that_it_takes_a_restart() {
-    use tokentap::config::{Config, Overrides};
     use tokentap::server::Server;
-    let overrides = Overrides {
-        upstream: Some("http://127.0.0.1:9".into()),
-        listen: Some("127.0.0.1:0".into()),
-        admin: Some("127.0.0.1:0".into()),
-        ..Overrides::default()
-    };
-    let config = |yaml: &str| Config::from_yaml(yaml, "test", &overrides).expect("valid");
+    let config = common::config_without_traffic;
     let push = "otlp:\n  endpoint: http://127.0.0.1:9/v1/metrics\n  interval: 1h\n";
     let server = Server::bind(config(push)).await.expect("bind");
     let reloader = server.reloader();

@@ -7,7 +7,6 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use tokentap::config::{Config, Overrides};
 use tokentap::server::Server;
 use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
@@ -134,13 +133,7 @@ async fn the_configured_families_carry_tenant_and_no_others() {
 /// reloads without one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_changes_the_set_warns_and_keeps_the_running_one() {
-    let overrides = Overrides {
-        upstream: Some("http://127.0.0.1:9".into()),
-        listen: Some("127.0.0.1:0".into()),
-        admin: Some("127.0.0.1:0".into()),
-        ..Overrides::default()
-    };
-    let config = |yaml: &str| Config::from_yaml(yaml, "test", &overrides).expect("valid");
+    let config = config_without_traffic;
     let server = Server::bind(config("{}")).await.expect("bind");
     let reloader = server.reloader();
 

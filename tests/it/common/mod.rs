@@ -181,6 +181,18 @@ impl Drop for Proxy {
     }
 }
 
+/// `yaml` as a valid configuration on free ports, its upstream a port nothing answers on:
+/// for a test that binds a `Server` and reloads it without sending it traffic.
+pub fn config_without_traffic(yaml: &str) -> Config {
+    let overrides = Overrides {
+        upstream: Some("http://127.0.0.1:9".into()),
+        listen: Some("127.0.0.1:0".into()),
+        admin: Some("127.0.0.1:0".into()),
+        ..Overrides::default()
+    };
+    Config::from_yaml(yaml, "test", &overrides).expect("valid")
+}
+
 pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
