@@ -7,8 +7,18 @@
 //! (ratatui on crossterm). `w` cycles the window (10 s, 1 min, 5 min: a new subscription).
 //! `q`, Esc or Ctrl-C quits; when the server goes away (the stream
 //! ends or breaks) the terminal is restored and [`run`] says so.
+//!
+//! Whatever answers at the address is not trusted, and what it sends reaches a terminal:
+//! events are cut by the project's SSE decoder ([`SseDecoder`]), which refuses one larger
+//! than [`MAX_EVENT_BYTES`] instead of buffering it; a `tick` is read into the few figures
+//! drawn, at most [`MAX_MODEL_ROWS`] and [`MAX_STREAM_ROWS`] rows, the rest skipped unread;
+//! every string in it goes through [`shown`] (no control character, so no escape sequence
+//! reaches the terminal) as it is read; and a stream that completes no readable `tick` for
+//! [`NO_TICK`] is taken for gone, whatever else it sends.
 
+use std::fmt;
 use std::io;
+use std::marker::PhantomData;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +33,33 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::{DefaultTerminal, Frame};
-use serde_json::Value;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use crate::wire::sse::{SseDecoder, SseEvent};
+
+/// The largest SSE event `top` reads; a larger one ends `top` with a message. A live
+/// view frame lists at most 32 models ([`MAX_MODEL_ROWS`]), 20 requests in flight and 20
+/// slowest ones, and a `requests` event at most 100 finished
+/// requests: with label values of the default 128 bytes, every byte escaped in the JSON
+/// (`\u001b`), and the default buckets, either stays under 250 KiB. 1 MiB leaves room for
+/// longer label values and more buckets.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// Model rows kept from a frame: as many as the live view keeps models. More are counted,
+/// not kept.
+pub const MAX_MODEL_ROWS: usize = crate::live::window::MAX_MODELS;
+/// Rows of requests in flight kept from a frame: as many as the live view lists. More are
+/// counted, not kept.
+pub const MAX_STREAM_ROWS: usize = crate::live::IN_FLIGHT_SHOWN;
+/// Characters of one server string kept for display (the label policy's default
+/// `max_value_len` is 128 bytes); a longer one is cut and ends with `…`.
+pub const MAX_TEXT_CHARS: usize = 128;
+/// A tick comes every second: this long without a readable one and the server is taken
+/// for gone.
+pub const NO_TICK: Duration = Duration::from_secs(3);
+/// Frames read but not yet drawn; the reader drops a frame when the terminal is this far
+/// behind (the next one replaces it within a second).
+const QUEUED_FRAMES: usize = 4;
 
 /// What `top` watches.
 #[derive(Clone, Debug)]
@@ -39,7 +75,8 @@ pub struct TopOptions {
 pub enum TopEnd {
     /// The user quit.
     Quit,
-    /// The server went away (the stream ended or broke), with why.
+    /// The server went away (the stream ended or broke, or sent what `top` refuses), with
+    /// why.
     ServerGone(String),
 }
 
@@ -52,8 +89,204 @@ pub enum TopError {
 }
 
 enum Message {
-    Frame(Value),
+    Frame(Tick),
     Gone(String),
+}
+
+/// A server string as `top` draws it: every control character (C0, DEL and C1, which
+/// start or carry every terminal escape sequence, and line breaks) and every character
+/// that reorders or breaks the text around it (bidirectional overrides and isolates, line
+/// and paragraph separators) becomes `�`, and at most [`MAX_TEXT_CHARS`] characters are
+/// kept, the last of them `…` when cut. What is left is printable text.
+pub fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_TEXT_CHARS * 4));
+    for (i, c) in text.chars().enumerate() {
+        if i + 1 == MAX_TEXT_CHARS && text.chars().nth(MAX_TEXT_CHARS).is_some() {
+            out.push('…');
+            break;
+        }
+        let unsafe_char = c.is_control()
+            || matches!(
+                c,
+                '\u{061C}'
+                    | '\u{200E}'
+                    | '\u{200F}'
+                    | '\u{2028}'..='\u{202E}'
+                    | '\u{2066}'..='\u{2069}'
+            );
+        out.push(if unsafe_char { '\u{FFFD}' } else { c });
+    }
+    out
+}
+
+/// A string field of a frame, [`shown`] as it is read; `None` when absent or `null`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Text(Option<String>);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Text(
+            Option::<TextVisitor>::deserialize(deserializer)?.map(|t| t.0),
+        ))
+    }
+}
+
+/// Reads a string without keeping more of it than [`shown`] does.
+struct TextVisitor(String);
+
+impl<'de> Deserialize<'de> for TextVisitor {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = TextVisitor;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextVisitor, E> {
+                Ok(TextVisitor(shown(v)))
+            }
+        }
+        deserializer.deserialize_str(V)
+    }
+}
+
+impl Text {
+    fn or<'a>(&'a self, missing: &'a str) -> &'a str {
+        self.0.as_deref().unwrap_or(missing)
+    }
+}
+
+/// A list of a frame: its first `N` items kept, the rest skipped unread and counted.
+#[derive(Debug)]
+struct Rows<T, const N: usize> {
+    kept: Vec<T>,
+    skipped: u64,
+}
+
+impl<T, const N: usize> Default for Rows<T, N> {
+    fn default() -> Self {
+        Rows {
+            kept: Vec::new(),
+            skipped: 0,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Rows<T, N> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<T, const N: usize>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
+            type Value = Rows<T, N>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Rows<T, N>, A::Error> {
+                let mut rows = Rows::default();
+                while rows.kept.len() < N {
+                    match seq.next_element()? {
+                        Some(row) => rows.kept.push(row),
+                        None => return Ok(rows),
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    rows.skipped = rows.skipped.saturating_add(1);
+                }
+                Ok(rows)
+            }
+        }
+        deserializer.deserialize_seq(V(PhantomData))
+    }
+}
+
+/// One `tick` frame, as far as `top` draws it; the other fields are skipped unread.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Tick {
+    at_ms: Option<u64>,
+    models: Rows<ModelRow, MAX_MODEL_ROWS>,
+    in_flight: InFlightRows,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct InFlightRows {
+    total: Option<u64>,
+    streams: Rows<StreamRow, MAX_STREAM_ROWS>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ModelRow {
+    model: Text,
+    requests: Option<f64>,
+    requests_per_s: Option<f64>,
+    outcomes: Outcomes,
+    tokens_per_s: Option<f64>,
+    in_flight: Option<u64>,
+    ttft: Quantiles,
+    itl: Quantiles,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Outcomes {
+    completed: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Quantiles {
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct StreamRow {
+    model: Text,
+    tenant: Text,
+    phase: Text,
+    elapsed_s: Option<f64>,
+    tokens: Option<u64>,
+    tokens_per_s: Option<f64>,
+    largest_gap_s: Option<f64>,
+    since_last_event_s: Option<f64>,
+}
+
+/// The stream's bytes to frames: SSE events cut by the bounded decoder, `tick` events read
+/// into [`Tick`]s.
+struct TickReader {
+    decoder: SseDecoder,
+}
+
+impl TickReader {
+    fn new() -> TickReader {
+        TickReader {
+            decoder: SseDecoder::new(MAX_EVENT_BYTES),
+        }
+    }
+
+    /// The latest readable `tick` these bytes complete, if any (only the latest is drawn);
+    /// `Err` with why when the stream must not be read further.
+    fn feed(&mut self, bytes: &[u8]) -> Result<Option<Tick>, String> {
+        let mut latest = None;
+        self.decoder
+            .feed(bytes, &mut |event: SseEvent<'_>| {
+                if event.event == "tick" {
+                    if let Ok(tick) = serde_json::from_slice::<Tick>(event.data) {
+                        latest = Some(tick);
+                    }
+                }
+            })
+            .map_err(|_| {
+                format!(
+                    "it sent an event larger than {} KiB, the most top reads: refused",
+                    MAX_EVENT_BYTES / 1024
+                )
+            })?;
+        Ok(latest)
+    }
 }
 
 /// Run until `q` or the server goes away. Connects first, so an address with no live view
@@ -82,7 +315,7 @@ fn spawn_reader(
     admin: &str,
     window: u64,
 ) -> io::Result<(mpsc::Receiver<Message>, mpsc::Receiver<Result<(), String>>)> {
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::sync_channel(QUEUED_FRAMES);
     let (ready_tx, ready_rx) = mpsc::channel();
     let url = format!("http://{admin}/api/live/stream?window={window}");
     std::thread::Builder::new()
@@ -101,7 +334,11 @@ fn next_window(window: u64) -> u64 {
 const WINDOWS: [u64; 3] = [10, 60, 300];
 
 /// The reader: the SSE stream's `tick` frames to `tx`, and why it ended.
-fn read_stream(url: &str, ready: &mpsc::Sender<Result<(), String>>, tx: &mpsc::Sender<Message>) {
+fn read_stream(
+    url: &str,
+    ready: &mpsc::Sender<Result<(), String>>,
+    tx: &mpsc::SyncSender<Message>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -139,49 +376,33 @@ fn read_stream(url: &str, ready: &mpsc::Sender<Result<(), String>>, tx: &mpsc::S
         }
         let _ = ready.send(Ok(()));
         let mut body = response.into_body();
-        let mut pending = String::new();
-        loop {
-            // A tick comes every second: three missed means the server is gone.
-            let frame = match tokio::time::timeout(Duration::from_secs(3), body.frame()).await {
-                Err(_) => {
-                    let _ = tx.send(Message::Gone("no frame for 3 s".into()));
-                    return;
-                }
-                Ok(None) => {
-                    let _ = tx.send(Message::Gone("the stream ended".into()));
-                    return;
-                }
-                Ok(Some(Err(e))) => {
-                    let _ = tx.send(Message::Gone(e.to_string()));
-                    return;
-                }
+        let mut reader = TickReader::new();
+        let mut deadline = tokio::time::Instant::now() + NO_TICK;
+        let why = loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => break format!("no readable tick for {} s", NO_TICK.as_secs()),
+                Ok(None) => break "the stream ended".into(),
+                Ok(Some(Err(e))) => break e.to_string(),
                 Ok(Some(Ok(frame))) => frame,
             };
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            pending.push_str(&String::from_utf8_lossy(&data));
-            while let Some(end) = pending.find("\n\n") {
-                let event: String = pending.drain(..end + 2).collect();
-                if let Some(json) = tick_data(&event) {
-                    if let Ok(value) = serde_json::from_str(json) {
-                        if tx.send(Message::Frame(value)).is_err() {
-                            return;
-                        }
+            match reader.feed(&data) {
+                Err(why) => break why,
+                Ok(None) => {}
+                Ok(Some(tick)) => {
+                    deadline = tokio::time::Instant::now() + NO_TICK;
+                    match tx.try_send(Message::Frame(tick)) {
+                        Ok(()) | Err(mpsc::TrySendError::Full(_)) => {}
+                        // Nobody listens (`w` subscribed anew, or top ended).
+                        Err(mpsc::TrySendError::Disconnected(_)) => return,
                     }
                 }
             }
-        }
+        };
+        let _ = tx.send(Message::Gone(why));
     });
-}
-
-/// The data of a `tick` event.
-fn tick_data(event: &str) -> Option<&str> {
-    let mut lines = event.lines();
-    if lines.next()? != "event: tick" {
-        return None;
-    }
-    lines.find_map(|line| line.strip_prefix("data: "))
 }
 
 fn ui(
@@ -189,15 +410,15 @@ fn ui(
     mut options: TopOptions,
     mut rx: mpsc::Receiver<Message>,
 ) -> io::Result<TopEnd> {
-    let mut latest: Option<Value> = None;
+    let mut latest: Option<Tick> = None;
     let mut frames = 0u64;
     let mut drawn = Instant::now() - Duration::from_secs(1);
     let mut dirty = true;
     loop {
         loop {
             match rx.try_recv() {
-                Ok(Message::Frame(value)) => {
-                    latest = Some(value);
+                Ok(Message::Frame(tick)) => {
+                    latest = Some(tick);
                     frames += 1;
                     dirty = true;
                 }
@@ -244,51 +465,56 @@ fn ui(
     }
 }
 
-fn secs(value: &Value) -> String {
-    match value.as_f64() {
+fn secs(value: Option<f64>) -> String {
+    match value {
         None => "–".into(),
         Some(v) if v < 1.0 => format!("{:.1} ms", v * 1e3),
         Some(v) => format!("{v:.2} s"),
     }
 }
 
-fn number(value: &Value, digits: usize) -> String {
-    value
-        .as_f64()
-        .map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
+fn number(value: Option<f64>, digits: usize) -> String {
+    value.map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
+}
+
+fn count(value: Option<u64>) -> String {
+    value.map_or_else(|| "–".into(), |n| n.to_string())
 }
 
 /// What a request in flight waits for, short, from the live API's `phase`.
-fn phase(value: &Value) -> String {
-    match value.as_str() {
-        Some("waiting_head") => "await head".into(),
-        Some("waiting_first_token") => "await token".into(),
-        Some(other) => other.into(),
-        None => "".into(),
+fn phase(value: &Text) -> &str {
+    match value.or("") {
+        "waiting_head" => "await head",
+        "waiting_first_token" => "await token",
+        other => other,
     }
 }
 
-fn text(value: &Value) -> String {
-    value.as_str().unwrap_or("").to_string()
+/// A table's title, with the rows the frame had past what `top` keeps.
+fn titled(title: String, skipped: u64) -> String {
+    if skipped == 0 {
+        format!(" {title} ")
+    } else {
+        format!(" {title} ({skipped} more not shown) ")
+    }
 }
 
-fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64) {
-    let mut listed: Vec<&Value> = frame
-        .and_then(|v| v["models"].as_array())
-        .into_iter()
-        .flatten()
-        .collect();
-    listed.sort_by_key(|m| m["model"].as_str().unwrap_or_default().to_string());
+fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) {
+    let mut listed: Vec<&ModelRow> = frame
+        .map(|t| t.models.kept.iter().collect())
+        .unwrap_or_default();
+    listed.sort_by(|a, b| a.model.cmp(&b.model));
+    let rows_height = u16::try_from(listed.len().max(1)).unwrap_or(u16::MAX);
     let [head, models, streams, foot] = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Length(listed.len().max(1) as u16 + 3),
+        Constraint::Length(rows_height.saturating_add(3)),
         Constraint::Min(5),
         Constraint::Length(1),
     ])
     .areas(f.area());
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let at = frame
-        .and_then(|v| v["at_ms"].as_u64())
+        .and_then(|t| t.at_ms)
         .map(|ms| {
             let secs = ms / 1000;
             format!(
@@ -328,19 +554,19 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
     let rows: Vec<Row> = listed
         .iter()
         .map(|m| {
-            let requests = m["requests"].as_f64().unwrap_or(0.0);
-            let completed = m["outcomes"]["completed"].as_f64().unwrap_or(0.0);
+            let requests = m.requests.unwrap_or(0.0);
+            let completed = m.outcomes.completed.unwrap_or(0.0);
             Row::new(vec![
-                Cell::from(text(&m["model"])),
-                Cell::from(number(&m["requests_per_s"], 2)),
-                Cell::from(secs(&m["ttft"]["p50"])),
-                Cell::from(secs(&m["ttft"]["p90"])),
-                Cell::from(secs(&m["ttft"]["p99"])),
-                Cell::from(secs(&m["itl"]["p50"])),
-                Cell::from(secs(&m["itl"]["p90"])),
-                Cell::from(secs(&m["itl"]["p99"])),
-                Cell::from(number(&m["tokens_per_s"], 1)),
-                Cell::from(m["in_flight"].to_string()),
+                Cell::from(m.model.or("")),
+                Cell::from(number(m.requests_per_s, 2)),
+                Cell::from(secs(m.ttft.p50)),
+                Cell::from(secs(m.ttft.p90)),
+                Cell::from(secs(m.ttft.p99)),
+                Cell::from(secs(m.itl.p50)),
+                Cell::from(secs(m.itl.p90)),
+                Cell::from(secs(m.itl.p99)),
+                Cell::from(number(m.tokens_per_s, 1)),
+                Cell::from(count(m.in_flight)),
                 Cell::from(if requests > 0.0 {
                     format!("{:.1}%", 100.0 * completed / requests)
                 } else {
@@ -362,38 +588,33 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         Constraint::Length(9),
         Constraint::Length(9),
     ];
+    let skipped = frame.map_or(0, |t| t.models.skipped);
     f.render_widget(
         Table::new(rows, widths).header(header).block(
             Block::default()
                 .borders(Borders::ALL)
-                .title(" per model, over the window "),
+                .title(titled("per model, over the window".into(), skipped)),
         ),
         models,
     );
 
     // The slowest requests in flight: longest since their last token (or, with none yet,
     // since their request), then largest gap.
-    let mut shown: Vec<&Value> = frame
-        .and_then(|v| v["in_flight"]["streams"].as_array())
-        .into_iter()
-        .flatten()
-        .collect();
-    let key = |s: &Value| {
+    let mut shown_rows: Vec<&StreamRow> = frame
+        .map(|t| t.in_flight.streams.kept.iter().collect())
+        .unwrap_or_default();
+    let key = |s: &StreamRow| {
         (
-            s["since_last_event_s"]
-                .as_f64()
-                .unwrap_or(s["elapsed_s"].as_f64().unwrap_or(0.0)),
-            s["largest_gap_s"].as_f64().unwrap_or(0.0),
+            s.since_last_event_s.unwrap_or(s.elapsed_s.unwrap_or(0.0)),
+            s.largest_gap_s.unwrap_or(0.0),
         )
     };
-    shown.sort_by(|a, b| {
+    shown_rows.sort_by(|a, b| {
         key(b)
             .partial_cmp(&key(a))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
-    let total = frame
-        .and_then(|v| v["in_flight"]["total"].as_u64())
-        .unwrap_or(0);
+    let total = frame.and_then(|t| t.in_flight.total).unwrap_or(0);
     let header = Row::new(
         [
             "model",
@@ -408,18 +629,18 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
         .map(Cell::from),
     )
     .style(bold);
-    let rows: Vec<Row> = shown
+    let rows: Vec<Row> = shown_rows
         .iter()
         .map(|s| {
             Row::new(vec![
-                Cell::from(s["model"].as_str().unwrap_or("–").to_string()),
-                Cell::from(text(&s["tenant"])),
-                Cell::from(phase(&s["phase"])),
-                Cell::from(secs(&s["elapsed_s"])),
-                Cell::from(s["tokens"].to_string()),
-                Cell::from(number(&s["tokens_per_s"], 1)),
-                Cell::from(secs(&s["largest_gap_s"])),
-                Cell::from(secs(&s["since_last_event_s"])),
+                Cell::from(s.model.or("–")),
+                Cell::from(s.tenant.or("")),
+                Cell::from(phase(&s.phase)),
+                Cell::from(secs(s.elapsed_s)),
+                Cell::from(count(s.tokens)),
+                Cell::from(number(s.tokens_per_s, 1)),
+                Cell::from(secs(s.largest_gap_s)),
+                Cell::from(secs(s.since_last_event_s)),
             ])
         })
         .collect();
@@ -435,9 +656,10 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
     ];
     f.render_widget(
         Table::new(rows, widths).header(header).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(format!(" slowest requests in flight ({total} now) ")),
+            Block::default().borders(Borders::ALL).title(titled(
+                format!("slowest requests in flight ({total} now)"),
+                frame.map_or(0, |t| t.in_flight.streams.skipped),
+            )),
         ),
         streams,
     );
@@ -450,6 +672,8 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Value>, frames: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
 
     #[test]
     fn w_cycles_the_windows() {
@@ -458,13 +682,189 @@ mod tests {
         assert_eq!(next_window(10), 60);
     }
 
+    /// Every way a string could drive a terminal, and text that must pass unchanged.
     #[test]
-    fn only_tick_events_are_read() {
-        assert_eq!(
-            tick_data("event: tick\ndata: {\"a\":1}\n\n"),
-            Some("{\"a\":1}")
-        );
-        assert_eq!(tick_data("event: requests\ndata: {}\n\n"), None);
-        assert_eq!(tick_data("retry: 2000\n: tokentap live\n\n"), None);
+    fn shown_leaves_no_control_character() {
+        let cases: &[(&str, &str)] = &[
+            // OSC 0 (title) ended by BEL, OSC 2 ended by ST (ESC \).
+            ("\x1b]0;pwned\x07x", "�]0;pwned�x"),
+            ("\x1b]2;pwned\x1b\\x", "�]2;pwned�\\x"),
+            // OSC 52: a clipboard write.
+            ("\x1b]52;c;cHduZWQ=\x07", "�]52;c;cHduZWQ=�"),
+            // The alternate screen, a clear screen, a cursor move.
+            ("\x1b[?1049h\x1b[2J\x1b[H", "�[?1049h�[2J�[H"),
+            // C1 controls: OSC ... ST, CSI, NEL, and the rest of the C1 range.
+            ("\u{9d}0;pwned\u{9c}", "�0;pwned�"),
+            ("\u{9b}?1049h", "�?1049h"),
+            ("a\u{85}b\u{80}c\u{9f}", "a�b�c�"),
+            // C0: NUL, BS, TAB, LF, CR, DEL.
+            ("a\0b\x08c\td\ne\rf\x7f", "a�b�c�d�e�f�"),
+            // Reordering: bidi overrides, isolates and marks; line and paragraph breaks.
+            ("abc\u{202e}fed", "abc�fed"),
+            ("\u{2066}x\u{2069}\u{200f}\u{061c}", "�x���"),
+            ("a\u{2028}b\u{2029}c", "a�b�c"),
+            // Printable text, wide and combining characters pass unchanged.
+            ("llama-3.1-8b", "llama-3.1-8b"),
+            ("modèle 中文 🦙 e\u{301}", "modèle 中文 🦙 e\u{301}"),
+            ("", ""),
+        ];
+        for (input, want) in cases {
+            assert_eq!(&shown(input), want, "{input:?}");
+            assert!(!shown(input).chars().any(char::is_control), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn shown_keeps_at_most_max_text_chars() {
+        let exact = "é".repeat(MAX_TEXT_CHARS);
+        assert_eq!(shown(&exact), exact);
+        let long = shown(&"é".repeat(MAX_TEXT_CHARS + 1));
+        assert_eq!(long.chars().count(), MAX_TEXT_CHARS);
+        assert!(long.ends_with("é…"), "{long}");
+        let huge = shown(&"\x1b".repeat(1 << 20));
+        assert_eq!(huge.chars().count(), MAX_TEXT_CHARS);
+    }
+
+    fn tick(json: &str) -> Tick {
+        serde_json::from_str(json).expect("a tick")
+    }
+
+    const HOSTILE: &str = r#"{"at_ms": 1000,
+        "models": [{"model": "\u001b]0;pwned\u0007m", "requests": 2,
+                    "outcomes": {"completed": 1}, "in_flight": 1, "ttft": {"p50": 0.1}}],
+        "in_flight": {"total": 1, "streams": [{"model": "\u009d0;x\u009c",
+            "tenant": "\u001b]52;c;cHduZWQ=\u0007", "phase": "\u001b[?1049h",
+            "elapsed_s": 1.0}]}}"#;
+
+    #[test]
+    fn every_string_of_a_frame_is_shown_safely() {
+        let tick = tick(HOSTILE);
+        let model = &tick.models.kept[0];
+        assert_eq!(model.model.or(""), "�]0;pwned�m");
+        let stream = &tick.in_flight.streams.kept[0];
+        for text in [&stream.model, &stream.tenant, &stream.phase] {
+            let text = text.or("missing");
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
+        assert_eq!(stream.phase.or(""), "�[?1049h");
+    }
+
+    /// What reaches the terminal is the cells ratatui draws: none may hold a control
+    /// character, whatever the frame held.
+    #[test]
+    fn no_cell_drawn_holds_a_control_character() {
+        let mut terminal = Terminal::new(TestBackend::new(150, 40)).expect("a test terminal");
+        let options = TopOptions {
+            admin: "127.0.0.1:1".into(),
+            window: 60,
+        };
+        let frame = tick(HOSTILE);
+        terminal
+            .draw(|f| draw(f, &options, Some(&frame), 1))
+            .expect("drawn");
+        let buffer = terminal.backend().buffer();
+        let text: String = buffer.content().iter().map(|c| c.symbol()).collect();
+        assert!(text.contains("pwned"), "the hostile rows are drawn");
+        for cell in buffer.content() {
+            assert!(
+                !cell.symbol().chars().any(char::is_control),
+                "{:?}",
+                cell.symbol()
+            );
+        }
+    }
+
+    #[test]
+    fn rows_past_the_caps_are_counted_not_kept() {
+        let models: Vec<String> = (0..1000)
+            .map(|i| format!(r#"{{"model": "m{i}", "requests": {i}}}"#))
+            .collect();
+        let streams: Vec<String> = (0..100)
+            .map(|i| format!(r#"{{"tenant": "t{i}"}}"#))
+            .collect();
+        let tick = tick(&format!(
+            r#"{{"models": [{}], "in_flight": {{"total": 100, "streams": [{}]}}}}"#,
+            models.join(","),
+            streams.join(",")
+        ));
+        assert_eq!(tick.models.kept.len(), MAX_MODEL_ROWS);
+        assert_eq!(tick.models.skipped, 1000 - MAX_MODEL_ROWS as u64);
+        assert_eq!(tick.in_flight.streams.kept.len(), MAX_STREAM_ROWS);
+        assert_eq!(tick.in_flight.streams.skipped, 100 - MAX_STREAM_ROWS as u64);
+        // The caps are what the live view sends at most.
+        assert_eq!(MAX_MODEL_ROWS, crate::live::window::MAX_MODELS);
+        assert_eq!(MAX_STREAM_ROWS, crate::live::IN_FLIGHT_SHOWN);
+    }
+
+    #[test]
+    fn only_readable_tick_events_are_read_the_latest_kept() {
+        let mut reader = TickReader::new();
+        // The opening, a `requests` event, a tick cut across two frames.
+        assert!(reader
+            .feed(b"retry: 2000\n: tokentap live\n\nevent: requests\ndata: {\"requests\": []}\n\n")
+            .expect("read")
+            .is_none());
+        assert!(reader
+            .feed(b"event: tick\ndata: {\"at_ms\": 1")
+            .expect("read")
+            .is_none());
+        let tick = reader.feed(b"000}\n\n").expect("read").expect("a tick");
+        assert_eq!(tick.at_ms, Some(1000));
+        // Of several ticks in one frame, the latest; an unreadable one is skipped.
+        let tick = reader
+            .feed(b"event: tick\ndata: {\"at_ms\": 1}\n\nevent: tick\ndata: {\"at_ms\": 2}\n\nevent: tick\ndata: {\"at_ms\": \"x\"}\n\n")
+            .expect("read")
+            .expect("a tick");
+        assert_eq!(tick.at_ms, Some(2));
+    }
+
+    /// A `tick` event whose data line (`data: {...}`) is `len` bytes long.
+    fn tick_event_with_data_line(len: usize) -> Vec<u8> {
+        let mut line = b"data: {\"models\": [".to_vec();
+        line.resize(len - 2, b' ');
+        line.extend_from_slice(b"]}");
+        [&b"event: tick\n"[..], &line, b"\n\n"].concat()
+    }
+
+    #[test]
+    fn an_event_past_the_cap_is_refused() {
+        let mut reader = TickReader::new();
+        let why = reader
+            .feed(&tick_event_with_data_line(MAX_EVENT_BYTES + 1))
+            .expect_err("refused");
+        assert!(why.contains("larger than 1024 KiB"), "{why}");
+        // At the cap, the same frame is read.
+        let mut reader = TickReader::new();
+        let tick = reader
+            .feed(&tick_event_with_data_line(MAX_EVENT_BYTES))
+            .expect("read");
+        assert!(tick.is_some());
+    }
+
+    /// A frame that never ends, fed as the network would: refused once it passes the cap,
+    /// not buffered on.
+    #[test]
+    fn an_event_that_never_ends_is_refused_at_the_cap() {
+        let mut reader = TickReader::new();
+        reader
+            .feed(b"event: tick\ndata: {\"models\": [")
+            .expect("read");
+        let piece = br#"{"model": "endless", "requests": 1}, "#.repeat(1000);
+        let mut fed = 0usize;
+        let why = loop {
+            match reader.feed(&piece) {
+                Ok(None) => fed += piece.len(),
+                Ok(Some(_)) => panic!("no tick ends"),
+                Err(why) => break why,
+            }
+            assert!(fed <= MAX_EVENT_BYTES, "buffered past the cap");
+        };
+        assert!(why.contains("larger than"), "{why}");
+        // Lines that make no event (comments) are read and dropped: more of them than the
+        // cap holds are no event past it.
+        let mut reader = TickReader::new();
+        for _ in 0..100_000 {
+            assert!(reader.feed(b": still here\n").expect("read").is_none());
+        }
     }
 }
