@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
-use http::Uri;
 
 use crate::wire::tokenize::{TokenizerError, TokenizerSource};
 use crate::wire::Dialect;
@@ -348,56 +347,15 @@ impl Config {
     }
 }
 
-/// Parse an upstream URL: `http://host:port[/base]` or `https://...`. No credentials, no
-/// query, no fragment; a port, when written, is 1 to 65535.
+/// Parse an upstream URL: `http://host:port[/base]` or `https://...`, by the rule every
+/// configured URL follows ([`units::parse_http_url`]), and no query.
 pub fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority, String), String> {
-    let uri: Uri = text
-        .parse()
-        .map_err(|e| format!("`{text}` is not a URL: {e}"))?;
-    let scheme = uri
-        .scheme()
-        .cloned()
-        .ok_or_else(|| format!("`{text}` has no scheme (use http:// or https://)"))?;
-    if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-        return Err(format!(
-            "scheme `{scheme}` is not supported (use http or https)"
-        ));
-    }
-    let authority = uri
-        .authority()
-        .cloned()
-        .ok_or_else(|| format!("`{text}` has no host"))?;
-    if authority.as_str().contains('@') {
-        // Do not echo the URL: it holds credentials.
-        return Err("the upstream URL must not contain credentials".to_string());
-    }
-    if let Some(port) = port_text(&authority) {
-        // `Authority` keeps any digits after the colon, but `port_u16()` is `None` past
-        // 65535 and the connector would then fall back to the scheme's default port.
-        match port.parse::<u16>() {
-            Ok(1..) => {}
-            _ => {
-                return Err(format!(
-                    "port `{port}` of `{text}` is not a port number from 1 to 65535"
-                ))
-            }
-        }
-    }
-    if uri.query().is_some() {
+    let url = units::parse_http_url(text)?;
+    if url.uri.query().is_some() {
         return Err("the upstream URL must not have a query".to_string());
     }
-    let base_path = uri.path().trim_end_matches('/').to_string();
-    Ok((scheme, authority, base_path))
-}
-
-/// The text after the host's `:` (`""` for `host:`), or `None` when no port is written.
-/// An IPv6 host is bracketed, so its colons come before the last `]`.
-fn port_text(authority: &Authority) -> Option<&str> {
-    let text = authority.as_str();
-    let host_end = text.rfind(']').map_or(0, |bracket| bracket + 1);
-    text[host_end..]
-        .rfind(':')
-        .map(|colon| &text[host_end + colon + 1..])
+    let base_path = url.uri.path().trim_end_matches('/').to_string();
+    Ok((url.scheme, url.authority, base_path))
 }
 
 #[cfg(test)]

@@ -29,11 +29,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Uri};
 
 use super::raw::{RawOtlp, RawOtlpTraces};
-use super::units::HumanDuration;
+use super::units::{parse_http_url, shown, HttpUrl, HumanDuration};
 use super::validate::Issues;
 use crate::metrics::requests::Sampler;
 
@@ -791,31 +791,11 @@ fn endpoint(
     signal: &SignalVars,
     append: bool,
 ) -> Result<Uri, String> {
-    let uri: Uri = text
-        .parse()
-        .map_err(|_| format!("`{}` is not a URL", shown(text)))?;
-    let scheme = uri
-        .scheme()
-        .cloned()
-        .ok_or_else(|| format!("`{}` has no scheme (use http:// or https://)", shown(text)))?;
-    if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-        return Err(format!(
-            "scheme `{scheme}` is not supported (use http or https)"
-        ));
-    }
-    let authority: Authority = uri
-        .authority()
-        .cloned()
-        .ok_or_else(|| format!("`{}` has no host", shown(text)))?;
-    if authority.as_str().contains('@') {
-        return Err("the endpoint must not contain credentials (use `headers`)".to_string());
-    }
-    if authority.host().is_empty() {
-        return Err(format!("`{}` has no host", shown(text)));
-    }
-    if authority.port().is_some() && authority.port_u16().is_none_or(|p| p == 0) {
-        return Err(format!("`{}` has no valid port (1 to 65535)", shown(text)));
-    }
+    let HttpUrl {
+        scheme,
+        authority,
+        uri,
+    } = parse_http_url(text)?;
     let path = match protocol {
         OtlpProtocol::Grpc => {
             if !matches!(uri.path(), "" | "/") {
@@ -848,17 +828,6 @@ fn endpoint(
         .path_and_query(path)
         .build()
         .map_err(|e| format!("`{}` is not a URL: {e}", shown(text)))
-}
-
-/// A value in an error, cut short: enough to recognise, never a wall of text.
-fn shown(text: &str) -> String {
-    let mut chars = text.chars();
-    let head: String = chars.by_ref().take(80).collect();
-    if chars.next().is_some() {
-        format!("{head}...")
-    } else {
-        head
-    }
 }
 
 fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {

@@ -130,3 +130,104 @@ fn the_otlp_component_turns_on_the_push_and_sampled_spans() {
         .resource
         .contains(&("service.name".to_string(), "tokentap".to_string())));
 }
+
+/// The URLs the one URL rule refuses (`config::units::parse_http_url`), one of each
+/// kind: past 65535, 0, empty and non-numeric ports, no host, no scheme, a scheme other
+/// than http/https, credentials, bad percent-escapes, a fragment, a host that is not one.
+const INVALID_URLS: [&str; 15] = [
+    "http://c:99999",
+    "https://[::1]:70000/v1",
+    "http://c:0",
+    "http://c:",
+    "http://c:4x",
+    "http://:4318",
+    "c:4318",
+    "ftp://c:21",
+    "http://user:hunter2@c:4318",
+    "http://c:4318/a%zz",
+    "http://c:4318/a%4",
+    "http://c:4318/#top",
+    "http://c,d:4318",
+    "http://[::g]:4318",
+    "not a url",
+];
+
+/// `check-config` refuses each invalid URL in every URL key of the file, each error
+/// naming its key and line with the rule's own message.
+#[test]
+fn check_config_refuses_every_invalid_url_in_every_url_key() {
+    let bin = env!("CARGO_BIN_EXE_tokentap");
+    let path = std::env::temp_dir().join(format!("tokentap-urls-{}.yaml", std::process::id()));
+    for url in INVALID_URLS {
+        let message = tokentap::config::units::parse_http_url(url).expect_err(url);
+        std::fs::write(
+            &path,
+            format!(
+                "upstream:\n  url: '{url}'\notlp:\n  endpoint: '{url}'\n  traces:\n    endpoint: '{url}'\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(bin)
+            .args(["check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        for (at, key) in [
+            ("2:3", "upstream.url"),
+            ("4:3", "otlp.endpoint"),
+            ("6:5", "otlp.traces.endpoint"),
+        ] {
+            let want = format!("{}:{at}: `{key}`: {message}", path.display());
+            assert!(stderr.contains(&want), "{url}: want {want}\n{stderr}");
+        }
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The variables are read at start, not by `check-config`: tokentap refuses to start on
+/// each invalid URL in each of them, naming the variable, with the rule's message.
+#[test]
+fn start_refuses_every_invalid_url_in_every_otlp_endpoint_variable() {
+    let bin = env!("CARGO_BIN_EXE_tokentap");
+    for url in INVALID_URLS {
+        let message = tokentap::config::units::parse_http_url(url).expect_err(url);
+        for variable in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ] {
+            let mut child = std::process::Command::new(bin)
+                .args([
+                    "--upstream",
+                    "http://127.0.0.1:9",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--admin",
+                    "127.0.0.1:0",
+                ])
+                .env(variable, url)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() {
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    panic!("{variable}={url}: tokentap started");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{variable}={url}: {stderr}");
+            let want = format!("`${variable}`: {message}");
+            assert!(
+                stderr.contains(&want),
+                "{variable}={url}: want {want}\n{stderr}"
+            );
+        }
+    }
+}
