@@ -72,5 +72,8 @@ bash scripts/ops/e2e-ui.sh
 step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
 bash scripts/ops/e2e-top.sh
 
+step "end to end: tokentap top against a hostile admin server in a tmux pane: no escape sequence reaches the terminal, the title is kept, a huge or endless frame is refused in bounded memory and CPU"
+bash scripts/ops/e2e-top-hostile.sh
+
 step "end to end: the SGLang Model Gateway (smg, PyPI) -> tokentap -> the simulator's gRPC engines"
 bash scripts/ops/smg_check.sh --tokentap "$TOKENTAP_BIN"
