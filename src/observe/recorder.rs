@@ -906,7 +906,7 @@ mod tests {
     #[test]
     fn every_end_with_every_status_it_can_have_gets_a_listed_verdict() {
         use crate::exchange::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
-        use crate::intermediary::HostError;
+        use crate::intermediary::{HostError, UnsupportedTransferCoding};
         let faults: Vec<ExchangeError> = vec![
             UpstreamFault::Connect("refused".into()).into(),
             UpstreamFault::HeadTimeout(ms(1)).into(),
@@ -915,14 +915,39 @@ mod tests {
             ClientFault::MalformedBody("x".into()).into(),
             ClientFault::BodyTimeout(ms(1)).into(),
             ClientFault::InvalidHost(HostError::Missing).into(),
-            ClientFault::ConnectMethod.into(),
+            ClientFault::RequestCoding(UnsupportedTransferCoding("gzip".into())).into(),
+            // `ClientFault::ConnectMethod` is answered (`405`) but never counted: no route
+            // measures a `CONNECT` (`inspect::routed_dialect`).
         ];
+        let mut sent = Vec::new();
         for fault in &faults {
             let status = StatusClass::tokentap(fault.status().expect("answered"));
             assert!(!status.is_upstream());
             let v = verdict(fault.outcome(), status, None, None);
             assert_eq!(v.outcome, fault.outcome(), "{fault}");
             assert_eq!(v.status, status, "{fault}");
+            sent.push(v);
+        }
+        // The refusals before any exchange: at the in-flight limit, and the request heads
+        // a transport cannot read (`Gateway::unreadable_head`).
+        sent.push(verdict(
+            Outcome::Overloaded,
+            StatusClass::tokentap(StatusCode::SERVICE_UNAVAILABLE),
+            None,
+            None,
+        ));
+        for code in [400, 414, 431] {
+            let status = StatusClass::tokentap(StatusCode::from_u16(code).unwrap());
+            sent.push(verdict(Outcome::ClientError, status, None, None));
+        }
+        // Each of tokentap's own statuses is one it sends: the set lists no other.
+        for class in StatusClass::ALL {
+            if class != StatusClass::None && !class.is_upstream() {
+                assert!(
+                    sent.iter().any(|v| v.status == class),
+                    "{class:?} never sent"
+                );
+            }
         }
         assert_eq!(
             verdict(Outcome::Cancelled, StatusClass::None, None, None),
