@@ -12,8 +12,9 @@
 //!
 //! What a request's life means (admission, answers, outcomes, the idle timeout) is the
 //! [exchange policy](crate::exchange)'s, as on the hyper path. This loop only reads, feeds,
-//! writes and runs the timers; and it watches the client while the upstream works, so a
-//! client that leaves (closes or resets its connection) frees the upstream at once.
+//! writes and runs the timers; and it watches the client while the upstream works (from
+//! the connect on, [`request_relay`]), so a client that leaves (closes or resets its
+//! connection) frees the upstream at once.
 
 use std::future::Future;
 use std::io;
@@ -673,6 +674,13 @@ fn client_activity(client: &TcpStream) -> impl Future<Output = Wake> + '_ {
             Err(_) => return Poll::Ready(Wake::ClientLeft),
         }
     })
+}
+
+/// Resolves `true` when the client's connection ends (it left), `false` when it sends
+/// more (it is still there): [`client_activity`] for the request's side, which watches
+/// the client while the upstream connection is being made.
+pub(super) async fn client_left(client: &TcpStream) -> bool {
+    matches!(client_activity(client).await, Wake::ClientLeft)
 }
 
 /// Read what the upstream sent into the worker's buffers, after the bytes `carry`ied
