@@ -354,6 +354,13 @@ impl Watcher for Observed {
             streaming.data(Instant::now(), bytes);
         }
     }
+
+    fn trailers(&mut self, section: &[u8]) {
+        if let Some(streaming) = self.streaming.as_mut().filter(|s| s.observes()) {
+            let trailers: http::HeaderMap = serialize::trailer_fields(section).collect();
+            streaming.trailers(&trailers);
+        }
+    }
 }
 
 impl Observed {

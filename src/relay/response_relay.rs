@@ -26,6 +26,9 @@ pub trait Watcher {
     fn head(&mut self, head: &ResponseHead);
     /// A piece of body data (a chunk's data, or what a read brought of another body).
     fn data(&mut self, bytes: &[u8]);
+    /// A chunked body's trailer section, as the upstream sent it, when the body ended
+    /// with one (whether the client takes it or not): a gRPC call's status is there.
+    fn trailers(&mut self, _section: &[u8]) {}
 }
 
 /// What a read of the upstream brought.
@@ -185,6 +188,12 @@ impl ResponseRelay {
                     }
                 }
                 Piece::End => ended = true,
+            }
+        }
+        if ended && self.framing == Some(BodyFraming::Chunked) {
+            let section = self.reader.trailer_section();
+            if !section.is_empty() {
+                watcher.trailers(section);
             }
         }
         let rechunked = serialize::rechunked(self.framing);
