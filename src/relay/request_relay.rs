@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::chunked::ChunkedReader;
-use super::connection::client_left;
+use super::client_watch::{self, Activity};
 use super::request_head::{ForwardHead, RequestFraming};
 use super::scratch::{read_more, READ_CHUNK};
 use super::serialize::{chunk, declared, last_chunk};
@@ -106,8 +106,9 @@ pub async fn send_request(
 
 /// Connect to `origin` while watching `client`: a client that leaves while the connect
 /// hangs is gone (`cancelled`, as hyper's server drops its request), not the `502` of
-/// the connect failing later. A client that sends more meanwhile (its body) is there;
-/// the body's reads watch it from then on.
+/// the connect failing later. A client that sends more meanwhile (the rest of its body)
+/// is there: the connect goes on unwatched, and the body's reads after it notice a
+/// departure.
 async fn connect(
     client: &TcpStream,
     origin: &Origin,
@@ -115,12 +116,12 @@ async fn connect(
 ) -> Result<TcpStream, Failure> {
     let connect = upstream_pool::connect(origin, timeout);
     tokio::pin!(connect);
-    let left = tokio::select! {
+    let activity = tokio::select! {
         biased;
         connected = &mut connect => return connected.map_err(connect_failed),
-        left = client_left(client) => left,
+        activity = client_watch::activity(client) => activity,
     };
-    if left {
+    if activity == Activity::Left {
         return Err(Failure::Client(ClientFault::Gone.into()));
     }
     connect.await.map_err(connect_failed)
