@@ -333,6 +333,9 @@ mod tests {
         for (i, verdict) in Verdict::ALL.iter().enumerate() {
             assert_eq!(verdict.index(), i);
         }
+        // README.md, docs/ARCHITECTURE.md, docs/PERFORMANCE.md and docs/RELIABILITY.md
+        // state this number: change them with it.
+        assert_eq!(Verdict::COUNT, 35);
     }
 
     #[test]
