@@ -119,8 +119,8 @@ OUTCOMES = ("completed", "cancelled", "upstream_error", "upstream_refused", "tim
 # The `status` label of tokentap_requests_total: the upstream's status class, or
 # tokentap's own answer.
 STATUSES = ("none", "1xx", "2xx", "3xx", "429", "4xx", "503", "5xx", "tokentap_400",
-            "tokentap_405", "tokentap_408", "tokentap_414", "tokentap_431", "tokentap_501",
-            "tokentap_502", "tokentap_503", "tokentap_504", "tokentap_4xx", "tokentap_5xx")
+            "tokentap_408", "tokentap_414", "tokentap_431", "tokentap_501", "tokentap_502",
+            "tokentap_503", "tokentap_504")
 
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)

@@ -712,7 +712,8 @@ impl ResponseObserver {
         if let Some(model_info) = self.model_info.take() {
             guarded(&self.metrics, || model_info.end());
         }
-        if let Some(observing) = self.observing.take() {
+        if let Some(mut observing) = self.observing.take() {
+            observing.recorder.whole_body();
             guarded(&self.metrics, || observing.end(at, &self.metrics));
         }
     }

@@ -119,6 +119,9 @@ pub struct Recorder {
     /// The `grpc-status` code the response reported (in its trailers, or in the head of a
     /// trailers-only response), for a gRPC dialect.
     grpc_status: Option<u32>,
+    /// The transport saw the body's own end (with its trailers, if any), not only the
+    /// stream's end marker before the client left.
+    whole_body: bool,
     /// The rate limits the response head reported, recorded with the outcome (when the
     /// model that labels them is known for sure).
     rate_limits: Option<Box<RateLimits>>,
@@ -165,6 +168,7 @@ impl Recorder {
             end_marker: false,
             malformed: 0,
             grpc_status: None,
+            whole_body: false,
             rate_limits: None,
             slowest_itl: None,
             itl_sketch,
@@ -215,6 +219,12 @@ impl Recorder {
                 .and_then(|v| v.parse::<u32>().ok());
             self.grpc_status = Some(code.unwrap_or(GRPC_UNKNOWN));
         }
+    }
+
+    /// The transport saw the body end, trailers and all: a gRPC call that reported no
+    /// `grpc-status` by then never will ([`grpc_code`]).
+    pub fn whole_body(&mut self) {
+        self.whole_body = true;
     }
 
     /// No upstream head came and tokentap answered the client itself with `status`: the
@@ -374,7 +384,8 @@ impl Recorder {
             Some(status) if self.answered_by_tokentap => StatusClass::tokentap(status),
             Some(status) => StatusClass::upstream(status),
         };
-        let verdict = verdict(end, status, self.stream_error, self.grpc_status);
+        let grpc_code = grpc_code(self.facts.dialect, self.whole_body, self.grpc_status);
+        let verdict = verdict(end, status, self.stream_error, grpc_code);
         let timings = self.clock.timings(at);
         self.handles();
         let handles = self.handles.as_ref().expect("resolved just above");
@@ -543,8 +554,20 @@ fn verdict(
     Verdict::new(outcome, status)
 }
 
-/// gRPC's `UNKNOWN`: what an unreadable `grpc-status` is taken for.
+/// gRPC's `UNKNOWN`: what an unreadable `grpc-status` is taken for, and a missing one.
 const GRPC_UNKNOWN: u32 = 2;
+
+/// The gRPC status a call is judged by: the one it reported; for a call of a gRPC
+/// `dialect` whose whole body passed (`whole_body`) without one (no trailers, or
+/// trailers without `grpc-status`), `UNKNOWN`. A gRPC client fails such a call (grpc-go
+/// reports `INTERNAL`, which the table judges alike), so it is a failed call, not a
+/// completed one. A call the client left before its end has no status to miss.
+fn grpc_code(dialect: Dialect, whole_body: bool, reported: Option<u32>) -> Option<u32> {
+    match reported {
+        None if whole_body && dialect.is_grpc() => Some(GRPC_UNKNOWN),
+        reported => reported,
+    }
+}
 
 /// What a gRPC status code says of a call that ended cleanly over an HTTP 200: its
 /// outcome and its status class, or `None` where the HTTP view stands (`OK` (0): as the
@@ -906,7 +929,7 @@ mod tests {
     #[test]
     fn every_end_with_every_status_it_can_have_gets_a_listed_verdict() {
         use crate::exchange::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
-        use crate::intermediary::HostError;
+        use crate::intermediary::{HostError, UnsupportedTransferCoding};
         let faults: Vec<ExchangeError> = vec![
             UpstreamFault::Connect("refused".into()).into(),
             UpstreamFault::HeadTimeout(ms(1)).into(),
@@ -915,14 +938,39 @@ mod tests {
             ClientFault::MalformedBody("x".into()).into(),
             ClientFault::BodyTimeout(ms(1)).into(),
             ClientFault::InvalidHost(HostError::Missing).into(),
-            ClientFault::ConnectMethod.into(),
+            ClientFault::RequestCoding(UnsupportedTransferCoding("gzip".into())).into(),
+            // `ClientFault::ConnectMethod` is answered (`405`) but never counted: no route
+            // measures a `CONNECT` (`inspect::routed_dialect`).
         ];
+        let mut sent = Vec::new();
         for fault in &faults {
             let status = StatusClass::tokentap(fault.status().expect("answered"));
             assert!(!status.is_upstream());
             let v = verdict(fault.outcome(), status, None, None);
             assert_eq!(v.outcome, fault.outcome(), "{fault}");
             assert_eq!(v.status, status, "{fault}");
+            sent.push(v);
+        }
+        // The refusals before any exchange: at the in-flight limit, and the request heads
+        // a transport cannot read (`Gateway::unreadable_head`).
+        sent.push(verdict(
+            Outcome::Overloaded,
+            StatusClass::tokentap(StatusCode::SERVICE_UNAVAILABLE),
+            None,
+            None,
+        ));
+        for code in [400, 414, 431] {
+            let status = StatusClass::tokentap(StatusCode::from_u16(code).unwrap());
+            sent.push(verdict(Outcome::ClientError, status, None, None));
+        }
+        // Each of tokentap's own statuses is one it sends: the set lists no other.
+        for class in StatusClass::ALL {
+            if class != StatusClass::None && !class.is_upstream() {
+                assert!(
+                    sent.iter().any(|v| v.status == class),
+                    "{class:?} never sent"
+                );
+            }
         }
         assert_eq!(
             verdict(Outcome::Cancelled, StatusClass::None, None, None),
@@ -1056,6 +1104,32 @@ mod tests {
         assert_eq!(
             (v.outcome.as_str(), v.status.as_str()),
             ("upstream_error", "503")
+        );
+    }
+
+    /// A gRPC call whose whole body passed without a `grpc-status` failed, as `UNKNOWN`
+    /// does; one the client left before its end, or an HTTP call, has no status to miss.
+    #[test]
+    fn a_grpc_call_that_ends_without_a_status_failed() {
+        let ok = StatusClass::Success;
+        let judged = |dialect, whole_body, reported| {
+            let v = verdict(
+                Outcome::Completed,
+                ok,
+                None,
+                grpc_code(dialect, whole_body, reported),
+            );
+            (v.outcome.as_str(), v.status.as_str())
+        };
+        let grpc = Dialect::SglangGrpc;
+        assert_eq!(judged(grpc, true, None), ("upstream_error", "5xx"));
+        assert_eq!(judged(grpc, true, Some(0)), ("completed", "2xx"));
+        assert_eq!(judged(grpc, true, Some(8)), ("upstream_refused", "429"));
+        // Left after the stream's end marker, before the trailers: as the end stands.
+        assert_eq!(judged(grpc, false, None), ("completed", "2xx"));
+        assert_eq!(
+            judged(Dialect::OpenAiChat, true, None),
+            ("completed", "2xx")
         );
     }
 

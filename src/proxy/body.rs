@@ -109,12 +109,16 @@ where
                 if this.streaming.observes() {
                     // The one clock read for this frame: every event it completes gets it.
                     let at = Instant::now();
+                    let mut last = false;
                     if let Some(data) = frame.data_ref() {
                         this.streaming.data(at, data);
                     } else if let Some(trailers) = frame.trailers_ref() {
                         this.streaming.trailers(trailers);
+                        // Trailers end a body: hyper's HTTP/1.1 server writes the body's
+                        // end with them and polls no further.
+                        last = true;
                     }
-                    if this.inner.is_end_stream() {
+                    if last || this.inner.is_end_stream() {
                         this.streaming.finish(at, BodyEnd::Clean);
                     }
                 }

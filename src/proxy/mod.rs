@@ -27,13 +27,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::config::Config;
-use crate::exchange::{Active, Admitted, Answer, ExchangeError, Gateway, UpstreamIdle};
+use crate::exchange::{Active, Admitted, Answer, Exchange, ExchangeError, Gateway, UpstreamIdle};
 use crate::metrics::Metrics;
 use crate::observe::RequestHead;
 use crate::wire::Tokenizer;
 pub use body::ProxyBody;
 use body::{BoxError, ScannedBody, StreamingBody};
-use request_body::ClientBody;
+use request_body::{BodyWatch, ClientBody};
 use tunnel::Tunnels;
 use upstream::UpstreamClient;
 
@@ -147,17 +147,22 @@ impl Proxy {
             scan,
             exchange,
         } = admitted;
-        let (body, watch) = ClientBody::new(body, active.config.limits.request_body_timeout);
         let full_duplex = parts.version == http::Version::HTTP_2;
+        let timeout = active.config.limits.request_body_timeout;
+        let (body, watch) = ClientBody::new(body, timeout, full_duplex);
+        let (head_deadline, head_timed_out) = (exchange.head_deadline(), exchange.head_timed_out());
+        // Declared before the upstream exchange, so dropped after it (and its body).
+        let mut exchange = Unanswered(Some(exchange), watch.clone());
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
         let send = active.upstream.send(parts, body, &tunnels);
-        let sent = tokio::time::timeout_at(exchange.head_deadline(), send)
+        let sent = tokio::time::timeout_at(head_deadline, send)
             .await
-            .unwrap_or_else(|_| Err(exchange.head_timed_out()));
+            .unwrap_or(Err(head_timed_out));
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
+        let exchange = exchange.answered();
         let response = match sent {
             Ok(response) => {
                 if full_duplex {
@@ -187,6 +192,27 @@ impl Proxy {
     }
 }
 
+/// An exchange until its request's future answers it. hyper drops the future of an h2
+/// request whose stream was reset, before the answer: the exchange then goes to the
+/// request body's watch, which records it by what the body learns of the reset (the
+/// client's error when the h2 library reset the stream for the client's framing, else
+/// the client gone).
+struct Unanswered(Option<Exchange>, BodyWatch);
+
+impl Unanswered {
+    fn answered(&mut self) -> Exchange {
+        self.0.take().expect("answered once")
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(exchange) = self.0.take() {
+            self.1.abandoned(exchange);
+        }
+    }
+}
+
 fn text(answer: &Answer) -> Response<ProxyBody> {
     answer
         .response::<Full<Bytes>>()
@@ -198,29 +224,71 @@ fn text(answer: &Answer) -> Response<ProxyBody> {
 pub struct ProxyService(Arc<Proxy>);
 
 impl ProxyService {
-    /// A connection hyper served ended with `err`: if hyper answered a request head it
-    /// could not read (its automatic `400`, `414` or `431`), count that request.
+    /// A connection hyper served ended with `err`: if it ended on a request head that
+    /// could not be read (hyper's automatic `400`, `414` or `431` on HTTP/1, or an h2
+    /// connection error for the client's protocol violation), count that request.
     pub fn connection_failed(&self, err: &(dyn std::error::Error + 'static)) {
-        if let Some(status) = answered_parse_error(err) {
+        if let Some(status) = refused_head(err) {
             self.0.gateway.unreadable_head(status);
         }
     }
 }
 
-/// The status hyper's HTTP/1 server answered a request head it could not parse with, as
-/// its `on_error` decides (hyper answers these itself, before any service sees them):
-/// `None` for every other error, and for the parse errors hyper closes on without an
-/// answer (an h2 preface on HTTP/1, an internal error).
-fn answered_parse_error(err: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
+/// The status of the request head a connection ended on, refused before any service saw
+/// it: `None` for every other end.
+///
+/// On HTTP/1, hyper answers a head it cannot parse itself, as its `on_error` decides:
+/// [`answered_parse_error`]. On h2, the h2 library closes the connection with a GOAWAY
+/// when a frame breaks the protocol (`PROTOCOL_ERROR`: an undecodable header block, a
+/// stream id out of order, a frame where none may be; `COMPRESSION_ERROR`;
+/// `FRAME_SIZE_ERROR`). hyper returns that error here, and nothing else sees it: it is
+/// counted as the HTTP/1.1 unreadable head is, with the `400` HTTP/1.1 answers (a GOAWAY
+/// has no status). `ENHANCE_YOUR_CALM` is left out: h2 sends it for floods (of resets,
+/// of CONTINUATION frames) as much as for an oversized head, and does not say which.
+///
+/// A request the h2 library refuses on its own stream (a malformed or missing
+/// pseudo-header, a connection-specific field, a head over `max_header_list_size`, which
+/// it answers `431` itself) resets only that stream, and h2 tells no one: `h2`'s
+/// `Recv::recv_headers` and `server::Peer::convert_poll_message` return a stream error
+/// that `Streams::recv_headers` turns into a RST_STREAM (or the `431`) without queueing
+/// the stream for `accept`, so hyper never calls the service and the connection goes on
+/// without an error. Those are not counted (docs/ARCHITECTURE.md says so).
+fn refused_head(err: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
     let mut source = Some(err);
-    let hyper_err = loop {
-        let err = source?;
+    while let Some(err) = source {
         if let Some(hyper_err) = err.downcast_ref::<hyper::Error>() {
-            break hyper_err;
+            if hyper_err.is_parse() {
+                return answered_parse_error(hyper_err);
+            }
+        }
+        if let Some(h2_err) = err.downcast_ref::<h2::Error>() {
+            return h2_protocol_error(h2_err).then_some(StatusCode::BAD_REQUEST);
         }
         source = err.source();
-    };
-    if !hyper_err.is_parse() || hyper_err.is_parse_version_h2() || hyper_err.is_parse_status() {
+    }
+    None
+}
+
+/// Whether h2 closed the connection for the client's breach of the protocol.
+fn h2_protocol_error(err: &h2::Error) -> bool {
+    err.is_go_away()
+        && err.is_library()
+        && err.reason().is_some_and(|reason| {
+            [
+                h2::Reason::PROTOCOL_ERROR,
+                h2::Reason::COMPRESSION_ERROR,
+                h2::Reason::FRAME_SIZE_ERROR,
+            ]
+            .contains(&reason)
+        })
+}
+
+/// The status hyper's HTTP/1 server answered a request head it could not parse with, as
+/// its `on_error` decides (hyper answers these itself, before any service sees them):
+/// `None` for the parse errors hyper closes on without an answer (an h2 preface on
+/// HTTP/1, a response's status, an internal error).
+fn answered_parse_error(hyper_err: &hyper::Error) -> Option<StatusCode> {
+    if hyper_err.is_parse_version_h2() || hyper_err.is_parse_status() {
         return None;
     }
     // hyper tells `URI too long` from a head too large only in its message.

@@ -12,8 +12,9 @@
 //!
 //! What a request's life means (admission, answers, outcomes, the idle timeout) is the
 //! [exchange policy](crate::exchange)'s, as on the hyper path. This loop only reads, feeds,
-//! writes and runs the timers; and it watches the client while the upstream works, so a
-//! client that leaves (closes or resets its connection) frees the upstream at once.
+//! writes and runs the timers; and it watches the client while the upstream works
+//! ([`client_watch`], from the connect on), so a client that leaves (closes or resets its
+//! connection) frees the upstream at once.
 
 use std::future::Future;
 use std::io;
@@ -26,6 +27,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::client_watch::{self, Activity};
 use super::request_head::{self, Decision, ForwardHead, HeadReader, HeadRules, RequestFraming};
 use super::request_relay::{send_request, Failure};
 use super::response::{ResponseHead, ResponseRules};
@@ -353,6 +355,13 @@ impl Watcher for Observed {
             streaming.data(Instant::now(), bytes);
         }
     }
+
+    fn trailers(&mut self, section: &[u8]) {
+        if let Some(streaming) = self.streaming.as_mut().filter(|s| s.observes()) {
+            let trailers: http::HeaderMap = serialize::trailer_fields(section).collect();
+            streaming.trailers(&trailers);
+        }
+    }
 }
 
 impl Observed {
@@ -467,7 +476,10 @@ impl ResponseLoop<'_> {
                 (read, buffers) = read_upstream(&mut self.upstream, &carry, hot) => {
                     Wake::Read(read, buffers)
                 }
-                wake = client_activity(self.client), if watch_client => wake,
+                activity = client_watch::activity(self.client), if watch_client => match activity {
+                    Activity::Left => Wake::ClientLeft,
+                    Activity::Sent => Wake::ClientSent,
+                },
                 () = &mut timer => Wake::Timer,
             };
             match wake {
@@ -645,34 +657,6 @@ fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Res
     };
     unsent.extend_from_slice(&out[written..]);
     Ok(())
-}
-
-/// Resolves when the client does something while its response is on the way: its
-/// connection ended (a close or a reset: it left, and the upstream is to be freed at
-/// once), or it sent more (a pipelined request: it is still there). A client that only
-/// shut its write side looks the same as one that closed: both are taken as gone, as
-/// nginx and Envoy take them.
-///
-/// It waits in the socket's reader slot (`poll_read_ready`), not in a readiness future:
-/// this is polled once per event while the upstream streams, and the slot costs no
-/// registration to undo each time another branch wins.
-fn client_activity(client: &TcpStream) -> impl Future<Output = Wake> + '_ {
-    std::future::poll_fn(move |cx| loop {
-        if std::task::ready!(client.poll_read_ready(cx)).is_err() {
-            return Poll::Ready(Wake::ClientLeft);
-        }
-        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
-        let peeked = client.try_io(tokio::io::Interest::READABLE, || {
-            socket2::SockRef::from(client).peek(&mut byte)
-        });
-        match peeked {
-            Ok(0) => return Poll::Ready(Wake::ClientLeft),
-            Ok(_) => return Poll::Ready(Wake::ClientSent),
-            // Readiness that was stale is cleared: wait again.
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return Poll::Ready(Wake::ClientLeft),
-        }
-    })
 }
 
 /// Read what the upstream sent into the worker's buffers, after the bytes `carry`ied

@@ -17,12 +17,14 @@
 //!
 //! On a connection (with `proxy.http1_fast_path`, on by default), the [`connection`] loop
 //! reads each request head, sends what it fully understands upstream ([`request_relay`])
-//! on its own keep-alive [`upstream_pool`], and relays the response, reading and writing
+//! on its own keep-alive [`upstream_pool`], and relays the response, watching the client
+//! from the connect on ([`client_watch`]), reading and writing
 //! through the worker's [`scratch`] buffers; the first request it does not take hands the
 //! connection to hyper through a [`rewind`] wrapper that replays what was read. What each
 //! request's life means is the [exchange policy](crate::exchange)'s, as on the hyper path.
 
 pub mod chunked;
+pub mod client_watch;
 pub mod connection;
 pub mod request_head;
 pub mod request_relay;

@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::chunked::ChunkedReader;
+use super::client_watch::{self, Activity};
 use super::request_head::{ForwardHead, RequestFraming};
 use super::scratch::{read_more, READ_CHUNK};
 use super::serialize::{chunk, declared, last_chunk};
@@ -42,16 +43,7 @@ pub async fn send_request(
     scan: &mut RequestScan,
     started: &mut bool,
 ) -> Result<TcpStream, Failure> {
-    let upstream_config = &config.upstream;
-    let connect = |origin: &Origin| {
-        let origin = origin.clone();
-        let timeout = upstream_config.connect_timeout;
-        async move {
-            upstream_pool::connect(&origin, timeout)
-                .await
-                .map_err(|err| Failure::Upstream(UpstreamFault::Connect(err).into()))
-        }
-    };
+    let timeout = config.upstream.connect_timeout;
     let available = input.len() - head.head_len;
     let initial = usize::try_from(body_len).map_or(available, |len| len.min(available));
     let body = &input[head.head_len..head.head_len + initial];
@@ -65,13 +57,13 @@ pub async fn send_request(
             } else {
                 // The upstream closed the kept connection just then: nothing of the request
                 // reached it, so it goes once more on a fresh connection.
-                let mut fresh = connect(origin).await?;
+                let mut fresh = connect(client, origin, timeout).await?;
                 fresh.write_all(&first).await.map_err(request_failed)?;
                 fresh
             }
         }
         None => {
-            let mut fresh = connect(origin).await?;
+            let mut fresh = connect(client, origin, timeout).await?;
             fresh.write_all(&first).await.map_err(request_failed)?;
             fresh
         }
@@ -110,6 +102,33 @@ pub async fn send_request(
         remaining -= take as u64;
     }
     Ok(upstream)
+}
+
+/// Connect to `origin` while watching `client`: a client that leaves while the connect
+/// hangs is gone (`cancelled`, as hyper's server drops its request), not the `502` of
+/// the connect failing later. A client that sends more meanwhile (the rest of its body)
+/// is there: the connect goes on unwatched, and the body's reads after it notice a
+/// departure.
+async fn connect(
+    client: &TcpStream,
+    origin: &Origin,
+    timeout: Duration,
+) -> Result<TcpStream, Failure> {
+    let connect = upstream_pool::connect(origin, timeout);
+    tokio::pin!(connect);
+    let activity = tokio::select! {
+        biased;
+        connected = &mut connect => return connected.map_err(connect_failed),
+        activity = client_watch::activity(client) => activity,
+    };
+    if activity == Activity::Left {
+        return Err(Failure::Client(ClientFault::Gone.into()));
+    }
+    connect.await.map_err(connect_failed)
+}
+
+fn connect_failed(err: String) -> Failure {
+    Failure::Upstream(UpstreamFault::Connect(err).into())
 }
 
 /// Read more of a request body from the client within `body_timeout`.

@@ -26,6 +26,9 @@ pub trait Watcher {
     fn head(&mut self, head: &ResponseHead);
     /// A piece of body data (a chunk's data, or what a read brought of another body).
     fn data(&mut self, bytes: &[u8]);
+    /// A chunked body's trailer section, as the upstream sent it, when the body ended
+    /// with one (whether the client takes it or not): a gRPC call's status is there.
+    fn trailers(&mut self, _section: &[u8]) {}
 }
 
 /// What a read of the upstream brought.
@@ -187,6 +190,13 @@ impl ResponseRelay {
                 Piece::End => ended = true,
             }
         }
+        if ended && self.framing == Some(BodyFraming::Chunked) {
+            let section = self.reader.trailer_section();
+            // Field lines have a colon; the empty line that ends the body has none.
+            if section.contains(&b':') {
+                watcher.trailers(section);
+            }
+        }
         let rechunked = serialize::rechunked(self.framing);
         match self.framing {
             None => {}
@@ -258,6 +268,10 @@ mod tests {
         fn data(&mut self, bytes: &[u8]) {
             self.0
                 .push(format!("data {}", String::from_utf8_lossy(bytes)));
+        }
+        fn trailers(&mut self, section: &[u8]) {
+            self.0
+                .push(format!("trailers {}", String::from_utf8_lossy(section)));
         }
     }
 
@@ -487,7 +501,7 @@ mod tests {
                     )],
                     "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
                      1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
-                    &["head 200", "data a"],
+                    &["head 200", "data a", "trailers x-t: 1\r\nx-u: 2\r\n\r\n"],
                     "ended, reuse true",
                 )
             },
@@ -499,7 +513,8 @@ mod tests {
                 )],
                 "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
                  1\r\na\r\n0\r\n\r\n",
-                &["head 200", "data a"],
+                // The observer reads them all the same (a gRPC call's status is there).
+                &["head 200", "data a", "trailers x-t: 1\r\n\r\n"],
                 "ended, reuse true",
             ),
         ];

@@ -61,17 +61,7 @@ pub fn last_chunk(section: &[u8], declared: &[HeaderName], out: &mut Vec<u8>) {
     out.extend_from_slice(b"0\r\n");
     if !declared.is_empty() {
         let mut trailers = http::HeaderMap::new();
-        for line in section.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&line[..colon]),
-                http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
-            ) else {
-                continue;
-            };
+        for (name, value) in trailer_fields(section) {
             if declared.contains(&name) && may_be_a_trailer(&name) {
                 trailers.append(name, value);
             }
@@ -81,6 +71,21 @@ pub fn last_chunk(section: &[u8], declared: &[HeaderName], out: &mut Vec<u8>) {
         }
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The fields of a trailer section as the upstream sent it (`name: value` lines, which
+/// the chunked reader checked), as hyper's client reads them; a line that is no valid
+/// field is skipped.
+pub fn trailer_fields(
+    section: &[u8],
+) -> impl Iterator<Item = (HeaderName, http::HeaderValue)> + '_ {
+    section.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let name = HeaderName::from_bytes(&line[..colon]).ok()?;
+        let value = http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).ok()?;
+        Some((name, value))
+    })
 }
 
 /// The fields hyper's server never sends as trailers (RFC 9110 6.5.1).

@@ -973,8 +973,9 @@ async fn a_request_refused_at_the_in_flight_limit_is_counted_once() {
     }
 }
 
-/// A request head tokentap cannot read is answered (400, 431) and counted once as the
-/// client's error, on both HTTP/1.1 paths.
+/// A request head tokentap cannot read is answered (400, 414, 431) and counted once as
+/// the client's error, on both HTTP/1.1 paths; on h2, a header block h2 cannot decode
+/// closes the connection with a GOAWAY, counted as the same `400`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_request_head_is_counted_as_the_clients_error() {
     let backend = ScriptedBackend::start(vec![Step::Write(sse("[DONE]"))]).await;
@@ -982,17 +983,27 @@ async fn an_unreadable_request_head_is_counted_as_the_clients_error() {
         "POST {CHAT} HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
         "a".repeat(128 * 1024)
     );
-    let cases: [(&str, Vec<u8>, &str); 2] = [
+    // Longer than hyper's longest target, in a head `limits.max_header_bytes` allows.
+    let long_target = format!("GET /{} HTTP/1.1\r\nhost: x\r\n\r\n", "a".repeat(70_000));
+    let roomy = "limits:\n  max_header_bytes: 128KiB\n";
+    let cases: [(&str, Vec<u8>, &str, &str); 3] = [
         (
             "garbage",
             b"\x01\x02 not http\r\n\r\n".to_vec(),
+            "",
             "tokentap_400",
         ),
-        ("too large", huge.into_bytes(), "tokentap_431"),
+        ("too large", huge.into_bytes(), "", "tokentap_431"),
+        (
+            "target too long",
+            long_target.into_bytes(),
+            roomy,
+            "tokentap_414",
+        ),
     ];
     for transport in [Transport::Relay, Transport::HyperH1] {
-        for (name, request, status) in &cases {
-            let proxy = transport.proxy(&backend.url(), "").await;
+        for (name, request, yaml, status) in &cases {
+            let proxy = transport.proxy(&backend.url(), yaml).await;
             let raw = common::raw_exchange(proxy.addr, request).await;
             let code = &status["tokentap_".len()..];
             assert!(
@@ -1000,19 +1011,230 @@ async fn an_unreadable_request_head_is_counted_as_the_clients_error() {
                 "{name} {transport:?}: {:?}",
                 String::from_utf8_lossy(&raw[..raw.len().min(80)])
             );
-            let m = proxy
-                .wait_metrics(&format!("{name} counted"), |m| {
-                    m.sum("tokentap_requests_total", &[]) >= 1.0
-                })
-                .await;
-            let labels = [
-                ("model", "unknown"),
-                ("tenant", "unknown"),
-                ("outcome", "client_error"),
-                ("status", *status),
-            ];
-            assert_eq!(m.sum("tokentap_requests_total", &[]), 1.0, "{}", m.text);
-            assert_eq!(m.sum("tokentap_requests_total", &labels), 1.0, "{}", m.text);
+            unreadable_head_counted(&proxy, name, status).await;
+        }
+    }
+    // h2c: the preface, SETTINGS, and a HEADERS frame whose block is HPACK index 0,
+    // which no table has.
+    let proxy = Transport::H2.proxy(&backend.url(), "").await;
+    let mut frames = H2_PREFACE.to_vec();
+    frames.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    frames.extend_from_slice(&[0, 0, 1, 0x1, 0x5, 0, 0, 0, 1, 0x80]);
+    let raw = common::raw_exchange(proxy.addr, &frames).await;
+    let go_away = h2_frames(&raw)
+        .into_iter()
+        .find(|(kind, _, _)| *kind == 0x7)
+        .unwrap_or_else(|| panic!("no GOAWAY in {raw:?}"));
+    let code = u32::from_be_bytes(go_away.2[4..8].try_into().expect("a GOAWAY's code"));
+    assert_eq!(code, 0x1, "PROTOCOL_ERROR");
+    unreadable_head_counted(&proxy, "an undecodable h2 header block", "tokentap_400").await;
+}
+
+/// The h2 connection preface.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The frames of a raw h2 byte stream: (type, stream id, payload).
+fn h2_frames(mut raw: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while raw.len() >= 9 {
+        let len = usize::from(raw[0]) << 16 | usize::from(raw[1]) << 8 | usize::from(raw[2]);
+        let id = u32::from_be_bytes([raw[5], raw[6], raw[7], raw[8]]) & 0x7fff_ffff;
+        let Some(payload) = raw.get(9..9 + len) else {
+            break;
+        };
+        frames.push((raw[3], id, payload.to_vec()));
+        raw = &raw[9 + len..];
+    }
+    frames
+}
+
+/// The one request `proxy` counted is the client's error with `status`, with model and
+/// tenant unknown (nothing of the request was read).
+async fn unreadable_head_counted(proxy: &Proxy, name: &str, status: &str) {
+    let m = proxy
+        .wait_metrics(&format!("{name} counted"), |m| {
+            m.sum("tokentap_requests_total", &[]) >= 1.0
+        })
+        .await;
+    let labels = [
+        ("model", "unknown"),
+        ("tenant", "unknown"),
+        ("outcome", "client_error"),
+        ("status", status),
+    ];
+    assert_eq!(
+        m.sum("tokentap_requests_total", &[]),
+        1.0,
+        "{name}\n{}",
+        m.text
+    );
+    assert_eq!(
+        m.sum("tokentap_requests_total", &labels),
+        1.0,
+        "{name}\n{}",
+        m.text
+    );
+}
+
+/// An h2 request body that breaks its `content-length` (more data, or less before the
+/// stream's end) is reset by the h2 library: the client's error, counted as the `400`
+/// HTTP/1.1 answers a malformed body with (the reset has no status), never `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_body_that_breaks_its_content_length_is_the_clients_error() {
+    let backend = ScriptedBackend::start(vec![Step::Write(sse("[DONE]"))]).await;
+    let proxy = Transport::H2.proxy(&backend.url(), "").await;
+    for (name, declared, sent) in [("longer", 10, 20), ("shorter", 30, 20)] {
+        let tenant = format!("h2-body-{name}");
+        let tcp = TcpStream::connect(proxy.addr).await.expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("handshake");
+        tokio::spawn(connection);
+        let mut client = client.ready().await.expect("ready");
+        let request = http::Request::post(proxy.url(CHAT))
+            .header("content-type", "application/json")
+            .header("x-tenant-id", &tenant)
+            .header("content-length", declared)
+            .body(())
+            .expect("request");
+        let (response, mut body) = client.send_request(request, false).expect("sent");
+        body.send_data(Bytes::from(vec![b' '; sent]), true)
+            .expect("body sent");
+        let reset = response.await.expect_err("the stream is reset");
+        assert_eq!(reset.reason(), Some(h2::Reason::PROTOCOL_ERROR), "{name}");
+        let tenant = ("tenant", tenant.as_str());
+        classified_once_as(&proxy, tenant, "client_error", "tokentap_400", 400).await;
+    }
+}
+
+/// An upstream whose connects hang: a listener that never accepts, with its accept queue
+/// full, so that the kernel drops further SYNs. It holds the queued connections.
+struct HangingUpstream {
+    _listener: socket2::Socket,
+    _queued: Vec<TcpStream>,
+    url: String,
+}
+
+async fn hanging_upstream() -> HangingUpstream {
+    use socket2::{Domain, Socket, Type};
+    let listener = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("address");
+    listener.bind(&any.into()).expect("bind");
+    listener.listen(0).expect("listen");
+    let addr = listener
+        .local_addr()
+        .expect("address")
+        .as_socket()
+        .expect("an IP address");
+    let mut queued = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
+            Ok(connected) => queued.push(connected.expect("connect")),
+            // This one hangs: the queue is full.
+            Err(_) => {
+                return HangingUpstream {
+                    _listener: listener,
+                    _queued: queued,
+                    url: format!("http://{addr}"),
+                }
+            }
+        }
+    }
+    panic!("the accept queue never filled");
+}
+
+/// A client that leaves while tokentap's connect to the upstream hangs is `cancelled`,
+/// with no status, on every transport, as soon as it leaves: not the `502` of a connect
+/// that fails later, which would blame the upstream for the client's departure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_the_upstream_connect_hangs_is_cancelled() {
+    let upstream = hanging_upstream().await;
+    let yaml = "upstream:\n  connect_timeout: 3s\n";
+    for transport in TRANSPORTS {
+        let proxy = transport.proxy(&upstream.url, yaml).await;
+        // By tenant: the body (and its model) is read only once the upstream takes it.
+        let tenant = format!("connect-hangs-{transport:?}");
+        if transport == Transport::H2 {
+            let request = common::chat(&proxy.url(CHAT), "m", &tenant, true, false);
+            let waiting = tokio::spawn(h2_client().request(request));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            waiting.abort();
+        } else {
+            let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+            let request = raw_chat_with("m", &format!("x-tenant-id: {tenant}\r\n"));
+            client.write_all(&request).await.expect("send");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(client);
+        }
+        let left = Instant::now();
+        let m = proxy
+            .wait_metrics(&format!("{tenant} recorded"), |m| {
+                m.sum("tokentap_requests_total", &[("tenant", &tenant)]) >= 1.0
+            })
+            .await;
+        let counted = |labels: &[(&str, &str)]| m.sum("tokentap_requests_total", labels);
+        let cancelled = [("tenant", tenant.as_str()), ("outcome", "cancelled")];
+        assert_eq!(
+            (counted(&[("tenant", &tenant)]), counted(&cancelled)),
+            (1.0, 1.0),
+            "{tenant}: not cancelled\n{}",
+            m.text
+        );
+        assert!(
+            left.elapsed() < Duration::from_secs(2),
+            "{tenant}: counted {:?} after the client left",
+            left.elapsed()
+        );
+        access_log::assert_one_request_line("tenant", &tenant, "cancelled", None).await;
+    }
+}
+
+/// A gRPC call is counted by the `grpc-status` in its trailers on every transport, and
+/// one whose whole body passed without a `grpc-status` (no trailers, or trailers without
+/// it) is a failed call, as gRPC's `UNKNOWN`: `upstream_error` with `5xx`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_is_judged_by_its_grpc_status_on_every_transport() {
+    const GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+    let cases = [
+        ("ok", "grpc-status: 0\r\n", "completed", "2xx"),
+        (
+            "exhausted",
+            "grpc-status: 8\r\ngrpc-message: busy\r\n",
+            "upstream_refused",
+            "429",
+        ),
+        ("no-trailers", "", "upstream_error", "5xx"),
+        ("no-status", "x-other: 1\r\n", "upstream_error", "5xx"),
+    ];
+    for (name, trailers, outcome, status) in cases {
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n\
+             trailer: grpc-status, grpc-message\r\ntransfer-encoding: chunked\r\n\r\n\
+             0\r\n{trailers}\r\n"
+        );
+        let backend = ScriptedBackend::start(vec![Step::Write(response.into_bytes())]).await;
+        for transport in TRANSPORTS {
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let tenant = format!("grpc-{name}-{transport:?}");
+            if transport == Transport::H2 {
+                let request = http::Request::post(proxy.url(GENERATE))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .header("x-tenant-id", &tenant)
+                    .body(Full::new(Bytes::from_static(&[0; 5])))
+                    .expect("request");
+                let response = h2_client().request(request).await.expect("an answer");
+                assert_eq!(response.status(), 200, "{tenant}");
+                response.into_body().collect().await.expect("body");
+            } else {
+                let call = format!(
+                    "POST {GENERATE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/grpc\r\n\
+                     te: trailers\r\nx-tenant-id: {tenant}\r\nconnection: close\r\n\
+                     content-length: 5\r\n\r\n\0\0\0\0\0"
+                );
+                let raw = common::raw_exchange(proxy.addr, call.as_bytes()).await;
+                assert!(raw.starts_with(b"HTTP/1.1 200 OK"), "{tenant}: {raw:?}");
+            }
+            let tenant = ("tenant", tenant.as_str());
+            classified_once_as(&proxy, tenant, outcome, status, 200).await;
         }
     }
 }
