@@ -485,7 +485,7 @@ mod tests {
         let bytes = ring.bytes();
         assert!(bytes <= Ring::max_bytes(buckets), "{bytes}");
         assert!(bytes * 10 >= Ring::max_bytes(buckets) * 9, "{bytes}");
-        // The bound, stated in docs/PERFORMANCE.md: about 5 MiB with 20 buckets.
+        // The bound, stated in docs/PERFORMANCE.md: about 5.3 MiB with 20 buckets.
         assert!(
             Ring::max_bytes(buckets) < 11 << 19,
             "{}",
@@ -542,7 +542,7 @@ mod tests {
             b.inter_token_latency_seconds.len(),
             bound / (MAX_MODELS + 2)
         );
-        // docs/PERFORMANCE.md and README state "at most about 5 MiB".
+        // docs/PERFORMANCE.md and README state "at most about 5.3 MiB".
         assert!(bound < 11 << 19, "{bound}");
     }
 
