@@ -231,9 +231,20 @@ async fn serve_connection(
             TokioIo::new(WriteStall::new(stream, WRITE_STALL_TIMEOUT)),
             service,
         );
-    tokio::select! {
-        _ = served => {}
-        () = connection.state.close.notified() => {}
+    tokio::pin!(served);
+    let state = &connection.state;
+    loop {
+        tokio::select! {
+            _ = &mut served => return,
+            () = state.close.notified() => {
+                // A request may have come since it was chosen: then it stays, and the next
+                // idlest is chosen instead.
+                if !state.responding.load(Ordering::Relaxed) {
+                    return;
+                }
+                state.closing.store(false, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -737,6 +748,35 @@ impl Body for MetricsBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_write_that_makes_no_progress_fails_after_the_limit_counted_from_its_stall() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limit = Duration::from_millis(300);
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut io = WriteStall::new(near, limit);
+        io.write_all(&[1; 64]).await.expect("the buffer takes it");
+        // The reader takes it all after 200 ms: the stalled write then goes on.
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut taken = [0u8; 64];
+            far.read_exact(&mut taken).await.expect("read");
+            far
+        });
+        let started = Instant::now();
+        io.write_all(&[2; 64])
+            .await
+            .expect("progress within the limit");
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        let _far = reader.await.expect("reader");
+        // Nobody reads any more: the next write fails once it has been stalled for the
+        // whole limit (not counted from the earlier stall).
+        let started = Instant::now();
+        let err = io.write_all(&[3; 1]).await.expect_err("stalled");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let took = started.elapsed();
+        assert!(took >= limit && took < limit * 4, "{took:?}");
+    }
 
     fn negotiated(accept: &[&str]) -> Format {
         let mut headers = http::HeaderMap::new();

@@ -19,11 +19,12 @@ use tokio::sync::watch;
 
 use crate::common::{self, Proxy, SimHandle};
 
-/// The liveness probe's timeout in the shipped manifests (`timeoutSeconds: 1`).
+/// The bound issue 32 sets: half the shipped probes' `timeoutSeconds: 2`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What the kernel buffers for a viewer that reads nothing before its writes stall, at
-/// this test's frame rate (measured: 2-4 s; README, "Live view").
+/// How long the kernel's buffers take to fill for a viewer that reads nothing, with its
+/// 1 KiB receive buffer and this test's traffic (measured: about 2 s; README, "Live view",
+/// gives the figures with default buffers).
 const BUFFERS_FILL_WITHIN: Duration = Duration::from_secs(10);
 
 /// Read from `stream` until `buf` contains `needle`, the stream ends or `within` passes.
