@@ -77,10 +77,11 @@ pub const RESERVED_DESCRIPTORS: usize = 2 * MAX_CONNECTIONS;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A write that makes no progress for this long fails its connection: the client stopped
-/// reading (a viewer's tab in the background still reads; a client that never reads does
-/// not). Measured: a live-view stream that stops being read fills the kernel's buffers
-/// within seconds to minutes, depending on the frame size and the client's receive
-/// buffer (README, "Live view", gives the figures); then this applies.
+/// reading. Prometheus' default scrape timeout, so a scrape cut by it had failed already;
+/// a browser (a tab in the background too) and `tokentap top` read frames as they come.
+/// The stall begins once the kernel's buffers are full: for a live-view stream that
+/// takes seconds to minutes, by the frame rate and the client's receive buffer (README,
+/// "Live view", gives the measured figures).
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The send buffer of a live-view connection (the kernel doubles it): small, so that a
