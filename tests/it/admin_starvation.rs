@@ -235,6 +235,82 @@ async fn a_viewer_that_stops_reading_is_dropped() {
     drop(viewers);
 }
 
+/// A scraper that asks for `/metrics` and reads none of it, with a receive buffer as
+/// small as the kernel allows, for 3 s; then it leaves and comes again.
+async fn non_reading_scraper(admin: SocketAddr, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(1024).expect("SO_RCVBUF");
+        if let Ok(mut stream) = socket.connect(admin).await {
+            let request = b"GET /metrics HTTP/1.1\r\nhost: scraper\r\n\r\n";
+            if stream.write_all(request).await.is_ok() {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(3)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// `/healthz` and `/readyz` still answer within 1 s while scrapers that ask for a 1 MB
+/// `/metrics` and read none of it hold every admin connection: once hyper has handed the
+/// whole body to the kernel the connection has no response in progress, so it gives its
+/// place to a newcomer as an idle one does. (A body larger than the kernel takes, several
+/// MB, keeps its connection busy until the write stall timeout: docs/RELIABILITY.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_scrapers_that_read_nothing_hold_every_connection() {
+    let models: Vec<String> = (0..32).map(|i| format!("m{i:02}")).collect();
+    let sim = SimHandle::start(SimConfig {
+        models: models
+            .iter()
+            .map(|m| ModelProfile::new(m, Duration::ZERO, Duration::ZERO, 2))
+            .collect(),
+        ..SimConfig::default()
+    })
+    .await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    // 256 (model, tenant) pairs, past the default cap of 250: about 1 MB of /metrics, far
+    // more than the kernel buffers for a client that reads nothing.
+    let url = proxy.url("/v1/chat/completions");
+    let sends = (0..256).map(|i| {
+        let request = common::chat(&url, &models[i % 32], &format!("t{}", i / 32), true, true);
+        async move {
+            let response = common::client().request(request).await.expect("response");
+            common::body_bytes(response).await;
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let size = proxy.metrics().await.text.len();
+    assert!(size > 500_000, "/metrics is {size} bytes");
+
+    let (stop, stopped) = watch::channel(false);
+    let scrapers: Vec<_> = (0..admin::MAX_CONNECTIONS + 4)
+        .map(|_| tokio::spawn(non_reading_scraper(proxy.admin, stopped.clone())))
+        .collect();
+    // Every place taken, by connections whose client reads nothing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let run = Duration::from_secs(4);
+    let started = Instant::now();
+    let (mut probes, mut slowest) = (0, Duration::ZERO);
+    while started.elapsed() < run {
+        for path in ["/healthz", "/readyz"] {
+            let took = probe(proxy.admin, path).await.unwrap_or_else(|why| {
+                panic!("{path} after {:?} of the run: {why}", started.elapsed())
+            });
+            probes += 1;
+            slowest = slowest.max(took);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("{probes} probes in {run:?} beside non-reading scrapers, the slowest answered in {slowest:?}");
+    let _ = stop.send(true);
+    for scraper in scrapers {
+        let _ = scraper.await;
+    }
+}
+
 /// When a connection that `open` made, and that then sat idle, was closed by the server.
 async fn closed_after(mut stream: TcpStream) -> Duration {
     let started = Instant::now();
