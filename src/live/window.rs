@@ -24,7 +24,7 @@ use crate::metrics::Outcome;
 /// Ticks kept: ten minutes of one-second ticks.
 pub const SLOTS: usize = 600;
 /// Models kept; a model first seen past it is left out of the view (and counted).
-/// `other` and `unknown` are kept besides them ([`is_fold`]).
+/// `other` and `unknown` are kept besides them.
 pub const MAX_MODELS: usize = 32;
 
 /// The values the label policy gives itself (`other`: folded past the cap; `unknown`: no
