@@ -35,6 +35,8 @@
 #
 # Everything listens on 127.0.0.1 only. Only processes this script started are stopped.
 set -euo pipefail
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=127.0.0.1:0
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

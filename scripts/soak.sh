@@ -33,6 +33,8 @@
 #
 # CI runs the short version: scripts/soak.sh --minutes 0.5 --debug
 set -uo pipefail
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=127.0.0.1:0
 cd "$(dirname "$0")/.."
 
 minutes=30

@@ -36,6 +36,8 @@ use crate::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageM
 pub struct DemoOptions {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    /// The live view's listener (`ui.listen`).
+    pub ui_listen: SocketAddr,
     /// Stop after this long (`None`: until Ctrl-C).
     pub duration: Option<Duration>,
     /// Concurrent client streams.
@@ -51,6 +53,7 @@ impl Default for DemoOptions {
         DemoOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            ui_listen: SocketAddr::from(([127, 0, 0, 1], 9465)),
             duration: None,
             concurrency: 8,
             refresh: Duration::from_secs(2),
@@ -130,11 +133,13 @@ pub async fn run(
         upstream: Some(format!("http://{sim_addr}")),
         listen: Some(options.listen.to_string()),
         admin: Some(options.admin.to_string()),
+        ui_listen: Some(options.ui_listen.to_string()),
         ..Overrides::default()
     })?;
     let server = Server::bind(config).await?;
     let proxy_addr = server.proxy_addr();
     let admin_addr = server.admin_addr();
+    let ui_addr = server.ui_addr();
     let metrics = server.metrics();
     let server_task = tokio::spawn(server.run(stopped(proxy_stopped)));
 
@@ -144,9 +149,9 @@ pub async fn run(
     );
     println!("  tokentap proxy     http://{proxy_addr}  ->  http://{sim_addr}");
     println!("  metrics            http://{admin_addr}/metrics");
-    println!(
-        "  live view          http://{admin_addr}/ui   (or: tokentap top --admin {admin_addr})"
-    );
+    if let Some(ui_addr) = ui_addr {
+        println!("  live view          http://{ui_addr}/ui   (or: tokentap top --addr {ui_addr})");
+    }
     println!(
         "  try: curl -N http://{proxy_addr}/v1/chat/completions -H 'x-tenant-id: me' \\\n         -d '{{\"model\":\"llama-3.1-8b\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
     );

@@ -46,10 +46,13 @@ struct RunArgs {
     /// Log filter, e.g. info or tokentap=debug (config: log.level).
     #[arg(long, env = "TOKENTAP_LOG")]
     log_level: Option<String>,
-    /// Serve the live view (/ui, /api/live/*) on the admin port: true or false
+    /// Serve the live view (/ui, /api/live/*) on its own listener: true or false
     /// (config: ui.enabled; default true).
     #[arg(long, env = "TOKENTAP_UI")]
     ui: Option<bool>,
+    /// The live view's address (config: ui.listen; default 127.0.0.1:9465).
+    #[arg(long, env = "TOKENTAP_UI_LISTEN")]
+    ui_listen: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -64,16 +67,17 @@ enum Command {
     Sim(SimArgs),
     /// Run the simulator, tokentap and a traffic generator, and show live figures.
     Demo(DemoArgs),
-    /// The live view's figures in the terminal, from a running tokentap's admin port:
-    /// a table per model over the window and the slowest streams in flight. q quits.
+    /// The live view's figures in the terminal, from a running tokentap's live view
+    /// (ui.listen): a table per model over the window and the slowest streams in flight.
+    /// q quits.
     Top(TopArgs),
 }
 
 #[derive(Args, Debug)]
 struct TopArgs {
-    /// The tokentap admin address (host:port) to watch.
-    #[arg(long, default_value = "127.0.0.1:9464", env = "TOKENTAP_ADMIN")]
-    admin: String,
+    /// The live view's address (host:port, ui.listen) of the tokentap to watch.
+    #[arg(long, default_value = "127.0.0.1:9465", env = "TOKENTAP_UI_LISTEN")]
+    addr: String,
     /// The window in seconds: 10, 60 or 300.
     #[arg(long, default_value = "60", value_parser = parse_window)]
     window: u64,
@@ -140,6 +144,9 @@ struct DemoArgs {
     /// Admin (metrics) address.
     #[arg(long, default_value = "127.0.0.1:9464")]
     admin: SocketAddr,
+    /// The live view's address (and `top`'s, with --top).
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    ui_listen: SocketAddr,
     /// Stop after this long (default: run until Ctrl-C).
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -159,7 +166,7 @@ fn main() -> ExitCode {
             init_logs(LogFormat::Text, "info");
             report(runtime().and_then(|rt| rt.block_on(run_sim(args))))
         }
-        Some(Command::Top(args)) => top(&args.admin, args.window),
+        Some(Command::Top(args)) => top(&args.addr, args.window),
         Some(Command::Demo(args)) if args.top => {
             init_logs(LogFormat::Text, "error");
             demo_with_top(args)
@@ -169,6 +176,7 @@ fn main() -> ExitCode {
             let options = tokentap::demo::DemoOptions {
                 listen: args.listen,
                 admin: args.admin,
+                ui_listen: args.ui_listen,
                 duration: args.duration,
                 concurrency: args.concurrency.max(1),
                 ..Default::default()
@@ -207,17 +215,17 @@ fn parse_window(value: &str) -> Result<u64, String> {
     }
 }
 
-/// `tokentap top`: 0 when the user quits, 1 (with a message) when the server goes away
-/// or cannot be reached.
-fn top(admin: &str, window: u64) -> ExitCode {
+/// `tokentap top` on the live view at `addr`: 0 when the user quits, 1 (with a message)
+/// when the server goes away or cannot be reached.
+fn top(addr: &str, window: u64) -> ExitCode {
     let options = tokentap::top::TopOptions {
-        admin: admin.to_string(),
+        admin: addr.to_string(),
         window,
     };
     match tokentap::top::run(&options) {
         Ok(tokentap::top::TopEnd::Quit) => ExitCode::SUCCESS,
         Ok(tokentap::top::TopEnd::ServerGone(why)) => {
-            eprintln!("tokentap top: the server at {admin} went away ({why})");
+            eprintln!("tokentap top: the server at {addr} went away ({why})");
             ExitCode::FAILURE
         }
         Err(err) => {
@@ -227,7 +235,7 @@ fn top(admin: &str, window: u64) -> ExitCode {
     }
 }
 
-/// `tokentap demo --top`: the demo without its table, and `top` on its admin port until
+/// `tokentap demo --top`: the demo without its table, and `top` on its live view until
 /// the user quits.
 fn demo_with_top(args: DemoArgs) -> ExitCode {
     let runtime = match runtime() {
@@ -237,6 +245,7 @@ fn demo_with_top(args: DemoArgs) -> ExitCode {
     let options = tokentap::demo::DemoOptions {
         listen: args.listen,
         admin: args.admin,
+        ui_listen: args.ui_listen,
         duration: args.duration,
         concurrency: args.concurrency.max(1),
         table: false,
@@ -246,15 +255,15 @@ fn demo_with_top(args: DemoArgs) -> ExitCode {
     let demo = runtime.spawn(tokentap::demo::run(options, async {
         let _ = stopped.await;
     }));
-    // The admin port answers once the demo's tokentap is bound.
+    // The live view answers once the demo's tokentap is bound.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(args.admin).is_err() {
+    while std::net::TcpStream::connect(args.ui_listen).is_err() {
         if demo.is_finished() || std::time::Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let code = top(&args.admin.to_string(), 60);
+    let code = top(&args.ui_listen.to_string(), 60);
     let _ = stop.send(());
     match runtime.block_on(demo) {
         Ok(Ok(())) => code,
@@ -279,8 +288,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         .and_then(|config| load_tokenizer(&config).map(|_| config));
     match checked {
         Ok(config) => {
+            let ui = if config.ui {
+                config.ui_listen.to_string()
+            } else {
+                "off".to_string()
+            };
             println!(
-                "{}: ok (listen {}, admin {}, upstream {})",
+                "{}: ok (listen {}, admin {}, live view {ui}, upstream {})",
                 file.display(),
                 config.listen,
                 config.admin,
@@ -303,6 +317,7 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         log_format: args.log_format,
         log_level: args.log_level,
         ui: args.ui,
+        ui_listen: args.ui_listen,
         environment: otel_environment(),
     };
     let loaded = match &args.config {

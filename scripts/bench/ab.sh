@@ -87,9 +87,10 @@ for t in "${TARGETS[@]}"; do
     for n in "${NO_UI[@]}"; do
         if [ "$n" = "$name" ]; then printf 'ui:\n  enabled: false\n' >> "$RUN/$name.yaml"; fi
     done
-    "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
+    # The live view on the port after the admin port (a build before ui.listen ignores it).
+    TOKENTAP_UI_LISTEN=127.0.0.1:$((port + 2)) "$bin" --config "$RUN/$name.yaml" > "$RUN/$name.log" 2>&1 &
     PIDS_ALL+=($!); PID[$name]=$!; PORT[$name]=$port; NAMES+=("$name")
-    port=$((port + 2))
+    port=$((port + 3))
 done
 if [ "$NGINX" = 1 ]; then
     sed -e "s#@RUN@#$RUN#g" -e "s#@NOFILE@#4096#g" -e "s#@WORKER_CONNECTIONS@#4096#g" \
@@ -103,7 +104,10 @@ for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
 for v in "${VIEWERS[@]}"; do
     admin=$((${PORT[$v]} + 1))
     wait_port "$admin"
-    curl -sN "http://127.0.0.1:$admin/api/live/stream?window=60" > "$RUN/viewer-$v.sse" 2>/dev/null &
+    # Its own listener (ui.listen); on the admin port in a build before it.
+    live=$((${PORT[$v]} + 2))
+    (exec 3<>"/dev/tcp/127.0.0.1/$live") 2>/dev/null || live=$admin
+    curl -sN "http://127.0.0.1:$live/api/live/stream?window=60" > "$RUN/viewer-$v.sse" 2>/dev/null &
     PIDS_ALL+=($!)
 done
 # nginx's CPU is its master's and its workers'.

@@ -29,6 +29,7 @@ import yaml
 
 # The gateway serves many models and tenants, so its config raises the label caps.
 CONFIG_KEYS = {"listen", "admin", "upstream.url", "shutdown.drain_timeout", "log.format",
+               "ui.listen",
                "labels.model.max_values", "labels.tenant.max_values", "labels.max_pairs"}
 HTTP_PORT, ADMIN_PORT = 8080, 9464
 
@@ -183,6 +184,13 @@ def check(docs, layout, c):
     c.ok(str(flat.get("listen", "")).rsplit(":", 1)[-1] == str(HTTP_PORT), f"config listen port = container port http ({HTTP_PORT})", str(flat.get("listen")))
     c.ok(str(flat.get("admin", "")).rsplit(":", 1)[-1] == str(ADMIN_PORT), f"config admin port = container port metrics ({ADMIN_PORT})", str(flat.get("admin")))
     c.ok(flat.get("log.format") in ("json", "text"), "config log.format is json|text", str(flat.get("log.format")))
+    # The live view lists requests one by one (model, tenant, trace id): loopback only,
+    # reached with kubectl port-forward, never a container port.
+    ui_listen = str(flat.get("ui.listen", "127.0.0.1:9465"))
+    ui_host, _, ui_port = ui_listen.rpartition(":")
+    c.ok(ui_host.strip("[]") in ("127.0.0.1", "::1"), "the live view (ui.listen) listens on loopback", ui_listen)
+    declared = {p.get("containerPort") for p in tok.get("ports", [])}
+    c.ok(not ui_port.isdigit() or int(ui_port) not in declared, "the live view's port is not a container port", str(sorted(declared)))
     try:
         drain = duration_seconds(flat.get("shutdown.drain_timeout", "30s"))
     except ValueError as e:

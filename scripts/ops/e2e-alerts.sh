@@ -42,6 +42,8 @@ OPS=$ROOT/scripts/ops
 BIN=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
 FACTOR=60
 H=127.0.0.1
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=$H:0
 if [ -n "${1:-}" ]; then
   sed -n '2,35p' "$0"; exit 2
 fi

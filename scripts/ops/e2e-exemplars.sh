@@ -50,6 +50,8 @@ fi
 
 read -r P_SIM P_PROXY P_ADMIN P_CLASSIC P_NATIVE < <(free_ports 5)
 H=127.0.0.1
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=$H:0
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 120ms --itl 20ms --jitter 0.3 --tokens 20
 start tokentap "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY" --admin "$H:$P_ADMIN" --log-format json

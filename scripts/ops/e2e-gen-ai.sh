@@ -37,6 +37,8 @@ done
 
 read -r P_SIM P_BOTH P_BOTH_A P_GENAI P_GENAI_A P_CLASSIC P_NATIVE < <(free_ports 7)
 H=127.0.0.1
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=$H:0
 echo "binary: $BIN, temp: $TMP"
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models llama-3-8b --ttft 100ms --itl 10ms --tokens 12

@@ -42,6 +42,8 @@ python3 -c 'import grpc, opentelemetry.proto.collector.metrics.v1.metrics_servic
 
 read -r P_SIM P_GRPC P_HTTP P_PROXY_G P_ADMIN_G P_PROXY_H P_ADMIN_H < <(free_ports 7)
 H=127.0.0.1
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=$H:0
 
 start sim "$BIN" sim --listen "$H:$P_SIM" --models "$MODEL" --ttft 40ms --itl 4ms --jitter 0.5 --tokens 20
 wait_http - "http://$H:$P_SIM/health" 200 30 || die "simulator not ready"

@@ -81,6 +81,8 @@ time_left() { [ "$SECONDS" -lt "$DEADLINE" ]; }
 
 read -r P_SIM P_SLOW P_DEAD P_MAIN P_MAIN_A P_STALL P_STALL_A P_TO P_TO_A P_DEADT P_DEAD_A P_PROM_CLASSIC P_DECOY P_ODD P_ODDT P_ODD_A P_PROM_NATIVE P_SIMQ P_QUANT P_QUANT_A < <(free_ports 20)
 H=127.0.0.1
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=$H:0
 echo "binary: $BIN, temp: $TMP"
 
 # ------------------------------------------------------------------ backends + proxies

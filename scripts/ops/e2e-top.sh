@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `tokentap top` in a pseudo-terminal: `tokentap demo` (simulator, tokentap, traffic) on
-# free loopback ports, and `tokentap top` against its admin port in a tmux pane. Checks
+# free loopback ports, and `tokentap top` against its live view (ui.listen) in a tmux pane. Checks
 # that top draws every demo model, that its figures refresh (the frame count moves on),
 # that `w` switches the window,
 # that `q` exits with status 0 and gives the terminal back, and that when the server goes
@@ -49,11 +49,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-start_demo() {  # start_demo NAME -> DEMO_PID, ADMIN
-  read -r P_PROXY P_ADMIN < <(free_ports 2)
+start_demo() {  # start_demo NAME -> DEMO_PID, ADMIN, UI
+  read -r P_PROXY P_ADMIN P_UI < <(free_ports 3)
   ADMIN=127.0.0.1:$P_ADMIN
-  "$BIN" demo --listen "127.0.0.1:$P_PROXY" --admin "$ADMIN" --duration 120s --concurrency 4 \
-    >"$TMP/$1.log" 2>&1 &
+  UI=127.0.0.1:$P_UI
+  "$BIN" demo --listen "127.0.0.1:$P_PROXY" --admin "$ADMIN" --ui-listen "$UI" --duration 120s \
+    --concurrency 4 >"$TMP/$1.log" 2>&1 &
   DEMO_PID=$!
   PIDS+=("$DEMO_PID")
   for _ in $(seq 300); do
@@ -64,7 +65,7 @@ start_demo() {  # start_demo NAME -> DEMO_PID, ADMIN
 }
 start_top() {  # start_top NAME: top in a tmux pane, its status and stderr to files
   tmux -S "$SOCKET" new-session -d -s "$1" -x 150 -y 40 \
-    "'$BIN' top --admin '$ADMIN' 2>'$TMP/$1.err'; echo \$? >'$TMP/$1.status'"
+    "'$BIN' top --addr '$UI' 2>'$TMP/$1.err'; echo \$? >'$TMP/$1.status'"
   tmux -S "$SOCKET" set-option -t "$1" remain-on-exit on >/dev/null
 }
 screen() { tmux -S "$SOCKET" capture-pane -p -t "$1"; }
@@ -76,7 +77,7 @@ wait_status() {  # wait_status NAME SECONDS
 
 # 1. Draws, refreshes, q quits with 0.
 start_demo demo1
-grep -q "live view *http://$ADMIN/ui" "$TMP/demo1.log"; check $? "the demo prints the page's address"
+grep -q "live view *http://$UI/ui" "$TMP/demo1.log"; check $? "the demo prints the page's address"
 start_top quit
 for _ in $(seq 100); do
   shown=0
@@ -112,9 +113,9 @@ grep -q "went away" "$TMP/gone.err"; check $? "and says so: $(head -c 200 "$TMP/
 ! screen gone | grep -q "slowest requests in flight"; check $? "the terminal is given back after the server left"
 
 # 3. `tokentap demo --top`: the demo with top instead of its table; q ends both.
-read -r P_PROXY P_ADMIN < <(free_ports 2)
+read -r P_PROXY P_ADMIN P_UI < <(free_ports 3)
 tmux -S "$SOCKET" new-session -d -s demo -x 150 -y 40 \
-  "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
+  "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --ui-listen 127.0.0.1:$P_UI --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
 tmux -S "$SOCKET" set-option -t demo remain-on-exit on >/dev/null
 for _ in $(seq 150); do screen demo | grep -q "${MODELS[2]}" && break; sleep 0.1; done
 screen demo | grep -q "tokentap top" && screen demo | grep -q "${MODELS[2]}"

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The live view in a real browser, for scripts/ops/e2e-ui.sh (loopback only).
 
-    e2e_ui.py --chromium PATH --proxy URL --admin URL --models a,b,c --regress b
-              --out DIR [--screenshot FILE]
+    e2e_ui.py --chromium PATH --proxy URL --admin URL --ui URL --models a,b,c --regress b
+              --hostile constructor,__proto__ --out DIR [--screenshot FILE]
 
 Drives headless Chromium over the DevTools protocol (websocket-client, from PyPI; no
 browser is downloaded: Debian's `chromium`):
-  1. opens ADMIN/ui and waits for live data (the page's SSE ticks);
+  0. the admin port does not serve the live view: ADMIN/ui is a 404 naming ui.listen;
+  1. opens UI/ui (the live view's own listener) and waits for live data (the page's SSE
+     ticks);
   2. sends streamed chat traffic to every model, stops, and waits for the ring to tick
      past it; then, over the 5-minute window chosen in the page's selector, each model's
      row shows the requests /metrics counts, and the page's TTFT/ITL p50/p90/p99 are those
@@ -17,7 +19,10 @@ browser is downloaded: Debian's `chromium`):
      shows when a stream ends, since its per-event counts are apportioned from the
      reported usage: streams of 8 tokens, so a couple of seconds), and that the slowest
      recent request is one of its, listed with the trace id its traceparent carried;
-  4. writes a screenshot (OUT/ui.png, and --screenshot if given).
+  4. writes a screenshot (OUT/ui.png, and --screenshot if given);
+  5. streams to models named like the properties every plain object inherits
+     (--hostile: constructor, __proto__, toString, hasOwnProperty): the page keeps
+     ticking without a script error, and each has its row and its heatmaps.
 Prints PASS/FAIL lines and `e2e-ui: N passed, M failed`; exit 1 on a failure.
 """
 import argparse
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -80,6 +86,7 @@ class Browser:
             time.sleep(0.1)
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30)
         self.next_id = 0
+        self.exceptions = []
         self.call("Runtime.enable")
         self.call("Page.enable")
 
@@ -88,6 +95,10 @@ class Browser:
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             message = json.loads(self.ws.recv())
+            if message.get("method") == "Runtime.exceptionThrown":
+                details = message["params"]["exceptionDetails"]
+                self.exceptions.append(details.get("exception", {}).get("description")
+                                       or details.get("text"))
             if message.get("id") == self.next_id:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
@@ -211,19 +222,31 @@ def main():
     parser.add_argument("--chromium", required=True)
     parser.add_argument("--proxy", required=True)
     parser.add_argument("--admin", required=True)
+    parser.add_argument("--ui", required=True)
+    parser.add_argument("--hostile", required=True)
     parser.add_argument("--models", required=True)
     parser.add_argument("--regress", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--screenshot")
     args = parser.parse_args()
-    proxy, admin = loopback(args.proxy), loopback(args.admin)
+    proxy, admin, ui = loopback(args.proxy), loopback(args.admin), loopback(args.ui)
     models = args.models.split(",")
+    hostile = args.hostile.split(",")
     os.makedirs(args.out, exist_ok=True)
 
     browser = Browser(args.chromium, args.out)
     try:
+        # 0. Not on the admin port.
+        try:
+            urllib.request.urlopen(f"{admin}/ui", timeout=10)
+            check(False, "the admin port does not serve /ui")
+        except urllib.error.HTTPError as e:
+            body = e.read().decode()
+            check(e.code == 404 and "ui.listen" in body,
+                  f"the admin port answers /ui with a 404 naming ui.listen: {body.strip()!r}")
+
         # 1. The page, and live data in it.
-        browser.call("Page.navigate", url=f"{admin}/ui")
+        browser.call("Page.navigate", url=f"{ui}/ui")
         check(browser.wait("window.tokentapLive && tokentapLive.ticks >= 2", 20,
                            "the page receives live ticks"), "the page receives live ticks")
 
@@ -317,9 +340,34 @@ def main():
             browser.screenshot(args.screenshot)
         check(os.path.getsize(path) > 10000, f"screenshot written: {path}")
         traffic.finish()
-        snapshot = json.load(urllib.request.urlopen(f"{admin}/api/live/snapshot", timeout=10))
+        snapshot = json.load(urllib.request.urlopen(f"{ui}/api/live/snapshot", timeout=10))
         print(f"ring: {snapshot['ring_bytes']} bytes after {len(snapshot['heatmap']['at_ms'])} "
               f"ticks of the last 300 with {len(snapshot['models'])} models", flush=True)
+
+        # 5. Model names that are the names of Object.prototype's properties.
+        check(not browser.exceptions, f"no script error so far: {browser.exceptions}")
+        ticks = browser.eval("tokentapLive.ticks")
+        traffic = Traffic(proxy, hostile, per_model=1)
+        time.sleep(4)
+        traffic.finish()
+        check(traffic.sent > 0 and traffic.errors == 0,
+              f"traffic to {hostile}: {traffic.sent} streams, {traffic.errors} errors")
+        rows = ("Array.from(document.querySelectorAll('#models tbody tr'))"
+                ".map(tr => tr.dataset.model)")
+        shown = browser.wait(
+            f"(() => {{ const rows = {rows};"
+            f" return {json.dumps(hostile)}.every(m => rows.includes(m)"
+            " && !!document.getElementById('heat-' + m + '/itl')"
+            " && !!document.getElementById('heat-' + m + '/ttft')); })()",
+            10, "every hostile model's row and heatmaps")
+        check(shown, f"{', '.join(hostile)}: each has its row and its heatmaps")
+        later = browser.eval("tokentapLive.ticks")
+        check(browser.wait(f"tokentapLive.ticks >= {later + 2} && "
+                           f"tokentapLive.frame.at_ms > Date.now() - 3000", 10,
+                           "the page keeps ticking"),
+              f"the page keeps ticking after them ({ticks} -> {later} ticks, and on)")
+        check(not browser.exceptions,
+              f"no script error with those names: {browser.exceptions[:3]}")
     finally:
         browser.close()
     print(f"e2e-ui: {passed} passed, {failed} failed")

@@ -109,7 +109,7 @@ def start_tokentap(binary, upstream, workdir, probe="readyz"):
     config = os.path.join(workdir, f"tokentap-{listen.rsplit(':', 1)[1]}.yaml")
     with open(config, "w") as f:
         f.write(f"listen: {listen}\nadmin: {admin}\nupstream:\n  url: http://{upstream}\n"
-                f"  http2: true\n")
+                f"  http2: true\nui:\n  listen: 127.0.0.1:0\n")
     proc = subprocess.Popen([binary, "--config", config], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30

@@ -26,6 +26,8 @@
 # Exit 0: every check passed; 1: a check failed; 77: smg or tokenizers could not be
 # installed (nothing checked).
 set -euo pipefail
+# The live view of every tokentap started here on a free port, not its default 9465.
+export TOKENTAP_UI_LISTEN=127.0.0.1:0
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TOKENTAP="$ROOT/target/debug/tokentap"

@@ -10,6 +10,7 @@ use crate::wire::DecodeLimits;
 
 pub(super) const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 pub(super) const DEFAULT_ADMIN: &str = "0.0.0.0:9464";
+pub(super) const DEFAULT_UI_LISTEN: &str = "127.0.0.1:9465";
 pub(super) const fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }

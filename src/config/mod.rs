@@ -40,8 +40,10 @@ pub struct Config {
     pub tls: Option<ListenerTls>,
     pub shutdown: Shutdown,
     pub proxy: ProxySettings,
-    /// `ui.enabled`: the live view on the admin port.
+    /// `ui.enabled`: the live view, on `ui.listen`.
     pub ui: bool,
+    /// `ui.listen`: the live view's listener.
+    pub ui_listen: SocketAddr,
     pub limits: Limits,
     pub tenants: Vec<TenantSource>,
     pub labels: Labels,
@@ -297,6 +299,8 @@ pub struct Overrides {
     pub log_level: Option<String>,
     /// `--ui`: `ui.enabled`.
     pub ui: Option<bool>,
+    /// `--ui-listen`: `ui.listen`.
+    pub ui_listen: Option<String>,
     /// The OpenTelemetry SDK's environment variables (`OTEL_*`) and the pod's identity
     /// (`K8S_*`), as `main` read them: what the `otlp` keys leave out.
     pub environment: std::collections::BTreeMap<String, String>,

@@ -126,18 +126,27 @@ pub struct RawTls {
     pub key_file: PathBuf,
 }
 
-/// How the proxy port serves HTTP/1.1.
-/// The live view on the admin port.
+/// The live view, on its own listener.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with `enabled`")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with `enabled` and `listen`"
+)]
 pub struct RawUi {
-    /// Serve the live view: the page `/ui`, the JSON snapshot `/api/live/snapshot` and
-    /// the server-sent events `/api/live/stream` on the admin port, read-only, with a
-    /// ring of the last ten minutes per model kept in memory (at most about 5 MiB).
-    /// `false`: those paths answer 404 and no ticker, ring or request tap runs. Read at
-    /// start. Default true.
+    /// Serve the live view: the page `/ui` (also at `/`), the JSON snapshot
+    /// `/api/live/snapshot` and the server-sent events `/api/live/stream` on `ui.listen`,
+    /// read-only, with a ring of the last ten minutes per model kept in memory (at most
+    /// about 5.3 MiB). `false`: nothing listens there and no ticker, ring or request tap
+    /// runs. Read at start. Default true.
     pub enabled: Option<bool>,
+    /// The live view's listener, `ip:port` like `listen`. It shows model and tenant names
+    /// and trace ids, so by default only the pod itself reaches it: `kubectl port-forward`
+    /// brings it to an operator's machine. The admin port answers its paths with a 404
+    /// that says where it is. Read at start. Default `127.0.0.1:9465`.
+    pub listen: Option<String>,
 }
+
+/// How the proxy port serves HTTP/1.1.
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with `http1_fast_path`")]
@@ -179,8 +188,8 @@ pub struct RawLimits {
     /// `tokentap_client_connections`, the limit in force
     /// `tokentap_client_connections_limit`. Default: what the process's file descriptor
     /// limit (the soft `RLIMIT_NOFILE`, `ulimit -n`) allows, at most 65536: half of what is
-    /// left after a reserve of 48, plus 4 per worker thread, plus 16 for the admin port
-    /// (each client connection may hold an upstream connection too), e.g. 476 at
+    /// left after a reserve of 48, plus 4 per worker thread, plus 32 for the admin port and
+    /// the live view (each client connection may hold an upstream connection too), e.g. 468 at
     /// `ulimit -n 1024` with 2 workers. A value above what the descriptor limit allows is
     /// lowered to that, with a warning at start naming both. A connection upgraded by a
     /// `101` (WebSocket) counts until it is handed to its tunnel, not while tunnelled. Read

@@ -147,6 +147,30 @@ fn the_live_view_is_on_unless_switched_off_by_the_file_or_the_flag() {
 }
 
 #[test]
+fn the_live_view_listens_on_loopback_unless_told_otherwise() {
+    let base = "upstream: http://127.0.0.1:8000\n";
+    let config = parse(base).expect("valid");
+    assert_eq!(config.ui_listen, "127.0.0.1:9465".parse().unwrap());
+    let file = parse(&format!("{base}ui:\n  listen: 0.0.0.0:7000\n")).expect("valid");
+    assert_eq!(file.ui_listen, "0.0.0.0:7000".parse().unwrap());
+    let flag = Overrides {
+        ui_listen: Some("127.0.0.1:0".into()),
+        ..Overrides::default()
+    };
+    let config = Config::from_yaml(&format!("{base}ui:\n  listen: 0.0.0.0:7000\n"), "f", &flag)
+        .expect("valid");
+    assert_eq!(
+        config.ui_listen,
+        "127.0.0.1:0".parse().unwrap(),
+        "the flag wins over the file"
+    );
+    let err = parse(&format!("{base}ui:\n  listen: nowhere\n")).expect_err("not an address");
+    let issue = &err.issues()[0];
+    assert_eq!(issue.path, "ui.listen");
+    assert!(issue.to_string().contains("nowhere"), "{issue}");
+}
+
+#[test]
 fn flags_override_the_file() {
     let overrides = Overrides {
         upstream: Some("http://10.0.0.1:9000".into()),

@@ -102,6 +102,12 @@ impl RawConfig {
             .ui
             .or(self.ui.enabled)
             .unwrap_or(default_ui_enabled());
+        let ui_listen = socket_addr(
+            &mut issues,
+            "ui.listen",
+            overrides.ui_listen.as_deref().or(self.ui.listen.as_deref()),
+            DEFAULT_UI_LISTEN,
+        );
         let limits = self.limits.validate(&mut issues);
         let tenants = self.tenants.validate(&mut issues);
         let labels = self.labels.validate(&mut issues);
@@ -111,24 +117,29 @@ impl RawConfig {
         let log = self.log.validate(&mut issues, overrides);
         let otlp = self.otlp.validate(&mut issues, &overrides.environment);
 
-        match (listen, admin, upstream) {
-            (Some(listen), Some(admin), Some(upstream)) if issues.found.is_empty() => Ok(Config {
-                listen,
-                admin,
-                upstream,
-                tls,
-                shutdown,
-                proxy,
-                ui,
-                limits,
-                tenants,
-                labels,
-                metrics,
-                observe,
-                routes,
-                log,
-                otlp,
-            }),
+        match (listen, admin, ui_listen, upstream) {
+            (Some(listen), Some(admin), Some(ui_listen), Some(upstream))
+                if issues.found.is_empty() =>
+            {
+                Ok(Config {
+                    listen,
+                    admin,
+                    upstream,
+                    tls,
+                    shutdown,
+                    proxy,
+                    ui,
+                    ui_listen,
+                    limits,
+                    tenants,
+                    labels,
+                    metrics,
+                    observe,
+                    routes,
+                    log,
+                    otlp,
+                })
+            }
             _ => Err(issues.found),
         }
     }

@@ -1,5 +1,6 @@
-//! The live view: what changed in the last minutes, per model, served by the admin port
-//! (`/ui`, `/api/live/snapshot`, `/api/live/stream`) and read by `tokentap top`.
+//! The live view: what changed in the last minutes, per model, served on its own listener
+//! (`ui.listen`, by [`crate::admin::serve_live`]: `/ui`, `/api/live/snapshot`,
+//! `/api/live/stream`) and read by `tokentap top`.
 //!
 //! One ticker task, once a second, whether or not anyone watches:
 //! - reads the TTFT, ITL, request and output-token families ([`window::FAMILIES`]) and
@@ -13,7 +14,8 @@
 //! in flight (each from its head, with its phase) and the tick's finished requests,
 //! serialized once to the SSE bytes that every subscriber of that window receives (a
 //! `tokio::sync::broadcast` of `Bytes`). A subscriber more than [`BACKLOG`] frames behind
-//! is dropped, not buffered; at most [`MAX_SUBSCRIBERS`] are served at once.
+//! is dropped, not buffered (one whose client stops reading is dropped by its listener's
+//! write stall timeout); at most [`MAX_SUBSCRIBERS`] are served at once.
 //!
 //! Nothing here shows a request's text, headers or keys: model and tenant label values
 //! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
@@ -53,8 +55,8 @@ pub const SLOWEST_SHOWN: usize = 20;
 pub const SLOWEST_TICKS: usize = 300;
 /// Finished requests sent per tick to subscribers (the rest are counted as `dropped`).
 pub const REQUESTS_PER_TICK: usize = 100;
-/// SSE subscribers served at once (the admin port serves 16 connections: the rest stay
-/// for scrapes and probes).
+/// SSE subscribers served at once (the live view's listener serves 15 connections: the
+/// rest stay for the page's files and snapshots).
 pub const MAX_SUBSCRIBERS: usize = 8;
 /// Frames a subscriber may be behind before it is dropped.
 pub const BACKLOG: usize = 8;

@@ -27,9 +27,14 @@ pub const FILES: [(&str, &str, &[u8]); 4] = [
     ),
 ];
 
-/// The file served at `path`, if any: `(content type, body)`.
+/// The file served at `path`, if any: `(content type, body)`. The page is also the
+/// listener's root, where a port-forwarded browser lands.
 pub fn file(path: &str) -> Option<(&'static str, &'static [u8])> {
-    let path = if path == "/ui/" { "/ui" } else { path };
+    let path = if matches!(path, "/" | "/ui/") {
+        "/ui"
+    } else {
+        path
+    };
     FILES
         .iter()
         .find(|(p, _, _)| *p == path)

@@ -9,9 +9,11 @@
 //! not the average since start.
 //!
 //! Bounded: at most [`MAX_MODELS`] models are kept (the rest are counted in
-//! [`Ring::models_over_cap`]), a slot holds an entry only for the models that changed in
-//! it, and [`Ring::bytes`] is the memory the slots hold; its ceiling is
-//! `SLOTS × MAX_MODELS × ModelTick` (see [`Ring::max_bytes`]).
+//! [`Ring::models_over_cap`]), besides the label policy's own two values, `other` (all
+//! traffic folded past the label cap: never hidden, however many models came first) and
+//! `unknown`; a slot holds an entry only for the models that changed in it, and
+//! [`Ring::bytes`] is the memory the slots hold; its ceiling is
+//! `SLOTS × (MAX_MODELS + 2) × ModelTick` (see [`Ring::max_bytes`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,7 +24,14 @@ use crate::metrics::Outcome;
 /// Ticks kept: ten minutes of one-second ticks.
 pub const SLOTS: usize = 600;
 /// Models kept; a model first seen past it is left out of the view (and counted).
+/// `other` and `unknown` are kept besides them.
 pub const MAX_MODELS: usize = 32;
+
+/// The values the label policy gives itself (`other`: folded past the cap; `unknown`: no
+/// model named): always kept, so the view accounts for all traffic.
+fn is_fold(model: &str) -> bool {
+    model == crate::metrics::labels::OTHER || model == crate::metrics::labels::UNKNOWN
+}
 /// The outcomes, in [`Outcome::ALL`]'s order.
 pub const OUTCOMES: usize = Outcome::ALL.len();
 
@@ -201,7 +210,7 @@ impl Ring {
             self.itl_buckets = self.itl_buckets.max(now.itl.counts.len());
             let index = match self.models.iter().position(|m| *m == model) {
                 Some(i) => i,
-                None if self.models.len() < MAX_MODELS => {
+                None if is_fold(&model) || self.named_models() < MAX_MODELS => {
                     self.models.push(model);
                     self.previous.push(Totals::default());
                     self.models.len() - 1
@@ -241,6 +250,11 @@ impl Ring {
 
     pub fn models(&self) -> &[Arc<str>] {
         &self.models
+    }
+
+    /// Models kept that are not `other` or `unknown`.
+    fn named_models(&self) -> usize {
+        self.models.iter().filter(|m| !is_fold(m)).count()
     }
 
     pub fn models_over_cap(&self) -> usize {
@@ -298,10 +312,10 @@ impl Ring {
     }
 
     /// The most the slots can hold, with `buckets` finite bounds in each histogram: every
-    /// slot with every kept model.
+    /// slot with every kept model, `other` and `unknown` included.
     pub fn max_bytes(buckets: usize) -> usize {
         let entry = size_of::<(u16, ModelTick)>() + 2 * (buckets + 1) * size_of::<u32>();
-        SLOTS * (size_of::<Slot>() + MAX_MODELS * entry)
+        SLOTS * (size_of::<Slot>() + (MAX_MODELS + 2) * entry)
     }
 }
 
@@ -471,12 +485,42 @@ mod tests {
         let bytes = ring.bytes();
         assert!(bytes <= Ring::max_bytes(buckets), "{bytes}");
         assert!(bytes * 10 >= Ring::max_bytes(buckets) * 9, "{bytes}");
-        // The bound, stated in docs/PERFORMANCE.md: about 5 MiB with 20 buckets.
+        // The bound, stated in docs/PERFORMANCE.md: about 5.3 MiB with 20 buckets.
         assert!(
             Ring::max_bytes(buckets) < 11 << 19,
             "{}",
             Ring::max_bytes(buckets)
         );
+    }
+
+    /// Past the label cap the metrics fold models into `other`: the view keeps it (and
+    /// `unknown`) however many models filled its places first.
+    #[test]
+    fn other_and_unknown_are_kept_past_the_model_cap() {
+        let mut ring = Ring::default();
+        let mut models: Vec<(Arc<str>, Totals)> = (0..MAX_MODELS + 3)
+            .map(|i| (Arc::from(format!("model-{i:02}")), totals(1, 1, &[1], &[1])))
+            .collect();
+        ring.push(1000, models.clone());
+        models.push((Arc::from("other"), totals(7, 70, &[7], &[7])));
+        models.push((Arc::from("unknown"), totals(2, 20, &[2], &[2])));
+        ring.push(2000, models);
+        assert_eq!(ring.models().len(), MAX_MODELS + 2);
+        assert_eq!(ring.models_over_cap(), 3);
+        let window = ring.window(10);
+        let other = window
+            .iter()
+            .find(|w| &*w.model == "other")
+            .expect("other kept");
+        assert_eq!((other.request_count(), other.output_tokens), (7, 70));
+        let unknown = window
+            .iter()
+            .find(|w| &*w.model == "unknown")
+            .expect("unknown kept");
+        assert_eq!(unknown.request_count(), 2);
+        // A model named like a fold value takes no second place.
+        ring.push(3000, vec![(Arc::from("other"), totals(8, 80, &[8], &[8]))]);
+        assert_eq!(ring.models().len(), MAX_MODELS + 2);
     }
 
     #[test]
@@ -496,9 +540,9 @@ mod tests {
             "ring bound with the default buckets ({} TTFT, {} ITL): {bound} bytes; one model over ten minutes: {} bytes",
             b.time_to_first_token_seconds.len(),
             b.inter_token_latency_seconds.len(),
-            bound / MAX_MODELS
+            bound / (MAX_MODELS + 2)
         );
-        // docs/PERFORMANCE.md and README state "at most about 5 MiB".
+        // docs/PERFORMANCE.md and README state "at most about 5.3 MiB".
         assert!(bound < 11 << 19, "{bound}");
     }
 

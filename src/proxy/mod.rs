@@ -115,7 +115,8 @@ impl Proxy {
             || before.metrics.names != config.metrics.names
             || before.labels.tenant_families != config.labels.tenant_families
             || before.otlp != config.otlp
-            || before.ui != config.ui;
+            || before.ui != config.ui
+            || before.ui_listen != config.ui_listen;
         self.metrics().set_label_policies(&config.labels);
         self.gateway.swap(Active {
             config: Arc::new(config),

@@ -10,7 +10,7 @@
 //!
 //! The default follows the descriptor limit the process runs with (the soft
 //! `RLIMIT_NOFILE`), leaving out a reserve for the process's own files, the worker
-//! threads' runtimes and the admin port's connections.
+//! threads' runtimes and the connections of the admin port and the live view.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,7 +51,7 @@ fn allowed_by(nofile: Option<u64>, workers: usize) -> Option<usize> {
     let workers = u64::try_from(workers).unwrap_or(u64::MAX);
     let reserve = RESERVED_FOR_THE_PROCESS
         .saturating_add(RESERVED_PER_WORKER.saturating_mul(workers))
-        .saturating_add(admin::MAX_CONNECTIONS as u64);
+        .saturating_add(admin::RESERVED_DESCRIPTORS as u64);
     let allowed = nofile.saturating_sub(reserve) / 2;
     Some(usize::try_from(allowed).unwrap_or(usize::MAX).max(1))
 }
@@ -202,17 +202,17 @@ mod tests {
 
     #[test]
     fn the_default_follows_the_descriptor_limit() {
-        // 48 + 4 x 2 workers + 16 admin = 72 reserved; half of the rest.
-        assert_eq!(allowed_by(Some(1024), 2), Some(476));
-        assert_eq!(allowed_by(Some(256), 2), Some(92));
-        assert_eq!(allowed_by(Some(256), 8), Some(80));
+        // 48 + 4 x 2 workers + 2 x 16 admin and live view = 88 reserved; half the rest.
+        assert_eq!(allowed_by(Some(1024), 2), Some(468));
+        assert_eq!(allowed_by(Some(256), 2), Some(84));
+        assert_eq!(allowed_by(Some(256), 8), Some(72));
         // Nothing left after the reserve: still one connection, never none.
         assert_eq!(allowed_by(Some(50), 2), Some(1));
         assert_eq!(allowed_by(None, 2), None);
         assert_eq!(
             effective(None, Some(1024), 2),
             Effective {
-                limit: 476,
+                limit: 468,
                 lowered: None
             }
         );
@@ -233,8 +233,8 @@ mod tests {
         assert_eq!(
             effective(Some(1000), Some(1024), 2),
             Effective {
-                limit: 476,
-                lowered: Some((1000, 476))
+                limit: 468,
+                lowered: Some((1000, 468))
             }
         );
         // Above the default ceiling is fine when the descriptors allow it.

@@ -1,7 +1,8 @@
 //! Listeners and lifecycle: the proxy port (HTTP/1.1 and h2c on one port, optional TLS
-//! with ALPN), the admin port, the upstream readiness probe, and graceful drain.
+//! with ALPN), the admin port, the live view's listener, the upstream readiness probe,
+//! and graceful drain.
 //!
-//! [`Server::bind`] binds both ports first so callers (tests, the demo) learn the real
+//! [`Server::bind`] binds every port first so callers (tests, the demo) learn the real
 //! addresses before traffic flows; [`Server::run`] serves until the shutdown future
 //! resolves, then stops accepting and lets in-flight streams finish up to the drain
 //! deadline.
@@ -79,6 +80,8 @@ pub struct Server {
     metrics: Arc<Metrics>,
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
+    /// The live view's (`ui.listen`), while `ui.enabled`.
+    ui_listener: Option<TcpListener>,
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
     readiness: Arc<Readiness>,
@@ -139,7 +142,12 @@ impl Server {
             None => (None, None),
         };
         let proxy_listener = bind_proxy(config.listen)?;
-        let admin_listener = bind_admin(config.admin).await?;
+        let admin_listener = bind_admin("admin", config.admin).await?;
+        let ui_listener = if config.ui {
+            Some(bind_admin("live view", config.ui_listen).await?)
+        } else {
+            None
+        };
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
@@ -149,6 +157,7 @@ impl Server {
             metrics,
             proxy_listener,
             admin_listener,
+            ui_listener,
             proxy,
             tls,
             readiness,
@@ -177,6 +186,12 @@ impl Server {
             .unwrap_or(self.config.admin)
     }
 
+    /// The bound address of the live view (`ui.listen`), while `ui.enabled`.
+    pub fn ui_addr(&self) -> Option<SocketAddr> {
+        let listener = self.ui_listener.as_ref()?;
+        Some(listener.local_addr().unwrap_or(self.config.ui_listen))
+    }
+
     /// A handle to reload the configuration while serving.
     pub fn reloader(&self) -> Reloader {
         Reloader {
@@ -196,6 +211,7 @@ impl Server {
             metrics,
             proxy_listener,
             admin_listener,
+            ui_listener,
             proxy,
             tls,
             readiness,
@@ -211,12 +227,16 @@ impl Server {
         );
         // The live view's ring fills from the start, so a viewer sees the last minutes.
         let live = config.ui.then(|| Live::start(metrics.clone()));
+        let live_at = ui_listener.as_ref().and_then(|l| l.local_addr().ok());
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             metrics.clone(),
             readiness.clone(),
-            live.clone(),
+            live_at,
         ));
+        let ui_task = ui_listener
+            .zip(live.clone())
+            .map(|(listener, live)| tokio::spawn(admin::serve_live(listener, live)));
         let (metrics_transport, traces_transport) = otlp_transports;
         let spans = config
             .otlp
@@ -285,6 +305,9 @@ impl Server {
         }
         probe_task.abort();
         admin_task.abort();
+        if let Some(task) = ui_task {
+            task.abort();
+        }
         if let Some(live) = live {
             live.stop();
         }
@@ -444,16 +467,13 @@ fn bind_proxy(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     })
 }
 
-/// Bind the admin port: at most [`admin::MAX_CONNECTIONS`] are served at once, and the
-/// default backlog of 128 is plenty for scrapes and probes.
-async fn bind_admin(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+/// Bind the admin port or the live view's (`what`): each holds at most
+/// [`admin::MAX_CONNECTIONS`], and the default backlog of 128 is plenty for scrapes,
+/// probes and viewers.
+async fn bind_admin(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServeError::Bind {
-            what: "admin",
-            addr,
-            source,
-        })
+        .map_err(|source| ServeError::Bind { what, addr, source })
 }
 
 /// The HTTP/1.1 + h2c server settings: nothing added to responses, case preserved,

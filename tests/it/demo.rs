@@ -23,6 +23,8 @@ fn demo_runs_and_shows_per_model_figures() {
             "127.0.0.1:0",
             "--admin",
             "127.0.0.1:0",
+            "--ui-listen",
+            "127.0.0.1:0",
         ])
         .output()
         .expect("run the demo");
@@ -117,6 +119,7 @@ async fn summary_quantiles_from_native_histograms_match_the_streams() {
         upstream: Some(sim.url()),
         listen: Some("127.0.0.1:0".into()),
         admin: Some("127.0.0.1:0".into()),
+        ui_listen: Some("127.0.0.1:0".into()),
         ..Overrides::default()
     };
     let config = Config::from_yaml("{}", "test", &overrides).expect("valid config");

@@ -218,6 +218,7 @@ async fn stack() -> Stack {
         upstream: Some(format!("http://{sim_addr}")),
         listen: Some("127.0.0.1:0".into()),
         admin: Some("127.0.0.1:0".into()),
+        ui_listen: Some("127.0.0.1:0".into()),
         ..Overrides::default()
     };
     let mut config = Config::from_overrides(&overrides).expect("config");

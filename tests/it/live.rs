@@ -3,7 +3,8 @@
 //! (the window covers all of it: nothing happened before), its quantiles are the
 //! windowed buckets' as `histogram_quantile` reads them, a long stream shows in flight
 //! with its tokens so far, the SSE stream sends `tick` and `requests` events, nothing of
-//! a request's text appears, and `ui.enabled: false` answers 404. On both HTTP/1.1 paths
+//! a request's text appears, the admin port does not serve it (a 404 that says where it
+//! is), and with `ui.enabled: false` nothing listens for it. On both HTTP/1.1 paths
 //! (relay and hyper), a request is listed in flight from its head, in the phase it waits
 //! in, and leaves the list when it ends, its client gone before any answer included.
 
@@ -135,7 +136,7 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
     // An SSE subscriber from the start.
     let sse = client()
         .request(
-            Request::get(format!("http://{}/api/live/stream?window=10", proxy.admin))
+            Request::get(format!("http://{}/api/live/stream?window=10", proxy.live()))
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )
@@ -175,7 +176,7 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
     // The long stream is listed in flight with its tokens so far.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let snap = snapshot(proxy.admin, 60).await;
+        let snap = snapshot(proxy.live(), 60).await;
         let shown = snap["in_flight"]["streams"].as_array().unwrap().clone();
         if let Some(s) = shown.iter().find(|s| s["tenant"] == "patient") {
             if s["tokens"].as_u64().unwrap() >= 1 {
@@ -201,7 +202,7 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
         .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let snap = loop {
-        let snap = snapshot(proxy.admin, 60).await;
+        let snap = snapshot(proxy.live(), 60).await;
         let counted: u64 = snap["models"]
             .as_array()
             .unwrap()
@@ -316,23 +317,54 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
 async fn the_page_and_its_files_are_served() {
     let sim = SimHandle::start(sim_config()).await;
     let proxy = Proxy::start(&sim.url(), "").await;
-    let (status, page) = get(proxy.admin, "/ui").await;
+    let (status, page) = get(proxy.live(), "/ui").await;
     assert_eq!(status, 200);
     assert!(page.contains("uplot.min.js"), "{page}");
     for path in ["/ui/uplot.min.js", "/ui/uplot.min.css", "/ui/live.js"] {
-        let (status, body) = get(proxy.admin, path).await;
+        let (status, body) = get(proxy.live(), path).await;
         assert_eq!(status, 200, "{path}");
         assert!(!body.is_empty(), "{path}");
     }
     // No page refers to anything off the binary.
     assert!(!page.contains("http://") && !page.contains("https://"));
-    assert_eq!(get(proxy.admin, "/ui/nothing").await.0, 404);
+    assert_eq!(get(proxy.live(), "/ui/nothing").await.0, 404);
+    // The listener's root is the page, for a port-forwarded browser.
+    assert_eq!(get(proxy.live(), "/").await, (200, page));
+}
+
+/// The live view shows model and tenant names and trace ids: it is on its own listener,
+/// not on the admin port, which answers its paths with a 404 saying where it is; the
+/// live view's listener serves none of the admin port's paths.
+#[tokio::test]
+async fn the_live_view_is_not_on_the_admin_port() {
+    let sim = SimHandle::start(sim_config()).await;
+    let proxy = Proxy::start(&sim.url(), "").await;
+    let live = proxy.live();
+    assert_ne!(live, proxy.admin);
+    for path in [
+        "/ui",
+        "/ui/live.js",
+        "/api/live/snapshot",
+        "/api/live/stream",
+    ] {
+        let (status, body) = get(proxy.admin, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(
+            body.contains("ui.listen") && body.contains(&live.to_string()),
+            "{path}: {body}"
+        );
+    }
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(get(live, path).await.0, 404, "{path}");
+        assert_eq!(get(proxy.admin, path).await.0, 200, "{path}");
+    }
 }
 
 #[tokio::test]
 async fn switched_off_the_live_view_is_not_there() {
     let sim = SimHandle::start(sim_config()).await;
     let proxy = Proxy::start(&sim.url(), "ui:\n  enabled: false\n").await;
+    assert_eq!(proxy.ui, None, "nothing listens for it");
     for path in [
         "/ui",
         "/ui/uplot.min.js",
@@ -341,6 +373,7 @@ async fn switched_off_the_live_view_is_not_there() {
     ] {
         let (status, body) = get(proxy.admin, path).await;
         assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("ui.enabled: false"), "{path}: {body}");
     }
     stream(&proxy, "fast", "t", &[]).await;
     assert_eq!(get(proxy.admin, "/metrics").await.0, 200);
@@ -352,7 +385,7 @@ async fn the_stream_ends_when_the_server_stops() {
     let proxy = Proxy::start(&sim.url(), "").await;
     let response = client()
         .request(
-            Request::get(format!("http://{}/api/live/stream", proxy.admin))
+            Request::get(format!("http://{}/api/live/stream", proxy.live()))
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )
@@ -458,29 +491,29 @@ async fn a_request_is_listed_from_its_head_through_each_phase() {
             response.into_body().collect().await.expect("stream");
         });
 
-        let first = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        let first = wait_listed(proxy.live(), &tenant, "waiting_head").await;
         assert_eq!(first["model"], "held", "{first}");
         assert_eq!(first["tokens"], 0);
         for empty in ["tokens_per_s", "largest_gap_s", "since_last_event_s"] {
             assert_eq!(first[empty], Value::Null, "{empty}: {first}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let later = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        let later = wait_listed(proxy.live(), &tenant, "waiting_head").await;
         assert!(
             later["elapsed_s"].as_f64().unwrap() > first["elapsed_s"].as_f64().unwrap(),
             "elapsed stands still: {first} then {later}"
         );
 
-        let head = wait_listed(proxy.admin, &tenant, "waiting_first_token").await;
+        let head = wait_listed(proxy.live(), &tenant, "waiting_first_token").await;
         assert_eq!(head["tokens"], 0, "{head}");
         assert_eq!(head["tokens_per_s"], Value::Null, "{head}");
 
-        let streaming = wait_listed(proxy.admin, &tenant, "streaming").await;
+        let streaming = wait_listed(proxy.live(), &tenant, "streaming").await;
         assert_eq!(streaming["tokens"], 1, "{streaming}");
         assert_eq!(streaming["model"], "held");
 
         client.await.expect("the stream ends");
-        wait_unlisted(proxy.admin, &tenant).await;
+        wait_unlisted(proxy.live(), &tenant).await;
     }
 }
 
@@ -504,10 +537,10 @@ async fn a_request_whose_client_leaves_before_the_head_is_unlisted() {
         );
         let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
         client.write_all(request.as_bytes()).await.expect("send");
-        let waiting = wait_listed(proxy.admin, &tenant, "waiting_head").await;
+        let waiting = wait_listed(proxy.live(), &tenant, "waiting_head").await;
         assert_eq!(waiting["model"], "gone", "{waiting}");
         drop(client);
-        wait_unlisted(proxy.admin, &tenant).await;
+        wait_unlisted(proxy.live(), &tenant).await;
         let m = proxy
             .wait_metrics("gone recorded", |m| {
                 m.sum("tokentap_requests_total", &[("model", "gone")]) >= 1.0

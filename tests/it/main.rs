@@ -6,6 +6,7 @@
 
 mod common;
 
+mod admin_starvation;
 mod bad_input;
 mod cardinality;
 mod configs;

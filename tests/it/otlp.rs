@@ -457,6 +457,7 @@ async fn a_tls_collector_is_verified_by_the_configured_ca_and_given_the_client_c
         upstream: Some(sim.url()),
         listen: Some("127.0.0.1:0".into()),
         admin: Some("127.0.0.1:0".into()),
+        ui_listen: Some("127.0.0.1:0".into()),
         environment: environment
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))

@@ -3,6 +3,9 @@
 // recent requests and each model's newest heatmap column) and `requests` (requests just
 // finished).
 // Charts: uPlot (vendored, /ui/uplot.min.js); the heatmaps are drawn in its draw hook.
+// Model and tenant names come from clients: they are only ever Map keys (never property
+// names of a plain object, where `constructor` or `__proto__` would find the prototype's)
+// and text (textContent, dataset), never markup.
 "use strict";
 
 const HEAT_COLUMNS = 300;
@@ -10,8 +13,8 @@ const live = {
   window: 60,
   bounds: { ttft: [], itl: [] },
   frame: null,
-  heat: {},      // model -> { at: [s...], ttft: [[counts]...], itl: [[counts]...] }
-  plots: {},     // "model/kind" -> uPlot
+  heat: new Map(),   // model -> { at: [s...], ttft: [[counts]...], itl: [[counts]...] }
+  plots: new Map(),  // "model/kind" -> uPlot
   recent: [],
   source: null,
   ticks: 0,
@@ -70,11 +73,11 @@ function renderOverCap(frame) {
 }
 
 // What a request in flight waits for, as /api/live names it.
-const PHASES = {
-  waiting_head: "waiting for head",
-  waiting_first_token: "waiting for first token",
-  streaming: "streaming",
-};
+const PHASES = new Map([
+  ["waiting_head", "waiting for head"],
+  ["waiting_first_token", "waiting for first token"],
+  ["streaming", "streaming"],
+]);
 
 function renderInFlight(frame) {
   const body = $("#inflight tbody");
@@ -87,7 +90,7 @@ function renderInFlight(frame) {
     // The model is null until the request body (or the response) names it.
     cell(tr, s.model === null ? "–" : s.model, "text");
     cell(tr, s.tenant, "text");
-    cell(tr, PHASES[s.phase] || s.phase, s.phase === "streaming" ? "text" : "text wait")
+    cell(tr, PHASES.get(s.phase) || String(s.phase), s.phase === "streaming" ? "text" : "text wait")
       .dataset.phase = s.phase;
     cell(tr, secs(s.elapsed_s));
     cell(tr, String(s.tokens));
@@ -127,7 +130,8 @@ function renderRecent() {
 // The heatmap of one model's histogram: x is time, y the bucket (its upper bound).
 function heatPlot(model, kind) {
   const key = model + "/" + kind;
-  if (live.plots[key]) return live.plots[key];
+  const existing = live.plots.get(key);
+  if (existing) return existing;
   let holder = document.getElementById("heat-" + key);
   if (!holder) {
     holder = document.createElement("figure");
@@ -171,7 +175,7 @@ function heatPlot(model, kind) {
     hooks: {
       draw: [
         (u) => {
-          const data = live.heat[model];
+          const data = live.heat.get(model);
           if (!data || data.at.length === 0) return;
           const columns = data[kind];
           let max = 0;
@@ -197,14 +201,13 @@ function heatPlot(model, kind) {
       ],
     },
   };
-  const data = live.heat[model] || { at: [] };
+  const data = live.heat.get(model) || { at: [] };
   const plot = new uPlot(opts, [data.at.slice(), data.at.map(() => null)], holder);
-  live.plots[key] = plot;
+  live.plots.set(key, plot);
   return plot;
 }
 
-function redrawHeat(model) {
-  const data = live.heat[model];
+function redrawHeat(model, data) {
   for (const kind of ["ttft", "itl"]) {
     const plot = heatPlot(model, kind);
     plot.setData([data.at.slice(), data.at.map(() => null)]);
@@ -216,18 +219,22 @@ function redrawHeat(model) {
 }
 
 function loadHeat(snapshot) {
-  live.heat = {};
+  live.heat = new Map();
   const at = snapshot.heatmap.at_ms.map((t) => t / 1000);
+  // JSON.parse makes every key an own property, `__proto__` included.
   for (const [model, columns] of Object.entries(snapshot.heatmap.models)) {
-    live.heat[model] = { at: at.slice(), ttft: columns.ttft, itl: columns.itl };
+    live.heat.set(model, { at: at.slice(), ttft: columns.ttft, itl: columns.itl });
   }
 }
 
 function appendColumns(frame) {
   const t = frame.at_ms / 1000;
   for (const m of frame.models) {
-    let data = live.heat[m.model];
-    if (!data) data = live.heat[m.model] = { at: [], ttft: [], itl: [] };
+    let data = live.heat.get(m.model);
+    if (!data) {
+      data = { at: [], ttft: [], itl: [] };
+      live.heat.set(m.model, data);
+    }
     if (data.at.length && data.at[data.at.length - 1] >= t) continue;
     data.at.push(t);
     data.ttft.push(m.column.ttft);
@@ -247,7 +254,7 @@ function render(frame) {
   renderInFlight(frame);
   renderOverCap(frame);
   renderSlowest(frame.slowest || []);
-  for (const model of Object.keys(live.heat)) redrawHeat(model);
+  for (const [model, data] of live.heat) redrawHeat(model, data);
 }
 
 async function fetchSnapshot() {

@@ -90,6 +90,8 @@ pub fn fast_path_from_env(config: &mut Config, yaml: &str) {
 pub struct Proxy {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The live view's listener, while `ui.enabled`.
+    pub ui: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     pub task: Option<tokio::task::JoinHandle<Result<(), tokentap::ServeError>>>,
 }
@@ -102,6 +104,7 @@ impl Proxy {
             upstream: Some(upstream.to_string()),
             listen: Some("127.0.0.1:0".into()),
             admin: Some("127.0.0.1:0".into()),
+            ui_listen: Some("127.0.0.1:0".into()),
             ..Overrides::default()
         };
         let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
@@ -115,11 +118,13 @@ impl Proxy {
             .with_workers(2);
         let addr = server.proxy_addr();
         let admin = server.admin_addr();
+        let ui = server.ui_addr();
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(server.run(stopped(rx)));
         Proxy {
             addr,
             admin,
+            ui,
             stop,
             task: Some(task),
         }
@@ -127,6 +132,11 @@ impl Proxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// The live view's address (panics when `ui.enabled` is off).
+    pub fn live(&self) -> SocketAddr {
+        self.ui.expect("the live view is on")
     }
 
     /// Ask for a graceful shutdown (like SIGTERM).
@@ -188,6 +198,7 @@ pub fn config_without_traffic(yaml: &str) -> Config {
         upstream: Some("http://127.0.0.1:9".into()),
         listen: Some("127.0.0.1:0".into()),
         admin: Some("127.0.0.1:0".into()),
+        ui_listen: Some("127.0.0.1:0".into()),
         ..Overrides::default()
     };
     Config::from_yaml(yaml, "test", &overrides).expect("valid")

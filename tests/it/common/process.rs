@@ -83,6 +83,9 @@ impl TokentapProcess {
                 config_path.to_str().unwrap(),
                 "--log-format",
                 "json",
+                // Tests run side by side: the live view on a free port, not its default.
+                "--ui-listen",
+                "127.0.0.1:0",
             ])
             .args(["--log-level", level])
             .stderr(Stdio::piped())
