@@ -219,7 +219,7 @@ fn parse_window(value: &str) -> Result<u64, String> {
 /// when the server goes away or cannot be reached.
 fn top(addr: &str, window: u64) -> ExitCode {
     let options = tokentap::top::TopOptions {
-        admin: addr.to_string(),
+        addr: addr.to_string(),
         window,
     };
     match tokentap::top::run(&options) {

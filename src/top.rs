@@ -1,5 +1,5 @@
 //! `tokentap top`: the live view's figures in a terminal, against any running tokentap's
-//! admin address.
+//! live-view address (`ui.listen`).
 //!
 //! One reader thread subscribes to `/api/live/stream` (the same server-sent `tick` frames
 //! the page reads, serialized once on the server for every viewer) and hands each frame
@@ -64,8 +64,8 @@ const QUEUED_FRAMES: usize = 4;
 /// What `top` watches.
 #[derive(Clone, Debug)]
 pub struct TopOptions {
-    /// The admin address, `host:port`.
-    pub admin: String,
+    /// The live view's address (`ui.listen`), `host:port`.
+    pub addr: String,
     /// The window in seconds (10, 60 or 300).
     pub window: u64,
 }
@@ -292,13 +292,13 @@ impl TickReader {
 /// Run until `q` or the server goes away. Connects first, so an address with no live view
 /// fails before the terminal is touched.
 pub fn run(options: &TopOptions) -> Result<TopEnd, TopError> {
-    let (rx, ready) = spawn_reader(&options.admin, options.window)?;
+    let (rx, ready) = spawn_reader(&options.addr, options.window)?;
     match ready.recv() {
         Ok(Ok(())) => {}
-        Ok(Err(why)) => return Err(TopError::Connect(options.admin.clone(), why)),
+        Ok(Err(why)) => return Err(TopError::Connect(options.addr.clone(), why)),
         Err(_) => {
             return Err(TopError::Connect(
-                options.admin.clone(),
+                options.addr.clone(),
                 "the reader stopped".into(),
             ))
         }
@@ -312,12 +312,12 @@ pub fn run(options: &TopOptions) -> Result<TopEnd, TopError> {
 /// A reader thread on `window`'s stream: its frames, and whether it connected.
 #[allow(clippy::type_complexity)]
 fn spawn_reader(
-    admin: &str,
+    addr: &str,
     window: u64,
 ) -> io::Result<(mpsc::Receiver<Message>, mpsc::Receiver<Result<(), String>>)> {
     let (tx, rx) = mpsc::sync_channel(QUEUED_FRAMES);
     let (ready_tx, ready_rx) = mpsc::channel();
-    let url = format!("http://{admin}/api/live/stream?window={window}");
+    let url = format!("http://{addr}/api/live/stream?window={window}");
     std::thread::Builder::new()
         .name("top-reader".into())
         .spawn(move || read_stream(&url, &ready_tx, &tx))?;
@@ -446,7 +446,7 @@ fn ui(
                         // The next window: a new subscription; the old reader ends at its
                         // next frame, when it finds nobody listening.
                         options.window = next_window(options.window);
-                        let (next, ready) = spawn_reader(&options.admin, options.window)?;
+                        let (next, ready) = spawn_reader(&options.addr, options.window)?;
                         match ready.recv() {
                             Ok(Ok(())) => {}
                             Ok(Err(why)) => return Ok(TopEnd::ServerGone(why)),
@@ -528,7 +528,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
     f.render_widget(
         Paragraph::new(Line::from(format!(
             "tokentap top  {}  window {} s  {}  frames {}",
-            options.admin, options.window, at, frames
+            options.addr, options.window, at, frames
         )))
         .style(bold),
         head,
@@ -755,7 +755,7 @@ mod tests {
     fn no_cell_drawn_holds_a_control_character() {
         let mut terminal = Terminal::new(TestBackend::new(150, 40)).expect("a test terminal");
         let options = TopOptions {
-            admin: "127.0.0.1:1".into(),
+            addr: "127.0.0.1:1".into(),
             window: 60,
         };
         let frame = tick(HOSTILE);
