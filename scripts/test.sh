@@ -66,7 +66,7 @@ bash scripts/ops/e2e-gen-ai.sh
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
 
-step "end to end: the live view (/ui) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap; screenshot in target/e2e-ui/"
+step "end to end: the live view (/ui, on its own loopback listener) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap, models named constructor, __proto__, toString and hasOwnProperty keep the page ticking; screenshot in target/e2e-ui/"
 bash scripts/ops/e2e-ui.sh
 
 step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
