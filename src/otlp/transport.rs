@@ -10,7 +10,8 @@
 //! message to its URL, so a span exporter can reuse it with its own URL.
 //!
 //! Retryable, per the OTLP specification: connection failures and timeouts, HTTP 429,
-//! 502, 503 and 504 (with `Retry-After` in seconds when given), gRPC `CANCELLED`,
+//! 502, 503 and 504 (with `Retry-After` in seconds when given, read as at most a day,
+//! [`MAX_RETRY_AFTER`](rate_limits::MAX_RETRY_AFTER)), gRPC `CANCELLED`,
 //! `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`,
 //! `DATA_LOSS`. Anything else is permanent (a resend would be refused the same way).
 //! gRPC's `RetryInfo` is not read: it sits in an encoded `google.rpc.Status`, and the
@@ -29,6 +30,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{OtlpCompression, OtlpLink, OtlpProtocol, OtlpTls, TlsFile};
+use crate::observe::rate_limits;
 use crate::trust::{self, ClientIdentity, TrustError};
 use crate::wire::grpc::framing;
 
@@ -181,8 +183,7 @@ pub(crate) fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Res
             after: headers
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs),
+                .and_then(rate_limits::delay_seconds),
         }),
         _ => Err(SendError::Permanent(reason)),
     }
