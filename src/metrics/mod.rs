@@ -60,8 +60,8 @@ use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
     CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
-    UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER,
-    UPSTREAM_UP,
+    TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
+    UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
 };
 pub use gen_ai::MetricNames;
 use gen_ai::{GenAiBounds, GenAiKey};
@@ -175,6 +175,7 @@ pub struct Metrics {
     client_connection_limit_reached: IntCounter,
     otlp_exports: IntCounterVec,
     otlp_exports_dropped: IntCounterVec,
+    task_restarts: IntCounterVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -354,6 +355,7 @@ impl Metrics {
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
             otlp_exports: counter_vec(&OTLP_EXPORTS),
             otlp_exports_dropped: counter_vec(&OTLP_EXPORTS_DROPPED),
+            task_restarts: counter_vec(&TASK_RESTARTS),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -385,6 +387,7 @@ impl Metrics {
             Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(metrics.otlp_exports.clone()),
             Box::new(metrics.otlp_exports_dropped.clone()),
+            Box::new(metrics.task_restarts.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -680,6 +683,11 @@ impl Metrics {
     pub fn otlp_export_dropped_counter(&self, signal: &str, reason: &str) -> IntCounter {
         self.otlp_exports_dropped
             .with_label_values(&[reason, signal])
+    }
+
+    /// Count a background task (`supervise`'s name for it) that failed and is restarted.
+    pub fn task_restart(&self, task: &str) {
+        self.task_restarts.with_label_values(&[task]).inc();
     }
 
     /// Count a request on a non-LLM route.
@@ -1274,6 +1282,7 @@ mod tests {
         metrics.upstream_retry_after(&pair, Duration::from_millis(1500));
         metrics.otlp_export("metrics", "success");
         metrics.otlp_export_dropped("metrics", "replaced");
+        metrics.task_restart("otlp_metrics");
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();
