@@ -11,11 +11,13 @@
 //!   ([`Exchange::failed`], with [`ExchangeError`] saying whose fault it was);
 //! - a response: its observer and permit, held until the body ends ([`Streaming`]), and
 //!   how the body's end maps to an outcome ([`BodyEnd`]);
-//! - the upstream idle timeout ([`idle`]).
+//! - the upstream idle timeout ([`idle`]);
+//! - a panic in one exchange ends that exchange only ([`boundary`]).
 //!
 //! The transports move bytes and read sockets; they decide none of these themselves.
 
 pub mod answer;
+pub mod boundary;
 pub mod fault;
 pub mod idle;
 
@@ -232,6 +234,8 @@ impl Exchange {
         Streaming {
             observer: self.pending.response(at, status, headers),
             permit: Some(self.permit),
+            #[cfg(test)]
+            panic_in_body: boundary::asks(headers, boundary::Stage::Body),
         }
     }
 }
@@ -243,6 +247,9 @@ impl Exchange {
 pub struct Streaming {
     observer: Option<ResponseObserver>,
     permit: Option<OwnedSemaphorePermit>,
+    /// The response asked a test build to panic at its first data.
+    #[cfg(test)]
+    panic_in_body: bool,
 }
 
 impl Streaming {
@@ -252,6 +259,7 @@ impl Streaming {
         Streaming {
             observer: Some(observer),
             permit: None,
+            panic_in_body: false,
         }
     }
 
@@ -262,6 +270,10 @@ impl Streaming {
 
     /// Look at the bytes of one piece of the body that arrived at `at`.
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
+        #[cfg(test)]
+        if self.panic_in_body {
+            panic!("injected panic at {:?}", boundary::Stage::Body);
+        }
         if let Some(observer) = self.observer.as_mut() {
             observer.data(at, bytes);
         }

@@ -15,8 +15,9 @@
 //!   [`fail`](ResponseObserver::fail), or when dropped before either (the client went
 //!   away).
 //!
-//! A panic inside an observer is caught: observation of that stream stops, the stream
-//! itself goes on.
+//! A panic inside an observer (reading the response head included) is caught: observation
+//! of that stream stops, the stream itself goes on. A request dropped while a panic
+//! unwinds the exchange is recorded as failed, not cancelled ([`crate::exchange::boundary`]).
 
 pub mod inspect;
 pub mod itl_sketch;
@@ -416,33 +417,43 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
-                if recorder.dialect().is_grpc() {
-                    // A trailers-only response (a call that failed at once) carries its
-                    // status in the head.
-                    if let Some(value) = headers.get(GRPC_STATUS) {
-                        recorder.grpc_status(value.as_bytes());
-                    }
-                }
-                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
-                    recorder.rate_limits(limits);
-                }
-                if let Some(queue) = head_queue_time(recorder.dialect(), headers) {
-                    let timings = EngineTimings {
-                        queue: Some(queue),
-                        ..EngineTimings::default()
-                    };
-                    recorder.apply(at, &[Signal::EngineTimings(timings)]);
-                }
                 let metrics = recorder.metrics().clone();
-                let dialect = recorder.dialect();
-                let decoder = decoder_for(
-                    &config,
-                    tokenizer.as_ref(),
-                    &metrics,
-                    dialect,
-                    status,
-                    headers,
-                );
+                // The head is the upstream's: a panic while reading it (a bug, a value no
+                // conversion expected) stops observing this response, which still goes to
+                // the client and is recorded once with its status.
+                let mut decoder = None;
+                guarded(&metrics, || {
+                    #[cfg(test)]
+                    crate::exchange::boundary::injected_panic(
+                        headers,
+                        crate::exchange::boundary::Stage::Head,
+                    );
+                    if recorder.dialect().is_grpc() {
+                        // A trailers-only response (a call that failed at once) carries its
+                        // status in the head.
+                        if let Some(value) = headers.get(GRPC_STATUS) {
+                            recorder.grpc_status(value.as_bytes());
+                        }
+                    }
+                    if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
+                        recorder.rate_limits(limits);
+                    }
+                    if let Some(queue) = head_queue_time(recorder.dialect(), headers) {
+                        let timings = EngineTimings {
+                            queue: Some(queue),
+                            ..EngineTimings::default()
+                        };
+                        recorder.apply(at, &[Signal::EngineTimings(timings)]);
+                    }
+                    decoder = decoder_for(
+                        &config,
+                        tokenizer.as_ref(),
+                        &metrics,
+                        recorder.dialect(),
+                        status,
+                        headers,
+                    );
+                });
                 Some(ResponseObserver::new(*recorder, decoder, metrics))
             }
             Waiting::Passthrough {
@@ -481,10 +492,18 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(Waiting::Measured { recorder, .. }) = self.0.take() {
+        if let Some(Waiting::Measured { mut recorder, .. }) = self.0.take() {
             let metrics = recorder.metrics().clone();
             guarded(&metrics, || {
-                recorder.record(Instant::now(), Outcome::Cancelled)
+                if std::thread::panicking() {
+                    // Unwinding from a panic in the exchange, before any head: its
+                    // boundary answers `502` (exchange::boundary).
+                    tracing::error!("request failed inside tokentap before its response head");
+                    recorder.answered_by_tokentap(StatusCode::BAD_GATEWAY);
+                    recorder.record(Instant::now(), Outcome::UpstreamError);
+                } else {
+                    recorder.record(Instant::now(), Outcome::Cancelled);
+                }
             });
         }
     }
@@ -734,7 +753,11 @@ impl Drop for ResponseObserver {
             let at = Instant::now();
             let metrics = &self.metrics;
             guarded(metrics, || {
-                if observing.recorder.saw_end_marker() {
+                if std::thread::panicking() {
+                    // Unwinding from a panic in the exchange: the response breaks off.
+                    tracing::error!("response failed inside tokentap; breaking it off");
+                    observing.recorder.record(at, Outcome::UpstreamError);
+                } else if observing.recorder.saw_end_marker() {
                     observing.end(at, metrics);
                 } else {
                     observing.recorder.record(at, Outcome::Cancelled);

@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::config::Config;
-use crate::exchange::{Active, Admitted, Answer, ExchangeError, Gateway, UpstreamIdle};
+use crate::exchange::{boundary, Active, Admitted, Answer, ExchangeError, Gateway, UpstreamIdle};
 use crate::metrics::Metrics;
 use crate::observe::RequestHead;
 use crate::wire::Tokenizer;
@@ -152,10 +152,19 @@ impl Proxy {
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
-        let send = active.upstream.send(parts, body, &tunnels);
+        let upstream = &active.upstream;
+        // A panic up to the response head is answered `502` (exchange::boundary).
+        let send = boundary::unwound(async {
+            #[cfg(test)]
+            boundary::injected_panic(&parts.headers, boundary::Stage::Send);
+            upstream.send(parts, body, &tunnels).await
+        });
         let sent = tokio::time::timeout_at(exchange.head_deadline(), send)
             .await
-            .unwrap_or_else(|_| Err(exchange.head_timed_out()));
+            .map_or_else(
+                |_| Err(exchange.head_timed_out()),
+                |sent| sent.and_then(|r| r),
+            );
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let response = match sent {

@@ -35,8 +35,8 @@ use super::serialize;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::exchange::{
-    shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError,
-    Gateway, Streaming, UpstreamIdle,
+    boundary, shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange,
+    ExchangeError, Gateway, Streaming, UpstreamIdle,
 };
 use crate::observe::RequestHead;
 
@@ -232,19 +232,31 @@ impl<U> Relay<U> {
         let head_deadline = exchange.head_deadline();
         let origin = Origin::of(&upstream_config.authority);
         let mut started = false;
-        let send = send_request(
-            client,
-            input,
-            &head,
-            body_len,
-            &origin,
-            &active.config,
-            &mut scan,
-            &mut started,
-        );
-        let sent = tokio::time::timeout_at(head_deadline, send)
+        // A panic up to the response head is answered `502` (exchange::boundary).
+        let send = boundary::unwound(async {
+            #[cfg(test)]
+            boundary::injected_panic(&head.headers, boundary::Stage::Send);
+            send_request(
+                client,
+                input,
+                &head,
+                body_len,
+                &origin,
+                &active.config,
+                &mut scan,
+                &mut started,
+            )
             .await
-            .unwrap_or_else(|_| Err(Failure::Upstream(exchange.head_timed_out())));
+        });
+        let sent = match tokio::time::timeout_at(head_deadline, send).await {
+            Ok(Ok(sent)) => sent,
+            Ok(Err(panicked)) => {
+                // Where the request stood is unknown: the connection closes after.
+                fail_before_head(client, exchange, &panicked, true).await;
+                return Ok(Next::Close);
+            }
+            Err(_) => Err(Failure::Upstream(exchange.head_timed_out())),
+        };
         let upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
@@ -274,7 +286,11 @@ impl<U> Relay<U> {
             idle: UpstreamIdle::new(upstream_config.idle_timeout),
             head_deadline,
         };
-        let ended = response.run(closing).await;
+        // A panic once the head is in: the response breaks off, both connections close,
+        // and the exchange, dropped as it unwinds, records it (exchange::boundary).
+        let ended = boundary::unwound(response.run(closing))
+            .await
+            .unwrap_or_else(|_| ResponseEnd::closed());
         if let UpstreamAfter::Reuse(upstream) = ended.upstream {
             upstream_pool::checkin(
                 &origin,
