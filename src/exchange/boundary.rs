@@ -13,14 +13,14 @@
 //!   the request is recorded once as `upstream_error`.
 //!
 //! Each is logged with the request's method and path (and its access line). Tests reach
-//! every stage with [`injected_panic`], which exists only in test builds.
+//! every stage with `observe::inject`, which exists only in test builds.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
-use super::{ExchangeError, UpstreamFault};
+use super::fault::{ExchangeError, UpstreamFault};
 use crate::supervise::panic_message;
 
 /// Run `work` (a transport's send, up to the response head); a panic in it is the
@@ -30,39 +30,6 @@ pub async fn unwound<F: Future>(work: F) -> Result<F::Output, ExchangeError> {
         .catch_unwind()
         .await
         .map_err(|panic| UpstreamFault::Internal(panic_message(&*panic).to_string()).into())
-}
-
-/// Where a test makes an exchange panic.
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stage {
-    /// While the request is sent upstream (named in a request header).
-    Send,
-    /// While the upstream's response head is read (named in a response header).
-    Head,
-    /// At the first piece of the response body (named in a response header).
-    Body,
-}
-
-/// The header that names a [`Stage`] to panic at, in test builds only.
-#[cfg(test)]
-pub(crate) const INJECT: &str = "x-tokentap-test-panic";
-
-/// Panic if `headers` ask for it at `stage` (test builds only).
-#[cfg(test)]
-pub(crate) fn injected_panic(headers: &http::HeaderMap, stage: Stage) {
-    if asks(headers, stage) {
-        panic!("injected panic at {stage:?}");
-    }
-}
-
-/// Whether `headers` ask for a panic at `stage`.
-#[cfg(test)]
-pub(crate) fn asks(headers: &http::HeaderMap, stage: Stage) -> bool {
-    headers.get(INJECT).is_some_and(|v| {
-        v.as_bytes()
-            .eq_ignore_ascii_case(format!("{stage:?}").as_bytes())
-    })
 }
 
 #[cfg(test)]

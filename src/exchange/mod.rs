@@ -16,6 +16,18 @@
 //!
 //! The transports move bytes and read sockets; they decide none of these themselves.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 pub mod answer;
 pub mod boundary;
 pub mod fault;
@@ -162,7 +174,7 @@ impl<U> Gateway<U> {
             uri: head.uri.clone(),
             grpc: answer::is_grpc_call(head.headers),
             head_timeout,
-            head_deadline: tokio::time::Instant::from_std(t_req) + head_timeout,
+            head_deadline: idle::deadline(tokio::time::Instant::from_std(t_req), head_timeout),
         };
         Ok(Admitted {
             active,
@@ -235,7 +247,10 @@ impl Exchange {
             observer: self.pending.response(at, status, headers),
             permit: Some(self.permit),
             #[cfg(test)]
-            panic_in_body: boundary::asks(headers, boundary::Stage::Body),
+            panic_in_body: crate::observe::inject::asks(
+                headers,
+                crate::observe::inject::Stage::Body,
+            ),
         }
     }
 }
@@ -272,7 +287,10 @@ impl Streaming {
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
         #[cfg(test)]
         if self.panic_in_body {
-            panic!("injected panic at {:?}", boundary::Stage::Body);
+            panic!(
+                "injected panic at {:?}",
+                crate::observe::inject::Stage::Body
+            );
         }
         if let Some(observer) = self.observer.as_mut() {
             observer.data(at, bytes);

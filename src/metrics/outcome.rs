@@ -311,6 +311,10 @@ impl Verdict {
     }
 
     /// This verdict's counter among a pair's [`Verdict::COUNT`].
+    #[allow(
+        clippy::expect_used,
+        reason = "a typed invariant: Verdict::new makes only verdicts of Verdict::ALL"
+    )]
     pub fn index(self) -> usize {
         Verdict::ALL
             .iter()

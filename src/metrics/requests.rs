@@ -210,7 +210,8 @@ impl Sampler {
 }
 
 fn by_ratio(bound: u64, trace_id: &[u8; 16]) -> bool {
-    let low = u64::from_be_bytes(trace_id[8..].try_into().expect("8 bytes")) >> 1;
+    let [_, _, _, _, _, _, _, _, low @ ..] = *trace_id;
+    let low = u64::from_be_bytes(low) >> 1;
     low < bound
 }
 

@@ -407,6 +407,10 @@ pub struct StreamSeries {
 
 /// The one of `pair` and `model` that is kept: exactly one is, as `SeriesSet::new` gives
 /// a pair's set and a model's set complementary slots from the same [`TenantSlots`].
+#[allow(
+    clippy::expect_used,
+    reason = "a typed invariant of SeriesSet::new: the two sets' slots are complementary"
+)]
 fn kept<'s, T>(pair: &'s Kept<T>, model: &'s Kept<T>) -> &'s T {
     pair.as_deref()
         .or(model.as_deref())
@@ -420,6 +424,10 @@ impl StreamSeries {
     }
 
     /// The `tenant` label of the request's pair.
+    #[allow(
+        clippy::expect_used,
+        reason = "a typed invariant: SeriesSet::new gives a pair's set its tenant"
+    )]
     pub fn tenant(&self) -> &Arc<str> {
         self.pair
             .tenant

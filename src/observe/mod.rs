@@ -19,6 +19,20 @@
 //! of that stream stops, the stream itself goes on. A request dropped while a panic
 //! unwinds the exchange is recorded as failed, not cancelled ([`crate::exchange::boundary`]).
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
+#[cfg(test)]
+pub(crate) mod inject;
 pub mod inspect;
 pub mod itl_sketch;
 pub mod rate_limits;
@@ -424,10 +438,7 @@ impl Pending {
                 let mut decoder = None;
                 guarded(&metrics, || {
                     #[cfg(test)]
-                    crate::exchange::boundary::injected_panic(
-                        headers,
-                        crate::exchange::boundary::Stage::Head,
-                    );
+                    inject::injected_panic(headers, inject::Stage::Head);
                     if recorder.dialect().is_grpc() {
                         // A trailers-only response (a call that failed at once) carries its
                         // status in the head.
@@ -618,7 +629,7 @@ struct ModelInfoReader {
 
 impl ModelInfoReader {
     fn data(&mut self, bytes: &[u8]) {
-        if self.body.len() + bytes.len() <= MODEL_INFO_MAX_BYTES {
+        if self.body.len().saturating_add(bytes.len()) <= MODEL_INFO_MAX_BYTES {
             self.body.extend_from_slice(bytes);
         } else {
             self.body = vec![0xff];
@@ -627,9 +638,9 @@ impl ModelInfoReader {
 
     fn end(self) {
         let message = match self.body.as_slice() {
-            [0, len @ ..] if len.len() >= 4 => {
-                let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                len[4..].get(..n)
+            [0, a, b, c, d, message @ ..] => {
+                let n = usize::try_from(u32::from_be_bytes([*a, *b, *c, *d])).unwrap_or(usize::MAX);
+                message.get(..n)
             }
             _ => None,
         };

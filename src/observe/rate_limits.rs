@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap, StatusCode};
 
+use crate::metrics::{Metrics, StreamSeries};
+
 /// What a rate limit counts, as the `resource` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resource {
@@ -103,7 +105,9 @@ impl RateLimits {
             else {
                 continue;
             };
-            let quota = &mut limits.quotas[resource as usize];
+            let Some(quota) = limits.quotas.get_mut(resource as usize) else {
+                continue;
+            };
             match field {
                 "limit" => quota.limit = Some(n),
                 "remaining" => quota.remaining = Some(n),
@@ -119,6 +123,17 @@ impl RateLimits {
             found |= limits.retry_after.is_some();
         }
         found.then_some(limits)
+    }
+
+    /// Set the gauges of `stream`'s model to what these limits say (each value only where
+    /// reported).
+    pub fn record(&self, metrics: &Metrics, stream: &StreamSeries) {
+        for (resource, quota) in Resource::ALL.iter().zip(self.quotas) {
+            metrics.upstream_quota(stream, resource.as_str(), quota.limit, quota.remaining);
+        }
+        if let Some(wait) = self.retry_after {
+            metrics.upstream_retry_after(stream, wait);
+        }
     }
 }
 

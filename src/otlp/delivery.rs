@@ -3,6 +3,18 @@
 //! or the collector's `Retry-After`) until the export timeout has passed since the first
 //! attempt, and counted once in `tokentap_otlp_exports_total{signal,result}`.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +95,10 @@ pub fn time_left(elapsed: Duration, wait: Duration, export_timeout: Duration) ->
 /// the same collector do not all come back at once.
 fn jittered(backoff: Duration) -> Duration {
     let permille = rand::thread_rng().gen_range(500u32..1500);
-    backoff.saturating_mul(permille) / 1000
+    backoff
+        .saturating_mul(permille)
+        .checked_div(1000)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -17,6 +17,18 @@
 //! gRPC's `RetryInfo` is not read: it sits in an encoded `google.rpc.Status`, and the
 //! exporter's own backoff serves.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::io::Write;
 use std::time::Duration;
 
@@ -137,7 +149,9 @@ impl Transport {
                 if gzip {
                     request = request.header("grpc-encoding", "gzip");
                 }
-                framing::frame_with(gzip, &payload)
+                framing::try_frame_with(gzip, &payload).ok_or_else(|| {
+                    SendError::Permanent("the export is over the 4 GiB of a gRPC message".into())
+                })?
             }
         };
         let request = request
@@ -172,7 +186,7 @@ impl Transport {
 }
 
 /// What an OTLP/HTTP answer means.
-pub(crate) fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Result<(), SendError> {
+pub fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Result<(), SendError> {
     if status.is_success() {
         return Ok(());
     }
@@ -236,7 +250,11 @@ fn tls_config(files: &OtlpTls) -> Result<rustls::ClientConfig, TransportError> {
     };
     let roots = match &files.ca_file {
         Some(file) => trust::root_store(Some(&file.path)).map_err(named(file))?,
-        None => trust::root_store(None).expect("no CA file, nothing to read"),
+        // Without a CA file nothing is read that could fail.
+        None => trust::root_store(None).map_err(|source| TransportError {
+            from: "the platform trust store".to_string(),
+            source,
+        })?,
     };
     match (&files.client_certificate, &files.client_key) {
         (Some(certificate), Some(key)) => {

@@ -8,6 +8,18 @@
 //! [exchange policy](crate::exchange)'s; the bytes, the status and the end-to-end headers
 //! are the upstream's own.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 pub mod body;
 pub mod h1_upstream;
 pub mod h2_only;
@@ -156,7 +168,10 @@ impl Proxy {
         // A panic up to the response head is answered `502` (exchange::boundary).
         let send = boundary::unwound(async {
             #[cfg(test)]
-            boundary::injected_panic(&parts.headers, boundary::Stage::Send);
+            crate::observe::inject::injected_panic(
+                &parts.headers,
+                crate::observe::inject::Stage::Send,
+            );
             upstream.send(parts, body, &tunnels).await
         });
         let sent = tokio::time::timeout_at(exchange.head_deadline(), send)

@@ -35,7 +35,7 @@ use super::serialize;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::exchange::{
-    boundary, shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange,
+    boundary, idle, shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange,
     ExchangeError, Gateway, Streaming, UpstreamIdle,
 };
 use crate::observe::RequestHead;
@@ -184,7 +184,8 @@ impl<U> Relay<U> {
                         }
                     }
                     reader = HeadReader::next_on_connection();
-                    deadline = tokio::time::Instant::now() + self.header_read_timeout;
+                    deadline =
+                        idle::deadline(tokio::time::Instant::now(), self.header_read_timeout);
                 }
             }
         }
@@ -235,7 +236,10 @@ impl<U> Relay<U> {
         // A panic up to the response head is answered `502` (exchange::boundary).
         let send = boundary::unwound(async {
             #[cfg(test)]
-            boundary::injected_panic(&head.headers, boundary::Stage::Send);
+            crate::observe::inject::injected_panic(
+                &head.headers,
+                crate::observe::inject::Stage::Send,
+            );
             send_request(
                 client,
                 input,
@@ -558,7 +562,7 @@ impl ResponseLoop<'_> {
         }
         let sent_at_once = send_now_or_keep(self.client, out, unsent);
         if let Step::More { used } = step {
-            carry.extend_from_slice(&received[used..]);
+            carry.extend_from_slice(received.get(used..).unwrap_or_default());
         }
         scratch::give_back(buffers);
         let client_took_it = match sent_at_once {
@@ -659,7 +663,7 @@ fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Res
         Err(err) if err.kind() == io::ErrorKind::WouldBlock => 0,
         Err(_) => return Err(()),
     };
-    unsent.extend_from_slice(&out[written..]);
+    unsent.extend_from_slice(out.get(written..).unwrap_or_default());
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! h2c), through a whole tokentap: the client gets an answer or a broken-off response,
 //! never a silently dropped connection, and the request is counted once.
 
-use super::*;
+use crate::observe::inject::INJECT;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
