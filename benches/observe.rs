@@ -243,7 +243,10 @@ fn bench_observe(c: &mut Criterion) {
     let live_metrics = self::metrics(&config);
     let live = {
         let _runtime = rt.enter();
-        tokentap::live::Live::start(live_metrics.clone())
+        tokentap::live::Live::start(
+            live_metrics.clone(),
+            &tokentap::supervise::Supervisor::new(live_metrics.clone(), Default::default()),
+        )
     };
     let live_gateway = self::gateway(&config, &live_metrics);
     group.bench_function("observed_live_view", |b| {

@@ -3,7 +3,8 @@
 //! The admin port (`admin`, on the cluster network): `/metrics` (Prometheus text format by
 //! default; the OpenMetrics text with exemplars, or the protobuf format with native
 //! histograms and exemplars, for a scraper that asks for it), `/healthz` (the process is
-//! alive), `/readyz` (config loaded, listener bound, upstream reachable, not draining).
+//! alive), `/readyz` (config loaded, listener bound, upstream reachable, not draining, no
+//! background task down).
 //!
 //! The live view's listener (`ui.listen`, loopback by default, while `ui.enabled`): the
 //! page `/ui` and its files, the JSON snapshot `/api/live/snapshot` and the server-sent
@@ -102,27 +103,52 @@ type SseBody = http_body_util::StreamBody<
 
 type AdminBody = Either<Full<Bytes>, Either<MetricsBody, SseBody>>;
 
-/// What `/readyz` reports. The server sets it (bound, probe result, draining); it lives
-/// here, beside the endpoint that reads it.
+/// What `/readyz` reports. The server sets it (bound, probe result, draining), and the
+/// [supervisor](crate::supervise) marks a background task that failed and waits to be
+/// restarted; it lives here, beside the endpoint that reads it.
 #[derive(Debug, Default)]
 pub struct Readiness {
     pub listening: AtomicBool,
     pub upstream_reachable: AtomicBool,
     pub draining: AtomicBool,
+    /// Background tasks down now, by name: one entry per failure not yet restarted.
+    down: Mutex<Vec<&'static str>>,
 }
 
 impl Readiness {
     /// `Ok` when ready, else the reason.
-    pub fn check(&self) -> Result<(), &'static str> {
+    pub fn check(&self) -> Result<(), String> {
         if self.draining.load(Ordering::Relaxed) {
-            Err("draining")
+            Err("draining".to_string())
         } else if !self.listening.load(Ordering::Relaxed) {
-            Err("listener not bound")
+            Err("listener not bound".to_string())
         } else if !self.upstream_reachable.load(Ordering::Relaxed) {
-            Err("upstream not reachable")
+            Err("upstream not reachable".to_string())
+        } else if let Some(task) = self.lock_down().first() {
+            Err(format!("background task {task} failed and is restarting"))
         } else {
             Ok(())
         }
+    }
+
+    /// `task` failed: not ready until [`task_up`](Self::task_up).
+    pub fn task_down(&self, task: &'static str) {
+        self.lock_down().push(task);
+    }
+
+    /// `task` runs again.
+    pub fn task_up(&self, task: &'static str) {
+        let mut down = self.lock_down();
+        if let Some(at) = down.iter().position(|t| *t == task) {
+            down.swap_remove(at);
+        }
+    }
+
+    fn lock_down(&self) -> std::sync::MutexGuard<'_, Vec<&'static str>> {
+        // The list stays consistent whatever a holder did: a poisoned lock is still usable.
+        self.down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

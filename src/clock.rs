@@ -48,6 +48,18 @@
 //! The first event carries at least one token (`k_1 >= 1`: it is token-bearing); a later
 //! estimated event may carry 0 (a tokenizer that has not yet settled its text).
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::time::{Duration, Instant};
 
 use crate::wire::OutputKind;
@@ -239,10 +251,10 @@ impl TokenClock {
     pub fn output(&mut self, at: Instant, tokens: u32, exact: bool, kind: OutputKind) -> Stamp {
         let tokens = if exact { tokens.max(1) } else { tokens };
         self.last_buffered = false;
-        self.events += 1;
-        self.counted_tokens += u64::from(tokens);
+        self.events = self.events.saturating_add(1);
+        self.counted_tokens = self.counted_tokens.saturating_add(u64::from(tokens));
         if exact {
-            self.exact_tokens += u64::from(tokens);
+            self.exact_tokens = self.exact_tokens.saturating_add(u64::from(tokens));
         }
         if kind.is_visible() && self.first_visible.is_none() {
             self.first_visible = Some(at);
@@ -287,9 +299,9 @@ impl TokenClock {
     /// no later gap to merge into that is known now, so it counts as 1.
     fn live_itl(&mut self, gap: Duration, tokens: u32, exact: bool) -> Option<ItlShare> {
         let count = u64::from(tokens.max(1));
-        self.live_itl_tokens += count;
+        self.live_itl_tokens = self.live_itl_tokens.saturating_add(count);
         if !exact {
-            self.live_estimated_tokens += count;
+            self.live_estimated_tokens = self.live_estimated_tokens.saturating_add(count);
         }
         Some(ItlShare {
             per_token: div_duration(gap, count),
@@ -303,7 +315,7 @@ impl TokenClock {
         if self.last.is_none() {
             return;
         }
-        self.counted_tokens += u64::from(tokens);
+        self.counted_tokens = self.counted_tokens.saturating_add(u64::from(tokens));
         if self.last_buffered {
             if let Some(gap) = self.buffered.last_mut() {
                 gap.estimate = gap
@@ -340,7 +352,7 @@ impl TokenClock {
         // The buffered gaps' share of N, if N was reported and leaves them something.
         let apportioned_target = self
             .usage_output
-            .map(|n| n.saturating_sub(k1 + self.live_itl_tokens))
+            .map(|n| n.saturating_sub(k1.saturating_add(self.live_itl_tokens)))
             .filter(|target| *target >= 1 && !self.buffered.is_empty());
         let deferred_itl = match apportioned_target {
             Some(target) => apportion(&self.buffered, target),
@@ -352,15 +364,17 @@ impl TokenClock {
         // A reported N corrects the estimates unless it left nothing to the buffered gaps.
         let n_corrects_estimates = self.usage_output.is_some()
             && (self.buffered.is_empty() || apportioned_target.is_some());
-        let itl_count = self.live_itl_tokens + deferred_itl.iter().map(|s| s.count).sum::<u64>();
+        let itl_count = deferred_itl
+            .iter()
+            .fold(self.live_itl_tokens, |n, s| n.saturating_add(s.count));
 
         let estimated_counts = self.counted_tokens > self.exact_tokens;
         let (counting, apportioned, estimated) = match (self.events, estimated_counts) {
             (0, _) => (Counting::None, 0, 0),
             (_, false) => (Counting::Exact, 0, 0),
             (_, true) if n_corrects_estimates => {
-                let apportioned =
-                    output_tokens.saturating_sub(self.exact_tokens + self.live_estimated_tokens);
+                let apportioned = output_tokens
+                    .saturating_sub(self.exact_tokens.saturating_add(self.live_estimated_tokens));
                 (
                     Counting::Apportioned,
                     apportioned,
@@ -370,7 +384,7 @@ impl TokenClock {
             (_, true) => (
                 Counting::Estimated,
                 0,
-                self.counted_tokens - self.exact_tokens,
+                self.counted_tokens.saturating_sub(self.exact_tokens),
             ),
         };
 
@@ -444,16 +458,19 @@ fn by_largest_remainder(weighted: &[(u64, u64)], total: u128, target: u64) -> Ve
     let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(weighted.len());
     let mut given = 0u64;
     for (index, (nanos, weight)) in weighted.iter().enumerate() {
-        let exact = u128::from(target) * u128::from(*weight);
-        let share = u64::try_from(exact / total).unwrap_or(u64::MAX);
-        given += share;
+        // u64 x u64 fits a u128; `total` is the sum of weights that are not 0.
+        let exact = u128::from(target).saturating_mul(u128::from(*weight));
+        let share = u64::try_from(exact.checked_div(total).unwrap_or(0)).unwrap_or(u64::MAX);
+        given = given.saturating_add(share);
         shares.push((*nanos, share));
-        remainders.push((exact % total, index));
+        remainders.push((exact.checked_rem(total).unwrap_or(0), index));
     }
     remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let left = usize::try_from(target - given).unwrap_or(usize::MAX);
+    let left = usize::try_from(target.saturating_sub(given)).unwrap_or(usize::MAX);
     for (_, index) in remainders.into_iter().take(left) {
-        shares[index].1 += 1;
+        if let Some(share) = shares.get_mut(index) {
+            share.1 = share.1.saturating_add(1);
+        }
     }
     merge_empty(shares.into_iter())
         .into_iter()
@@ -464,7 +481,8 @@ fn by_largest_remainder(weighted: &[(u64, u64)], total: u128, target: u64) -> Ve
 /// `count` ITL observations that share `nanos` of time.
 fn share_of((nanos, count): (u64, u64)) -> ItlShare {
     ItlShare {
-        per_token: Duration::from_nanos(nanos / count),
+        // A share's count is never 0 (merged away); 0 would read as 1.
+        per_token: Duration::from_nanos(nanos.checked_div(count).unwrap_or(nanos)),
         count,
     }
 }
@@ -496,7 +514,10 @@ fn nanos(d: Duration) -> u64 {
 
 /// `d / n` for a `u64` divisor, exact to the nanosecond.
 fn div_duration(d: Duration, n: u64) -> Duration {
-    let nanos = d.as_nanos() / u128::from(n.max(1));
+    let nanos = d
+        .as_nanos()
+        .checked_div(u128::from(n.max(1)))
+        .unwrap_or_default();
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 

@@ -27,6 +27,7 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, and the live view's endpoints;
 //! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
+//! - [`supervise`]: background tasks restarted when they fail, counted and in `/readyz`;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
 //! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
@@ -47,6 +48,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod sim;
+pub mod supervise;
 pub mod top;
 pub mod trust;
 pub mod wire;

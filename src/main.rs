@@ -347,7 +347,10 @@ fn run_proxy(args: RunArgs) -> ExitCode {
             Err(err) => return report(Err(anyhow::Error::new(err).context("proxy failed"))),
         };
         if let Some(path) = args.config {
-            tokio::spawn(reload_on_sighup(server.reloader(), path, overrides));
+            let reloader = server.reloader();
+            server.supervisor().spawn("reload", move || {
+                reload_on_sighup(reloader.clone(), path.clone(), overrides.clone())
+            });
         }
         report(server.run(shutdown_signal()).await.context("proxy failed"))
     })

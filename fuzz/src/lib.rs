@@ -393,11 +393,19 @@ pub fn check_request_scanner(data: &[u8]) {
 /// A response head from the network (`data`, parsed by httparse as hyper and the relay
 /// parse it) into [`RateLimits::read`]: never a panic, and every value it reports is the
 /// decimal value of a field whose name reports that resource's limit or remainder (OpenAI's
-/// or Anthropic's form); `Retry-After` only on a `429` or `503`.
+/// or Anthropic's form); `Retry-After` only on a `429` or `503`. Then the values are used
+/// as the proxy uses them, where a hostile one once panicked: recorded into the gauges
+/// ([`RateLimits::record`], as the recorder does; read back within range), the wait added
+/// to an `Instant` and a `SystemTime` and made a deadline. The same head, as a collector's
+/// answer, goes through the OTLP exporters' reading ([`http_outcome`]) and retry decision
+/// ([`time_left`]) with the same checks.
 ///
 /// [`RateLimits::read`]: tokentap::observe::rate_limits::RateLimits::read
+/// [`RateLimits::record`]: tokentap::observe::rate_limits::RateLimits::record
+/// [`http_outcome`]: tokentap::otlp::transport::http_outcome
+/// [`time_left`]: tokentap::otlp::delivery::time_left
 pub fn check_rate_limits(data: &[u8]) {
-    use tokentap::observe::rate_limits::{RateLimits, Resource};
+    use tokentap::observe::rate_limits::{RateLimits, Resource, MAX_RETRY_AFTER};
     let mut fields = [httparse::EMPTY_HEADER; 64];
     let mut head = httparse::Response::new(&mut fields);
     if head.parse(data).is_err() {
@@ -415,6 +423,7 @@ pub fn check_rate_limits(data: &[u8]) {
             headers.append(name, value);
         }
     }
+    check_collector_answer(status, &headers);
     let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
     let Some(limits) = RateLimits::read(status, &headers, || now) else {
         return;
@@ -439,10 +448,104 @@ pub fn check_rate_limits(data: &[u8]) {
             }
         }
     }
-    if limits.retry_after.is_some() {
+    if let Some(wait) = limits.retry_after {
         assert!(
             matches!(status.as_u16(), 429 | 503),
             "Retry-After read on {status}"
         );
+        assert!(wait <= MAX_RETRY_AFTER, "a wait past the cap: {wait:?}");
+        used_as_a_wait(wait);
+    }
+
+    // Recorded as the recorder records them, then read back: every gauge in range.
+    let metrics = rate_limit_metrics();
+    let stream = metrics.stream(Some("m"), Some("t"));
+    limits.record(metrics, &stream);
+    let text = String::from_utf8(metrics.render()).expect("the exposition is text");
+    for line in text.lines().filter(|l| l.starts_with("tokentap_upstream_")) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().expect("a gauge value is a number");
+        let most = if series.starts_with("tokentap_upstream_retry_after_seconds") {
+            MAX_RETRY_AFTER.as_secs_f64()
+        } else if series.starts_with("tokentap_upstream_rate_limit_") {
+            i64::MAX as f64
+        } else {
+            continue;
+        };
+        assert!(
+            value.is_finite() && (0.0..=most).contains(&value),
+            "{series} = {value}"
+        );
+    }
+    if let Some(wait) = limits.retry_after {
+        let shown = format!(
+            "tokentap_upstream_retry_after_seconds{{model=\"m\"}} {}\n",
+            wait.as_secs_f64()
+        );
+        assert!(text.contains(&shown), "{shown} not in\n{text}");
+    }
+}
+
+/// The gauges the rate-limit check records into: one set for every input (the gauges hold
+/// the latest values, which each input reads back right after setting them).
+fn rate_limit_metrics() -> &'static tokentap::metrics::Metrics {
+    static METRICS: std::sync::OnceLock<std::sync::Arc<tokentap::metrics::Metrics>> =
+        std::sync::OnceLock::new();
+    METRICS.get_or_init(|| {
+        let config = tokentap::Config::from_overrides(&tokentap::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("a flag-only config is valid");
+        tokentap::metrics::Metrics::new(&config.metrics.buckets, &config.labels)
+    })
+}
+
+/// A wait from the network used as the proxy and the exporters use one: added to the
+/// clocks (checked: within the cap it always fits), made a deadline, and weighed against
+/// an export timeout.
+fn used_as_a_wait(wait: std::time::Duration) {
+    let now = std::time::Instant::now();
+    assert!(now.checked_add(wait).is_some(), "Instant + {wait:?}");
+    let wall = std::time::SystemTime::now();
+    assert!(wall.checked_add(wait).is_some(), "SystemTime + {wait:?}");
+    let tokio_now = tokio::time::Instant::from_std(now);
+    let deadline = tokentap::exchange::idle::deadline(tokio_now, wait);
+    assert_eq!(deadline.duration_since(tokio_now), wait);
+    for (elapsed, timeout) in [
+        (
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(10),
+        ),
+        (std::time::Duration::MAX, std::time::Duration::MAX),
+        (wait, wait),
+    ] {
+        let left = tokentap::otlp::delivery::time_left(elapsed, wait, timeout);
+        assert_eq!(left, wait < timeout.saturating_sub(elapsed));
+    }
+}
+
+/// The head as a collector's answer to an OTLP/HTTP export: a retryable refusal's wait is
+/// the delay-seconds `Retry-After` it sent, capped, and usable as a wait.
+fn check_collector_answer(status: http::StatusCode, headers: &http::HeaderMap) {
+    use tokentap::observe::rate_limits::MAX_RETRY_AFTER;
+    use tokentap::otlp::transport::{http_outcome, SendError};
+    match http_outcome(status, headers) {
+        Ok(()) => assert!(status.is_success(), "{status} taken for a success"),
+        Err(SendError::Permanent(_)) => {}
+        Err(SendError::Retryable { after, .. }) => {
+            assert!(matches!(status.as_u16(), 429 | 502 | 503 | 504), "{status}");
+            let sent = headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let expected = sent.map(|s| std::time::Duration::from_secs(s).min(MAX_RETRY_AFTER));
+            assert_eq!(after, expected, "Retry-After {sent:?}");
+            if let Some(wait) = after {
+                used_as_a_wait(wait);
+            }
+        }
     }
 }

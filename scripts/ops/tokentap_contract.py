@@ -50,6 +50,7 @@ METRICS = {
     "tokentap_build_info": ("gauge", ("version",)),
     "tokentap_otlp_exports_total": ("counter", ("result", "signal")),
     "tokentap_otlp_exports_dropped_total": ("counter", ("reason", "signal")),
+    "tokentap_task_restarts_total": ("counter", ("task",)),
 }
 
 # Exported and checked like the rest, but no dashboard panel or rule reads them (yet):
@@ -65,6 +66,7 @@ NOT_CHARTED = {
     "tokentap_client_connection_limit_reached_total",
     "tokentap_otlp_exports_total",
     "tokentap_otlp_exports_dropped_total",
+    "tokentap_task_restarts_total",
 }
 
 # Counters whose series only exist after the event they count happened (a labelled
@@ -88,6 +90,7 @@ EVENT_DRIVEN = {
     "tokentap_upstream_retry_after_seconds",
     "tokentap_otlp_exports_total",
     "tokentap_otlp_exports_dropped_total",
+    "tokentap_task_restarts_total",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

@@ -162,10 +162,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     let seconds = value * scale;
-    if !seconds.is_finite() || seconds > 1e9 {
+    if seconds > 1e9 {
         return Err(format!("duration `{text}` is out of range"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("duration `{text}` is out of range"))
 }
 
 impl<'de> Deserialize<'de> for HumanDuration {
@@ -188,11 +188,11 @@ impl<'de> Deserialize<'de> for HumanDuration {
                     .map_err(|_| E::custom("a duration cannot be negative"))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<HumanDuration, E> {
-                if v.is_finite() && (0.0..1e9).contains(&v) {
-                    Ok(HumanDuration(Duration::from_secs_f64(v)))
-                } else {
-                    Err(E::custom("duration out of range"))
-                }
+                Duration::try_from_secs_f64(v)
+                    .ok()
+                    .filter(|d| d.as_secs() < 1_000_000_000)
+                    .map(HumanDuration)
+                    .ok_or_else(|| E::custom("duration out of range"))
             }
         }
         deserializer.deserialize_any(V)

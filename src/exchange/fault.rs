@@ -33,6 +33,10 @@ pub enum UpstreamFault {
     /// RFC 9110 15.2.2: a server must not switch to a protocol the client did not ask for.
     #[error("upstream answered 101 Switching Protocols to a request that asked for no upgrade")]
     UnsolicitedSwitch,
+    /// tokentap itself failed (panicked) while forwarding, before the response head
+    /// ([`boundary`](super::boundary)).
+    #[error("internal error while forwarding: {0}")]
+    Internal(String),
 }
 
 /// The client's request cannot be forwarded, or the client left.

@@ -42,7 +42,7 @@ impl UpstreamIdle {
     /// The transport waits for the upstream from `now` on (a later call while it still
     /// waits keeps the first instant). Returns the deadline.
     pub fn waiting(&mut self, now: Instant) -> Instant {
-        *self.waiting_since.get_or_insert(now) + self.timeout
+        deadline(*self.waiting_since.get_or_insert(now), self.timeout)
     }
 
     /// The upstream sent something: it is not idle, and the wait is over.
@@ -52,7 +52,8 @@ impl UpstreamIdle {
 
     /// When the current wait times out, if tokentap is waiting.
     pub fn deadline(&self) -> Option<Instant> {
-        self.waiting_since.map(|since| since + self.timeout)
+        self.waiting_since
+            .map(|since| deadline(since, self.timeout))
     }
 
     /// Whether the current wait has lasted the whole timeout at `now`.
@@ -61,9 +62,32 @@ impl UpstreamIdle {
     }
 }
 
+/// Far enough ahead to mean "never" (tokio's own "far future" is 30 years too).
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// `after` past `at`, or (when that is past what an `Instant` can hold) as late as can be
+/// said: a timeout never makes a deadline panic, however long it was configured.
+pub fn deadline(at: Instant, after: Duration) -> Instant {
+    at.checked_add(after)
+        .or_else(|| at.checked_add(FAR_FUTURE))
+        .unwrap_or(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_past_what_an_instant_holds_is_far_ahead_not_a_panic() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(deadline(now, Duration::MAX), now + FAR_FUTURE);
+        let mut idle = UpstreamIdle::new(Duration::MAX);
+        assert_eq!(idle.waiting(now), now + FAR_FUTURE);
+    }
 
     #[test]
     fn the_clock_runs_only_while_waiting_for_the_upstream() {

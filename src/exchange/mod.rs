@@ -11,11 +11,25 @@
 //!   ([`Exchange::failed`], with [`ExchangeError`] saying whose fault it was);
 //! - a response: its observer and permit, held until the body ends ([`Streaming`]), and
 //!   how the body's end maps to an outcome ([`BodyEnd`]);
-//! - the upstream idle timeout ([`idle`]).
+//! - the upstream idle timeout ([`idle`]);
+//! - a panic in one exchange ends that exchange only ([`boundary`]).
 //!
 //! The transports move bytes and read sockets; they decide none of these themselves.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 pub mod answer;
+pub mod boundary;
 pub mod fault;
 pub mod idle;
 
@@ -160,7 +174,7 @@ impl<U> Gateway<U> {
             uri: head.uri.clone(),
             grpc: answer::is_grpc_call(head.headers),
             head_timeout,
-            head_deadline: tokio::time::Instant::from_std(t_req) + head_timeout,
+            head_deadline: idle::deadline(tokio::time::Instant::from_std(t_req), head_timeout),
         };
         Ok(Admitted {
             active,
@@ -232,6 +246,11 @@ impl Exchange {
         Streaming {
             observer: self.pending.response(at, status, headers),
             permit: Some(self.permit),
+            #[cfg(test)]
+            panic_in_body: crate::observe::inject::asks(
+                headers,
+                crate::observe::inject::Stage::Body,
+            ),
         }
     }
 }
@@ -243,6 +262,9 @@ impl Exchange {
 pub struct Streaming {
     observer: Option<ResponseObserver>,
     permit: Option<OwnedSemaphorePermit>,
+    /// The response asked a test build to panic at its first data.
+    #[cfg(test)]
+    panic_in_body: bool,
 }
 
 impl Streaming {
@@ -252,6 +274,7 @@ impl Streaming {
         Streaming {
             observer: Some(observer),
             permit: None,
+            panic_in_body: false,
         }
     }
 
@@ -262,6 +285,13 @@ impl Streaming {
 
     /// Look at the bytes of one piece of the body that arrived at `at`.
     pub fn data(&mut self, at: Instant, bytes: &[u8]) {
+        #[cfg(test)]
+        if self.panic_in_body {
+            panic!(
+                "injected panic at {:?}",
+                crate::observe::inject::Stage::Body
+            );
+        }
         if let Some(observer) = self.observer.as_mut() {
             observer.data(at, bytes);
         }

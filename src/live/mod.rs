@@ -37,6 +37,7 @@ use crate::metrics::live::LiveStreamView;
 use crate::metrics::requests::{FinishedRequest, RequestTap, TapId};
 use crate::metrics::snapshot::Values;
 use crate::metrics::{Metrics, Outcome};
+use crate::supervise::Supervisor;
 use window::{quantile, Ring, Windowed, OUTCOMES};
 
 /// How often the ring takes a tick and frames go out.
@@ -196,8 +197,8 @@ pub struct Live {
 
 impl Live {
     /// Switch on the registry of requests in flight and the request tap, and spawn the
-    /// ticker on the current runtime.
-    pub fn start(metrics: Arc<Metrics>) -> Arc<Live> {
+    /// ticker on the current runtime, under `supervisor` (as `live_ticker`).
+    pub fn start(metrics: Arc<Metrics>, supervisor: &Supervisor) -> Arc<Live> {
         metrics.live_streams.enable();
         let shared = Arc::new(Shared {
             metrics: metrics.clone(),
@@ -220,15 +221,18 @@ impl Live {
             shared: Arc::downgrade(&shared),
         }));
         let ticking = Arc::downgrade(&shared);
-        let ticker = tokio::spawn(async move {
-            let mut interval = tokio::time::interval(TICK);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                interval.tick().await;
-                let Some(shared) = ticking.upgrade() else {
-                    return;
-                };
-                shared.tick(SystemTime::now(), Instant::now());
+        let ticker = supervisor.spawn("live_ticker", move || {
+            let ticking = ticking.clone();
+            async move {
+                let mut interval = tokio::time::interval(TICK);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    interval.tick().await;
+                    let Some(shared) = ticking.upgrade() else {
+                        return;
+                    };
+                    shared.tick(SystemTime::now(), Instant::now());
+                }
             }
         });
         Arc::new(Live {
@@ -670,6 +674,10 @@ impl Heatmap {
 mod tests {
     use super::*;
 
+    fn supervisor() -> Supervisor {
+        Supervisor::new(metrics(), Arc::default())
+    }
+
     fn metrics() -> Arc<Metrics> {
         let config = crate::config::Config::from_overrides(&crate::config::Overrides {
             upstream: Some("http://127.0.0.1:9".to_string()),
@@ -685,7 +693,7 @@ mod tests {
 
     #[tokio::test]
     async fn many_viewers_of_a_window_cost_one_frame_per_tick() {
-        let live = Live::start(metrics());
+        let live = Live::start(metrics(), &supervisor());
         live.ticker.abort();
         tick(&live);
         // Nobody watches: the ring ticks, no frame is built.
@@ -712,7 +720,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_viewer_that_falls_behind_is_dropped() {
-        let live = Live::start(metrics());
+        let live = Live::start(metrics(), &supervisor());
         live.ticker.abort();
         let mut slow = live.subscribe(None).expect("room");
         for _ in 0..BACKLOG + 2 {
@@ -724,7 +732,7 @@ mod tests {
     #[tokio::test]
     async fn switched_on_it_lists_streams_and_keeps_the_slowest() {
         let metrics = metrics();
-        let live = Live::start(metrics.clone());
+        let live = Live::start(metrics.clone(), &supervisor());
         live.ticker.abort();
         assert!(metrics.live_streams.is_enabled());
         let t0 = Instant::now();

@@ -365,7 +365,7 @@ fn value(rng: &mut SmallRng, bounds: &[f64]) -> f64 {
 }
 
 fn seconds(v: f64) -> Duration {
-    Duration::from_secs_f64(v)
+    Duration::try_from_secs_f64(v).expect("a generated value fits a Duration")
 }
 
 fn without_process(text: &str) -> String {

@@ -11,6 +11,13 @@
 //!
 //! A leaf: it imports nothing from the rest of `metrics`.
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -94,8 +101,10 @@ impl ExemplarSlots {
             *bucket = Some(exemplar);
         }
         let next = store.next;
-        store.recent[next] = Some(exemplar);
-        store.next = (next + 1) % NATIVE_EXEMPLARS;
+        if let Some(recent) = store.recent.get_mut(next) {
+            *recent = Some(exemplar);
+        }
+        store.next = next.saturating_add(1) % NATIVE_EXEMPLARS;
     }
 
     /// Each classic bucket's exemplar, one per slot, appended to `out`; nothing when none

@@ -615,11 +615,8 @@ impl Family {
                     _ if pair.gen_ai.is_some() => pair.gen_ai.as_ref()?.value(name)?,
                     "model" => pair.model.clone(),
                     "tenant" => pair.tenant.clone()?,
-                    _ => sub
-                        .and_then(|sub| sub.values.iter().find(|(n, _)| *n == name))
-                        .expect("only families with sub-labels have more labels")
-                        .1
-                        .clone(),
+                    // Only families with sub-labels have more labels.
+                    _ => sub?.values.iter().find(|(n, _)| *n == name)?.1.clone(),
                 };
                 Some(Label {
                     name: Cow::Borrowed(name),

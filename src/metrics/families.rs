@@ -491,7 +491,7 @@ pub(super) static UPSTREAM_RATE_LIMIT_REMAINING: RegistryFamily = RegistryFamily
 
 pub(super) static UPSTREAM_RETRY_AFTER: RegistryFamily = RegistryFamily {
     name: "tokentap_upstream_retry_after_seconds",
-    help: "The wait the upstream last asked for in a 429 or 503 for a model (retry-after-ms or Retry-After).",
+    help: "The wait the upstream last asked for in a 429 or 503 for a model (retry-after-ms or Retry-After), at most a day (86400).",
     labels: &["model"],
     kind: RegistryKind::Gauge,
 };
@@ -517,8 +517,15 @@ pub(super) static OTLP_EXPORTS_DROPPED: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static TASK_RESTARTS: RegistryFamily = RegistryFamily {
+    name: "tokentap_task_restarts_total",
+    help: "Background tasks (otlp_metrics, otlp_spans, live_ticker, reload, upstream_probe) that failed (panicked) and were restarted, by task.",
+    labels: &["task"],
+    kind: RegistryKind::Counter,
+};
+
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 16] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 17] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -535,6 +542,7 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 16] = [
     &BUILD_INFO,
     &OTLP_EXPORTS,
     &OTLP_EXPORTS_DROPPED,
+    &TASK_RESTARTS,
 ];
 
 /// Every family that can carry `tenant` (the per-pair ones), in table order: what

@@ -8,6 +8,13 @@
 //! another on a dashboard. Per-label caps still allow their product in pairs, so
 //! [`PairCap`] bounds the (model, tenant) pairs themselves.
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

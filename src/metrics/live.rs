@@ -16,6 +16,13 @@
 //! its series are resolved (its first token, or its end). Like the rest of `metrics`, it
 //! takes plain values: instants, counts and label values, whoever measured them.
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -193,6 +200,11 @@ impl LiveStreams {
         })
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        reason = "a remainder by the shard count (a constant, not 0) indexes the shards"
+    )]
     fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Arc<LiveStream>>> {
         &self.shards[(id % SHARDS as u64) as usize].0
     }

@@ -17,6 +17,10 @@
 //! encoder of another format) takes a [`Snapshot`]: every family, the registry's
 //! included, as plain typed data.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml); the
+// recording path's files also deny indexing and unchecked arithmetic.
+#![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 pub mod buckets;
 #[cfg(test)]
 mod equivalence;
@@ -60,8 +64,8 @@ use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
     CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
-    UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING, UPSTREAM_RETRY_AFTER,
-    UPSTREAM_UP,
+    TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
+    UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
 };
 pub use gen_ai::MetricNames;
 use gen_ai::{GenAiBounds, GenAiKey};
@@ -175,6 +179,7 @@ pub struct Metrics {
     client_connection_limit_reached: IntCounter,
     otlp_exports: IntCounterVec,
     otlp_exports_dropped: IntCounterVec,
+    task_restarts: IntCounterVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -201,33 +206,43 @@ fn bounds(buckets: &[f64]) -> Arc<[f64]> {
     Arc::from(buckets)
 }
 
+/// A registry family built from its static definition (`families.rs`), which the tests
+/// of this module build and register, each of them.
+#[allow(
+    clippy::expect_used,
+    reason = "static definitions: a failure is a bug the tests find, not a value from outside"
+)]
+fn defined<T>(built: prometheus::Result<T>) -> T {
+    built.expect("static metric definitions are valid and their names unique")
+}
+
 fn opts(family: &RegistryFamily) -> Opts {
     Opts::new(family.name, family.help)
 }
 
 fn counter(family: &RegistryFamily) -> IntCounter {
     debug_assert!(family.kind == RegistryKind::Counter && family.labels.is_empty());
-    IntCounter::with_opts(opts(family)).expect("static counter definition is valid")
+    defined(IntCounter::with_opts(opts(family)))
 }
 
 fn counter_vec(family: &RegistryFamily) -> IntCounterVec {
     debug_assert!(family.kind == RegistryKind::Counter);
-    IntCounterVec::new(opts(family), family.labels).expect("static counter definition is valid")
+    defined(IntCounterVec::new(opts(family), family.labels))
 }
 
 fn gauge(family: &RegistryFamily) -> IntGauge {
     debug_assert!(family.kind == RegistryKind::Gauge && family.labels.is_empty());
-    IntGauge::with_opts(opts(family)).expect("static gauge definition is valid")
+    defined(IntGauge::with_opts(opts(family)))
 }
 
 fn float_gauge_vec(family: &RegistryFamily) -> GaugeVec {
     debug_assert!(family.kind == RegistryKind::Gauge);
-    GaugeVec::new(opts(family), family.labels).expect("static gauge definition is valid")
+    defined(GaugeVec::new(opts(family), family.labels))
 }
 
 fn gauge_vec(family: &RegistryFamily) -> IntGaugeVec {
     debug_assert!(family.kind == RegistryKind::Gauge);
-    IntGaugeVec::new(opts(family), family.labels).expect("static gauge definition is valid")
+    defined(IntGaugeVec::new(opts(family), family.labels))
 }
 
 /// A family gathered from the prometheus registry, as snapshot values.
@@ -354,6 +369,7 @@ impl Metrics {
             client_connection_limit_reached: counter(&CLIENT_CONNECTION_LIMIT_REACHED),
             otlp_exports: counter_vec(&OTLP_EXPORTS),
             otlp_exports_dropped: counter_vec(&OTLP_EXPORTS_DROPPED),
+            task_restarts: counter_vec(&TASK_RESTARTS),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -385,6 +401,7 @@ impl Metrics {
             Box::new(metrics.client_connection_limit_reached.clone()),
             Box::new(metrics.otlp_exports.clone()),
             Box::new(metrics.otlp_exports_dropped.clone()),
+            Box::new(metrics.task_restarts.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -392,10 +409,7 @@ impl Metrics {
             Box::new(build_info),
         ];
         for collector in collectors {
-            metrics
-                .registry
-                .register(collector)
-                .expect("metric names are unique");
+            defined(metrics.registry.register(collector));
         }
         #[cfg(target_os = "linux")]
         {
@@ -584,10 +598,11 @@ impl Metrics {
                 observe(gen_ai.ok.tpot.as_deref(), tpot);
             }
             observe(gen_ai.ok.duration.as_deref(), figures.duration);
-        } else {
+        } else if let Some(ok) = gen_ai.ok.gen_ai.clone() {
+            // (A GenAI set always has its key.)
             let key = GenAiKey {
                 error_type: Some(verdict.outcome.as_str()),
-                ..gen_ai.ok.gen_ai.clone().expect("a GenAI set has its key")
+                ..ok
             };
             let failed = self.gen_ai_set(key, series::ERROR_SLOTS);
             observe(failed.duration.as_deref(), figures.duration);
@@ -680,6 +695,11 @@ impl Metrics {
     pub fn otlp_export_dropped_counter(&self, signal: &str, reason: &str) -> IntCounter {
         self.otlp_exports_dropped
             .with_label_values(&[reason, signal])
+    }
+
+    /// Count a background task (`supervise`'s name for it) that failed and is restarted.
+    pub fn task_restart(&self, task: &str) {
+        self.task_restarts.with_label_values(&[task]).inc();
     }
 
     /// Count a request on a non-LLM route.
@@ -1274,6 +1294,7 @@ mod tests {
         metrics.upstream_retry_after(&pair, Duration::from_millis(1500));
         metrics.otlp_export("metrics", "success");
         metrics.otlp_export_dropped("metrics", "replaced");
+        metrics.task_restart("otlp_metrics");
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();
@@ -1331,7 +1352,7 @@ mod tests {
                 exemplar: Some(RequestExemplar {
                     trace: TRACE,
                     at,
-                    ttft: Some(Duration::from_secs_f64(ttft)),
+                    ttft: Duration::try_from_secs_f64(ttft).ok(),
                     slowest_itl: Some(itl),
                 }),
                 ..RequestFigures::default()

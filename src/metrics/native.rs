@@ -30,6 +30,13 @@
 //! the way Prometheus reduces one: the schema drops by one, merging each pair of adjacent
 //! buckets, until it fits (or the schema reaches -4).
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -78,7 +85,7 @@ impl NativeSettings {
             Arc::from(Vec::new())
         };
         let cells = if schema > 0 {
-            let count = 1u32 << (schema + 2);
+            let count = 1u32 << schema.saturating_add(2);
             (0..count)
                 .map(|k| {
                     let start = 1.0 + f64::from(k) / f64::from(count);
@@ -104,10 +111,23 @@ impl NativeSettings {
         }
         let (fraction, exponent) = frexp(v);
         let mantissa = 2.0 * fraction;
-        let cell = (v.to_bits() & ((1 << 52) - 1)) >> (52 - (i32::from(self.schema) + 2));
-        let candidate = usize::from(self.cells[cell as usize]);
-        let within = candidate + usize::from(self.boundaries[candidate] < mantissa);
-        (exponent - 1) * (1 << self.schema) + within as i32
+        // The schema is at most 8 and an f64's exponent within +-1074: nothing below can
+        // overflow, and the tables are made for this schema (`new`), so every lookup hits;
+        // the saturating ops and `get`s cost what the plain ones did.
+        let shift = 52i32.saturating_sub(i32::from(self.schema).saturating_add(2));
+        let cell = (v.to_bits() & ((1 << 52) - 1))
+            .checked_shr(shift.unsigned_abs())
+            .unwrap_or(0);
+        let candidate = self.cells.get(cell as usize).map_or(0, |&c| usize::from(c));
+        let above = self
+            .boundaries
+            .get(candidate)
+            .is_some_and(|&b| b < mantissa);
+        let within = candidate.saturating_add(usize::from(above));
+        exponent
+            .saturating_sub(1)
+            .saturating_mul(1 << self.schema)
+            .saturating_add(within as i32)
     }
 
     pub fn schema(&self) -> i8 {
@@ -127,7 +147,7 @@ fn frexp(v: f64) -> (f64, i32) {
     let bits = v.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;
     let fraction = f64::from_bits((bits & !(0x7ff << 52)) | (1022 << 52));
-    (fraction, biased - 1022)
+    (fraction, biased.saturating_sub(1022))
 }
 
 /// The index of the bucket that holds `v` (positive, normal, finite) at `schema`:
@@ -139,16 +159,24 @@ pub fn bucket_index(v: f64, schema: i8, boundaries: &[f64]) -> i32 {
         // `2 * fraction` is in [1, 2): the first boundary not below it is the bucket.
         let mantissa = 2.0 * fraction;
         let within = boundaries.partition_point(|b| *b < mantissa) as i32;
-        (exponent - 1) * (1 << schema) + within
+        exponent
+            .saturating_sub(1)
+            .saturating_mul(1i32.checked_shl(schema.unsigned_abs().into()).unwrap_or(1))
+            .saturating_add(within)
     } else {
         // An exact power of two is the upper bound of its bucket.
         let log2_ceil = if fraction == 0.5 {
-            exponent - 1
+            exponent.saturating_sub(1)
         } else {
             exponent
         };
-        let shift = -i32::from(schema);
-        (log2_ceil + (1 << shift) - 1) >> shift
+        let shift = u32::from(schema.unsigned_abs());
+        let width = 1i32.checked_shl(shift).unwrap_or(i32::MAX);
+        log2_ceil
+            .saturating_add(width)
+            .saturating_sub(1)
+            .checked_shr(shift)
+            .unwrap_or(0)
     }
 }
 
@@ -160,7 +188,8 @@ pub fn upper_bound(index: i32, schema: i8) -> f64 {
         let within = f64::from(index.rem_euclid(per_doubling)) / f64::from(per_doubling);
         within.exp2() * f64::from(index.div_euclid(per_doubling)).exp2()
     } else {
-        f64::from(index << -i32::from(schema)).exp2()
+        let shift = u32::from(schema.unsigned_abs());
+        f64::from(index.checked_shl(shift).unwrap_or(i32::MAX)).exp2()
     }
 }
 
@@ -184,14 +213,24 @@ impl NativeHistogram {
         };
         // Powers of two around the classic range, aligned to whole buckets of a negative
         // schema so that both ends are bucket boundaries at the stored schema.
-        let width = 1i32 << (-i32::from(settings.schema)).max(0);
-        let low = (frexp(first).1 - 2).max(-1000).div_euclid(width) * width;
+        let shift = u32::from(settings.schema.min(0).unsigned_abs());
+        let width = 1i32.checked_shl(shift).unwrap_or(1);
+        let low = frexp(first)
+            .1
+            .saturating_sub(2)
+            .max(-1000)
+            .div_euclid(width)
+            .saturating_mul(width);
         let high = {
-            let top = frexp(last).1 + 1;
-            (top + width - 1).div_euclid(width) * width
+            let top = frexp(last).1.saturating_add(1);
+            top.saturating_add(width)
+                .saturating_sub(1)
+                .div_euclid(width)
+                .saturating_mul(width)
         };
         let zero_threshold = f64::from(low).exp2();
-        let min_index = bucket_index(zero_threshold, settings.schema, &settings.boundaries) + 1;
+        let min_index =
+            bucket_index(zero_threshold, settings.schema, &settings.boundaries).saturating_add(1);
         let max_index = bucket_index(
             f64::from(high).exp2(),
             settings.schema,
@@ -217,14 +256,17 @@ impl NativeHistogram {
             self.zero.fetch_add(n, Ordering::Relaxed);
             return;
         }
-        let top = self.counts.len() - 1;
+        // `new` makes at least one bucket.
+        let top = self.counts.len().saturating_sub(1);
         let slot = if v.is_finite() {
             let index = self.settings.index(v);
-            usize::try_from(index - self.min_index).map_or(0, |slot| slot.min(top))
+            usize::try_from(index.saturating_sub(self.min_index)).map_or(0, |slot| slot.min(top))
         } else {
             top
         };
-        self.counts[slot].fetch_add(n, Ordering::Relaxed);
+        if let Some(count) = self.counts.get(slot) {
+            count.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The populated buckets as they are now, reduced to `max_buckets`.
@@ -239,7 +281,7 @@ impl NativeHistogram {
         let mut schema = self.settings.schema;
         while buckets.len() > self.settings.max_buckets && schema > MIN_SCHEMA {
             reduce(&mut buckets);
-            schema -= 1;
+            schema = schema.saturating_sub(1);
         }
         NativeHistogramSnapshot {
             schema: i32::from(schema),
@@ -253,11 +295,11 @@ impl NativeHistogram {
 /// Halve the resolution of `(index, count)` buckets (increasing index): schema `s` to
 /// `s - 1`, where bucket `i` becomes `ceil(i / 2)`, so buckets `2k - 1` and `2k` merge.
 pub fn reduce(buckets: &mut Vec<(i32, u64)>) {
-    let mut merged: Vec<(i32, u64)> = Vec::with_capacity(buckets.len() / 2 + 1);
+    let mut merged: Vec<(i32, u64)> = Vec::with_capacity((buckets.len() / 2).saturating_add(1));
     for &(index, count) in buckets.iter() {
-        let coarser = (index + 1) >> 1;
+        let coarser = index.saturating_add(1) >> 1;
         match merged.last_mut() {
-            Some((last, n)) if *last == coarser => *n += count,
+            Some((last, n)) if *last == coarser => *n = n.saturating_add(count),
             _ => merged.push((coarser, count)),
         }
     }

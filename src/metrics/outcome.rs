@@ -6,6 +6,13 @@
 //! value sets are fixed, and only the pairs in [`Verdict::ALL`] exist, so the family's
 //! cardinality per (model, tenant) is bounded whatever the traffic.
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use http::StatusCode;
 
 /// How a request ended. Recorded exactly once per request.
@@ -245,6 +252,11 @@ const fn statuses(outcome: Outcome) -> &'static [StatusClass] {
     }
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    reason = "evaluated at compile time (Verdict::COUNT): a bad index is a build error"
+)]
 const fn count_all() -> usize {
     let mut n = 0;
     let mut i = 0;
@@ -266,6 +278,11 @@ impl Verdict {
     };
 
     /// Every verdict, each outcome's in the order [`statuses`] lists them.
+    #[allow(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        reason = "evaluated at compile time: a bad index is a build error"
+    )]
     pub const ALL: [Verdict; Verdict::COUNT] = {
         let mut all = [Verdict {
             outcome: Outcome::Completed,
@@ -302,12 +319,17 @@ impl Verdict {
             *allowed
                 .iter()
                 .find(|s| s.is_upstream() == status.is_upstream())
-                .unwrap_or(&allowed[0])
+                .or(allowed.first())
+                .unwrap_or(&status)
         };
         Verdict { outcome, status }
     }
 
     /// This verdict's counter among a pair's [`Verdict::COUNT`].
+    #[allow(
+        clippy::expect_used,
+        reason = "a typed invariant: Verdict::new makes only verdicts of Verdict::ALL"
+    )]
     pub fn index(self) -> usize {
         Verdict::ALL
             .iter()

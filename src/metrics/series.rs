@@ -10,6 +10,13 @@
 //! native histogram is about 1 KiB), so 10,000 pairs cost only what the families that
 //! carry `tenant` need.
 
+// The recording path: nothing here may panic on what a request brought (clippy.toml).
+#![warn(clippy::indexing_slicing)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +57,10 @@ impl Histogram {
 
     /// Count `v` in the first bucket whose bound is `>= v`, as the prometheus crate does.
     pub fn observe(&self, v: f64) {
-        self.counts[self.slot(v)].fetch_add(1, Ordering::Relaxed);
+        // `slot` is at most `bounds.len()`, and there is a count more than bounds.
+        if let Some(count) = self.counts.get(self.slot(v)) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(native) = &self.native {
             native.observe(v);
         }
@@ -68,7 +78,9 @@ impl Histogram {
             }
             return;
         }
-        self.counts[self.slot(v)].fetch_add(n, Ordering::Relaxed);
+        if let Some(count) = self.counts.get(self.slot(v)) {
+            count.fetch_add(n, Ordering::Relaxed);
+        }
         if let Some(native) = &self.native {
             native.observe_n(v, n);
         }
@@ -274,7 +286,7 @@ impl SeriesSet {
         bounds: &Bounds,
         tenant_slots: TenantSlots,
     ) -> SeriesSet {
-        let mut labels = String::with_capacity(model.len() + 20);
+        let mut labels = String::with_capacity(model.len().saturating_add(20));
         labels.push_str("model=\"");
         escape_label_value(&model, &mut labels);
         labels.push('"');
@@ -285,7 +297,7 @@ impl SeriesSet {
             labels.push('"');
         }
         let per_pair = tenant.is_some();
-        let kept = |slot: Slot| tenant_slots.0[slot as usize] == per_pair;
+        let kept = |slot: Slot| tenant_slots.0.get(slot as usize) == Some(&per_pair);
         let native = bounds.native.as_ref();
         let histogram = |slot: Slot, bounds: &Arc<[f64]>| {
             kept(slot).then(|| Box::new(Histogram::new(bounds, native)))
@@ -407,6 +419,10 @@ pub struct StreamSeries {
 
 /// The one of `pair` and `model` that is kept: exactly one is, as `SeriesSet::new` gives
 /// a pair's set and a model's set complementary slots from the same [`TenantSlots`].
+#[allow(
+    clippy::expect_used,
+    reason = "a typed invariant of SeriesSet::new: the two sets' slots are complementary"
+)]
 fn kept<'s, T>(pair: &'s Kept<T>, model: &'s Kept<T>) -> &'s T {
     pair.as_deref()
         .or(model.as_deref())
@@ -420,6 +436,10 @@ impl StreamSeries {
     }
 
     /// The `tenant` label of the request's pair.
+    #[allow(
+        clippy::expect_used,
+        reason = "a typed invariant: SeriesSet::new gives a pair's set its tenant"
+    )]
     pub fn tenant(&self) -> &Arc<str> {
         self.pair
             .tenant
@@ -498,6 +518,10 @@ impl StreamSeries {
         kept(&self.pair.duration, &self.model.duration)
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a typed invariant: Verdict::index() < Verdict::COUNT, the array's length"
+    )]
     pub(super) fn requests(&self, verdict: Verdict) -> &Counter {
         &kept(&self.pair.requests, &self.model.requests)[verdict.index()]
     }

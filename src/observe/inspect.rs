@@ -124,22 +124,21 @@ pub fn parse_traceparent(value: &[u8]) -> Option<TraceContext> {
 
 /// [`parse_traceparent`], with the flags byte.
 pub fn parse_traceparent_flags(value: &[u8]) -> Option<(TraceContext, u8)> {
-    if value.len() < TRACEPARENT_LEN {
-        return None;
-    }
-    let [version] = lower_hex::<1>(&value[0..2])?;
+    // The fixed part as an array: every index below is checked by the compiler.
+    let (fixed, more) = value.split_first_chunk::<TRACEPARENT_LEN>()?;
+    let [version] = lower_hex::<1>(&fixed[0..2])?;
     match version {
         0xff => return None,
-        0 if value.len() != TRACEPARENT_LEN => return None,
-        _ if value.len() > TRACEPARENT_LEN && value[TRACEPARENT_LEN] != b'-' => return None,
+        0 if !more.is_empty() => return None,
+        _ if more.first().is_some_and(|&b| b != b'-') => return None,
         _ => {}
     }
-    if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+    if fixed[2] != b'-' || fixed[35] != b'-' || fixed[52] != b'-' {
         return None;
     }
-    let trace_id = lower_hex::<16>(&value[3..35])?;
-    let span_id = lower_hex::<8>(&value[36..52])?;
-    let [flags] = lower_hex::<1>(&value[53..55])?;
+    let trace_id = lower_hex::<16>(&fixed[3..35])?;
+    let span_id = lower_hex::<8>(&fixed[36..52])?;
+    let [flags] = lower_hex::<1>(&fixed[53..55])?;
     if trace_id == [0; 16] || span_id == [0; 8] {
         return None;
     }
@@ -192,10 +191,10 @@ fn tracestate_key(member: &[u8]) -> &[u8] {
 /// - value: 1 to 256 printable ASCII characters but `,` and `=`, spaces allowed except at
 ///   the end.
 fn valid_tracestate_member(member: &[u8]) -> bool {
-    let Some(at) = member.iter().position(|&b| b == b'=') else {
+    let mut halves = member.splitn(2, |&b| b == b'=');
+    let (Some(key), Some(value)) = (halves.next(), halves.next()) else {
         return false;
     };
-    let (key, value) = (&member[..at], &member[at + 1..]);
     let rest = |part: &[u8], most: usize| {
         part.len() <= most
             && part.iter().all(|&b| {
@@ -204,15 +203,16 @@ fn valid_tracestate_member(member: &[u8]) -> bool {
                     || matches!(b, b'_' | b'-' | b'*' | b'/')
             })
     };
-    let key_ok = match key.iter().position(|&b| b == b'@') {
-        None => matches!(key.first(), Some(b) if b.is_ascii_lowercase()) && rest(&key[1..], 255),
-        Some(at) => {
-            let (tenant, system) = (&key[..at], &key[at + 1..]);
-            matches!(tenant.first(), Some(b) if b.is_ascii_lowercase() || b.is_ascii_digit())
-                && rest(&tenant[1..], 240)
-                && matches!(system.first(), Some(b) if b.is_ascii_lowercase())
-                && rest(&system[1..], 13)
+    let mut parts = key.splitn(2, |&b| b == b'@');
+    let key_ok = match (parts.next().and_then(<[u8]>::split_first), parts.next()) {
+        (Some((b, key)), None) => b.is_ascii_lowercase() && rest(key, 255),
+        (Some((t, tenant)), Some(system)) => {
+            (t.is_ascii_lowercase() || t.is_ascii_digit())
+                && rest(tenant, 240)
+                && matches!(system.split_first(), Some((s, system))
+                    if s.is_ascii_lowercase() && rest(system, 13))
         }
+        (None, _) => false,
     };
     let value_ok = (1..=256).contains(&value.len())
         && value
@@ -225,16 +225,18 @@ fn valid_tracestate_member(member: &[u8]) -> bool {
 /// `2 * N` lower-case hex digits as `N` bytes.
 fn lower_hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
     let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'0'..=b'9' | b'a'..=b'f' => char::from(c).to_digit(16).map(|d| d as u8),
         _ => None,
     };
-    if digits.len() != 2 * N {
+    if digits.len() != N.saturating_mul(2) {
         return None;
     }
     let mut out = [0u8; N];
     for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
-        *byte = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+        let &[high, low] = pair else {
+            return None;
+        };
+        *byte = (nibble(high)? << 4) | nibble(low)?;
     }
     Some(out)
 }

@@ -32,9 +32,12 @@ fn index(nanos: u64) -> usize {
     if nanos < SUB {
         return nanos as usize;
     }
-    let octave = 63 - nanos.leading_zeros(); // >= SUB_BITS
-    let sub = (nanos >> (octave - SUB_BITS)) & (SUB - 1);
-    ((octave - SUB_BITS + 1) as usize) * SUB as usize + sub as usize
+    let octave = 63u32.saturating_sub(nanos.leading_zeros()); // >= SUB_BITS
+    let above = octave.saturating_sub(SUB_BITS);
+    let sub = (nanos >> above) & (SUB - 1);
+    (above.saturating_add(1) as usize)
+        .saturating_mul(SUB as usize)
+        .saturating_add(sub as usize)
 }
 
 /// The midpoint of bucket `i`, in nanoseconds.
@@ -43,9 +46,12 @@ fn midpoint(i: usize) -> u64 {
     if i < SUB {
         return i;
     }
-    let shift = (i / SUB - 1) as u32;
-    let lower = (SUB + i % SUB) << shift;
-    lower + ((1u64 << shift) >> 1)
+    let shift = u32::try_from((i / SUB).saturating_sub(1)).unwrap_or(u32::MAX);
+    let lower = SUB
+        .saturating_add(i % SUB)
+        .checked_shl(shift)
+        .unwrap_or(u64::MAX);
+    lower.saturating_add(1u64.checked_shl(shift).unwrap_or(0) >> 1)
 }
 
 impl ItlSketch {
@@ -59,17 +65,19 @@ impl ItlSketch {
         if self.counts.is_empty() {
             self.first = i;
         } else if i < self.first {
-            let grow = self.first - i;
+            let grow = self.first.saturating_sub(i);
             self.counts.splice(0..0, std::iter::repeat_n(0, grow));
             self.first = i;
         }
-        let at = i - self.first;
+        let at = i.saturating_sub(self.first);
         if at >= self.counts.len() {
-            self.counts.resize(at + 1, 0);
+            self.counts.resize(at.saturating_add(1), 0);
         }
         let n = u32::try_from(count).unwrap_or(u32::MAX);
-        self.counts[at] = self.counts[at].saturating_add(n);
-        self.total += u64::from(n);
+        if let Some(counted) = self.counts.get_mut(at) {
+            *counted = counted.saturating_add(n);
+        }
+        self.total = self.total.saturating_add(u64::from(n));
     }
 
     /// The `q` quantile (0 to 1) of the values added, by the lower rank rule (the
@@ -81,9 +89,11 @@ impl ItlSketch {
         let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
         let mut seen = 0u64;
         for (at, &n) in self.counts.iter().enumerate() {
-            seen += u64::from(n);
+            seen = seen.saturating_add(u64::from(n));
             if seen >= rank {
-                return Some(Duration::from_nanos(midpoint(self.first + at)));
+                return Some(Duration::from_nanos(midpoint(
+                    self.first.saturating_add(at),
+                )));
             }
         }
         None
@@ -113,7 +123,7 @@ mod tests {
 
     #[test]
     fn the_median_is_within_the_bound_of_the_exact_one() {
-        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        let ms = |v: f64| Duration::try_from_secs_f64(v / 1e3).unwrap();
         let mut sketch = ItlSketch::default();
         assert_eq!(sketch.quantile(0.5), None);
         let mut exact = Vec::new();

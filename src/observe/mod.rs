@@ -15,9 +15,24 @@
 //!   [`fail`](ResponseObserver::fail), or when dropped before either (the client went
 //!   away).
 //!
-//! A panic inside an observer is caught: observation of that stream stops, the stream
-//! itself goes on.
+//! A panic inside an observer (reading the response head included) is caught: observation
+//! of that stream stops, the stream itself goes on. A request dropped while a panic
+//! unwinds the exchange is recorded as failed, not cancelled ([`crate::exchange::boundary`]).
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
+#[cfg(test)]
+pub(crate) mod inject;
 pub mod inspect;
 pub mod itl_sketch;
 pub mod rate_limits;
@@ -416,33 +431,40 @@ impl Pending {
                 tokenizer,
             } => {
                 recorder.response_head(at, status);
-                if recorder.dialect().is_grpc() {
-                    // A trailers-only response (a call that failed at once) carries its
-                    // status in the head.
-                    if let Some(value) = headers.get(GRPC_STATUS) {
-                        recorder.grpc_status(value.as_bytes());
-                    }
-                }
-                if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
-                    recorder.rate_limits(limits);
-                }
-                if let Some(queue) = head_queue_time(recorder.dialect(), headers) {
-                    let timings = EngineTimings {
-                        queue: Some(queue),
-                        ..EngineTimings::default()
-                    };
-                    recorder.apply(at, &[Signal::EngineTimings(timings)]);
-                }
                 let metrics = recorder.metrics().clone();
-                let dialect = recorder.dialect();
-                let decoder = decoder_for(
-                    &config,
-                    tokenizer.as_ref(),
-                    &metrics,
-                    dialect,
-                    status,
-                    headers,
-                );
+                // The head is the upstream's: a panic while reading it (a bug, a value no
+                // conversion expected) stops observing this response, which still goes to
+                // the client and is recorded once with its status.
+                let mut decoder = None;
+                guarded(&metrics, || {
+                    #[cfg(test)]
+                    inject::injected_panic(headers, inject::Stage::Head);
+                    if recorder.dialect().is_grpc() {
+                        // A trailers-only response (a call that failed at once) carries its
+                        // status in the head.
+                        if let Some(value) = headers.get(GRPC_STATUS) {
+                            recorder.grpc_status(value.as_bytes());
+                        }
+                    }
+                    if let Some(limits) = RateLimits::read(status, headers, SystemTime::now) {
+                        recorder.rate_limits(limits);
+                    }
+                    if let Some(queue) = head_queue_time(recorder.dialect(), headers) {
+                        let timings = EngineTimings {
+                            queue: Some(queue),
+                            ..EngineTimings::default()
+                        };
+                        recorder.apply(at, &[Signal::EngineTimings(timings)]);
+                    }
+                    decoder = decoder_for(
+                        &config,
+                        tokenizer.as_ref(),
+                        &metrics,
+                        recorder.dialect(),
+                        status,
+                        headers,
+                    );
+                });
                 Some(ResponseObserver::new(*recorder, decoder, metrics))
             }
             Waiting::Passthrough {
@@ -481,10 +503,18 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(Waiting::Measured { recorder, .. }) = self.0.take() {
+        if let Some(Waiting::Measured { mut recorder, .. }) = self.0.take() {
             let metrics = recorder.metrics().clone();
             guarded(&metrics, || {
-                recorder.record(Instant::now(), Outcome::Cancelled)
+                if std::thread::panicking() {
+                    // Unwinding from a panic in the exchange, before any head: its
+                    // boundary answers `502` (exchange::boundary).
+                    tracing::error!("request failed inside tokentap before its response head");
+                    recorder.answered_by_tokentap(StatusCode::BAD_GATEWAY);
+                    recorder.record(Instant::now(), Outcome::UpstreamError);
+                } else {
+                    recorder.record(Instant::now(), Outcome::Cancelled);
+                }
             });
         }
     }
@@ -599,7 +629,7 @@ struct ModelInfoReader {
 
 impl ModelInfoReader {
     fn data(&mut self, bytes: &[u8]) {
-        if self.body.len() + bytes.len() <= MODEL_INFO_MAX_BYTES {
+        if self.body.len().saturating_add(bytes.len()) <= MODEL_INFO_MAX_BYTES {
             self.body.extend_from_slice(bytes);
         } else {
             self.body = vec![0xff];
@@ -608,9 +638,9 @@ impl ModelInfoReader {
 
     fn end(self) {
         let message = match self.body.as_slice() {
-            [0, len @ ..] if len.len() >= 4 => {
-                let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                len[4..].get(..n)
+            [0, a, b, c, d, message @ ..] => {
+                let n = usize::try_from(u32::from_be_bytes([*a, *b, *c, *d])).unwrap_or(usize::MAX);
+                message.get(..n)
             }
             _ => None,
         };
@@ -735,7 +765,11 @@ impl Drop for ResponseObserver {
             let at = Instant::now();
             let metrics = &self.metrics;
             guarded(metrics, || {
-                if observing.recorder.saw_end_marker() {
+                if std::thread::panicking() {
+                    // Unwinding from a panic in the exchange: the response breaks off.
+                    tracing::error!("response failed inside tokentap; breaking it off");
+                    observing.recorder.record(at, Outcome::UpstreamError);
+                } else if observing.recorder.saw_end_marker() {
                     observing.end(at, metrics);
                 } else {
                     observing.recorder.record(at, Outcome::Cancelled);

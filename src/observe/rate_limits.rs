@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap, StatusCode};
 
+use crate::metrics::{Metrics, StreamSeries};
+
 /// What a rate limit counts, as the `resource` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resource {
@@ -103,7 +105,9 @@ impl RateLimits {
             else {
                 continue;
             };
-            let quota = &mut limits.quotas[resource as usize];
+            let Some(quota) = limits.quotas.get_mut(resource as usize) else {
+                continue;
+            };
             match field {
                 "limit" => quota.limit = Some(n),
                 "remaining" => quota.remaining = Some(n),
@@ -120,9 +124,34 @@ impl RateLimits {
         }
         found.then_some(limits)
     }
+
+    /// Set the gauges of `stream`'s model to what these limits say (each value only where
+    /// reported).
+    pub fn record(&self, metrics: &Metrics, stream: &StreamSeries) {
+        for (resource, quota) in Resource::ALL.iter().zip(self.quotas) {
+            metrics.upstream_quota(stream, resource.as_str(), quota.limit, quota.remaining);
+        }
+        if let Some(wait) = self.retry_after {
+            metrics.upstream_retry_after(stream, wait);
+        }
+    }
 }
 
-/// `retry-after-ms` (OpenAI's, finer) or else `Retry-After`: delay-seconds or an HTTP date.
+/// The longest wait a `Retry-After` (or `retry-after-ms`) is read as. A longer one says
+/// "not soon" as well as this does, and past it a hostile value (`1e308` ms, `u64::MAX`
+/// seconds) would overflow what it is converted to: a `Duration`, an `Instant` after it,
+/// the `tokentap_upstream_retry_after_seconds` gauge.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// `Retry-After` in its delay-seconds form, at most [`MAX_RETRY_AFTER`] (the OTLP
+/// exporters read a collector's with this too).
+pub fn delay_seconds(value: &str) -> Option<Duration> {
+    let seconds = value.trim().parse::<u64>().ok()?;
+    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
+}
+
+/// `retry-after-ms` (OpenAI's, finer) or else `Retry-After`: delay-seconds or an HTTP date;
+/// at most [`MAX_RETRY_AFTER`].
 fn retry_after(headers: &HeaderMap, now: impl FnOnce() -> SystemTime) -> Option<Duration> {
     let text = |name: &str| {
         headers
@@ -132,15 +161,18 @@ fn retry_after(headers: &HeaderMap, now: impl FnOnce() -> SystemTime) -> Option<
     };
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1e3));
+            // Only a wait past `Duration::MAX` fails to convert, and that is past the cap.
+            let wait = Duration::try_from_secs_f64(ms / 1e3).unwrap_or(MAX_RETRY_AFTER);
+            return Some(wait.min(MAX_RETRY_AFTER));
         }
     }
     let value = text(header::RETRY_AFTER.as_str())?;
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if let Some(wait) = delay_seconds(value) {
+        return Some(wait);
     }
     let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now()).unwrap_or(Duration::ZERO))
+    let wait = date.duration_since(now()).unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -243,6 +275,45 @@ mod tests {
                 RateLimits::read(status, &headers(&lines), || now).and_then(|l| l.retry_after);
             assert_eq!(got, expected, "{status} {lines:?}");
         }
+    }
+
+    /// A hostile wait (past what a `Duration` holds, or just absurd) is read as the cap,
+    /// never a panic: `1e308` ms once panicked the connection task.
+    #[test]
+    fn hostile_waits_are_read_as_the_cap() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let far = httpdate::fmt_http_date(now + Duration::from_secs(400 * 24 * 3600));
+        let cases: [(StatusCode, &str, &str); 7] = [
+            (StatusCode::TOO_MANY_REQUESTS, "retry-after-ms", "1e308"),
+            (StatusCode::SERVICE_UNAVAILABLE, "retry-after-ms", "1e308"),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "retry-after-ms",
+                "18446744073709551615000",
+            ),
+            (StatusCode::TOO_MANY_REQUESTS, "retry-after-ms", "86400001"),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "retry-after",
+                "18446744073709551615",
+            ),
+            (StatusCode::SERVICE_UNAVAILABLE, "retry-after", "86401"),
+            (StatusCode::TOO_MANY_REQUESTS, "retry-after", &far),
+        ];
+        for (status, name, value) in cases {
+            let got = RateLimits::read(status, &headers(&[(name, value)]), || now)
+                .and_then(|l| l.retry_after);
+            assert_eq!(got, Some(MAX_RETRY_AFTER), "{status} {name}: {value}");
+        }
+        for value in ["inf", "NaN", "-1", "-0.5"] {
+            let lines = [("retry-after-ms", value), ("retry-after", "3")];
+            let got = RateLimits::read(StatusCode::TOO_MANY_REQUESTS, &headers(&lines), || now)
+                .and_then(|l| l.retry_after);
+            assert_eq!(got, Some(Duration::from_secs(3)), "retry-after-ms: {value}");
+        }
+        assert_eq!(delay_seconds(" 86400 "), Some(MAX_RETRY_AFTER));
+        assert_eq!(delay_seconds("12"), Some(Duration::from_secs(12)));
+        assert_eq!(delay_seconds("1.5"), None);
     }
 
     #[test]

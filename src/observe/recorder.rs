@@ -13,7 +13,7 @@ use http::StatusCode;
 use prometheus::IntGauge;
 
 use super::itl_sketch::ItlSketch;
-use super::rate_limits::{RateLimits, Resource};
+use super::rate_limits::RateLimits;
 use crate::clock::{Stamp, Timings, TokenClock};
 use crate::metrics::exemplar::TraceContext;
 use crate::metrics::live::{LiveEntry, LiveStream};
@@ -304,7 +304,7 @@ impl Recorder {
                 Signal::Error(class) => {
                     self.stream_error.get_or_insert(*class);
                 }
-                Signal::Malformed => self.malformed += 1,
+                Signal::Malformed => self.malformed = self.malformed.saturating_add(1),
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
                 Signal::EngineTimings(timings) => self.engine.merge(*timings),
@@ -327,33 +327,41 @@ impl Recorder {
 
     /// The request's metric handles, resolved on first use.
     fn handles(&mut self) -> &StreamSeries {
-        if self.handles.is_none() {
-            // Each label is resolved once: the live entry's, where there is one, were
-            // resolved at registration and (the model) by the request scan.
-            let (model, tenant) = match &self.live {
-                Some(entry) => (
-                    entry.stream().model_or_init(|| self.model_label()).clone(),
-                    entry.stream().tenant.clone(),
-                ),
-                None => (
-                    self.model_label(),
-                    self.metrics.tenant_label(self.facts.tenant.as_deref()),
-                ),
-            };
-            let mut handles = self.metrics.stream_of(model, tenant);
-            let dialect = self.facts.dialect;
-            self.metrics.attach_gen_ai(
-                &mut handles,
-                gen_ai::operation_name(dialect, &self.facts.path),
-                gen_ai::provider_name(dialect),
-                self.facts.stream.get() != Some(&false),
-            );
-            if let Some(ttfb) = self.clock.ttfb() {
-                handles.ttfb().observe(ttfb.as_secs_f64());
+        match self.handles {
+            Some(ref handles) => handles,
+            None => {
+                let handles = self.resolve_handles();
+                self.handles.insert(handles)
             }
-            self.handles = Some(handles);
         }
-        self.handles.as_ref().expect("resolved just above")
+    }
+
+    /// Resolve the request's metric handles (its labels, once).
+    fn resolve_handles(&mut self) -> StreamSeries {
+        // Each label is resolved once: the live entry's, where there is one, were
+        // resolved at registration and (the model) by the request scan.
+        let (model, tenant) = match &self.live {
+            Some(entry) => (
+                entry.stream().model_or_init(|| self.model_label()).clone(),
+                entry.stream().tenant.clone(),
+            ),
+            None => (
+                self.model_label(),
+                self.metrics.tenant_label(self.facts.tenant.as_deref()),
+            ),
+        };
+        let mut handles = self.metrics.stream_of(model, tenant);
+        let dialect = self.facts.dialect;
+        self.metrics.attach_gen_ai(
+            &mut handles,
+            gen_ai::operation_name(dialect, &self.facts.path),
+            gen_ai::provider_name(dialect),
+            self.facts.stream.get() != Some(&false),
+        );
+        if let Some(ttfb) = self.clock.ttfb() {
+            handles.ttfb().observe(ttfb.as_secs_f64());
+        }
+        handles
     }
 
     /// The `model` label: the request's model, even one too long to read, wins over the
@@ -387,8 +395,11 @@ impl Recorder {
         let grpc_code = grpc_code(self.facts.dialect, self.whole_body, self.grpc_status);
         let verdict = verdict(end, status, self.stream_error, grpc_code);
         let timings = self.clock.timings(at);
-        self.handles();
-        let handles = self.handles.as_ref().expect("resolved just above");
+        let handles = match self.handles.take() {
+            Some(handles) => handles,
+            None => self.resolve_handles(),
+        };
+        let handles = &handles;
         for share in &timings.deferred_itl {
             handles.observe_itl(share.per_token, share.count);
             if share.count > 0 {
@@ -417,17 +428,7 @@ impl Recorder {
             self.metrics.record_engine_timings(handles, figures);
         }
         if let Some(limits) = self.rate_limits.take() {
-            for (resource, quota) in Resource::ALL.iter().zip(limits.quotas) {
-                self.metrics.upstream_quota(
-                    handles,
-                    resource.as_str(),
-                    quota.limit,
-                    quota.remaining,
-                );
-            }
-            if let Some(wait) = limits.retry_after {
-                self.metrics.upstream_retry_after(handles, wait);
-            }
+            limits.record(&self.metrics, handles);
         }
         self.metrics
             .decode_errors(self.facts.dialect.as_str(), self.malformed);

@@ -16,12 +16,15 @@
 //! At shutdown whatever waits or is in flight is given up (`reason="shutdown"`), and one
 //! last snapshot, taken after the drain so every request is in it, is sent once within
 //! `timeout`.
+//!
+//! The loop runs [supervised](crate::supervise) as `otlp_metrics`: if it fails, it starts
+//! again with the next interval (the export it held is lost; the next carries its counts).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use prost::Message;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -30,41 +33,52 @@ use super::mapping::{export_request, Origin};
 use super::transport::Transport;
 use crate::config::Otlp;
 use crate::metrics::Metrics;
+use crate::supervise::Supervisor;
 
 /// The `signal` label of this exporter's counters.
 pub const SIGNAL: &str = "metrics";
 
 /// The running exporter; [`Exporter::finish`] makes the last export and stops it.
 pub struct Exporter {
-    stop: oneshot::Sender<()>,
+    stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl Exporter {
     /// Start exporting `metrics` as `settings` say through `transport` (built from them
     /// with [`Transport::new`] at start), counting from `start` (the start time of every
-    /// cumulative point).
+    /// cumulative point), under `supervisor`.
     pub fn spawn(
         settings: Otlp,
         transport: Transport,
         metrics: Arc<Metrics>,
         start: SystemTime,
+        supervisor: &Supervisor,
     ) -> Exporter {
-        let (stop, stopped) = oneshot::channel();
+        let (stop, stopped) = watch::channel(false);
         tracing::info!(
             url = %settings.url,
             protocol = ?settings.link.protocol,
             interval = ?settings.interval,
             "OTLP metrics push on"
         );
-        let task = tokio::spawn(run(settings, transport, metrics, start, stopped));
+        let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
+        let task = supervisor.spawn("otlp_metrics", move || {
+            run(
+                settings.clone(),
+                delivery.clone(),
+                metrics.clone(),
+                start,
+                stopped.clone(),
+            )
+        });
         Exporter { stop, task }
     }
 
     /// Give up what is pending, send one last snapshot (within the export timeout) and
     /// stop.
     pub async fn finish(self) {
-        let _ = self.stop.send(());
+        let _ = self.stop.send(true);
         let _ = self.task.await;
     }
 }
@@ -76,12 +90,11 @@ struct Export {
 
 async fn run(
     settings: Otlp,
-    transport: Transport,
+    delivery: Arc<Delivery>,
     metrics: Arc<Metrics>,
     start: SystemTime,
-    mut stopped: oneshot::Receiver<()>,
+    mut stopped: watch::Receiver<bool>,
 ) {
-    let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
     let origin = Arc::new(Origin {
         resource: settings.resource.clone(),
         start,
@@ -111,7 +124,8 @@ async fn run(
         }
         tokio::select! {
             biased;
-            _ = &mut stopped => break,
+            // Told to stop, or the exporter is gone.
+            _ = async { drop(stopped.wait_for(|stop| *stop).await) } => break,
             delivered = async { in_flight.as_mut().expect("polled only when some").await },
                 if in_flight.is_some() =>
             {

@@ -14,6 +14,10 @@
 //! At shutdown (after the drain, so every request has ended) what is queued is sent in
 //! batches within the export timeout of one request (`timeout`); what cannot be is
 //! counted as `reason="shutdown"`.
+//!
+//! The task runs [supervised](crate::supervise) as `otlp_spans`: the queue outlives a
+//! failure, so a restarted task goes on with the spans queued meanwhile (the batch it
+//! held is lost).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +25,7 @@ use std::sync::Arc;
 
 use prometheus::IntCounter;
 use prost::Message;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -31,6 +35,7 @@ use super::transport::{SendError, Transport};
 use crate::config::OtlpTraces;
 use crate::metrics::requests::{FinishedRequest, RequestTap};
 use crate::metrics::Metrics;
+use crate::supervise::Supervisor;
 
 /// The `signal` label of the span export's counters.
 pub const SIGNAL: &str = "traces";
@@ -54,7 +59,7 @@ impl RequestTap for SpanTap {
 
 /// The running span export; [`SpanExporter::finish`] flushes it and stops it.
 pub struct SpanExporter {
-    stop: oneshot::Sender<()>,
+    stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     metrics: Arc<Metrics>,
 }
@@ -62,13 +67,14 @@ pub struct SpanExporter {
 impl SpanExporter {
     /// Start giving sampled requests spans and exporting them as `settings` say through
     /// `transport` (built from them with [`Transport::new`] at start), from
-    /// `resource`, naming `server` (the upstream) in each.
+    /// `resource`, naming `server` (the upstream) in each, under `supervisor`.
     pub fn spawn(
         settings: OtlpTraces,
         transport: Transport,
         resource: Vec<(String, String)>,
         server: Option<Server>,
         metrics: Arc<Metrics>,
+        supervisor: &Supervisor,
     ) -> SpanExporter {
         let (queue, spans) = mpsc::channel(settings.max_queue_size);
         let tap = Arc::new(SpanTap {
@@ -83,16 +89,25 @@ impl SpanExporter {
             "OTLP spans on"
         );
         metrics.spans.start(settings.sampler, tap);
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(run(
-            settings,
-            transport,
+        let (stop, stopped) = watch::channel(false);
+        let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
+        let spans = Arc::new(Mutex::new(spans));
+        let batcher = Batcher {
             resource,
             server,
-            metrics.clone(),
-            spans,
-            stopped,
-        ));
+            batch: Vec::with_capacity(settings.max_export_batch_size),
+        };
+        let running = metrics.clone();
+        let task = supervisor.spawn("otlp_spans", move || {
+            run(
+                settings.clone(),
+                delivery.clone(),
+                batcher.emptied(),
+                running.clone(),
+                spans.clone(),
+                stopped.clone(),
+            )
+        });
         SpanExporter {
             stop,
             task,
@@ -104,7 +119,7 @@ impl SpanExporter {
     /// request) and stop.
     pub async fn finish(self) {
         self.metrics.spans.stop();
-        let _ = self.stop.send(());
+        let _ = self.stop.send(true);
         let _ = self.task.await;
     }
 }
@@ -118,6 +133,15 @@ struct Batcher {
 }
 
 impl Batcher {
+    /// A batcher for the same resource and server with an empty batch.
+    fn emptied(&self) -> Batcher {
+        Batcher {
+            resource: self.resource.clone(),
+            server: self.server.clone(),
+            batch: Vec::with_capacity(self.batch.capacity()),
+        }
+    }
+
     /// The batch as one encoded export request, emptying it.
     fn encode(&mut self) -> Vec<u8> {
         let spans = self
@@ -131,20 +155,15 @@ impl Batcher {
 
 async fn run(
     settings: OtlpTraces,
-    transport: Transport,
-    resource: Vec<(String, String)>,
-    server: Option<Server>,
+    delivery: Arc<Delivery>,
+    mut batcher: Batcher,
     metrics: Arc<Metrics>,
-    mut spans: mpsc::Receiver<Box<FinishedRequest>>,
-    mut stopped: oneshot::Receiver<()>,
+    queue: Arc<Mutex<mpsc::Receiver<Box<FinishedRequest>>>>,
+    mut stopped: watch::Receiver<bool>,
 ) {
-    let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
+    // Held for the run: a run that failed let go of it as it unwound.
+    let mut spans = queue.lock().await;
     let max_batch = settings.max_export_batch_size;
-    let mut batcher = Batcher {
-        resource,
-        server,
-        batch: Vec::with_capacity(max_batch),
-    };
     let mut in_flight: Option<InFlight> = None;
     // When the batch's first span has waited long enough.
     let mut due = Instant::now() + settings.schedule_delay;
@@ -156,7 +175,8 @@ async fn run(
         }
         tokio::select! {
             biased;
-            _ = &mut stopped => break,
+            // Told to stop, or the exporter is gone.
+            _ = async { drop(stopped.wait_for(|stop| *stop).await) } => break,
             delivered = async { in_flight.as_mut().expect("polled only when some").await },
                 if in_flight.is_some() =>
             {

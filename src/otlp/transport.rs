@@ -10,11 +10,24 @@
 //! message to its URL, so a span exporter can reuse it with its own URL.
 //!
 //! Retryable, per the OTLP specification: connection failures and timeouts, HTTP 429,
-//! 502, 503 and 504 (with `Retry-After` in seconds when given), gRPC `CANCELLED`,
+//! 502, 503 and 504 (with `Retry-After` in seconds when given, read as at most a day,
+//! [`MAX_RETRY_AFTER`](rate_limits::MAX_RETRY_AFTER)), gRPC `CANCELLED`,
 //! `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`,
 //! `DATA_LOSS`. Anything else is permanent (a resend would be refused the same way).
 //! gRPC's `RetryInfo` is not read: it sits in an encoded `google.rpc.Status`, and the
 //! exporter's own backoff serves.
+
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
 
 use std::io::Write;
 use std::time::Duration;
@@ -29,6 +42,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{OtlpCompression, OtlpLink, OtlpProtocol, OtlpTls, TlsFile};
+use crate::observe::rate_limits;
 use crate::trust::{self, ClientIdentity, TrustError};
 use crate::wire::grpc::framing;
 
@@ -135,7 +149,9 @@ impl Transport {
                 if gzip {
                     request = request.header("grpc-encoding", "gzip");
                 }
-                framing::frame_with(gzip, &payload)
+                framing::try_frame_with(gzip, &payload).ok_or_else(|| {
+                    SendError::Permanent("the export is over the 4 GiB of a gRPC message".into())
+                })?
             }
         };
         let request = request
@@ -170,7 +186,7 @@ impl Transport {
 }
 
 /// What an OTLP/HTTP answer means.
-pub(crate) fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Result<(), SendError> {
+pub fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Result<(), SendError> {
     if status.is_success() {
         return Ok(());
     }
@@ -181,8 +197,7 @@ pub(crate) fn http_outcome(status: StatusCode, headers: &http::HeaderMap) -> Res
             after: headers
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs),
+                .and_then(rate_limits::delay_seconds),
         }),
         _ => Err(SendError::Permanent(reason)),
     }
@@ -235,7 +250,11 @@ fn tls_config(files: &OtlpTls) -> Result<rustls::ClientConfig, TransportError> {
     };
     let roots = match &files.ca_file {
         Some(file) => trust::root_store(Some(&file.path)).map_err(named(file))?,
-        None => trust::root_store(None).expect("no CA file, nothing to read"),
+        // Without a CA file nothing is read that could fail.
+        None => trust::root_store(None).map_err(|source| TransportError {
+            from: "the platform trust store".to_string(),
+            source,
+        })?,
     };
     match (&files.client_certificate, &files.client_key) {
         (Some(certificate), Some(key)) => {

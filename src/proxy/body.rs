@@ -10,6 +10,7 @@
 //! Neither changes a frame.
 
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -80,6 +81,39 @@ where
     type Error = BoxError;
 
     fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // A panic here, after the head went out, breaks the response off (an error frame:
+        // hyper closes the connection or resets the stream) and records it once
+        // (exchange::boundary).
+        let polled = catch_unwind(AssertUnwindSafe(|| self.as_mut().forward(cx)));
+        polled.unwrap_or_else(|panic| {
+            let message = crate::supervise::panic_message(&*panic).to_string();
+            tracing::error!(panic = %message, "response failed inside tokentap; breaking it off");
+            self.project()
+                .streaming
+                .finish(Instant::now(), BodyEnd::UpstreamBroken);
+            Poll::Ready(Some(Err(message.into())))
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> StreamingBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    /// [`Body::poll_frame`], inside the panic boundary.
+    fn forward(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -136,14 +170,6 @@ where
                 Poll::Ready(None)
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -8,6 +8,18 @@
 //! [exchange policy](crate::exchange)'s; the bytes, the status and the end-to-end headers
 //! are the upstream's own.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 pub mod body;
 pub mod h1_upstream;
 pub mod h2_only;
@@ -27,7 +39,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::config::Config;
-use crate::exchange::{Active, Admitted, Answer, Exchange, ExchangeError, Gateway, UpstreamIdle};
+use crate::exchange::{
+    boundary, Active, Admitted, Answer, Exchange, ExchangeError, Gateway, UpstreamIdle,
+};
 use crate::metrics::Metrics;
 use crate::observe::RequestHead;
 use crate::wire::Tokenizer;
@@ -153,14 +167,23 @@ impl Proxy {
         let (body, watch) = ClientBody::new(body, timeout, full_duplex);
         let (head_deadline, head_timed_out) = (exchange.head_deadline(), exchange.head_timed_out());
         // Declared before the upstream exchange, so dropped after it (and its body).
-        let mut exchange = Unanswered(Some(exchange), watch.clone());
+        let exchange = Unanswered(Some(exchange), watch.clone());
         let body = ScannedBody::new(body, scan)
             .map_err(BoxError::from)
             .boxed_unsync();
-        let send = active.upstream.send(parts, body, &tunnels);
+        let upstream = &active.upstream;
+        // A panic up to the response head is answered `502` (exchange::boundary).
+        let send = boundary::unwound(async {
+            #[cfg(test)]
+            crate::observe::inject::injected_panic(
+                &parts.headers,
+                crate::observe::inject::Stage::Send,
+            );
+            upstream.send(parts, body, &tunnels).await
+        });
         let sent = tokio::time::timeout_at(head_deadline, send)
             .await
-            .unwrap_or(Err(head_timed_out));
+            .map_or_else(|_| Err(head_timed_out), |sent| sent.and_then(|r| r));
         // An exchange that failed because the client's body did is the client's fault.
         let sent = sent.map_err(|err| watch.failure().map_or(err, ExchangeError::from));
         let exchange = exchange.answered();
@@ -201,7 +224,13 @@ impl Proxy {
 struct Unanswered(Option<Exchange>, BodyWatch);
 
 impl Unanswered {
-    fn answered(&mut self) -> Exchange {
+    /// The exchange, now that the request's future answers it. Taken by value, so once:
+    /// `Unanswered` is built holding it and only this or `Drop` takes it.
+    #[allow(
+        clippy::expect_used,
+        reason = "built with Some, and this by-value call is the only take before Drop"
+    )]
+    fn answered(mut self) -> Exchange {
         self.0.take().expect("answered once")
     }
 }

@@ -120,13 +120,14 @@ impl ChunkedReader {
         mut data: impl FnMut(Range<usize>),
     ) -> Result<usize, ChunkedError> {
         let mut at = 0;
-        while at < input.len() {
+        while let Some(rest @ [first, ..]) = input.get(at..) {
             if let State::Data { remaining } = self.state {
-                let available = input.len() - at;
+                let available = rest.len();
                 let take = usize::try_from(remaining).map_or(available, |r| r.min(available));
-                data(at..at + take);
-                at += take;
-                let left = remaining - take as u64;
+                let end = at.saturating_add(take);
+                data(at..end);
+                at = end;
+                let left = remaining.saturating_sub(take as u64);
                 self.state = if left == 0 {
                     State::DataCr
                 } else {
@@ -137,13 +138,13 @@ impl ChunkedReader {
             if self.state == State::Done {
                 break;
             }
-            let whole = self.whole_framing(&input[at..]);
+            let whole = self.whole_framing(rest);
             if whole > 0 {
-                at += whole;
+                at = at.saturating_add(whole);
                 continue;
             }
-            self.step(input[at])?;
-            at += 1;
+            self.step(*first)?;
+            at = at.saturating_add(1);
         }
         Ok(at)
     }
@@ -173,14 +174,15 @@ impl ChunkedReader {
         {
             return at;
         }
-        let line = &input[at..];
-        let (mut value, mut digits) = (0u64, 0);
+        let line = input.get(at..).unwrap_or_default();
+        let (mut value, mut digits) = (0u64, 0usize);
         // One digit past the 16 that fit is enough to leave the line to `step`.
         for digit in line.iter().take(17).map_while(|byte| hex_value(*byte)) {
             value = value << 4 | u64::from(digit);
-            digits += 1;
+            digits = digits.saturating_add(1);
         }
-        if digits == 0 || digits > 16 || line.get(digits..digits + 2) != Some(b"\r\n") {
+        if digits == 0 || digits > 16 || line.get(digits..digits.saturating_add(2)) != Some(b"\r\n")
+        {
             return at;
         }
         self.state = if value == 0 {
@@ -188,7 +190,7 @@ impl ChunkedReader {
         } else {
             State::Data { remaining: value }
         };
-        at + digits + 2
+        at.saturating_add(digits).saturating_add(2)
     }
 
     /// One framing byte.
@@ -200,7 +202,7 @@ impl ChunkedReader {
                 | State::Extension { .. }
                 | State::SizeLf { .. }
         ) {
-            self.line_bytes += 1;
+            self.line_bytes = self.line_bytes.saturating_add(1);
             if self.line_bytes > MAX_SIZE_LINE {
                 return Err(ChunkedError::SizeLineTooLong);
             }
@@ -213,7 +215,7 @@ impl ChunkedReader {
                 | State::TrailerLf
                 | State::EndLf
         ) {
-            self.trailer_bytes += 1;
+            self.trailer_bytes = self.trailer_bytes.saturating_add(1);
             if self.trailer_bytes > self.max_trailer_bytes {
                 return Err(ChunkedError::TrailersTooLarge);
             }
@@ -227,7 +229,7 @@ impl ChunkedReader {
                     }
                     State::Size {
                         value: value << 4 | u64::from(digit),
-                        digits: digits + 1,
+                        digits: digits.saturating_add(1),
                     }
                 }
                 None if digits == 0 => return Err(ChunkedError::InvalidSize),
@@ -274,7 +276,7 @@ impl ChunkedReader {
             State::TrailerStart => match byte {
                 b'\r' => State::EndLf,
                 _ if is_token(byte) => {
-                    self.trailer_fields += 1;
+                    self.trailer_fields = self.trailer_fields.saturating_add(1);
                     State::TrailerName
                 }
                 _ => return Err(ChunkedError::InvalidTrailer),
@@ -304,12 +306,7 @@ impl ChunkedReader {
 }
 
 fn hex_value(byte: u8) -> Option<u8> {
-    match byte {
-        b'0'..=b'9' => Some(byte - b'0'),
-        b'a'..=b'f' => Some(byte - b'a' + 10),
-        b'A'..=b'F' => Some(byte - b'A' + 10),
-        _ => None,
-    }
+    char::from(byte).to_digit(16).map(|digit| digit as u8)
 }
 
 /// An RFC 9110 `tchar`: what a field name is made of.

@@ -37,8 +37,8 @@ use super::serialize;
 use super::upstream_pool::{self, Origin};
 use crate::config::{Config, HostHeader};
 use crate::exchange::{
-    shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange, ExchangeError,
-    Gateway, Streaming, UpstreamIdle,
+    boundary, idle, shutting_down, Active, Admitted, Answer, BodyEnd, ClientFault, Exchange,
+    ExchangeError, Gateway, Streaming, UpstreamIdle,
 };
 use crate::observe::RequestHead;
 
@@ -186,7 +186,8 @@ impl<U> Relay<U> {
                         }
                     }
                     reader = HeadReader::next_on_connection();
-                    deadline = tokio::time::Instant::now() + self.header_read_timeout;
+                    deadline =
+                        idle::deadline(tokio::time::Instant::now(), self.header_read_timeout);
                 }
             }
         }
@@ -234,19 +235,34 @@ impl<U> Relay<U> {
         let head_deadline = exchange.head_deadline();
         let origin = Origin::of(&upstream_config.authority);
         let mut started = false;
-        let send = send_request(
-            client,
-            input,
-            &head,
-            body_len,
-            &origin,
-            &active.config,
-            &mut scan,
-            &mut started,
-        );
-        let sent = tokio::time::timeout_at(head_deadline, send)
+        // A panic up to the response head is answered `502` (exchange::boundary).
+        let send = boundary::unwound(async {
+            #[cfg(test)]
+            crate::observe::inject::injected_panic(
+                &head.headers,
+                crate::observe::inject::Stage::Send,
+            );
+            send_request(
+                client,
+                input,
+                &head,
+                body_len,
+                &origin,
+                &active.config,
+                &mut scan,
+                &mut started,
+            )
             .await
-            .unwrap_or_else(|_| Err(Failure::Upstream(exchange.head_timed_out())));
+        });
+        let sent = match tokio::time::timeout_at(head_deadline, send).await {
+            Ok(Ok(sent)) => sent,
+            Ok(Err(panicked)) => {
+                // Where the request stood is unknown: the connection closes after.
+                fail_before_head(client, exchange, &panicked, true).await;
+                return Ok(Next::Close);
+            }
+            Err(_) => Err(Failure::Upstream(exchange.head_timed_out())),
+        };
         let upstream = match sent {
             Ok(upstream) => upstream,
             Err(failure) => {
@@ -276,7 +292,11 @@ impl<U> Relay<U> {
             idle: UpstreamIdle::new(upstream_config.idle_timeout),
             head_deadline,
         };
-        let ended = response.run(closing).await;
+        // A panic once the head is in: the response breaks off, both connections close,
+        // and the exchange, dropped as it unwinds, records it (exchange::boundary).
+        let ended = boundary::unwound(response.run(closing))
+            .await
+            .unwrap_or_else(|_| ResponseEnd::closed());
         if let UpstreamAfter::Reuse(upstream) = ended.upstream {
             upstream_pool::checkin(
                 &origin,
@@ -554,7 +574,7 @@ impl ResponseLoop<'_> {
         }
         let sent_at_once = send_now_or_keep(self.client, out, unsent);
         if let Step::More { used } = step {
-            carry.extend_from_slice(&received[used..]);
+            carry.extend_from_slice(received.get(used..).unwrap_or_default());
         }
         scratch::give_back(buffers);
         let client_took_it = match sent_at_once {
@@ -655,7 +675,7 @@ fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Res
         Err(err) if err.kind() == io::ErrorKind::WouldBlock => 0,
         Err(_) => return Err(()),
     };
-    unsent.extend_from_slice(&out[written..]);
+    unsent.extend_from_slice(out.get(written..).unwrap_or_default());
     Ok(())
 }
 

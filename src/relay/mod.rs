@@ -23,6 +23,18 @@
 //! connection to hyper through a [`rewind`] wrapper that replays what was read. What each
 //! request's life means is the [exchange policy](crate::exchange)'s, as on the hyper path.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 pub mod chunked;
 pub mod client_watch;
 pub mod connection;

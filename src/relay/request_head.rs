@@ -165,7 +165,7 @@ impl HeadReader {
                 let first = if self.whole_first {
                     input
                 } else {
-                    &input[..input.len().min(SNIFF_LEN)]
+                    input.get(..SNIFF_LEN).unwrap_or(input)
                 };
                 match read(first, rules) {
                     Decision::NeedMore => first.len(),
@@ -177,7 +177,7 @@ impl HeadReader {
         if input.len() <= checked {
             return Decision::NeedMore;
         }
-        if has_head_end(&input[checked.saturating_sub(3)..]) {
+        if has_head_end(input.get(checked.saturating_sub(3)..).unwrap_or_default()) {
             return read(input, rules);
         }
         if input.len() >= rules.max_header_bytes {
@@ -211,7 +211,9 @@ pub fn read(input: &[u8], rules: &HeadRules<'_>) -> Decision {
     if head_len > rules.max_header_bytes {
         return Decision::HandOff(HandOff::HeadTooLarge);
     }
-    match forward(&request, &input[..head_len], rules) {
+    // httparse's length is of `input`'s own head.
+    let head = input.get(..head_len).unwrap_or(input);
+    match forward(&request, head, rules) {
         Ok(mut head) => {
             head.head_len = head_len;
             Decision::Forward(head)
@@ -320,18 +322,18 @@ impl<'a> RequestFields<'a> {
             let value = HeaderValue::from_bytes(field.value).map_err(|_| HandOff::Unparsable)?;
             match name.as_str() {
                 "transfer-encoding" => {
-                    fields.codings += 1;
+                    fields.codings = fields.codings.saturating_add(1);
                     fields.chunked = field.value.eq_ignore_ascii_case(b"chunked");
                 }
                 "content-length" => {
-                    fields.lengths += 1;
+                    fields.lengths = fields.lengths.saturating_add(1);
                     fields.content_length = plain_number(field.value);
                 }
                 "connection" => fields.connection(field.value)?,
                 "upgrade" => return Err(HandOff::Upgrade),
                 "expect" => return Err(HandOff::Expect),
                 "host" => {
-                    fields.hosts += 1;
+                    fields.hosts = fields.hosts.saturating_add(1);
                     // hyper's path answers an invalid one (400).
                     if !intermediary::valid_host(field.value) {
                         return Err(HandOff::Host);
@@ -388,7 +390,11 @@ fn upstream_head(
     head_len: usize,
     rules: &HeadRules<'_>,
 ) -> Vec<u8> {
-    let mut upstream_head = Vec::with_capacity(head_len + rules.base_path.len() + 32);
+    let mut upstream_head = Vec::with_capacity(
+        head_len
+            .saturating_add(rules.base_path.len())
+            .saturating_add(32),
+    );
     upstream_head.extend_from_slice(method.as_str().as_bytes());
     upstream_head.push(b' ');
     upstream_head.extend_from_slice(rules.base_path.as_bytes());
@@ -425,14 +431,16 @@ fn has_head_end(input: &[u8]) -> bool {
 
 /// Every line ends in CRLF, and nothing else in the head is a control byte.
 fn check_line_ends(head: &[u8]) -> Result<(), HandOff> {
+    let mut previous = None;
     for (at, &byte) in head.iter().enumerate() {
         match byte {
-            b'\n' if at == 0 || head[at - 1] != b'\r' => return Err(HandOff::BareLf),
-            b'\r' if head.get(at + 1) != Some(&b'\n') => return Err(HandOff::BareLf),
+            b'\n' if previous != Some(b'\r') => return Err(HandOff::BareLf),
+            b'\r' if head.get(at.saturating_add(1)) != Some(&b'\n') => return Err(HandOff::BareLf),
             b'\r' | b'\n' | b'\t' => {}
             0..=0x1f | 0x7f => return Err(HandOff::ControlByte),
             _ => {}
         }
+        previous = Some(byte);
     }
     Ok(())
 }

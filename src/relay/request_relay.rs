@@ -44,10 +44,11 @@ pub async fn send_request(
     started: &mut bool,
 ) -> Result<TcpStream, Failure> {
     let timeout = config.upstream.connect_timeout;
-    let available = input.len() - head.head_len;
-    let initial = usize::try_from(body_len).map_or(available, |len| len.min(available));
-    let body = &input[head.head_len..head.head_len + initial];
-    let mut first = Vec::with_capacity(head.upstream_head.len() + body.len());
+    let after_head = input.get(head.head_len..).unwrap_or_default();
+    let initial =
+        usize::try_from(body_len).map_or(after_head.len(), |len| len.min(after_head.len()));
+    let body = after_head.get(..initial).unwrap_or_default();
+    let mut first = Vec::with_capacity(head.upstream_head.len().saturating_add(body.len()));
     first.extend_from_slice(&head.upstream_head);
     first.extend_from_slice(body);
     let mut upstream = match upstream_pool::checkout(origin) {
@@ -69,8 +70,9 @@ pub async fn send_request(
         }
     };
     // Scanned once it is on its way, as the hyper path scans what the upstream reads.
-    scan.feed(&input[head.head_len..head.head_len + initial]);
-    input.drain(..head.head_len + initial);
+    let sent = head.head_len.saturating_add(initial).min(input.len());
+    scan.feed(input.get(head.head_len..sent).unwrap_or_default());
+    input.drain(..sent);
     *started = true;
     let body_timeout = config.limits.request_body_timeout;
     if head.framing == RequestFraming::Chunked {
@@ -87,19 +89,17 @@ pub async fn send_request(
         .await?;
         return Ok(upstream);
     }
-    let mut remaining = body_len - initial as u64;
+    let mut remaining = body_len.saturating_sub(initial as u64);
     while remaining > 0 {
         if input.is_empty() {
             read_body(client, input, body_timeout).await?;
         }
         let take = usize::try_from(remaining).map_or(input.len(), |r| r.min(input.len()));
-        scan.feed(&input[..take]);
-        upstream
-            .write_all(&input[..take])
-            .await
-            .map_err(request_failed)?;
+        let body = input.get(..take).unwrap_or_default();
+        scan.feed(body);
+        upstream.write_all(body).await.map_err(request_failed)?;
         input.drain(..take);
-        remaining -= take as u64;
+        remaining = remaining.saturating_sub(take as u64);
     }
     Ok(upstream)
 }
@@ -171,8 +171,9 @@ async fn send_chunked(
             .feed(input, |range| ranges.push(range))
             .map_err(|err| Failure::Client(ClientFault::MalformedBody(err.to_string()).into()))?;
         for range in &ranges {
-            scan.feed(&input[range.clone()]);
-            chunk(&input[range.clone()], &mut out);
+            let data = input.get(range.clone()).unwrap_or_default();
+            scan.feed(data);
+            chunk(data, &mut out);
         }
         let done = reader.is_done();
         if done {

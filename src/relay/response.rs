@@ -155,32 +155,37 @@ impl ResponseReader {
             match &mut self.state {
                 State::Done => break,
                 State::Head => match self.head(input, at, out)? {
-                    Some(len) => at += len,
+                    Some(len) => at = at.saturating_add(len),
                     None => break,
                 },
                 State::Length { remaining } => {
-                    if at == input.len() {
+                    let available = input.len().saturating_sub(at);
+                    if available == 0 {
                         break;
                     }
-                    let available = input.len() - at;
                     let take = usize::try_from(*remaining).map_or(available, |r| r.min(available));
-                    out.push(Piece::Data(at..at + take));
-                    at += take;
-                    *remaining -= take as u64;
+                    let end = at.saturating_add(take);
+                    out.push(Piece::Data(at..end));
+                    at = end;
+                    *remaining = remaining.saturating_sub(take as u64);
                     if *remaining == 0 {
                         self.finish(out);
                     }
                 }
                 State::Chunked(reader) => {
-                    if at == input.len() {
+                    let rest = input.get(at..).unwrap_or_default();
+                    if rest.is_empty() {
                         break;
                     }
-                    let fed = reader.feed(&input[at..], |range| {
+                    let fed = reader.feed(rest, |range| {
                         if !range.is_empty() {
-                            out.push(Piece::Data(at + range.start..at + range.end));
+                            let (start, end) = (range.start, range.end);
+                            out.push(Piece::Data(
+                                at.saturating_add(start)..at.saturating_add(end),
+                            ));
                         }
                     });
-                    at += fed?;
+                    at = at.saturating_add(fed?);
                     if reader.is_done() {
                         self.trailer_section = reader.take_trailer_section();
                         self.finish(out);
@@ -223,7 +228,7 @@ impl ResponseReader {
         at: usize,
         out: &mut Vec<Piece>,
     ) -> Result<Option<usize>, ResponseError> {
-        let rest = &input[at..];
+        let rest = input.get(at..).unwrap_or_default();
         if rest.is_empty() {
             return Ok(None);
         }
@@ -243,7 +248,7 @@ impl ResponseReader {
         }
         let code = response.code.unwrap_or_default();
         let status = StatusCode::from_u16(code).map_err(|_| ResponseError::Head("status"))?;
-        let range = at..at + len;
+        let range = at..at.saturating_add(len);
         match code {
             101 => return Err(ResponseError::UnexpectedSwitch),
             100..=199 => {
@@ -365,7 +370,7 @@ impl<'a> HeadFields<'a> {
                 .map_err(|_| ResponseError::Head("field value"))?;
             match name.as_str() {
                 "transfer-encoding" => {
-                    fields.codings += 1;
+                    fields.codings = fields.codings.saturating_add(1);
                     fields.chunked = field.value.eq_ignore_ascii_case(b"chunked");
                 }
                 "content-length" => {

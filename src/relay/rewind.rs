@@ -34,10 +34,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.replayed < this.prefix.len() {
-            let rest = &this.prefix[this.replayed..];
+            let rest = this.prefix.get(this.replayed..).unwrap_or_default();
             let n = rest.len().min(buf.remaining());
-            buf.put_slice(&rest[..n]);
-            this.replayed += n;
+            buf.put_slice(rest.get(..n).unwrap_or_default());
+            this.replayed = this.replayed.saturating_add(n);
             if this.replayed == this.prefix.len() {
                 this.prefix = Vec::new();
                 this.replayed = 0;

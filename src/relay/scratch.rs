@@ -59,7 +59,7 @@ pub fn give_back(buffers: Buffers) {
 
 /// Read what `stream` has into `input`: the count, `0` at its end.
 pub async fn read_more(stream: &mut TcpStream, input: &mut Vec<u8>) -> io::Result<usize> {
-    if input.capacity() - input.len() < READ_CHUNK / 2 {
+    if input.capacity().saturating_sub(input.len()) < READ_CHUNK / 2 {
         input.reserve(READ_CHUNK);
     }
     stream.read_buf(input).await

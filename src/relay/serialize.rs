@@ -11,12 +11,19 @@ use crate::exchange::Answer;
 /// end-to-end fields for a closing client, and `transfer-encoding: chunked` last where the
 /// relay chunks a body the upstream delimits by closing (`add_chunked`).
 pub fn client_head(head: &ResponseHead, close: bool, add_chunked: bool, out: &mut Vec<u8>) {
-    let fields = &head.client_head[..head.client_head.len() - 2];
-    out.extend_from_slice(&fields[..head.close_at]);
+    // The head without the empty line that ends it.
+    let fields = head
+        .client_head
+        .strip_suffix(b"\r\n")
+        .unwrap_or(&head.client_head);
+    let (before, after) = fields
+        .split_at_checked(head.close_at)
+        .unwrap_or((fields, &[]));
+    out.extend_from_slice(before);
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    out.extend_from_slice(&fields[head.close_at..]);
+    out.extend_from_slice(after);
     if add_chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -82,8 +89,9 @@ pub fn trailer_fields(
     section.split(|&b| b == b'\n').filter_map(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let colon = line.iter().position(|&b| b == b':')?;
-        let name = HeaderName::from_bytes(&line[..colon]).ok()?;
-        let value = http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).ok()?;
+        let (name, value) = line.split_at_checked(colon)?;
+        let name = HeaderName::from_bytes(name).ok()?;
+        let value = http::HeaderValue::from_bytes(value.get(1..)?.trim_ascii()).ok()?;
         Some((name, value))
     })
 }
@@ -116,9 +124,10 @@ pub fn chunk(data: &[u8], out: &mut Vec<u8>) {
     // Upper-case hex digits, most significant first, without the formatting machinery
     // (this runs once per relayed chunk).
     let len = data.len();
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4);
+    let digits = usize::BITS.saturating_sub(len.leading_zeros()).div_ceil(4);
     for at in (0..digits).rev() {
-        out.push(b"0123456789ABCDEF"[(len >> (at * 4)) & 0xf]);
+        let nibble = len.checked_shr(at.saturating_mul(4)).unwrap_or(0) & 0xf;
+        out.push(b"0123456789ABCDEF".get(nibble).copied().unwrap_or(b'0'));
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
@@ -133,7 +142,7 @@ pub fn answer(answer: &Answer, close: bool) -> Vec<u8> {
     // The response's status, not the answer's: a gRPC call's answer is a `200`.
     let status = response.status();
     let body = response.body();
-    let mut out = Vec::with_capacity(128 + body.len());
+    let mut out = Vec::with_capacity(body.len().saturating_add(128));
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');

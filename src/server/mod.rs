@@ -46,6 +46,7 @@ use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
 use crate::relay::{Relay, Relayed};
+use crate::supervise::Supervisor;
 use crate::wire::Tokenizer;
 use connections::{ConnectionLimit, ConnectionSlot};
 use workers::Workers;
@@ -88,6 +89,8 @@ pub struct Server {
     workers: usize,
     /// The OTLP push's and the span export's connections, when on.
     otlp_transports: (Option<Transport>, Option<Transport>),
+    /// Restarts the background tasks that fail.
+    supervisor: Supervisor,
 }
 
 /// Applies a new configuration to a running server (SIGHUP).
@@ -152,6 +155,7 @@ impl Server {
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
         let proxy = Proxy::new(config.clone(), upstream, tokenizer, metrics.clone());
+        let supervisor = Supervisor::new(metrics.clone(), readiness.clone());
         Ok(Server {
             config,
             metrics,
@@ -163,6 +167,7 @@ impl Server {
             readiness,
             workers: Workers::default_count(),
             otlp_transports,
+            supervisor,
         })
     }
 
@@ -204,6 +209,12 @@ impl Server {
         self.metrics.clone()
     }
 
+    /// The supervisor of this server's background tasks, for one started beside it (the
+    /// SIGHUP reload): its failures count and show in `/readyz` like the server's own.
+    pub fn supervisor(&self) -> Supervisor {
+        self.supervisor.clone()
+    }
+
     /// Serve until `shutdown` resolves, then drain.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
         let Server {
@@ -217,6 +228,7 @@ impl Server {
             readiness,
             workers,
             otlp_transports,
+            supervisor,
         } = self;
         let workers = Workers::start(workers).map_err(ServeError::Workers)?;
         // Before the admin port serves: no scrape sees the limit gauge unset.
@@ -226,7 +238,7 @@ impl Server {
             metrics.clone(),
         );
         // The live view's ring fills from the start, so a viewer sees the last minutes.
-        let live = config.ui.then(|| Live::start(metrics.clone()));
+        let live = config.ui.then(|| Live::start(metrics.clone(), &supervisor));
         let live_at = ui_listener.as_ref().and_then(|l| l.local_addr().ok());
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
@@ -255,20 +267,34 @@ impl Server {
                         },
                     ),
                 };
-                SpanExporter::spawn(traces, transport, resource, Some(server), metrics.clone())
+                SpanExporter::spawn(
+                    traces,
+                    transport,
+                    resource,
+                    Some(server),
+                    metrics.clone(),
+                    &supervisor,
+                )
             });
         let otlp = config
             .otlp
             .clone()
             .zip(metrics_transport)
             .map(|(settings, transport)| {
-                Exporter::spawn(settings, transport, metrics.clone(), SystemTime::now())
+                Exporter::spawn(
+                    settings,
+                    transport,
+                    metrics.clone(),
+                    SystemTime::now(),
+                    &supervisor,
+                )
             });
-        let probe_task = tokio::spawn(probe_upstream(
-            proxy.clone(),
-            readiness.clone(),
-            metrics.clone(),
-        ));
+        let probe_task = {
+            let (proxy, readiness, metrics) = (proxy.clone(), readiness.clone(), metrics.clone());
+            supervisor.spawn("upstream_probe", move || {
+                probe_upstream(proxy.clone(), readiness.clone(), metrics.clone())
+            })
+        };
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),

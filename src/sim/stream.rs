@@ -72,7 +72,8 @@ impl Schedule {
 
     fn jittered(&mut self, d: Duration) -> Duration {
         if self.jitter > 0.0 {
-            d.mul_f64((1.0 + self.rng.gen_range(-self.jitter..=self.jitter)).max(0.0))
+            let factor = (1.0 + self.rng.gen_range(-self.jitter..=self.jitter)).max(0.0);
+            Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
         } else {
             d
         }

@@ -29,7 +29,8 @@ impl BodyBuffer {
             let target = needed
                 .max(self.body.capacity().saturating_mul(2))
                 .min(self.limit);
-            self.body.reserve_exact(target - self.body.len());
+            self.body
+                .reserve_exact(target.saturating_sub(self.body.len()));
         }
         self.body.extend_from_slice(bytes);
         Ok(())

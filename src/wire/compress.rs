@@ -250,7 +250,9 @@ fn inflate(
     let status = inflater
         .decompress(input, output, FlushDecompress::None)
         .map_err(|_| DecodeError::Compression)?;
-    let delta = |after: u64, before: u64| usize::try_from(after - before).unwrap_or(usize::MAX);
+    let delta = |after: u64, before: u64| {
+        usize::try_from(after.saturating_sub(before)).unwrap_or(usize::MAX)
+    };
     Ok(Step {
         read: delta(inflater.total_in(), in_before),
         written: delta(inflater.total_out(), out_before),
@@ -307,16 +309,18 @@ impl Deflate {
         };
         // Give the held byte together with what follows it.
         let mut joined = [0u8; 256];
-        let n = input.len().min(joined.len() - 1);
+        let n = input.len().min(joined.len().saturating_sub(1));
         joined[0] = byte;
-        joined[1..=n].copy_from_slice(&input[..n]);
-        let step = inflate(inflater, &joined[..=n], output)?;
+        for (to, from) in joined.iter_mut().skip(1).zip(input) {
+            *to = *from;
+        }
+        let step = inflate(inflater, joined.get(..=n).unwrap_or(&joined), output)?;
         if step.read == 0 {
             return Ok(step);
         }
         *held = None;
         Ok(Step {
-            read: step.read - 1,
+            read: step.read.saturating_sub(1),
             ..step
         })
     }
@@ -422,7 +426,7 @@ impl Gzip {
                     ended: true,
                 });
             }
-            read += 1;
+            read = read.saturating_add(1);
             self.stage = match self.stage {
                 GzStage::Between => GzStage::Fixed { got: 1, flags: 0 },
                 GzStage::Fixed { got, flags } => {
@@ -441,20 +445,21 @@ impl Gzip {
                         Gzip::after(flags)
                     } else {
                         GzStage::Fixed {
-                            got: got + 1,
+                            got: got.saturating_add(1),
                             flags,
                         }
                     }
                 }
                 GzStage::ExtraLen { got, len, flags } => {
-                    let len = len | u16::from(byte) << (8 * got);
+                    let shift = u32::from(got).saturating_mul(8);
+                    let len = len | u16::from(byte).checked_shl(shift).unwrap_or(0);
                     match (got, len) {
                         (0, _) => GzStage::ExtraLen { got: 1, len, flags },
                         (_, 0) => Gzip::after(flags & !FEXTRA),
                         (_, left) => GzStage::Extra { left, flags },
                     }
                 }
-                GzStage::Extra { left, flags } => match left - 1 {
+                GzStage::Extra { left, flags } => match left.saturating_sub(1) {
                     0 => Gzip::after(flags & !FEXTRA),
                     left => GzStage::Extra { left, flags },
                 },
@@ -464,9 +469,13 @@ impl Gzip {
                 }
                 stage @ (GzStage::Name { .. } | GzStage::Comment { .. }) => stage,
                 GzStage::HeaderCrc { left: 1 } => GzStage::Body,
-                GzStage::HeaderCrc { left } => GzStage::HeaderCrc { left: left - 1 },
+                GzStage::HeaderCrc { left } => GzStage::HeaderCrc {
+                    left: left.saturating_sub(1),
+                },
                 GzStage::Trailer { left: 1 } => GzStage::Between,
-                GzStage::Trailer { left } => GzStage::Trailer { left: left - 1 },
+                GzStage::Trailer { left } => GzStage::Trailer {
+                    left: left.saturating_sub(1),
+                },
                 GzStage::Body => GzStage::Body,
             };
         }

@@ -43,7 +43,7 @@ impl Tally {
             (entries, true)
         } else {
             match (now, baseline) {
-                (Some(now), Some(before)) if now > before => (now - before, true),
+                (Some(now), Some(before)) if now > before => (now.saturating_sub(before), true),
                 _ => (estimate().unwrap_or(1), false),
             }
         };

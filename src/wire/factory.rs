@@ -117,8 +117,10 @@ pub fn framing_for(dialect: Dialect, content_type: &str) -> Option<Framing> {
 }
 
 fn ends_with_ignore_case(text: &str, suffix: &str) -> bool {
-    text.len() >= suffix.len()
-        && text.as_bytes()[text.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+    text.len()
+        .checked_sub(suffix.len())
+        .and_then(|start| text.as_bytes().get(start..))
+        .is_some_and(|end| end.eq_ignore_ascii_case(suffix.as_bytes()))
 }
 
 /// Why a response cannot be observed (it is forwarded all the same).

@@ -85,12 +85,12 @@ impl ArraySplitter {
         let mut i = 0;
         // Where the current element's bytes start within `input`, while in one.
         let mut start = (self.state == State::Element).then_some(0);
-        while i < input.len() {
+        while let Some(&byte) = input.get(i) {
             match self.state {
                 State::End => return Ok(()),
-                State::Document => return self.document.extend(&input[i..]),
+                State::Document => return self.document.extend(input.get(i..).unwrap_or_default()),
                 State::Start => {
-                    match input[i] {
+                    match byte {
                         b'[' => self.state = State::Expect,
                         b'{' => {
                             self.state = State::Document;
@@ -103,10 +103,10 @@ impl ArraySplitter {
                             return Ok(());
                         }
                     }
-                    i += 1;
+                    i = i.saturating_add(1);
                 }
                 State::Expect | State::After => {
-                    match input[i] {
+                    match byte {
                         b' ' | b'\t' | b'\r' | b'\n' | b',' => {}
                         b']' => self.state = State::End,
                         _ => {
@@ -115,7 +115,7 @@ impl ArraySplitter {
                             continue;
                         }
                     }
-                    i += 1;
+                    i = i.saturating_add(1);
                 }
                 State::Element => {
                     let Some(end) = self.scan(input, i) else {
@@ -123,7 +123,7 @@ impl ArraySplitter {
                         break;
                     };
                     let from = start.take().unwrap_or(i);
-                    let last = &input[from..end];
+                    let last = input.get(from..end).unwrap_or_default();
                     let total = self.element.len().saturating_add(last.len());
                     self.check(total)?;
                     if self.element.is_empty() {
@@ -139,7 +139,7 @@ impl ArraySplitter {
             }
         }
         if let (State::Element, Some(from)) = (self.state, start) {
-            let rest = &input[from..i];
+            let rest = input.get(from..i).unwrap_or_default();
             self.check(self.element.len().saturating_add(rest.len()))?;
             self.element.extend_from_slice(rest);
         }
@@ -184,38 +184,37 @@ impl ArraySplitter {
     fn scan(&mut self, input: &[u8], mut i: usize) -> Option<usize> {
         let first_of_element = self.element.is_empty() && self.depth == 0 && !self.in_string;
         let mut scalar_started = !first_of_element;
-        while i < input.len() {
+        while let Some(&byte) = input.get(i) {
             if self.in_string {
                 if self.escape {
                     self.escape = false;
-                    i += 1;
+                    i = i.saturating_add(1);
                     continue;
                 }
-                match memchr2(b'"', b'\\', &input[i..]) {
+                match memchr2(b'"', b'\\', input.get(i..).unwrap_or_default()) {
                     None => return None,
                     Some(at) => {
-                        i += at;
-                        if input[i] == b'\\' {
+                        i = i.saturating_add(at);
+                        if input.get(i) == Some(&b'\\') {
                             self.escape = true;
                         } else {
                             self.in_string = false;
                             if self.depth == 0 {
-                                return Some(i + 1); // a string scalar
+                                return Some(i.saturating_add(1)); // a string scalar
                             }
                         }
-                        i += 1;
+                        i = i.saturating_add(1);
                         continue;
                     }
                 }
             }
-            let byte = input[i];
             match byte {
                 b'"' => self.in_string = true,
                 b'{' | b'[' => self.depth = self.depth.saturating_add(1),
                 b'}' | b']' if self.depth > 0 => {
-                    self.depth -= 1;
+                    self.depth = self.depth.saturating_sub(1);
                     if self.depth == 0 {
-                        return Some(i + 1);
+                        return Some(i.saturating_add(1));
                     }
                 }
                 b'}' | b']' | b',' | b' ' | b'\t' | b'\r' | b'\n'
@@ -226,7 +225,7 @@ impl ArraySplitter {
                 _ => {}
             }
             scalar_started = true;
-            i += 1;
+            i = i.saturating_add(1);
         }
         None
     }

@@ -82,6 +82,18 @@
 //! its dialect ([`grpc::route`] a gRPC one). This module only declares them and re-exports
 //! the shared names.
 
+// Values from the network pass here: nothing may panic on them (clippy.toml).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+)]
+
 mod buffer;
 mod count;
 mod engine_timings;

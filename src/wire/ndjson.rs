@@ -35,7 +35,8 @@ impl NdjsonDecoder {
         F: FnMut(&[u8]),
     {
         while let Some(end) = memchr(b'\n', input) {
-            let head = &input[..end];
+            // `rest` starts with the newline.
+            let (head, rest) = input.split_at_checked(end).unwrap_or((input, &[]));
             if self.line.is_empty() {
                 self.check(head.len())?;
                 emit(head, on_line);
@@ -45,7 +46,7 @@ impl NdjsonDecoder {
                 emit(&self.line, on_line);
                 self.line.clear();
             }
-            input = &input[end + 1..];
+            input = rest.get(1..).unwrap_or_default();
         }
         if !input.is_empty() {
             self.check(self.line.len().saturating_add(input.len()))?;

@@ -97,12 +97,14 @@ impl RequestScanner {
 
     /// Scan the next bytes of the body.
     pub fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() && !self.is_done() {
+        while let Some((&b, rest)) = bytes.split_first() {
+            if self.is_done() {
+                return;
+            }
             match self.state {
                 State::Done => return,
                 State::Start => {
-                    let b = bytes[0];
-                    bytes = &bytes[1..];
+                    bytes = rest;
                     match b {
                         b'{' => {
                             self.state = State::Structure;
@@ -117,8 +119,8 @@ impl RequestScanner {
                 }
                 State::Str { escape } => {
                     if escape {
-                        self.push_capture(bytes[0]);
-                        bytes = &bytes[1..];
+                        self.push_capture(b);
+                        bytes = rest;
                         self.state = State::Str { escape: false };
                         continue;
                     }
@@ -128,21 +130,22 @@ impl RequestScanner {
                             bytes = &[];
                         }
                         Some(i) => {
-                            self.extend_capture(&bytes[..i]);
-                            if bytes[i] == b'\\' {
+                            // `at` starts with the quote or backslash found.
+                            let (before, at) = bytes.split_at_checked(i).unwrap_or((bytes, &[]));
+                            self.extend_capture(before);
+                            if at.first() == Some(&b'\\') {
                                 self.push_capture(b'\\');
                                 self.state = State::Str { escape: true };
                             } else {
                                 self.end_string();
                                 self.state = State::Structure;
                             }
-                            bytes = &bytes[i + 1..];
+                            bytes = at.get(1..).unwrap_or_default();
                         }
                     }
                 }
                 State::Structure => {
-                    let b = bytes[0];
-                    bytes = &bytes[1..];
+                    bytes = rest;
                     self.structure_byte(b);
                 }
             }
@@ -164,7 +167,7 @@ impl RequestScanner {
             }
             b'{' | b'[' => {
                 self.end_literal();
-                self.depth += 1;
+                self.depth = self.depth.saturating_add(1);
                 if top {
                     self.pending = None;
                 }
@@ -206,7 +209,7 @@ impl RequestScanner {
             } else {
                 MAX_VALUE
             };
-            if capture.len() + bytes.len() <= limit {
+            if capture.len().saturating_add(bytes.len()) <= limit {
                 capture.extend_from_slice(bytes);
             } else {
                 self.give_up_capture();
@@ -271,7 +274,7 @@ fn unescape(raw: &[u8]) -> Option<String> {
     if !raw.contains(&b'\\') {
         return std::str::from_utf8(raw).ok().map(str::to_string);
     }
-    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    let mut quoted = Vec::with_capacity(raw.len().saturating_add(2));
     quoted.push(b'"');
     quoted.extend_from_slice(raw);
     quoted.push(b'"');

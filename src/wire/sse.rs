@@ -120,7 +120,7 @@ impl SseDecoder {
                 }
                 self.line_complete(head, on_event)?;
             } else {
-                self.check(self.line.len() + head.len())?;
+                self.check(self.line.len().saturating_add(head.len()))?;
                 self.line.extend_from_slice(head);
                 let line = std::mem::take(&mut self.line);
                 let result = self.line_complete(&line, on_event);
@@ -131,7 +131,7 @@ impl SseDecoder {
             input = rest;
         }
         if !input.is_empty() {
-            self.check(self.line.len() + input.len())?;
+            self.check(self.line.len().saturating_add(input.len()))?;
             self.line.extend_from_slice(input);
         }
         Ok(())
@@ -157,11 +157,12 @@ impl SseDecoder {
                 break;
             };
             if BOM.get(self.bom_matched) == Some(&byte) {
-                self.bom_matched += 1;
+                self.bom_matched = self.bom_matched.saturating_add(1);
                 input = rest;
             } else {
                 // Not a BOM after all: what matched so far is ordinary line content.
-                self.line.extend_from_slice(&BOM[..self.bom_matched]);
+                self.line
+                    .extend_from_slice(BOM.get(..self.bom_matched).unwrap_or_default());
                 self.bom_matched = BOM.len();
             }
         }
@@ -225,8 +226,10 @@ impl SseDecoder {
         let (field, value) = match memchr(b':', line) {
             Some(0) => return Ok(()), // comment
             Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+                let (field, value) = line.split_at_checked(colon).unwrap_or((line, &[]));
+                // `value` starts with the colon.
+                let value = value.get(1..).unwrap_or_default();
+                (field, value.strip_prefix(b" ").unwrap_or(value))
             }
             None => (line, &b""[..]),
         };

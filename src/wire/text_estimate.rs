@@ -41,7 +41,7 @@ pub(crate) fn estimate_tokens(text: &str) -> u64 {
             in_word = false;
             true
         };
-        count += u64::from(starts_token);
+        count = count.saturating_add(u64::from(starts_token));
     }
     count
 }

@@ -90,6 +90,10 @@ use super::tokenize::{TokenCounter, Tokenizer};
 pub const MAX_PENDING: usize = 4096;
 
 /// The safe cuts (see the module docs), R2 then R1: `x` then `y`, the cut between them.
+#[allow(
+    clippy::expect_used,
+    reason = "a constant pattern: the tests compile it, no input reaches it"
+)]
 static CUT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\p{L}[^\p{L}\p{M}']|\S[^\S\r\n]").expect("constant pattern compiles")
 });
@@ -172,7 +176,7 @@ impl TokenStream {
     /// or all of it when what would stay pending is over [`MAX_PENDING`].
     fn settle(&mut self, scan_from: usize) -> u32 {
         let cut = last_cut(&self.pending, scan_from).unwrap_or(0);
-        let settle_to = if self.pending.len() - cut > MAX_PENDING {
+        let settle_to = if self.pending.len().saturating_sub(cut) > MAX_PENDING {
             self.pending.len()
         } else {
             cut
@@ -223,7 +227,7 @@ fn last_cut(text: &str, from: usize) -> Option<usize> {
             .chars()
             .next()
             .map_or(1, char::len_utf8);
-        let cut = found.start() + x_len;
+        let cut = found.start().saturating_add(x_len);
         last = Some(cut);
         at = cut;
     }

@@ -349,7 +349,7 @@ fn mean(scrape: &Scrape, histogram: &str) -> Duration {
     let sum = scrape.sum(&format!("{histogram}_sum"), &[]);
     let count = scrape.sum(&format!("{histogram}_count"), &[]);
     assert!(count > 0.0, "{histogram}: no observations\n{}", scrape.text);
-    Duration::from_secs_f64(sum / count)
+    Duration::try_from_secs_f64(sum / count).expect("a mean of durations")
 }
 
 /// Drive `REQUESTS` streamed requests of one dialect through tokentap and check every

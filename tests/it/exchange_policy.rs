@@ -1303,6 +1303,88 @@ async fn reported_rate_limits_become_per_model_gauges() {
     }
 }
 
+/// A hostile wait in a refusal (`retry-after-ms: 1e308` on a `429`, `Retry-After:
+/// 18446744073709551615` on a `503`) once panicked the connection task while it read the
+/// head: the client got a dropped connection (or an h2 reset) and the request was neither
+/// counted nor logged. Now, on every transport, the client gets the refusal as sent, it
+/// is counted and logged once, and the gauge reads the one-day cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_retry_after_is_forwarded_counted_and_capped() {
+    let cases = [
+        (
+            "429 Too Many Requests",
+            "retry-after-ms",
+            "1e308",
+            "429",
+            429,
+        ),
+        (
+            "503 Service Unavailable",
+            "retry-after",
+            "18446744073709551615",
+            "503",
+            503,
+        ),
+    ];
+    let body = r#"{"error":{"message":"slow down","code":"rate_limit_exceeded"}}"#;
+    for (status_line, name, value, class, code) in cases {
+        let backend = ScriptedBackend::start(vec![Step::Write(response(
+            status_line,
+            &format!("content-type: application/json\r\n{name}: {value}\r\n"),
+            body,
+        ))])
+        .await;
+        for transport in TRANSPORTS {
+            let proxy = transport.proxy(&backend.url(), "").await;
+            let model = format!("hostile-wait-{code}-{transport:?}");
+            let (head, got) = if transport == Transport::H2 {
+                let response = h2_client()
+                    .request(h2_chat(&proxy, &model))
+                    .await
+                    .expect("an answer, not a reset");
+                let header = response.headers().get(name).cloned();
+                let status = response.status().as_u16();
+                let got = response.into_body().collect().await.expect("body");
+                (
+                    (
+                        status,
+                        header.and_then(|h| h.to_str().ok().map(str::to_string)),
+                    ),
+                    got.to_bytes(),
+                )
+            } else {
+                let request = raw_chat_with(&model, "connection: close\r\n");
+                let raw = common::raw_exchange(proxy.addr, &request).await;
+                assert!(!raw.is_empty(), "{model}: the connection was dropped");
+                let (head, got, _) = common::parse_raw_response(&raw);
+                let status = head[0].split(' ').nth(1).and_then(|c| c.parse().ok());
+                let header = head.iter().find_map(|line| {
+                    let (n, v) = line.split_once(':')?;
+                    n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+                });
+                ((status.unwrap_or(0), header), Bytes::from(got))
+            };
+            assert_eq!(head, (code, Some(value.to_string())), "{model}");
+            assert_eq!(got, body.as_bytes(), "{model}");
+            let outcome = if code == 429 {
+                "upstream_refused"
+            } else {
+                "upstream_error"
+            };
+            classified_once(&proxy, &model, outcome, class, code).await;
+            let m = proxy.metrics().await;
+            assert_eq!(
+                m.sum(
+                    "tokentap_upstream_retry_after_seconds",
+                    &[("model", &model)]
+                ),
+                86400.0,
+                "{model}"
+            );
+        }
+    }
+}
+
 /// A gRPC call (`content-type: application/grpc`) that reaches tokentap over HTTP/1.1 and
 /// fails before a response head gets the same trailers-only gRPC answer on the relay as
 /// on hyper (and as over h2, `grpc_net.rs`): `200`, `application/grpc`, `grpc-status` 14

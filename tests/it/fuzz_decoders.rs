@@ -271,7 +271,7 @@ proptest! {
     /// arbitrary bytes) into the rate-limit reader.
     #[test]
     fn rate_limits_report_only_what_was_sent(
-        status in prop::sample::select(vec![200u16, 429, 503, 404]),
+        status in prop::sample::select(vec![200u16, 429, 503, 404, 502, 504]),
         fields in proptest::collection::vec(
             (
                 prop::sample::select(vec![
@@ -284,6 +284,10 @@ proptest! {
                     any::<u64>().prop_map(|n| n.to_string()),
                     "[ -~]{0,24}",
                     Just("18446744073709551616".to_string()),
+                    // Waits as floats (`retry-after-ms`), huge ones included: `1e308`
+                    // once panicked the conversion to a `Duration`.
+                    any::<f64>().prop_map(|f| f.to_string()),
+                    (0u32..400).prop_map(|e| format!("1e{e}")),
                 ],
             ),
             0..8,

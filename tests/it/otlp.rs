@@ -34,6 +34,14 @@ struct Seen {
 /// An OTLP/HTTP collector on a free port that answers the first `refusals` exports 503
 /// (`Retry-After: 0`) and accepts the rest.
 async fn collector(refusals: usize) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    collector_asking(refusals, "0").await
+}
+
+/// [`collector`], whose refusals ask for `retry_after`.
+async fn collector_asking(
+    refusals: usize,
+    retry_after: &'static str,
+) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -66,7 +74,7 @@ async fn collector(refusals: usize) -> (SocketAddr, Arc<Mutex<Seen>>) {
                     seen.statuses.push(status.as_u16());
                     Response::builder()
                         .status(status)
-                        .header("retry-after", "0")
+                        .header("retry-after", retry_after)
                         .body(Full::new(Bytes::new()))
                 }
             });
@@ -158,6 +166,34 @@ async fn a_retryable_refusal_is_retried_and_shutdown_sends_the_last_counts() {
     let seen = seen.lock().unwrap();
     assert!(seen.accepted.len() > before, "no export at shutdown");
     assert_eq!(requests(seen.accepted.last().unwrap()), 2.0);
+}
+
+/// A collector that asks for `Retry-After: 18446744073709551615` (once a panic in
+/// `Instant + wait` that stopped the exporter for good): that export fails, as one that
+/// cannot be retried within `export_timeout`, and the next ones go out.
+#[tokio::test]
+async fn a_hostile_retry_after_fails_one_export_and_the_next_ones_go_out() {
+    let (collector, seen) = collector_asking(1, "18446744073709551615").await;
+    let sim = SimHandle::start(sim()).await;
+    let yaml = format!(
+        "otlp:\n  endpoint: http://{collector}/v1/metrics\n  interval: 100ms\n  export_timeout: 5s\n"
+    );
+    let proxy = Proxy::start(&sim.url(), &yaml).await;
+    one_request(&proxy).await;
+    let metrics = common::wait_for_metrics(proxy.admin, "exports after the refusal", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 2.0
+    })
+    .await;
+    assert_eq!(
+        metrics.sum(
+            "tokentap_otlp_exports_total",
+            &[("signal", "metrics"), ("result", "failed")]
+        ),
+        1.0
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(&seen.statuses[..3], [503, 200, 200]);
+    assert_eq!(requests(seen.accepted.last().unwrap()), 1.0);
 }
 
 #[tokio::test]

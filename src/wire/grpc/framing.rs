@@ -97,9 +97,12 @@ impl Prefix {
     /// Take what the prefix still needs from the front of `bytes`: the header once it is
     /// complete (and the prefix is ready for the next one), with the bytes taken.
     pub fn read(&mut self, bytes: &[u8]) -> (Result<Option<Header>, DecodeError>, usize) {
-        let n = (PREFIX_LEN - self.got).min(bytes.len());
-        self.bytes[self.got..self.got + n].copy_from_slice(&bytes[..n]);
-        self.got += n;
+        let wanted = self.bytes.get_mut(self.got..).unwrap_or_default();
+        let n = wanted.len().min(bytes.len());
+        for (to, from) in wanted.iter_mut().zip(bytes) {
+            *to = *from;
+        }
+        self.got = self.got.saturating_add(n);
         if self.got > 0 && self.bytes[0] > 1 {
             // Known from the first byte, whatever follows.
             self.got = 0;
@@ -169,9 +172,13 @@ impl MessageReader {
     ) -> Result<(), DecodeError> {
         while !bytes.is_empty() {
             if let Some(partial) = self.body.as_mut() {
-                let n = (partial.len - partial.buf.len()).min(bytes.len());
-                partial.buf.extend_from_slice(&bytes[..n]);
-                bytes = &bytes[n..];
+                let n = partial
+                    .len
+                    .saturating_sub(partial.buf.len())
+                    .min(bytes.len());
+                let (taken, rest) = bytes.split_at_checked(n).unwrap_or((bytes, &[]));
+                partial.buf.extend_from_slice(taken);
+                bytes = rest;
                 if partial.buf.len() == partial.len {
                     let Partial {
                         compressed, buf, ..
@@ -181,7 +188,7 @@ impl MessageReader {
                 continue;
             }
             let (header, n) = self.prefix.read(bytes);
-            bytes = &bytes[n..];
+            bytes = bytes.get(n..).unwrap_or_default();
             let Some(header) = header? else {
                 continue;
             };
@@ -296,14 +303,25 @@ pub fn frame(message: &[u8]) -> Vec<u8> {
     frame_with(false, message)
 }
 
-/// Frame `message` with the given compressed flag (the caller compressed it).
+/// Frame `message` with the given compressed flag (the caller compressed it), for a
+/// message made here, small by construction (the simulator's, tests'); one whose size
+/// depends on what came from outside goes through [`try_frame_with`].
+#[allow(
+    clippy::expect_used,
+    reason = "for messages tokentap makes itself, far under the 4 GiB a prefix can say"
+)]
 pub fn frame_with(compressed: bool, message: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(message.len()).expect("a gRPC message is under 4 GiB");
-    let mut out = Vec::with_capacity(PREFIX_LEN + message.len());
+    try_frame_with(compressed, message).expect("a gRPC message is under 4 GiB")
+}
+
+/// [`frame_with`], or `None` for a message of 4 GiB or more (a length prefix cannot say it).
+pub fn try_frame_with(compressed: bool, message: &[u8]) -> Option<Vec<u8>> {
+    let len = u32::try_from(message.len()).ok()?;
+    let mut out = Vec::with_capacity(PREFIX_LEN.saturating_add(message.len()));
     out.push(u8::from(compressed));
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(message);
-    out
+    Some(out)
 }
 
 #[cfg(test)]

@@ -144,7 +144,7 @@ impl GrpcRequestScanner {
                 State::Done => return,
                 State::Prefix(prefix) => {
                     let (header, n) = prefix.read(bytes);
-                    bytes = &bytes[n..];
+                    bytes = bytes.get(n..).unwrap_or_default();
                     match header {
                         Ok(None) => {}
                         Ok(Some(h)) if !h.compressed => {
@@ -160,7 +160,7 @@ impl GrpcRequestScanner {
                 State::Message { left, .. } => {
                     let left = *left;
                     let n = self.step_bytes(bytes, left);
-                    bytes = &bytes[n..];
+                    bytes = bytes.get(n..).unwrap_or_default();
                 }
             }
         }
@@ -168,23 +168,23 @@ impl GrpcRequestScanner {
 
     /// Walk the message over up to `left` of `bytes`; the bytes taken.
     fn step_bytes(&mut self, bytes: &[u8], left: u64) -> usize {
-        let avail = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
-        let bytes = &bytes[..avail];
+        let avail = usize::try_from(left).unwrap_or(usize::MAX);
+        let bytes = bytes.get(..avail).unwrap_or(bytes);
         let State::Message { step, .. } = &mut self.state else {
             return 0;
         };
         let taken = match step {
             Step::Skip(n) => {
                 let take = usize::try_from(*n).unwrap_or(usize::MAX).min(bytes.len());
-                *n -= take as u64;
+                *n = n.saturating_sub(take as u64);
                 if *n == 0 {
                     *step = Step::Tag(Varint::default());
                 }
                 take
             }
             Step::Keep(want, len, buf) => {
-                let take = (*len - buf.len()).min(bytes.len());
-                buf.extend_from_slice(&bytes[..take]);
+                let take = len.saturating_sub(buf.len()).min(bytes.len());
+                buf.extend_from_slice(bytes.get(..take).unwrap_or_default());
                 if buf.len() == *len {
                     let (want, value) = (*want, std::mem::take(buf));
                     *step = Step::Tag(Varint::default());
@@ -205,7 +205,7 @@ impl GrpcRequestScanner {
             }
         };
         if let State::Message { left, .. } = &mut self.state {
-            *left -= taken as u64;
+            *left = left.saturating_sub(taken as u64);
         }
         self.end_if_read();
         taken
@@ -283,12 +283,12 @@ impl GrpcRequestScanner {
                 None
             }
             Want::Input if len == 0 || len > MAX_INPUT_BYTES => {
-                self.inputs += 1;
+                self.inputs = self.inputs.saturating_add(1);
                 None
             }
             Want::Raw => {
                 let index = self.raws;
-                self.raws += 1;
+                self.raws = self.raws.saturating_add(1);
                 (self.stream.is_none() && Some(index) == self.stream_input && len > 0)
                     .then_some(Want::Raw)
             }
@@ -308,7 +308,7 @@ impl GrpcRequestScanner {
             }
             Want::Input => {
                 let index = self.inputs;
-                self.inputs += 1;
+                self.inputs = self.inputs.saturating_add(1);
                 let Ok(input) = InferInputTensor::decode(value) else {
                     return;
                 };
@@ -363,8 +363,10 @@ impl Varint {
         if self.bytes >= 10 {
             return Some(None);
         }
-        self.value |= u64::from(byte & 0x7f) << (7 * self.bytes);
-        self.bytes += 1;
+        // At most 10 bytes: the shift stays under 64.
+        let shift = self.bytes.saturating_mul(7);
+        self.value |= u64::from(byte & 0x7f).checked_shl(shift).unwrap_or(0);
+        self.bytes = self.bytes.saturating_add(1);
         if byte & 0x80 != 0 {
             return None;
         }

@@ -167,14 +167,16 @@ fn token_ids(tensor: &InferOutputTensor, raw: Option<&[u8]>) -> Option<usize> {
         _ => return None,
     };
     if let Some(raw) = raw {
-        return Some(raw.len() / width);
+        return raw.len().checked_div(width);
     }
     let contents = tensor.contents.as_ref()?;
     Some(
-        contents.int_contents.len()
-            + contents.int64_contents.len()
-            + contents.uint_contents.len()
-            + contents.uint64_contents.len(),
+        contents
+            .int_contents
+            .len()
+            .saturating_add(contents.int64_contents.len())
+            .saturating_add(contents.uint_contents.len())
+            .saturating_add(contents.uint64_contents.len()),
     )
 }
 

@@ -176,7 +176,8 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
     for slot in 0..n {
         let shared = shared.clone();
         let h2 = (!h2_senders.is_empty()).then(|| h2_senders[slot % h2_senders.len()].clone());
-        let delay = shared.args.ramp.mul_f64(slot as f64 / n as f64);
+        let ramp = shared.args.ramp.as_secs_f64();
+        let delay = Duration::try_from_secs_f64(ramp * slot as f64 / n as f64).unwrap_or_default();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until((start + delay).into()).await;
             if shared.args.hold {
