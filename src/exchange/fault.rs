@@ -34,8 +34,9 @@ pub enum UpstreamFault {
     #[error("upstream answered 101 Switching Protocols to a request that asked for no upgrade")]
     UnsolicitedSwitch,
     /// tokentap itself failed (panicked) while forwarding, before the response head
-    /// ([`boundary`](super::boundary)).
-    #[error("internal error while forwarding: {0}")]
+    /// ([`boundary`](super::boundary)). The panic's message is logged, never answered: it
+    /// may hold values of the request.
+    #[error("internal error while forwarding")]
     Internal(String),
 }
 

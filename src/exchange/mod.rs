@@ -227,6 +227,10 @@ impl Exchange {
                 %method, path, error = %err,
                 "client request refused before its response head"
             ),
+            ExchangeError::Upstream(UpstreamFault::Internal(panic)) => tracing::error!(
+                %method, path, panic,
+                "tokentap panicked while forwarding, before the response head"
+            ),
             ExchangeError::Upstream(_) => tracing::warn!(
                 %method, path, error = %err,
                 "upstream failed before its response head"
