@@ -25,8 +25,9 @@
 //!
 //! Each measured run is one call of `budget_measure`, which callgrind is told to count
 //! alone and to dump after; the binary prints one `measure` line per call, in order, so
-//! the dumps can be named. Without valgrind it runs every case once and says so: a smoke
-//! test of the setup. Run: `bash scripts/budget.sh` (it builds, counts and compares).
+//! the dumps can be named. Without valgrind it runs every case as well (`cargo test
+//! --bench budget`): a check of the setup, which fails unless every request is measured.
+//! Run: `bash scripts/budget.sh` (it builds, counts and compares).
 
 mod common;
 
@@ -76,6 +77,8 @@ struct Relayed {
     exchange: Option<Exchange>,
     streaming: Option<Streaming>,
     at: Instant,
+    /// Pieces of body data the observer saw.
+    observed: usize,
 }
 
 impl Watcher for Relayed {
@@ -88,6 +91,7 @@ impl Watcher for Relayed {
     fn data(&mut self, bytes: &[u8]) {
         if let Some(streaming) = self.streaming.as_mut().filter(|s| s.observes()) {
             streaming.data(Instant::now(), bytes);
+            self.observed += 1;
         }
     }
 }
@@ -106,6 +110,7 @@ fn relay_request(gateway: &Gateway<()>, call: &Call<'_>, reads: &[Vec<u8>]) -> u
         exchange: Some(admitted.exchange),
         streaming: None,
         at: Instant::now(),
+        observed: 0,
     };
     let mut relay = ResponseRelay::new(false, RULES, true, false);
     let mut idle = UpstreamIdle::new(IDLE);
@@ -139,6 +144,7 @@ fn relay_request(gateway: &Gateway<()>, call: &Call<'_>, reads: &[Vec<u8>]) -> u
             other => panic!("the bench's response is whole: {other:?}"),
         }
     }
+    assert!(relayed.observed > 0, "the bench's request is measured");
     sent
 }
 
@@ -438,6 +444,7 @@ fn main() {
                     Path::Relay => relay_request(&server.gateway, &call, &reads),
                     Path::Hyper => {
                         let streaming = response_head(&server.gateway, &call);
+                        assert!(streaming.observes(), "the bench's request is measured");
                         let body = in_memory_with(&frames, dialect.trailers.as_ref());
                         drain(
                             &driver,
