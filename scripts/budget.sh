@@ -10,6 +10,11 @@
 #                                      and compare (or --update with) their medians
 #   bash scripts/budget.sh --no-build  use the bench binary already built
 #   bash scripts/budget.sh relay/      only the cases whose name contains `relay/`
+#   bash scripts/budget.sh --process   count a whole tokentap process (release build)
+#                                      serving requests from the simulator, for the relay,
+#                                      hyper's HTTP/1.1 and h2c: what the benches leave out
+#                                      (sockets, hyper's HTTP, the runtime), printed, not
+#                                      held to a budget (threads make it less exact)
 #
 # A change that has to cost more raises the budget in the same commit (--update); a
 # change that saves lowers it (the script says when it can). How a change's cost is
@@ -18,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 update=0
+process=0
 runs=3
 build=1
 filters=()
@@ -26,6 +32,7 @@ while [ $# -gt 0 ]; do
         --update) update=1 ;;
         --runs) runs="$2"; shift ;;
         --no-build) build=0 ;;
+        --process) process=1 ;;
         -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
@@ -34,6 +41,63 @@ while [ $# -gt 0 ]; do
 done
 
 command -v valgrind >/dev/null || { echo "budget.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+
+if [ "$process" = 1 ]; then
+    # A whole process: tokentap under callgrind behind the simulator, tokentap-bench as
+    # the client (both outside valgrind). The counters are zeroed after a warm-up, then
+    # dumped after R requests of 40 tokens and again after R of 240: per request = the
+    # first / R, per token event = (the second - the first) / (200 R).
+    [ "$build" = 1 ] && cargo build --release --bin tokentap --bin tokentap-bench >&2
+    tt=target/release/tokentap
+    bench=target/release/tokentap-bench
+    requests=${BUDGET_PROCESS_REQUESTS:-40}
+    out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
+    pids=()
+    cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$out"; }
+    trap cleanup EXIT
+    port=${BUDGET_PROCESS_PORT:-19870}
+    "$tt" sim --listen "127.0.0.1:$port" --ttft 5ms --itl 2ms --tokens 240 >"$out/sim.log" 2>&1 &
+    pids+=($!)
+    printf 'proxy:\n  http1_fast_path: false\n' >"$out/hyper.yaml"
+    printf '{}\n' >"$out/relay.yaml"
+    for path in relay hyper h2c; do
+        config="$out/relay.yaml"; client=()
+        [ "$path" = hyper ] && config="$out/hyper.yaml"
+        [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
+        valgrind --tool=callgrind --callgrind-out-file="$out/$path.out" \
+            "$tt" --upstream "http://127.0.0.1:$port" --listen "127.0.0.1:$((port + 1))" \
+            --admin "127.0.0.1:$((port + 2))" --config "$config" >"$out/$path.log" 2>&1 &
+        vg=$!
+        pids+=("$vg")
+        for _ in $(seq 1 120); do
+            curl -fsS "http://127.0.0.1:$((port + 2))/readyz" >/dev/null 2>&1 && break
+            sleep 0.5
+        done
+        load() {
+            "$bench" run --url "http://127.0.0.1:$((port + 1))" -c 4 --requests "$requests" \
+                --max-tokens "$1" --timeout 120s ${client[@]+"${client[@]}"} >/dev/null
+        }
+        load 40
+        callgrind_control -z "$vg" >/dev/null 2>&1
+        load 40
+        callgrind_control -d "$vg" >/dev/null 2>&1
+        load 240
+        callgrind_control -d "$vg" >/dev/null 2>&1
+        kill "$vg"; wait "$vg" 2>/dev/null || true
+        python3 - "$out" "$path" "$requests" <<'EOF2'
+import glob, sys
+out, path, requests = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def total(f):
+    for line in open(f):
+        if line.startswith("totals:") or line.startswith("summary:"):
+            return int(line.split()[1])
+dumps = sorted(glob.glob(f"{out}/{path}.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+a, b = total(dumps[0]), total(dumps[1])
+print(f"process/{path}: {a / requests:12.0f} instructions per request (40 token events), {(b - a) / (200 * requests):8.0f} per token event")
+EOF2
+    done
+    exit 0
+fi
 
 # `cargo bench` builds with the bench profile, which is the release profile: the counts
 # are of the code that ships.
