@@ -32,180 +32,26 @@
 //! fit in a core's L2), which the one-response-at-a-time benches above never see; it is
 //! the figure to compare layouts of that state by (`passthrough_1000`: the reader alone).
 //!
+//! The setup (simulated responses, the configuration, a response begun through the exchange
+//! policy) is `common`, shared with the instruction counts of `budget`.
+//!
 //! Run: `cargo bench --bench observe` (add `-- --quick` for a fast pass).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use bytes::Bytes;
+use std::time::Duration;
+
+use common::{
+    chunked, config, drain, gateway, metrics, observer, sim_frames, streamed, CHAT, HEAD, RULES,
+};
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
-use tokentap::config::{Config, NativeHistograms, Overrides};
-use tokentap::exchange::{Active, Gateway, Streaming, UpstreamIdle};
+use std::sync::Arc;
+use std::time::Instant;
+use tokentap::config::{Config, NativeHistograms};
 use tokentap::metrics::exemplar::TraceContext;
 use tokentap::metrics::{Metrics, RequestExemplar, RequestFigures, Verdict};
-use tokentap::observe::{self, RequestHead, ResponseObserver};
-use tokentap::proxy::body::StreamingBody;
-use tokentap::relay::response::{Piece, ResponseReader, ResponseRules};
-
-const TOKENS: usize = 40;
-
-/// One frame per event, as `tokentap sim` sends them.
-fn sim_frames() -> Vec<Bytes> {
-    let words = [
-        " the", " token", " streams", " fast", " and", " every", " gap", " is",
-    ];
-    let head = r#"{"id":"sim-1","object":"chat.completion.chunk","created":1764000000,"model":"sim-model","choices":"#;
-    let mut out = vec![format!(
-        "data: {head}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-    )];
-    for i in 0..TOKENS {
-        out.push(format!(
-            "data: {head}[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
-            words[i % words.len()]
-        ));
-    }
-    out.push(format!(
-        "data: {head}[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"length\"}}]}}\n\n"
-    ));
-    out.push(format!(
-        "data: {head}[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":{TOKENS},\"total_tokens\":{}}}}}\n\n",
-        TOKENS + 12
-    ));
-    out.push("data: [DONE]\n\n".to_string());
-    out.into_iter().map(Bytes::from).collect()
-}
-
-type InMemory = StreamBody<
-    futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>>,
->;
-
-fn in_memory(frames: &[Bytes]) -> InMemory {
-    let frames: Vec<_> = frames.iter().cloned().map(|b| Ok(Frame::data(b))).collect();
-    StreamBody::new(futures_util::stream::iter(frames))
-}
-
-fn config() -> Arc<Config> {
-    let mut config = Config::from_overrides(&Overrides {
-        upstream: Some("http://127.0.0.1:9".to_string()),
-        ..Overrides::default()
-    })
-    .expect("flag-only config is valid");
-    // `iter_batched` opens a whole batch of streams before it drains any, and on a quiet
-    // machine a batch holds more than the default limit's 20,000.
-    config.limits.max_in_flight = 1 << 30;
-    Arc::new(config)
-}
-
-/// The measured route the benches request.
-const CHAT: &str = "/v1/chat/completions";
-
-fn metrics(config: &Config) -> Arc<Metrics> {
-    Metrics::new(&config.metrics.buckets, &config.labels)
-}
-
-/// The observer of one streamed chat request for `model` and `tenant`.
-fn observer(
-    config: &Arc<Config>,
-    metrics: &Arc<Metrics>,
-    model: &str,
-    tenant: Option<String>,
-) -> ResponseObserver {
-    let (parts, ()) = http::Request::post("/v1/chat/completions")
-        .body(())
-        .expect("static request")
-        .into_parts();
-    let mut parts = parts;
-    if let Some(tenant) = tenant {
-        parts.headers.insert(
-            "x-tenant-id",
-            tenant.parse().expect("tenant is a header value"),
-        );
-    }
-    let (mut scan, pending) = observe::start(
-        RequestHead::of(&parts),
-        Instant::now(),
-        config,
-        None,
-        metrics,
-        &Default::default(),
-    );
-    scan.feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/event-stream"),
-    );
-    pending
-        .response(Instant::now(), http::StatusCode::OK, &headers)
-        .expect("a chat completion is measured")
-}
-
-/// The exchange policy's state, as the server builds it (no upstream client: nothing is sent).
-fn gateway(config: &Arc<Config>, metrics: &Arc<Metrics>) -> Gateway<()> {
-    let active = Active {
-        config: config.clone(),
-        tokenizer: None,
-        upstream: (),
-    };
-    Gateway::new(active, metrics.clone())
-}
-
-/// The response to one request begun at `path` (with `tenant`), its body `frames`.
-fn streamed(
-    gateway: &Gateway<()>,
-    path: &str,
-    model: &str,
-    tenant: Option<String>,
-    frames: &[Bytes],
-    idle: Duration,
-) -> StreamingBody<InMemory> {
-    let (mut parts, ()) = http::Request::post(path)
-        .body(())
-        .expect("static request")
-        .into_parts();
-    if let Some(tenant) = tenant {
-        parts.headers.insert(
-            "x-tenant-id",
-            tenant.parse().expect("tenant is a header value"),
-        );
-    }
-    let mut admitted = gateway
-        .begin(RequestHead::of(&parts), Instant::now())
-        .expect("under the in-flight limit");
-    admitted
-        .scan
-        .feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/event-stream"),
-    );
-    let streaming: Streaming =
-        admitted
-            .exchange
-            .response_head(Instant::now(), http::StatusCode::OK, &headers);
-    StreamingBody::new(in_memory(frames), streaming, UpstreamIdle::new(idle))
-}
-
-fn drain<B>(rt: &tokio::runtime::Runtime, body: B) -> usize
-where
-    B: http_body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Debug,
-{
-    rt.block_on(async move {
-        let mut body = body;
-        let mut n = 0;
-        while let Some(frame) = body.frame().await {
-            n += frame
-                .expect("in-memory frames do not fail")
-                .into_data()
-                .map_or(0, |d| d.len());
-        }
-        n
-    })
-}
+use tokentap::observe::ResponseObserver;
+use tokentap::relay::response::{Piece, ResponseReader};
 
 fn bench_observe(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -391,22 +237,6 @@ fn bench_record_request(c: &mut Criterion) {
     }
     group.finish();
 }
-
-/// The bytes of one event as a chunked upstream sends it: its own chunk.
-fn chunked(frame: &[u8]) -> Vec<u8> {
-    let mut out = format!("{:X}\r\n", frame.len()).into_bytes();
-    out.extend_from_slice(frame);
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-const HEAD: &[u8] =
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-
-const RULES: ResponseRules = ResponseRules {
-    max_header_bytes: 16 << 10,
-    max_headers: 100,
-};
 
 /// A stream past its response head: the fast path's reader, and the observer unless
 /// the stream is passed through.

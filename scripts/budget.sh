@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# The instruction budget: counts tokentap's own work per streamed event and per request
+# under valgrind (benches/budget.rs, release build), prints each count beside its budget
+# in benches/budget.toml, and fails when one grew past its budget by more than the
+# tolerance the file states (measured above the run-to-run spread; see the file).
+#
+#   bash scripts/budget.sh             build, count, compare (exit 1 if over budget)
+#   bash scripts/budget.sh --update    write the counts into benches/budget.toml
+#   bash scripts/budget.sh --runs 5    count 5 times, print each run's figures (the spread),
+#                                      and compare (or --update with) their medians
+#   bash scripts/budget.sh --no-build  use the bench binary already built
+#   bash scripts/budget.sh relay/      only the cases whose name contains `relay/`
+#   bash scripts/budget.sh --process   count a whole tokentap process (release build)
+#                                      serving requests from the simulator, for the relay,
+#                                      hyper's HTTP/1.1 and h2c: what the benches leave out
+#                                      (sockets, hyper's HTTP, the runtime), printed, not
+#                                      held to a budget (threads make it less exact)
+#
+# A change that has to cost more raises the budget in the same commit (--update); a
+# change that saves lowers it (the script says when it can). How a change's cost is
+# judged: docs/PERFORMANCE.md, "How a change's cost is judged".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+update=0
+process=0
+runs=3
+build=1
+filters=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --update) update=1 ;;
+        --runs) runs="$2"; shift ;;
+        --no-build) build=0 ;;
+        --process) process=1 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
+        *) filters+=("$1") ;;
+    esac
+    shift
+done
+
+command -v valgrind >/dev/null || { echo "budget.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+
+if [ "$process" = 1 ]; then
+    # A whole process: tokentap under callgrind behind the simulator, tokentap-bench as
+    # the client (both outside valgrind). The counters are zeroed after a warm-up, then
+    # dumped after R requests of 40 tokens and again after R of 240: per request = the
+    # first / R, per token event = (the second - the first) / (200 R).
+    [ "$build" = 1 ] && cargo build --release --bin tokentap --bin tokentap-bench >&2
+    tt=target/release/tokentap
+    bench=target/release/tokentap-bench
+    requests=${BUDGET_PROCESS_REQUESTS:-40}
+    out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
+    pids=()
+    cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$out"; }
+    trap cleanup EXIT
+    port=${BUDGET_PROCESS_PORT:-19870}
+    "$tt" sim --listen "127.0.0.1:$port" --ttft 5ms --itl 2ms --tokens 240 >"$out/sim.log" 2>&1 &
+    pids+=($!)
+    printf 'proxy:\n  http1_fast_path: false\n' >"$out/hyper.yaml"
+    printf '{}\n' >"$out/relay.yaml"
+    for path in relay hyper h2c; do
+        config="$out/relay.yaml"; client=()
+        [ "$path" = hyper ] && config="$out/hyper.yaml"
+        [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
+        valgrind --tool=callgrind --callgrind-out-file="$out/$path.out" \
+            "$tt" --upstream "http://127.0.0.1:$port" --listen "127.0.0.1:$((port + 1))" \
+            --admin "127.0.0.1:$((port + 2))" --config "$config" >"$out/$path.log" 2>&1 &
+        vg=$!
+        pids+=("$vg")
+        for _ in $(seq 1 120); do
+            curl -fsS "http://127.0.0.1:$((port + 2))/readyz" >/dev/null 2>&1 && break
+            sleep 0.5
+        done
+        load() {
+            "$bench" run --url "http://127.0.0.1:$((port + 1))" -c 4 --requests "$requests" \
+                --max-tokens "$1" --timeout 120s ${client[@]+"${client[@]}"} >/dev/null
+        }
+        load 40
+        callgrind_control -z "$vg" >/dev/null 2>&1
+        load 40
+        callgrind_control -d "$vg" >/dev/null 2>&1
+        load 240
+        callgrind_control -d "$vg" >/dev/null 2>&1
+        kill "$vg"; wait "$vg" 2>/dev/null || true
+        python3 - "$out" "$path" "$requests" <<'EOF2'
+import glob, sys
+out, path, requests = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def total(f):
+    for line in open(f):
+        if line.startswith("totals:") or line.startswith("summary:"):
+            return int(line.split()[1])
+dumps = sorted(glob.glob(f"{out}/{path}.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+a, b = total(dumps[0]), total(dumps[1])
+print(f"process/{path}: {a / requests:12.0f} instructions per request (40 token events), {(b - a) / (200 * requests):8.0f} per token event")
+EOF2
+    done
+    exit 0
+fi
+
+# `cargo bench` builds with the bench profile, which is the release profile: the counts
+# are of the code that ships.
+if [ "$build" = 1 ]; then
+    cargo bench --bench budget --no-run >&2
+fi
+bin=$(cargo bench --bench budget --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "budget" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$bin" ] || { echo "budget.sh: no bench binary (drop --no-build)" >&2; exit 2; }
+
+out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+for run in $(seq 1 "$runs"); do
+    mkdir -p "$out/$run"
+    # Counted only inside `budget_measure`, a dump after each call (one measured run each).
+    # The simulated caches are fixed (32 KiB L1s, 8 MiB LL), not read from the host, so
+    # the miss counts compare across machines.
+    valgrind --tool=callgrind --cache-sim=yes --collect-atstart=no \
+        --I1=32768,8,64 --D1=32768,8,64 --LL=8388608,16,64 \
+        --toggle-collect=budget_measure --dump-after=budget_measure \
+        --callgrind-out-file="$out/$run/callgrind.out" \
+        "$bin" ${filters[@]+"${filters[@]}"} >"$out/$run/measures" 2>"$out/$run/valgrind.log" \
+        || { cat "$out/$run/valgrind.log" >&2; exit 2; }
+done
+
+python3 - "$out" "$runs" "$update" <<'EOF'
+import os, re, sys, tomllib
+
+out, runs, update = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+BUDGET = "benches/budget.toml"
+
+def counts(run_dir):
+    """Each measured call's events, by (case, token events), per request."""
+    measures = []
+    for line in open(os.path.join(run_dir, "measures")):
+        m = re.match(r"measure (\d+) (\S+) events=(\d+) requests=(\d+)", line)
+        if m:
+            measures.append((int(m[1]), m[2], int(m[3]), int(m[4])))
+    found = {}
+    for index, case, events, requests in measures:
+        path = os.path.join(run_dir, f"callgrind.out.{index}")
+        names = values = None
+        for line in open(path):
+            if line.startswith("events:"):
+                names = line.split()[1:]
+            elif line.startswith("totals:") or line.startswith("summary:"):
+                values = [int(v) for v in line.split()[1:]]
+        if names is None or values is None:
+            sys.exit(f"budget.sh: no totals in {path}")
+        values += [0] * (len(names) - len(values))
+        found[(case, events)] = {n: v / requests for n, v in zip(names, values)}
+    return found
+
+def derived(found):
+    """Per request (the shorter run) and per event (the difference of the two runs)."""
+    figures = {}
+    cases = sorted({case for case, _ in found})
+    for case in cases:
+        runs = sorted(events for c, events in found if c == case)
+        short, long_ = runs[0], runs[-1]
+        a, b = found[(case, short)], found[(case, long_)]
+        figures[f"{case}/request"] = a
+        figures[f"{case}/event"] = {n: (b[n] - a[n]) / (long_ - short) for n in a}
+    return figures
+
+all_runs = [derived(counts(os.path.join(out, str(r)))) for r in range(1, runs + 1)]
+# With several runs, each figure is their median.
+figures = {
+    name: {event: sorted(r[name][event] for r in all_runs)[runs // 2] for event in f}
+    for name, f in all_runs[0].items()
+}
+
+def misses(f):
+    d1 = f.get("D1mr", 0) + f.get("D1mw", 0)
+    ll = f.get("ILmr", 0) + f.get("DLmr", 0) + f.get("DLmw", 0)
+    return d1, ll
+
+if runs > 1:
+    print("instructions of each run (the spread is max/min - 1):")
+    for name in figures:
+        irs = [r[name]["Ir"] for r in all_runs]
+        spread = max(irs) / min(irs) - 1 if min(irs) > 0 else 0.0
+        print(f"  {name:42} " + " ".join(f"{v:12.1f}" for v in irs) + f"   spread {spread * 100:.3f}%")
+    print()
+
+budget = tomllib.load(open(BUDGET, "rb")) if os.path.exists(BUDGET) else {}
+tolerances = budget.get("tolerance", {})
+entries = budget.get("bench", {})
+
+def tolerance(name):
+    """The tolerance of a per-event or per-request figure."""
+    return tolerances.get(name.rsplit("/", 1)[-1], 0.01)
+
+over, lower = [], []
+print(f"{'bench':42} {'instructions':>12} {'budget':>10} {'change':>8} {'D1 miss':>8} {'LL miss':>8}")
+for name, f in figures.items():
+    ir = f["Ir"]
+    d1, ll = misses(f)
+    limit = entries.get(name, {}).get("instructions")
+    if limit is None:
+        print(f"{name:42} {ir:12.1f} {'-':>10} {'new':>8} {d1:8.1f} {ll:8.1f}")
+        continue
+    change = ir / limit - 1 if limit else 0.0
+    mark = ""
+    if ir > limit * (1 + tolerance(name)):
+        over.append(name)
+        mark = "  OVER BUDGET"
+    elif ir < limit * (1 - tolerance(name)):
+        lower.append(name)
+        mark = "  (budget can be lowered)"
+    print(f"{name:42} {ir:12.1f} {limit:10} {change * 100:+7.2f}% {d1:8.1f} {ll:8.1f}{mark}")
+unsaid = [n for n, e in entries.items() if not e.get("buys")]
+
+if update:
+    text = open(BUDGET).read() if os.path.exists(BUDGET) else ""
+    for name, f in figures.items():
+        value = round(f["Ir"])
+        header = f'[bench."{name}"]'
+        if header in text:
+            start = text.index(header)
+            text = text[:start] + re.sub(r"instructions = \d+", f"instructions = {value}", text[start:], count=1)
+        else:
+            text += f'\n{header}\ninstructions = {value}\nbuys = ""\n'
+    open(BUDGET, "w").write(text)
+    print(f"\nwrote the counts into {BUDGET}")
+    if any(f'[bench."{n}"]' not in open(BUDGET).read() or not entries.get(n, {}).get("buys") for n in figures):
+        print("say in each new entry's `buys` what its instructions buy")
+    sys.exit(0)
+
+print("\ntolerance: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in tolerances.items()) + " (benches/budget.toml)")
+if lower:
+    print("cheaper than budgeted by more than the tolerance (lower it: bash scripts/budget.sh --update): " + ", ".join(lower))
+if unsaid:
+    print("entries that do not say what their instructions buy: " + ", ".join(unsaid))
+if over:
+    print("OVER BUDGET: " + ", ".join(over))
+    print("A change that has to cost this raises the budget in the same commit (--update) and says why.")
+    sys.exit(1)
+if unsaid:
+    sys.exit(1)
+print("within budget")
+EOF
