@@ -40,7 +40,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-command -v valgrind >/dev/null || { echo "budget.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+if ! command -v valgrind >/dev/null; then
+    apt-get update -qq >/dev/null 2>&1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null 2>&1 \
+        || { echo "budget.sh: valgrind is not installed and cannot be (apt-get install valgrind)" >&2; exit 2; }
+fi
 
 if [ "$process" = 1 ]; then
     # A whole process: tokentap under callgrind behind the simulator, tokentap-bench as
