@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
 # formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
-# fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
+# instruction budget, the fuzz targets, the checks of the shipped deploy files, and an end-to-end run of tokentap
 # under a real Prometheus of each kind (classic and native) with the dashboard's queries,
 # the exemplars through both, the shipped alerts through a real Alertmanager to a
 # webhook, and the live view in headless Chromium.
@@ -42,6 +42,9 @@ bash scripts/soak.sh --minutes 0.5 --debug
 
 step "benchmark smoke: the load harness against tokentap and a direct connection (scripts/bench.sh is the full run)"
 bash scripts/bench.sh --smoke --debug
+
+step "instruction budget: tokentap's own work per event and per request under callgrind, held to benches/budget.toml (docs/PERFORMANCE.md, how a change's cost is judged)"
+bash scripts/budget.sh
 
 step "coverage-guided fuzzing of every decoder and the request scanner, 10 s per target"
 bash scripts/fuzz.sh --seconds 10

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # pass and fail (scripts/ops/lib.sh) always succeed: `A && pass || fail` is an if-then-else here
 # `tokentap top` against a hostile admin server, in a pseudo-terminal: a fake server
 # (scripts/ops/top_hostile_server.py) serves /api/live/stream with strings that carry
 # terminal escapes, a huge frame, a frame that never ends and a stream that never
