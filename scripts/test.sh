@@ -3,9 +3,10 @@
 # Installs what the checks need when it is missing (idempotent), then runs:
 # formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # instruction budget, the fuzz targets, the checks of the shipped deploy files, and an
-# end-to-end run of tokentap under a real Prometheus of each kind (classic and native) with the dashboard's queries,
-# the exemplars through both, the shipped alerts through a real Alertmanager to a
-# webhook, and the live view in headless Chromium.
+# end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
+# with the dashboard's queries, the exemplars through both, the shipped alerts through a
+# real Alertmanager to a webhook, the live view in headless Chromium, and `top` in a
+# terminal against the demo and against a hostile server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
