@@ -55,7 +55,7 @@ start_case() {
   [ -s "$TMP/$name.port" ] || { log_tail "server-$name"; die "the fake server did not start"; }
   # top waits for a key, so the title is set and the pane recorded before it starts.
   tm new-session -d -s "$name" -x 150 -y 40 \
-    "read go; python3 '$PTY' '$TMP/$name' -- '$BIN' top --admin 127.0.0.1:$(cat "$TMP/$name.port")"
+    "read go; python3 '$PTY' '$TMP/$name' -- '$BIN' top --addr 127.0.0.1:$(cat "$TMP/$name.port")"
   tm set-option -t "$name" remain-on-exit on >/dev/null
   tm select-pane -t "$name" -T "$TITLE"
   tm send-keys -t "$name" Enter
