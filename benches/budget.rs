@@ -379,9 +379,13 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
     let config = config_from(config_text);
     let metrics: Arc<Metrics> = server_metrics(&config);
     let _runtime = background.enter();
+    let supervisor = tokentap::supervise::Supervisor::new(
+        metrics.clone(),
+        Arc::new(tokentap::admin::Readiness::default()),
+    );
     let live = config
         .ui
-        .then(|| tokentap::live::Live::start(metrics.clone()));
+        .then(|| tokentap::live::Live::start(metrics.clone(), &supervisor));
     let spans = config
         .otlp
         .as_ref()
@@ -396,6 +400,7 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
                 resource,
                 None,
                 metrics.clone(),
+                &supervisor,
             )
         });
     Server {
