@@ -233,6 +233,12 @@ impl TokenClock {
         self.t_head.map(|t| t.saturating_duration_since(self.t_req))
     }
 
+    /// Whether a visible (non-reasoning) token has come: [`ttft_content`](Self::ttft_content)
+    /// without the subtraction, for the per-event check.
+    pub fn has_content(&self) -> bool {
+        self.first_visible.is_some()
+    }
+
     /// Time to the first visible (non-reasoning) token, once there was one.
     pub fn ttft_content(&self) -> Option<Duration> {
         self.first_visible

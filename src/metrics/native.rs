@@ -111,23 +111,22 @@ impl NativeSettings {
         }
         let (fraction, exponent) = frexp(v);
         let mantissa = 2.0 * fraction;
-        // The schema is at most 8 and an f64's exponent within +-1074: nothing below can
-        // overflow, and the tables are made for this schema (`new`), so every lookup hits;
-        // the saturating ops and `get`s cost what the plain ones did.
-        let shift = 52i32.saturating_sub(i32::from(self.schema).saturating_add(2));
-        let cell = (v.to_bits() & ((1 << 52) - 1))
-            .checked_shr(shift.unsigned_abs())
-            .unwrap_or(0);
+        // Exact in wrapping arithmetic, which the checks would only slow down (this runs
+        // on every observation): the schema is 1..=8 here, so the shift is 42..=49, and
+        // an f64's exponent lies within +-1075, so the index within +-2^19. The tables are
+        // made for this schema (`new`), so every lookup hits.
+        let shift = 50u32.wrapping_sub(self.schema.unsigned_abs().into());
+        let cell = (v.to_bits() & ((1 << 52) - 1)).wrapping_shr(shift);
         let candidate = self.cells.get(cell as usize).map_or(0, |&c| usize::from(c));
         let above = self
             .boundaries
             .get(candidate)
             .is_some_and(|&b| b < mantissa);
-        let within = candidate.saturating_add(usize::from(above));
+        let within = (candidate as i32).wrapping_add(i32::from(above));
         exponent
-            .saturating_sub(1)
-            .saturating_mul(1 << self.schema)
-            .saturating_add(within as i32)
+            .wrapping_sub(1)
+            .wrapping_shl(self.schema.unsigned_abs().into())
+            .wrapping_add(within)
     }
 
     pub fn schema(&self) -> i8 {
@@ -147,7 +146,8 @@ fn frexp(v: f64) -> (f64, i32) {
     let bits = v.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;
     let fraction = f64::from_bits((bits & !(0x7ff << 52)) | (1022 << 52));
-    (fraction, biased.saturating_sub(1022))
+    // `biased` is 0..=2047: no overflow.
+    (fraction, biased.wrapping_sub(1022))
 }
 
 /// The index of the bucket that holds `v` (positive, normal, finite) at `schema`:
@@ -260,7 +260,8 @@ impl NativeHistogram {
         let top = self.counts.len().saturating_sub(1);
         let slot = if v.is_finite() {
             let index = self.settings.index(v);
-            usize::try_from(index.saturating_sub(self.min_index)).map_or(0, |slot| slot.min(top))
+            // Both indexes lie within +-2^19 (`index`): the difference is exact.
+            usize::try_from(index.wrapping_sub(self.min_index)).map_or(0, |slot| slot.min(top))
         } else {
             top
         };

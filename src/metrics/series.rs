@@ -478,6 +478,7 @@ impl StreamSeries {
 
     /// A token-bearing event arrived `gap` after the one before: the inter-chunk latency,
     /// and the GenAI time per output chunk of a streamed request.
+    #[inline]
     pub fn chunk_gap(&self, gap: Duration) {
         let seconds = gap.as_secs_f64();
         self.inter_chunk().observe(seconds);

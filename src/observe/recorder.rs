@@ -243,7 +243,7 @@ impl Recorder {
                     exact,
                     kind,
                 } => {
-                    let content_pending = self.clock.ttft_content().is_none();
+                    let content_pending = !self.clock.has_content();
                     let stamp = self.clock.output(at, *tokens, *exact, *kind);
                     let stall_threshold = self.stall_threshold;
                     if let Stamp::Next {

@@ -24,9 +24,14 @@ use super::response::Piece;
 pub const READ_CHUNK: usize = 8192;
 
 thread_local! {
-    static RECEIVED: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
-    static PIECES: Cell<Vec<Piece>> = const { Cell::new(Vec::new()) };
-    static OUT: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    // One thread-local for the three: each access to one costs a check of its state.
+    static BUFFERS: Cell<Buffers> = const {
+        Cell::new(Buffers {
+            received: Vec::new(),
+            pieces: Vec::new(),
+            out: Vec::new(),
+        })
+    };
 }
 
 /// A receive buffer, the pieces read from it and an output buffer, all empty when taken.
@@ -39,11 +44,7 @@ pub struct Buffers {
 
 /// The worker's buffers (fresh ones if another stream has them).
 pub fn take() -> Buffers {
-    let mut buffers = Buffers {
-        received: RECEIVED.take(),
-        pieces: PIECES.take(),
-        out: OUT.take(),
-    };
+    let mut buffers = BUFFERS.take();
     buffers.received.clear();
     buffers.pieces.clear();
     buffers.out.clear();
@@ -52,9 +53,7 @@ pub fn take() -> Buffers {
 
 /// Hand the buffers back for the next read on this worker.
 pub fn give_back(buffers: Buffers) {
-    RECEIVED.set(buffers.received);
-    PIECES.set(buffers.pieces);
-    OUT.set(buffers.out);
+    BUFFERS.set(buffers);
 }
 
 /// Read what `stream` has into `input`: the count, `0` at its end.

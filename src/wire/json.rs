@@ -286,7 +286,10 @@ impl Reason {
 
 impl<'de> Deserialize<'de> for Reason {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        Str::deserialize(de).map(|s| Reason(s.non_empty().map(Cow::into_owned)))
+        // Through `Option`: the `null` of every chunk but a choice's last is read there
+        // without the any-value visitor.
+        Option::<Str<'_>>::deserialize(de)
+            .map(|s| Reason(s.and_then(Str::non_empty).map(Cow::into_owned)))
     }
 }
 
@@ -306,6 +309,9 @@ impl Reasons {
     }
 
     pub(crate) fn signals(self, out: &mut Vec<Signal>) {
+        if self.0.is_empty() {
+            return;
+        }
         out.extend(self.0.into_iter().map(Signal::FinishReason));
     }
 }
@@ -545,11 +551,34 @@ pub(crate) fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// Parse one event's (or body's) JSON. Checking UTF-8 once up front lets serde_json
 /// borrow strings without validating each again (measured with callgrind: 11-17 % fewer
 /// instructions per OpenAI event); input that is not UTF-8 takes the byte path, so the
-/// result is the same either way.
+/// result is the same either way. Inlined into each decoder, so that the parsed value is
+/// built where the decoder reads it rather than moved out through two returns.
+#[inline(always)]
 pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json::Result<T> {
     match std::str::from_utf8(data) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(data),
+    }
+}
+
+/// [`parse`] one event's JSON object into `into`, a visitor that fills its fields in
+/// place.
+#[inline(always)]
+pub(crate) fn parse_into<'a, V: Visitor<'a, Value = ()>>(
+    data: &'a [u8],
+    into: V,
+) -> serde_json::Result<()> {
+    match std::str::from_utf8(data) {
+        Ok(text) => {
+            let mut de = serde_json::Deserializer::from_str(text);
+            de.deserialize_map(into)?;
+            de.end()
+        }
+        Err(_) => {
+            let mut de = serde_json::Deserializer::from_slice(data);
+            de.deserialize_map(into)?;
+            de.end()
+        }
     }
 }
 

@@ -45,7 +45,9 @@
 //! arrays as they go (no `serde_json::Value`, no `Vec` per chunk); leaf fields accept any
 //! JSON type so one odd field does not cost a whole event.
 
-use serde::de::IgnoredAny;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::count::{visibility, Tally};
@@ -83,26 +85,28 @@ impl OpenAi {
         }
     }
 
-    fn on_chunk(&mut self, chunk: Chunk<'_>, data: &[u8], out: &mut Vec<Signal>) {
-        if is_error(chunk.error.as_ref(), &chunk.object) {
+    /// Read one parsed chunk, in place (a chunk is too large to move cheaply; this runs on
+    /// every event).
+    fn on_chunk(&mut self, chunk: &mut Chunk<'_>, data: &[u8], out: &mut Vec<Signal>) {
+        if is_error(chunk.error, &chunk.object) {
             out.push(Signal::Error(error_class(data)));
             return;
         }
         if !self.model_sent {
-            if let Some(model) = chunk.model.non_empty() {
+            if let Some(model) = std::mem::take(&mut chunk.model).non_empty() {
                 out.push(Signal::Model(model.into_owned()));
                 self.model_sent = true;
             }
         }
         let engine = reported_timings(
-            &chunk.usage,
-            &chunk.timings,
-            &chunk.x_groq,
-            &chunk.time_info,
+            chunk.usage.as_ref(),
+            chunk.timings.as_deref(),
+            chunk.x_groq.as_deref(),
+            chunk.time_info.as_deref(),
         );
-        let usage = reported_usage(chunk.usage, chunk.timings);
+        let usage = reported_usage(chunk.usage.as_ref(), chunk.timings.as_deref());
         let reported_output = usage.and_then(|(_, output)| output);
-        let choices = chunk.choices.map(|c| c.0).unwrap_or_default();
+        let choices = std::mem::take(&mut chunk.choices);
         let (kind, logprobs, select): (_, _, SelectTexts) = if self.completions {
             (
                 choices.text.then_some(OutputKind::Content),
@@ -127,7 +131,9 @@ impl OpenAi {
                 output_tokens,
             });
         }
-        out.extend(engine);
+        if let Some(engine) = engine {
+            out.push(engine);
+        }
     }
 }
 
@@ -145,8 +151,9 @@ impl Handler for OpenAi {
             out.push(Signal::Done);
             return;
         }
-        match super::json::parse::<Chunk<'_>>(data) {
-            Ok(chunk) => self.on_chunk(chunk, data, out),
+        let mut chunk = Chunk::default();
+        match super::json::parse_into(data, &mut chunk) {
+            Ok(()) => self.on_chunk(&mut chunk, data, out),
             Err(_) => out.push(Signal::Malformed),
         }
     }
@@ -193,7 +200,7 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
             return;
         }
     };
-    if is_error(parsed.error.as_ref(), &parsed.object) {
+    if is_error(parsed.error.is_some(), &parsed.object) {
         out.push(Signal::Error(error_class(body)));
         return;
     }
@@ -204,23 +211,27 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
         choices.0 .0.signals(out);
     }
     let engine = reported_timings(
-        &parsed.usage,
-        &parsed.timings,
-        &parsed.x_groq,
-        &parsed.time_info,
+        parsed.usage.as_ref(),
+        parsed.timings.as_ref(),
+        parsed.x_groq.as_ref(),
+        parsed.time_info.as_ref(),
     );
-    if let Some((input_tokens, output_tokens)) = reported_usage(parsed.usage, parsed.timings) {
+    if let Some((input_tokens, output_tokens)) =
+        reported_usage(parsed.usage.as_ref(), parsed.timings.as_ref())
+    {
         out.push(Signal::Usage {
             input_tokens,
             output_tokens,
         });
     }
-    out.extend(engine);
+    if let Some(engine) = engine {
+        out.push(engine);
+    }
 }
 
 /// Whether a chunk or body is an error report.
-fn is_error(error: Option<&IgnoredAny>, object: &Str<'_>) -> bool {
-    error.is_some() || object.0.as_deref() == Some("error")
+fn is_error(error: bool, object: &Str<'_>) -> bool {
+    error || object.0.as_deref() == Some("error")
 }
 
 /// What an error chunk or body names as its cause, read only once it is known to be one.
@@ -244,8 +255,8 @@ fn error_class(data: &[u8]) -> ErrorClass {
 /// usage; `None` when neither gives a count. `timings.prompt_n` counts only evaluated
 /// prompt tokens, so the cached ones (`cache_n`) are added back.
 fn reported_usage(
-    usage: Option<Usage>,
-    timings: Option<Timings>,
+    usage: Option<&Usage>,
+    timings: Option<&Timings>,
 ) -> Option<(Option<u64>, Option<u64>)> {
     let counted =
         |&(input, output): &(Option<u64>, Option<u64>)| input.is_some() || output.is_some();
@@ -269,23 +280,25 @@ fn reported_usage(
 /// `x_groq.usage`, else Cerebras' `time_info` (seconds); a prefill from llama.cpp's
 /// `timings.prompt_ms` where no hosted report gives one.
 fn reported_timings(
-    usage: &Option<Usage>,
-    timings: &Option<Timings>,
-    x_groq: &Option<XGroq>,
-    time_info: &Option<Usage>,
+    usage: Option<&Usage>,
+    timings: Option<&Timings>,
+    x_groq: Option<&XGroq>,
+    time_info: Option<&Usage>,
 ) -> Option<Signal> {
-    let groq = x_groq.as_ref().and_then(|x| x.usage.as_ref());
-    let cerebras = time_info.as_ref();
+    let groq = x_groq.and_then(|x| x.usage.as_ref());
+    let cerebras = time_info;
+    if usage.is_none() && groq.is_none() && cerebras.is_none() && timings.is_none() {
+        return None;
+    }
     let first = |of: fn(&Usage) -> &Float| {
-        [usage.as_ref(), groq, cerebras]
+        [usage, groq, cerebras]
             .into_iter()
             .flatten()
             .find_map(|u| of(u).seconds())
     };
     let engine = EngineTimings {
         queue: first(|u| &u.queue_time),
-        prefill: first(|u| &u.prompt_time)
-            .or_else(|| timings.as_ref().and_then(|t| t.prompt_ms.millis())),
+        prefill: first(|u| &u.prompt_time).or_else(|| timings.and_then(|t| t.prompt_ms.millis())),
         first_token: None,
     };
     (!engine.is_empty()).then_some(Signal::EngineTimings(engine))
@@ -300,19 +313,118 @@ struct XGroq {
     usage: Option<Usage>,
 }
 
-/// One streamed chunk.
-#[derive(Deserialize)]
+/// One streamed chunk: the fields the rules read, filled in place as serde walks the
+/// object (its [`Visitor`]), so that no value of the whole chunk is built and moved on
+/// each event. Unknown fields are skipped; a known one twice is an error, as serde's
+/// derive has it.
+#[derive(Default)]
 struct Chunk<'a> {
-    #[serde(borrow, default)]
     model: Str<'a>,
-    #[serde(borrow, default)]
     object: Str<'a>,
-    error: Option<IgnoredAny>,
-    choices: Option<Folded<Choices>>,
+    /// Some non-null `error`.
+    error: bool,
+    choices: Choices,
     usage: Option<Usage>,
-    timings: Option<Timings>,
-    x_groq: Option<XGroq>,
-    time_info: Option<Usage>,
+    // Boxed: these are in a few servers' last chunks only.
+    timings: Option<Box<Timings>>,
+    x_groq: Option<Box<XGroq>>,
+    time_info: Option<Box<Usage>>,
+}
+
+/// A key of a [`Chunk`].
+#[derive(Clone, Copy)]
+enum ChunkField {
+    Model,
+    Object,
+    Error,
+    Choices,
+    Usage,
+    Timings,
+    XGroq,
+    TimeInfo,
+    Other,
+}
+
+impl ChunkField {
+    /// The field's name, and its bit in the set of fields seen.
+    fn name_and_bit(self) -> Option<(&'static str, u8)> {
+        Some(match self {
+            ChunkField::Model => ("model", 1),
+            ChunkField::Object => ("object", 2),
+            ChunkField::Error => ("error", 4),
+            ChunkField::Choices => ("choices", 8),
+            ChunkField::Usage => ("usage", 16),
+            ChunkField::Timings => ("timings", 32),
+            ChunkField::XGroq => ("x_groq", 64),
+            ChunkField::TimeInfo => ("time_info", 128),
+            ChunkField::Other => return None,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ChunkField {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct FieldVisitor;
+        impl Visitor<'_> for FieldVisitor {
+            type Value = ChunkField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, name: &str) -> Result<ChunkField, E> {
+                Ok(match name {
+                    "model" => ChunkField::Model,
+                    "object" => ChunkField::Object,
+                    "error" => ChunkField::Error,
+                    "choices" => ChunkField::Choices,
+                    "usage" => ChunkField::Usage,
+                    "timings" => ChunkField::Timings,
+                    "x_groq" => ChunkField::XGroq,
+                    "time_info" => ChunkField::TimeInfo,
+                    _ => ChunkField::Other,
+                })
+            }
+        }
+        de.deserialize_identifier(FieldVisitor)
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for &mut Chunk<'a> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a chunk object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = 0u8;
+        while let Some(field) = map.next_key::<ChunkField>()? {
+            if let Some((name, bit)) = field.name_and_bit() {
+                if seen & bit != 0 {
+                    return Err(de::Error::duplicate_field(name));
+                }
+                seen |= bit;
+            }
+            match field {
+                ChunkField::Model => self.model = map.next_value()?,
+                ChunkField::Object => self.object = map.next_value()?,
+                ChunkField::Error => {
+                    self.error = map.next_value::<Option<IgnoredAny>>()?.is_some();
+                }
+                ChunkField::Choices => {
+                    let choices = map.next_value::<Option<Folded<Choices>>>()?;
+                    self.choices = choices.map(|c| c.0).unwrap_or_default();
+                }
+                ChunkField::Usage => self.usage = map.next_value()?,
+                ChunkField::Timings => self.timings = map.next_value()?,
+                ChunkField::XGroq => self.x_groq = map.next_value()?,
+                ChunkField::TimeInfo => self.time_info = map.next_value()?,
+                ChunkField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What names an error's cause: the `error` object (OpenAI, vLLM), TGI's `error_type`
@@ -373,13 +485,31 @@ struct Timings {
 
 #[derive(Deserialize)]
 struct Choice {
-    delta: Option<Delta>,
+    delta: Option<DeltaOutput>,
     #[serde(default)]
     text: Text,
     logprobs: Option<Logprobs>,
     /// `null` until the choice's last chunk.
     #[serde(default)]
     finish_reason: Reason,
+}
+
+/// What a [`Delta`] carries, all a [`Choice`] keeps of it: read through `Delta` and
+/// summed at once, so a choice stays small as serde moves it.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(from = "Delta")]
+struct DeltaOutput {
+    kind: Option<OutputKind>,
+    estimate: u64,
+}
+
+impl From<Delta> for DeltaOutput {
+    fn from(delta: Delta) -> DeltaOutput {
+        DeltaOutput {
+            kind: delta.kind(),
+            estimate: delta.estimate(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -491,7 +621,7 @@ impl Fold for Choices {
     type Item = Choice;
 
     fn add(&mut self, choice: Choice) {
-        if let Some(kind) = choice.delta.as_ref().and_then(Delta::kind) {
+        if let Some(kind) = choice.delta.and_then(|d| d.kind) {
             if self
                 .delta_kind
                 .is_none_or(|k| visibility(kind) > visibility(k))
@@ -501,8 +631,8 @@ impl Fold for Choices {
         }
         self.text |= choice.text.carries;
         self.finish_reasons.add(choice.finish_reason);
-        let estimate = match &choice.delta {
-            Some(delta) => delta.estimate(),
+        let estimate = match choice.delta {
+            Some(delta) => delta.estimate,
             None => choice.text.estimate,
         };
         self.estimate = self.estimate.saturating_add(estimate);
