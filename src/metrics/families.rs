@@ -1,7 +1,7 @@
 //! The metric contract as data: one spec per family (name, help, labels, kind and where
 //! its values come from), which [`Metrics::new`] iterates to build the families.
 //!
-//! Dashboards, alert rules, the e2e checks and the README rely on these names, labels and
+//! Dashboards, alert rules, the e2e checks and docs/METRICS.md rely on these names, labels and
 //! base units; `scripts/ops/tokentap_contract.py` states the same contract (with the
 //! default `labels.tenant.families`) for the ops scripts, and a test here fails if the two
 //! differ.

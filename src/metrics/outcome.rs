@@ -355,8 +355,8 @@ mod tests {
         for (i, verdict) in Verdict::ALL.iter().enumerate() {
             assert_eq!(verdict.index(), i);
         }
-        // README.md, docs/ARCHITECTURE.md, docs/PERFORMANCE.md and docs/RELIABILITY.md
-        // state this number: change them with it.
+        // docs/METRICS.md states this number and lists the pairs (its test,
+        // `docs_metrics_lists_every_pair`, holds the list to `statuses()`).
         assert_eq!(Verdict::COUNT, 35);
     }
 
