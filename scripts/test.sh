@@ -5,7 +5,8 @@
 # instruction budget, the fuzz targets, the checks of the shipped deploy files, and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
 # with the dashboard's queries, the exemplars through both, the shipped alerts through a
-# real Alertmanager to a webhook, the live view in headless Chromium, and `top` in a
+# real Alertmanager to a webhook, two pods under one Prometheus against one merged
+# histogram, the live view in headless Chromium, and `top` in a
 # terminal against the demo and against a hostile server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +70,9 @@ bash scripts/ops/e2e-gen-ai.sh
 
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
+
+step "end to end: two tokentap pods, one Prometheus: the dashboard's per-model p99 ITL and request rate equal one merged histogram of both pods' traffic (docs/FLEET.md)"
+bash scripts/ops/e2e-fleet.sh
 
 step "end to end: the live view (/ui, on its own loopback listener) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap, models named constructor, __proto__, toString and hasOwnProperty keep the page ticking; screenshot in target/e2e-ui/"
 bash scripts/ops/e2e-ui.sh
