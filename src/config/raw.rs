@@ -46,13 +46,13 @@ pub struct RawConfig {
     #[serde(default)]
     pub observe: RawObserve,
     /// Routes that set the API dialect of a path instead of detecting it (see
-    /// [`RawRoute`]). The first route whose `path_prefix` matches wins; a path no route
+    /// `RawRoute`). The first route whose `path_prefix` matches wins; a path no route
     /// matches is detected from its shape (`…/chat/completions`, `…/v1/messages`, ...).
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: RawLog,
-    /// OTLP metrics push (see [`RawOtlp`]); the `OTEL_*` environment variables fill in
+    /// OTLP metrics push (see `RawOtlp`); the `OTEL_*` environment variables fill in
     /// what it leaves out.
     #[serde(default)]
     pub otlp: RawOtlp,

@@ -277,7 +277,7 @@ impl Verdict {
         status: StatusClass::Success,
     };
 
-    /// Every verdict, each outcome's in the order [`statuses`] lists them.
+    /// Every verdict, each outcome's in the order `statuses()` lists them.
     #[allow(
         clippy::indexing_slicing,
         clippy::arithmetic_side_effects,
