@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
+# formatting, clippy, the API docs without warnings, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # instruction budget, the fuzz targets, the checks of the shipped deploy files, and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
 # with the dashboard's queries, the exemplars through both, the shipped alerts through a
@@ -18,6 +18,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+
+step "cargo doc --no-deps, warnings as errors: public docs link only to what their reader can see"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 
 step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc]) and the OTLP receiver (opentelemetry-proto)"
 python3 -c 'import grpc, grpc_tools, tritonclient.grpc' 2>/dev/null \
