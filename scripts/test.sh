@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, every Rust test (the integration suite on both HTTP/1.1 paths), the
+# formatting, clippy, the API docs without warnings, every Rust test (the integration suite on both HTTP/1.1 paths), the
 # instruction budget, the fuzz targets, the checks of the shipped deploy files, and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
 # with the dashboard's queries, the exemplars through both, the shipped alerts through a
-# real Alertmanager to a webhook, the live view in headless Chromium, and `top` in a
+# real Alertmanager to a webhook, two pods under one Prometheus against one merged
+# histogram, the live view in headless Chromium, and `top` in a
 # terminal against the demo and against a hostile server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+
+step "cargo doc --no-deps, warnings as errors: public docs link only to what their reader can see"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 
 step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc]) and the OTLP receiver (opentelemetry-proto)"
 python3 -c 'import grpc, grpc_tools, tritonclient.grpc' 2>/dev/null \
@@ -69,6 +73,9 @@ bash scripts/ops/e2e-gen-ai.sh
 
 step "end to end: the shipped alerts, time-scaled, reach a webhook through a real Alertmanager, and resolve"
 bash scripts/ops/e2e-alerts.sh
+
+step "end to end: two tokentap pods, one Prometheus: the dashboard's per-model p99 ITL and request rate equal one merged histogram of both pods' traffic (docs/FLEET.md)"
+bash scripts/ops/e2e-fleet.sh
 
 step "end to end: the live view (/ui, on its own loopback listener) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap, models named constructor, __proto__, toString and hasOwnProperty keep the page ticking; screenshot in target/e2e-ui/"
 bash scripts/ops/e2e-ui.sh

@@ -81,8 +81,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// reading. Prometheus' default scrape timeout, so a scrape cut by it had failed already;
 /// a browser (a tab in the background too) and `tokentap top` read frames as they come.
 /// The stall begins once the kernel's buffers are full: for a live-view stream that
-/// takes seconds to minutes, by the frame rate and the client's receive buffer (README,
-/// "Live view", gives the measured figures).
+/// takes seconds to minutes, by the frame rate and the client's receive buffer (docs/LIVE.md,
+/// "How it works and what it costs", gives the measured figures).
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The send buffer of a live-view connection (the kernel doubles it): small, so that a

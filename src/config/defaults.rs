@@ -41,7 +41,7 @@ pub(super) const fn default_header_read_timeout() -> Duration {
 /// Sized for a sidecar: what its engine serves (a few models, LoRA adapters included)
 /// times the tenants that call it, with room to spare. Each pair costs 48 series (about
 /// 3.8 KB of `/metrics`), so the worst a hostile client can make of the default caps is
-/// about 12,000 series (README, "Cardinality").
+/// about 12,000 series (docs/METRICS.md, "Cardinality").
 pub(super) const DEFAULT_MAX_PAIRS: usize = 250;
 pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)

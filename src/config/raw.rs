@@ -46,13 +46,13 @@ pub struct RawConfig {
     #[serde(default)]
     pub observe: RawObserve,
     /// Routes that set the API dialect of a path instead of detecting it (see
-    /// [`RawRoute`]). The first route whose `path_prefix` matches wins; a path no route
+    /// `RawRoute`). The first route whose `path_prefix` matches wins; a path no route
     /// matches is detected from its shape (`…/chat/completions`, `…/v1/messages`, ...).
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: RawLog,
-    /// OTLP metrics push (see [`RawOtlp`]); the `OTEL_*` environment variables fill in
+    /// OTLP metrics push (see `RawOtlp`); the `OTEL_*` environment variables fill in
     /// what it leaves out.
     #[serde(default)]
     pub otlp: RawOtlp,
@@ -85,10 +85,15 @@ pub struct RawUpstream {
     pub url: Option<String>,
     /// TCP (and TLS) connect timeout. Default 5s.
     pub connect_timeout: Option<HumanDuration>,
-    /// Time from sending the request to the upstream's response head. Default 300s
-    /// (long prompts can take minutes to prefill).
+    /// Time from receiving the client's request head (`t_req`) to the upstream's
+    /// response head, connecting and sending the request and its body included; past it
+    /// tokentap answers 504 (`timeout`). Default 300s (long prompts can take minutes to
+    /// prefill).
     pub response_head_timeout: Option<HumanDuration>,
-    /// Longest silence allowed between two frames of a response body. Default 120s.
+    /// How long the upstream may send nothing while tokentap waits for it in a response
+    /// body; past it the stream is ended (`timeout`). The clock runs only while tokentap
+    /// waits to read from the upstream (`exchange::idle`): time spent writing to a client
+    /// that reads slowly is not the upstream's. Default 120s.
     pub idle_timeout: Option<HumanDuration>,
     /// Speak only HTTP/2 to the upstream: with prior knowledge (h2c) to an `http://` one;
     /// to an `https://` one, offer only `h2` by ALPN and refuse a server that does not

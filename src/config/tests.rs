@@ -1,3 +1,6 @@
+//! The loader's contract, end to end: YAML text in, a validated `Config` with the
+//! documented defaults out, or every error located by key path and line, no secret echoed.
+
 use super::*;
 use std::collections::BTreeSet;
 

@@ -19,7 +19,7 @@
 //!
 //! Nothing here shows a request's text, headers or keys: model and tenant label values
 //! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
-//! access log carry them. README's "Live view" documents the API.
+//! access log carry them. docs/LIVE.md documents the API.
 
 pub mod page;
 pub mod window;

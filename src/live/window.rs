@@ -542,7 +542,7 @@ mod tests {
             b.inter_token_latency_seconds.len(),
             bound / (MAX_MODELS + 2)
         );
-        // docs/PERFORMANCE.md and README state "at most about 5.3 MiB".
+        // docs/PERFORMANCE.md and docs/LIVE.md state "at most about 5.3 MiB".
         assert!(bound < 11 << 19, "{bound}");
     }
 

@@ -1,7 +1,7 @@
 //! The metric contract as data: one spec per family (name, help, labels, kind and where
 //! its values come from), which [`Metrics::new`] iterates to build the families.
 //!
-//! Dashboards, alert rules, the e2e checks and the README rely on these names, labels and
+//! Dashboards, alert rules, the e2e checks and docs/METRICS.md rely on these names, labels and
 //! base units; `scripts/ops/tokentap_contract.py` states the same contract (with the
 //! default `labels.tenant.families`) for the ops scripts, and a test here fails if the two
 //! differ.
@@ -699,6 +699,105 @@ mod tests {
         statuses.sort_by_key(|s| StatusClass::ALL.iter().position(|c| c.as_str() == *s));
         statuses.dedup();
         assert_eq!(python_strings("STATUSES", '(', ')'), statuses);
+    }
+
+    /// The rows of docs/METRICS.md's `| metric | type | labels | ...` tables:
+    /// name -> (type, labels).
+    fn documented_families(doc: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
+        let mut rows = BTreeMap::new();
+        let mut inside = false;
+        for line in doc.lines() {
+            if line.starts_with("| metric | type | labels |") {
+                inside = true;
+                continue;
+            }
+            if !line.starts_with('|') {
+                inside = false;
+            }
+            if !inside || line.starts_with("|---") {
+                continue;
+            }
+            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            let spans = |cell: &str| -> Vec<String> {
+                cell.split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect()
+            };
+            let name = spans(cells[0]).first().cloned().unwrap_or_default();
+            let labels = spans(cells[2]).into_iter().collect();
+            let twice = rows.insert(name.clone(), (cells[1].to_string(), labels));
+            assert!(twice.is_none(), "docs/METRICS.md: {name} has two rows");
+        }
+        rows
+    }
+
+    /// docs/METRICS.md lists every family `/metrics` can serve (the contract's, the GenAI
+    /// names' and the process collector's), each with its type and its labels under the
+    /// default `labels.tenant.families`, and no family `/metrics` cannot serve.
+    #[test]
+    fn docs_metrics_lists_every_family() {
+        const DOC: &str = include_str!("../../docs/METRICS.md");
+        /// Served by the process collector only where the process has an address-space
+        /// limit.
+        const SOMETIMES: &[&str] = &["process_virtual_memory_max_bytes"];
+        let set = |labels: &[&str]| labels.iter().map(|l| l.to_string()).collect();
+        let mut served: BTreeMap<String, (String, BTreeSet<String>)> = contract()
+            .map(|(name, kind, labels)| (name.to_string(), (kind.to_string(), set(&labels))))
+            .collect();
+        for f in &GEN_AI_FAMILIES {
+            served.insert(
+                f.name.to_string(),
+                (f.kind.type_name().to_string(), set(f.labels)),
+            );
+        }
+        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
+            upstream: Some("http://127.0.0.1:9".to_string()),
+            ..Default::default()
+        })
+        .expect("flag-only config is valid");
+        let metrics = crate::metrics::Metrics::new(&config.metrics.buckets, &config.labels);
+        let text = String::from_utf8(metrics.render()).unwrap();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE process_") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            served.insert(
+                format!("process_{name}"),
+                (kind.to_string(), BTreeSet::new()),
+            );
+        }
+        let mut documented = documented_families(DOC);
+        for name in SOMETIMES {
+            if !served.contains_key(*name) {
+                documented.remove(*name);
+            }
+        }
+        let missing: Vec<_> = served
+            .keys()
+            .filter(|n| !documented.contains_key(*n))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/METRICS.md misses these families: {missing:?}"
+        );
+        let unknown: Vec<_> = documented
+            .keys()
+            .filter(|n| !served.contains_key(*n))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "docs/METRICS.md lists families /metrics cannot serve: {unknown:?}"
+        );
+        for (name, (kind, labels)) in &served {
+            assert_eq!(
+                &documented[name],
+                &(kind.clone(), labels.clone()),
+                "docs/METRICS.md: {name}'s type and labels (left) against the code's (right)"
+            );
+        }
     }
 
     /// The GenAI families and what `gen_ai` replaces are the ops contract's too.

@@ -3,7 +3,7 @@
 //! path only touches atomics.
 //!
 //! Names, labels and base units (`families`, the contract as a table) are shared with the
-//! dashboards, the alert rules and the README; change them only together.
+//! dashboards, the alert rules and docs/METRICS.md; change them only together.
 //!
 //! The per-(model, tenant) families are kept in tokentap's own atomics (`series`), per
 //! pair for the families that carry `tenant` and per model for the rest

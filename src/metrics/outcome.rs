@@ -277,7 +277,7 @@ impl Verdict {
         status: StatusClass::Success,
     };
 
-    /// Every verdict, each outcome's in the order [`statuses`] lists them.
+    /// Every verdict, each outcome's in the order `statuses()` lists them.
     #[allow(
         clippy::indexing_slicing,
         clippy::arithmetic_side_effects,
@@ -355,9 +355,61 @@ mod tests {
         for (i, verdict) in Verdict::ALL.iter().enumerate() {
             assert_eq!(verdict.index(), i);
         }
-        // README.md, docs/ARCHITECTURE.md, docs/PERFORMANCE.md and docs/RELIABILITY.md
-        // state this number: change them with it.
+        // docs/METRICS.md states this number and lists the pairs (its test,
+        // `docs_metrics_lists_every_pair`, holds the list to `statuses()`).
         assert_eq!(Verdict::COUNT, 35);
+    }
+
+    /// docs/METRICS.md's table of the (outcome, status) pairs is exactly `statuses()`'s, and
+    /// the count it states is theirs.
+    #[test]
+    fn docs_metrics_lists_every_pair() {
+        const DOC: &str = include_str!("../../docs/METRICS.md");
+        let mut documented = Vec::new();
+        let mut inside = false;
+        for line in DOC.lines() {
+            if line.starts_with("| outcome | statuses |") {
+                inside = true;
+                continue;
+            }
+            if !line.starts_with('|') {
+                inside = false;
+            }
+            if !inside || line.starts_with("|---") {
+                continue;
+            }
+            let mut spans = line.split('`').skip(1).step_by(2);
+            let outcome = spans.next().unwrap_or_default().to_string();
+            for status in spans {
+                documented.push((outcome.clone(), status.to_string()));
+            }
+        }
+        let mut code: Vec<(String, String)> = Verdict::ALL
+            .iter()
+            .map(|v| {
+                (
+                    v.outcome.as_str().to_string(),
+                    v.status.as_str().to_string(),
+                )
+            })
+            .collect();
+        documented.sort();
+        code.sort();
+        let extra: Vec<_> = documented.iter().filter(|p| !code.contains(p)).collect();
+        let missing: Vec<_> = code.iter().filter(|p| !documented.contains(p)).collect();
+        assert!(
+            extra.is_empty() && missing.is_empty() && documented.len() == code.len(),
+            "docs/METRICS.md lists (outcome, status) pairs statuses() does not give: {extra:?}; \
+             and misses pairs it gives: {missing:?}"
+        );
+        let count = format!(
+            "only these {} (outcome, status) pairs exist",
+            Verdict::COUNT
+        );
+        assert!(
+            DOC.replace('\n', " ").contains(&count),
+            "docs/METRICS.md says \"{count}\""
+        );
     }
 
     #[test]

@@ -149,7 +149,7 @@ pub fn parse_traceparent_flags(value: &[u8]) -> Option<(TraceContext, u8)> {
 const TRACESTATE_MAX_MEMBERS: usize = 32;
 
 /// A request's W3C `tracestate`, its fields joined as one list with `,`, when every
-/// member is valid (see [`valid_tracestate_member`]), no key repeats and there are at
+/// member is valid (see `valid_tracestate_member`), no key repeats and there are at
 /// most 32; `None` otherwise (the spec lets a vendor that cannot parse it drop it, and a
 /// part of it would be another vendor's state cut short) or when there is none.
 pub fn trace_state(headers: &HeaderMap) -> Option<String> {

@@ -1,6 +1,6 @@
 //! Per-request spans: a batch span processor on its own task.
 //!
-//! A sampled request is handed to [`SpanTap`] on the thread that ended it
+//! A sampled request is handed to `SpanTap` on the thread that ended it
 //! ([`Metrics::spans`](crate::metrics::Metrics)); the tap copies it into a bounded queue
 //! (`max_queue_size`) with `try_send` and returns: when the queue is full the span is
 //! dropped and counted in `tokentap_otlp_exports_dropped_total{signal="traces",

@@ -82,7 +82,7 @@ impl BodyWatch {
 
     /// The request's future was dropped with `exchange` unanswered: it is recorded now if
     /// the body is gone, else when the body is dropped, by what the body learnt of its
-    /// end ([`BodyWatch::settle`]).
+    /// end (`BodyWatch::settle`).
     pub fn abandoned(&self, exchange: Exchange) {
         let mut orphan = self.0.orphan.lock().unwrap_or_else(PoisonError::into_inner);
         if orphan.body_dropped {

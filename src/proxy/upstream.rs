@@ -1,7 +1,7 @@
 //! The upstream side: a pooled HTTP client, the rewrite of a client request into an
 //! upstream request (URI, version, hop-by-hop headers, `Host`), and the mapping of
 //! failures to [`ExchangeError`]s: the upstream's faults, or the client's own (see
-//! [`intermediary`](crate::intermediary) and [`request_body`](super::request_body)).
+//! [`intermediary`] and [`request_body`](super::request_body)).
 //!
 //! A plain `http://` HTTP/1.1 upstream (the sidecar case) goes through
 //! [`h1_upstream`](super::h1_upstream), whose connections are driven by the task that writes

@@ -2,7 +2,7 @@
 //!
 //! Each request head is read with [`request_head`]; one the relay fully understands (no
 //! body, a `Content-Length` body or a chunked one, to a plain-HTTP/1.1 upstream) is sent
-//! upstream by [`request_relay`] on a connection of this worker's [`upstream_pool`], and
+//! upstream by [`request_relay`](super::request_relay) on a connection of this worker's [`upstream_pool`], and
 //! the response is relayed as it arrives by feeding each read to a [`ResponseRelay`] (the
 //! sans-IO machine that decides what the client gets) and writing what it says. The
 //! connection is then kept for the client's next request. Anything else (`Expect`,

@@ -3,7 +3,7 @@
 //! The relay's I/O loop ([`connection`](super::connection)) reads the upstream and hands
 //! each read to [`ResponseRelay::feed`]. The machine finds the pieces in it
 //! ([`ResponseReader`]), writes what the client gets into `out` (the head as hyper's server
-//! writes it, the body as it came or re-chunked, see [`serialize`](super::serialize)),
+//! writes it, the body as it came or re-chunked, see [`serialize`]),
 //! tells a [`Watcher`] what passed (the head, each piece of body data), and says what comes
 //! next ([`Step`]). It reads no socket and no clock.
 

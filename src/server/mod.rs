@@ -8,7 +8,7 @@
 //! deadline.
 //!
 //! The accept loop, the admin port and the probe run on the caller's runtime; each proxy
-//! connection is handed to one of the [`workers`]. With `proxy.http1_fast_path` (the default), a plain
+//! connection is handed to one of the workers (`workers.rs`). With `proxy.http1_fast_path` (the default), a plain
 //! connection is served by the HTTP/1.1 [`relay`](crate::relay) until a request comes
 //! that the relay leaves to hyper.
 //!

@@ -17,7 +17,7 @@
 //! Empty deltas (the first `input_json_delta` is often `""`) carry nothing. Anthropic
 //! batches several tokens into one delta and reports no per-event count, so every delta's
 //! count is estimated from its `text` / `thinking` / `partial_json`: the text's shape
-//! ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the tokenizer's
+//! (`text_estimate`, at least 1), or with `observe.tokenizer` the tokenizer's
 //! count; the final `message_delta` usage then corrects N.
 //!
 //! Usage: `message_delta.usage.output_tokens` is cumulative, so it is reported as is (the

@@ -16,7 +16,7 @@
 //!   when the request asked for logprobs), exact; else the growth of the cumulative
 //!   `usageMetadata.candidatesTokenCount + thoughtsTokenCount`, which Gemini reports on
 //!   every chunk, exact; else estimated from the parts' text, function-call names and
-//!   code: their shape ([`super::text_estimate`], at least 1; a structured `args` object
+//!   code: their shape (`text_estimate`, at least 1; a structured `args` object
 //!   is not read), or with `observe.tokenizer` the tokenizer's count of those and the
 //!   arguments.
 //! - `usageMetadata` is [`Signal::Usage`]: input `promptTokenCount +

@@ -66,7 +66,7 @@
 //! `engine_timings` reads their units, and `docs/DIALECTS.md` lists the fields.
 //!
 //! Where the table says "the text's, estimated", the count is a guess from the event's output
-//! text ([`text_estimate`]: a token per word or symbol, at least 1), or an
+//! text (`text_estimate`: a token per word or symbol, at least 1), or an
 //! optional [`Tokenizer`]'s count of it (`observe.tokenizer`, see [`tokenize`]); either is
 //! estimated (`exact: false`).
 //!

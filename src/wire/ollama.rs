@@ -13,7 +13,7 @@
 //! - Tokens in the event: the `logprobs` entries (one per token, when requested), exact;
 //!   else estimated (Ollama streams about one token per line, but holds back and merges
 //!   tokens around stop sequences and split UTF-8) from the line's content, thinking and
-//!   tool-call names: their shape ([`super::text_estimate`], at least 1; a structured
+//!   tool-call names: their shape (`text_estimate`, at least 1; a structured
 //!   `arguments` object is not read), or with `observe.tokenizer` the tokenizer's count
 //!   of those and the arguments.
 //! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as

@@ -26,7 +26,7 @@
 //!   cumulative `usage.completion_tokens` (vLLM / SGLang `continuous_usage_stats`) since
 //!   the previous usage, or since zero for the first event, exact; else estimated from
 //!   the chunk's output text (content, refusal, reasoning, tool-call names and arguments):
-//!   its shape ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the
+//!   its shape (`text_estimate`, at least 1), or with `observe.tokenizer` the
 //!   tokenizer's count.
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
 //!   chunk's `Output`. A `usage: null` or one without counts is no signal.

@@ -20,7 +20,7 @@
 //! (`rate_limit_exceeded`, `server_is_overloaded`; see [`ErrorClass`]).
 //!
 //! A delta whose `delta` is empty carries nothing. Without logprobs, a delta's count is
-//! estimated from its `delta` text: the text's shape ([`super::text_estimate`], at least
+//! estimated from its `delta` text: the text's shape (`text_estimate`, at least
 //! 1), or with `observe.tokenizer` the tokenizer's count. `response.incomplete` (the model hit
 //! `max_output_tokens` or a content filter) is a completed stream, not an error: the
 //! response was delivered as far as it went, and its usage is as exact as a completed one.

@@ -3,7 +3,7 @@
 //! Several dialects batch text: an Anthropic `text_delta`, an Ollama line or a Triton
 //! response can carry several tokens and the wire format does not say how many. Without
 //! a tokenizer such an event counts as the documented estimate from its text's words and
-//! symbols ([`super::event_tokens`]). With one,
+//! symbols (`event_tokens`). With one,
 //! the event's text (content, reasoning, refusal and tool-call arguments) is run through
 //! it and the event counts as many tokens as the text encodes to. That count is still an
 //! estimate, labelled as such (`Signal::Output { exact: false, .. }`): the tokenizer may
@@ -174,6 +174,7 @@ impl TokenCounter for Tiktoken {
     }
 }
 
+/// Hugging Face `tokenizer.json` files, loaded with the `tokenizers` crate.
 #[cfg(feature = "tokenizers")]
 mod hf {
     use std::path::Path;
@@ -205,6 +206,7 @@ mod hf {
     }
 }
 
+/// Without the `tokenizers` feature a `tokenizer.json` is refused as unsupported.
 #[cfg(not(feature = "tokenizers"))]
 mod hf {
     use std::path::Path;

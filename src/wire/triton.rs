@@ -14,7 +14,7 @@
 //!   extension reports no token counts (TensorRT-LLM streams one decode step per
 //!   response, but a step can hold several tokens with speculative decoding or when
 //!   detokenisation holds text back). The estimate is the text's shape
-//!   ([`super::text_estimate`], at least 1), or with `observe.tokenizer` the tokenizer's
+//!   (`text_estimate`, at least 1), or with `observe.tokenizer` the tokenizer's
 //!   count of the `text_output`.
 //!
 //! Triton has no usage block and no end marker: N is the sum of the events' estimates.

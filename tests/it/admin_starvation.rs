@@ -23,7 +23,7 @@ use crate::common::{self, Proxy, SimHandle};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long the kernel's buffers take to fill for a viewer that reads nothing, with its
-/// 1 KiB receive buffer and this test's traffic (measured: about 2 s; README, "Live view",
+/// 1 KiB receive buffer and this test's traffic (measured: about 2 s; docs/LIVE.md,
 /// gives the figures with default buffers).
 const BUFFERS_FILL_WITHIN: Duration = Duration::from_secs(10);
 

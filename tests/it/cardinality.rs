@@ -410,7 +410,7 @@ fn the_default_label_set_makes_the_text_at_least_three_times_smaller() {
     assert!(ratio >= 3.0, "{sizes:?}");
 }
 
-/// What the default caps cost at worst, the figures README's "Cardinality" table states:
+/// What the default caps cost at worst, the figures docs/METRICS.md's "Cardinality" table states:
 /// a client that sends 100,000 distinct models and tenants, then every admitted model
 /// with every admitted tenant, fills `labels.model.max_values` (32), `labels.tenant.
 /// max_values` (200) and `labels.max_pairs` (250), and no more.
@@ -445,12 +445,12 @@ fn the_default_caps_cost_what_the_readme_says() {
     assert_eq!(metrics.admitted_labels(), (32, 200));
     assert_eq!(models.len(), 33, "32 admitted + other");
     assert_eq!(pairs, 250, "the pair cap, (other, other) included");
-    // README: "about 15,000 series and 1.3 MB" (with label values this short).
+    // docs/METRICS.md: "about 15,000 series and 1.3 MB" (with label values this short).
     assert!(series <= 15_000, "{series} series");
     assert!(bytes <= 1_400_000, "{bytes} bytes");
 
     // Engines that report their own timings (Groq, Ollama, TensorRT-LLM asked for them)
-    // add the three engine families to every model: README, "+72 series, ~5.3 KB" a model,
+    // add the three engine families to every model: docs/METRICS.md, "+72 series, ~5.3 KB" a model,
     // "about 17,300 series and 1.5 MB" at worst.
     for model in models.iter() {
         let stream = metrics.stream(Some(model), Some("tenant-0"));

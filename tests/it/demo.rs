@@ -1,4 +1,4 @@
-//! `tokentap demo` (the README's first command) runs on its own and shows tokentap's
+//! `tokentap demo` (README's first command) runs on its own and shows tokentap's
 //! figures for every simulated model, and the p50/p99 its summary shows (read from the
 //! native histograms) agree with what the streams really did.
 

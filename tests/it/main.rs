@@ -13,6 +13,7 @@ mod configs;
 mod connection_limit;
 mod demo;
 mod dialects;
+mod docs;
 mod engine_timings;
 mod exchange_policy;
 mod exemplars;

@@ -112,7 +112,7 @@ async fn grpc_token_ids_are_observed_per_message() {
         "{buckets:?}"
     );
     assert_eq!(at("1") + at("2") + at("3"), events, "{buckets:?}");
-    // README, "Cardinality": a model with exact counts costs 14 series more, 12 buckets
+    // docs/METRICS.md, "Cardinality": a model with exact counts costs 14 series more, 12 buckets
     // (`+Inf` included), `_sum` and `_count`, and no tenant label.
     let lines: Vec<&str> = m
         .text

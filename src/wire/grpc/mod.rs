@@ -1,6 +1,6 @@
 //! The engines' gRPC streams: what a gRPC request path is ([`route`]), how a body is cut
-//! into messages ([`framing`]), what the messages mean ([`smg`] for the SGLang, vLLM and
-//! TensorRT-LLM generate RPCs, [`triton`] for Triton's `ModelStreamInfer`), what a
+//! into messages ([`framing`]), what the messages mean (`smg` for the SGLang, vLLM and
+//! TensorRT-LLM generate RPCs, `triton` for Triton's `ModelStreamInfer`), what a
 //! request names ([`request`]), the model an engine reports serving ([`model_info`]) and
 //! what a call's `grpc-status` says ([`status`]); [`proto`] holds the message types,
 //! generated at build time from the vendored `.proto` files.

@@ -19,7 +19,7 @@
 //! A proto3 `bool` that is false is not sent, so a first message read to its end without
 //! the flag says `false` for the SMG engines (Triton's `stream` input, when absent, is the
 //! model's default: unknown). A model name longer than
-//! [`MAX_VALUE`](super::super::request::MAX_VALUE) bytes is reported as too long, not kept.
+//! [`MAX_VALUE`] bytes is reported as too long, not kept.
 //! A first message that is compressed, or anything that is not a protobuf message, ends
 //! the scan with nothing more learnt.
 
