@@ -122,20 +122,14 @@ pub fn chunk(data: &[u8], out: &mut Vec<u8>) {
         return;
     }
     // Upper-case hex digits, most significant first, without the formatting machinery
-    // (this runs once per relayed chunk): written into the line from its end.
-    let mut size_line = *b"0000000000000000\r\n";
-    let mut len = data.len();
-    let mut start = 16usize;
-    while len > 0 && start > 0 {
-        start = start.saturating_sub(1);
-        if let Some(digit) = size_line.get_mut(start) {
-            *digit = b"0123456789ABCDEF".get(len & 0xf).copied().unwrap_or(b'0');
-        }
-        len >>= 4;
+    // (this runs once per relayed chunk).
+    let len = data.len();
+    let digits = usize::BITS.saturating_sub(len.leading_zeros()).div_ceil(4);
+    for at in (0..digits).rev() {
+        let nibble = len.checked_shr(at.saturating_mul(4)).unwrap_or(0) & 0xf;
+        out.push(b"0123456789ABCDEF".get(nibble).copied().unwrap_or(b'0'));
     }
-    let line = size_line.get(start..).unwrap_or_default();
-    out.reserve(line.len().saturating_add(data.len()).saturating_add(2));
-    out.extend_from_slice(line);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }

@@ -165,10 +165,12 @@ fn delta_texts(event: &serde_json::Value, f: &mut dyn FnMut(&str)) {
 struct Event<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Str<'a>,
+    // Boxed: a stream has one of each (`message_start`, `message_delta`), and inline they
+    // would make every event's value, moved as it is returned, twice as large.
     #[serde(borrow)]
-    message: Option<Message<'a>>,
+    message: Option<Box<Message<'a>>>,
     delta: Option<Delta>,
-    usage: Option<Usage>,
+    usage: Option<Box<Usage>>,
     #[serde(default)]
     error: Present,
 }

@@ -151,7 +151,10 @@ impl Handler for OpenAi {
             out.push(Signal::Done);
             return;
         }
-        let mut chunk = Chunk::default();
+        let mut chunk = Chunk {
+            model_wanted: !self.model_sent,
+            ..Chunk::default()
+        };
         match super::json::parse_into(data, &mut chunk) {
             Ok(()) => self.on_chunk(&mut chunk, data, out),
             Err(_) => out.push(Signal::Malformed),
@@ -319,6 +322,8 @@ struct XGroq {
 /// derive has it.
 #[derive(Default)]
 struct Chunk<'a> {
+    /// Whether `model` is read (until the stream named its model); skipped otherwise.
+    model_wanted: bool,
     model: Str<'a>,
     object: Str<'a>,
     /// Some non-null `error`.
@@ -405,7 +410,10 @@ impl<'de: 'a, 'a> Visitor<'de> for &mut Chunk<'a> {
                 seen |= bit;
             }
             match field {
-                ChunkField::Model => self.model = map.next_value()?,
+                ChunkField::Model if self.model_wanted => self.model = map.next_value()?,
+                ChunkField::Model => {
+                    map.next_value::<IgnoredAny>()?;
+                }
                 ChunkField::Object => self.object = map.next_value()?,
                 ChunkField::Error => {
                     self.error = map.next_value::<Option<IgnoredAny>>()?.is_some();

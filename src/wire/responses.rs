@@ -203,8 +203,10 @@ struct Event<'a> {
     #[serde(default)]
     delta: Text,
     logprobs: Option<Folded<Count>>,
+    // Boxed: only the few lifecycle events carry it, and inline it would make every
+    // delta's value, moved as it is returned, several times larger.
     #[serde(borrow)]
-    response: Option<Response<'a>>,
+    response: Option<Box<Response<'a>>>,
 }
 
 /// A `response` object (streamed inside `response.*` events, or the whole body).
