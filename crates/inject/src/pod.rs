@@ -154,7 +154,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
     for (port, what) in [
         (settings.http_port, "tokentap's proxy port"),
         (settings.metrics_port, "tokentap's admin port"),
-        (settings::UI_PORT, "tokentap's live view (loopback)"),
+        (settings.ui_port, "tokentap's live view (loopback)"),
     ] {
         if port == engine_port {
             return Err(Refusal::PortCollision {
@@ -437,7 +437,7 @@ fn sidecar(
         format!("--upstream=http://127.0.0.1:{engine_port}"),
         format!("--listen=0.0.0.0:{}", s.http_port),
         format!("--admin=0.0.0.0:{}", s.metrics_port),
-        format!("--ui-listen={}", settings::UI_LISTEN),
+        format!("--ui-listen={}:{}", settings::UI_HOST, s.ui_port),
     ]);
     if s.config_map.is_none() {
         // With a ConfigMap these come from it (its drain_timeout must fit the grace).

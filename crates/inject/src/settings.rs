@@ -27,6 +27,8 @@ pub const CONFIG_MAP: &str = "tokentap.dev/config-map";
 /// tokentap's proxy port (default 8080) and admin port (default 9464).
 pub const HTTP_PORT: &str = "tokentap.dev/http-port";
 pub const METRICS_PORT: &str = "tokentap.dev/metrics-port";
+/// The live view's loopback port (default 9465; never a container port).
+pub const UI_PORT: &str = "tokentap.dev/ui-port";
 /// Resources of the sidecar.
 pub const CPU_REQUEST: &str = "tokentap.dev/cpu-request";
 pub const CPU_LIMIT: &str = "tokentap.dev/cpu-limit";
@@ -41,9 +43,9 @@ pub const ENGINE_PORT_RENAME: &str = "tokentap.dev/engine-port-rename";
 /// Written by injection on a Service or InferencePool: the target ports it had.
 pub const ORIGINAL_TARGET_PORTS: &str = "tokentap.dev/original-target-ports";
 
-/// The live view's listener: loopback only, never a container port.
-pub const UI_LISTEN: &str = "127.0.0.1:9465";
-pub const UI_PORT: u16 = 9465;
+/// The live view listens on the pod's loopback only, never on a container port.
+pub const UI_HOST: &str = "127.0.0.1";
+pub const DEFAULT_UI_PORT: u16 = 9465;
 
 /// Defaults for every pod one command or one webhook injects (its flags).
 #[derive(Clone, Debug, Default)]
@@ -56,6 +58,7 @@ pub struct Options {
     pub config_map: Option<String>,
     pub http_port: Option<u16>,
     pub metrics_port: Option<u16>,
+    pub ui_port: Option<u16>,
     pub cpu_request: Option<String>,
     pub cpu_limit: Option<String>,
     pub memory_request: Option<String>,
@@ -71,6 +74,7 @@ pub struct Settings {
     pub config_map: Option<String>,
     pub http_port: u16,
     pub metrics_port: u16,
+    pub ui_port: u16,
     pub cpu_request: String,
     pub cpu_limit: String,
     pub memory_request: String,
@@ -111,6 +115,7 @@ impl Settings {
                 .or_else(|| options.config_map.clone()),
             http_port: port(HTTP_PORT, options.http_port)?.unwrap_or(8080),
             metrics_port: port(METRICS_PORT, options.metrics_port)?.unwrap_or(9464),
+            ui_port: port(UI_PORT, options.ui_port)?.unwrap_or(DEFAULT_UI_PORT),
             cpu_request: text(CPU_REQUEST, &options.cpu_request, "100m"),
             cpu_limit: text(CPU_LIMIT, &options.cpu_limit, "1"),
             memory_request: text(MEMORY_REQUEST, &options.memory_request, "64Mi"),
@@ -169,13 +174,11 @@ impl Settings {
                 format!("the admin port equals the proxy port {}", self.http_port),
             );
         }
-        for port in [self.http_port, self.metrics_port] {
-            if port == UI_PORT {
-                return bad(
-                    HTTP_PORT,
-                    format!("{port} is the live view's loopback port ({UI_LISTEN})"),
-                );
-            }
+        if self.ui_port == self.http_port || self.ui_port == self.metrics_port {
+            return bad(
+                UI_PORT,
+                format!("the live view's port {} is a container port", self.ui_port),
+            );
         }
         Ok(())
     }
@@ -292,6 +295,7 @@ mod tests {
             (CONFIG_MAP, "Not_A_Name"),
             (HTTP_PORT, "9464"),
             (HTTP_PORT, "9465"),
+            (UI_PORT, "8080"),
         ] {
             let mut a = BTreeMap::new();
             a.insert(key.to_string(), value.to_string());
