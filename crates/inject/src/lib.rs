@@ -24,6 +24,8 @@ pub mod pod;
 pub mod settings;
 
 pub use settings::Options;
+/// The versions of the types this crate answers with, for callers and tests.
+pub use {json_patch, k8s_openapi};
 
 /// Why a pod template was not injected. Each has a bounded reason (a metric label).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
