@@ -629,21 +629,32 @@ fn key_rank(k: &str) -> (usize, &str) {
 fn ordered(new: &Value, old: Option<&serde_yaml::Value>) -> serde_yaml::Value {
     match new {
         Value::Object(map) => {
-            let mut out = serde_yaml::Mapping::new();
+            // The input's keys in the input's order; a new key goes before the first
+            // of them that Kubernetes' usual order puts after it (metadata before spec).
+            let mut entries: Vec<(String, serde_yaml::Value)> = Vec::new();
             if let Some(serde_yaml::Value::Mapping(om)) = old {
                 for (k, ov) in om {
-                    if let Some(nv) = k.as_str().and_then(|k| map.get(k)) {
-                        out.insert(k.clone(), ordered(nv, Some(ov)));
+                    if let Some((k, nv)) = k.as_str().and_then(|k| map.get_key_value(k)) {
+                        entries.push((k.clone(), ordered(nv, Some(ov))));
                     }
                 }
             }
-            let mut rest: Vec<(&String, &Value)> = map
-                .iter()
-                .filter(|(k, _)| !out.contains_key(k.as_str()))
-                .collect();
+            let taken: std::collections::HashSet<String> =
+                entries.iter().map(|(k, _)| k.clone()).collect();
+            let mut rest: Vec<(&String, &Value)> =
+                map.iter().filter(|(k, _)| !taken.contains(*k)).collect();
             rest.sort_by(|a, b| key_rank(a.0).cmp(&key_rank(b.0)));
             for (k, v) in rest {
-                out.insert(serde_yaml::Value::String(k.clone()), ordered(v, None));
+                let rank = key_rank(k).0;
+                let at = entries
+                    .iter()
+                    .position(|(e, _)| rank < KEY_ORDER.len() && key_rank(e).0 > rank)
+                    .unwrap_or(entries.len());
+                entries.insert(at, (k.clone(), ordered(v, None)));
+            }
+            let mut out = serde_yaml::Mapping::new();
+            for (k, v) in entries {
+                out.insert(serde_yaml::Value::String(k), v);
             }
             serde_yaml::Value::Mapping(out)
         }
