@@ -61,6 +61,33 @@ struct RunArgs {
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "TOKENTAP_DRAIN_TIMEOUT", value_parser = parse_duration)]
     drain_timeout: Option<Duration>,
+    /// The request header that names the tenant, e.g. x-tenant-id (config:
+    /// tenants.sources, which this replaces with this one header).
+    #[arg(long, env = "TOKENTAP_TENANT_HEADER", value_parser = parse_header_name)]
+    tenant_header: Option<http::HeaderName>,
+}
+
+/// The flags applied to a loaded config rather than through `Overrides`: set after every
+/// load, the first and each SIGHUP reload.
+#[derive(Clone, Debug, Default)]
+struct AfterLoad {
+    drain_timeout: Option<Duration>,
+    tenant_header: Option<http::HeaderName>,
+}
+
+impl AfterLoad {
+    fn apply(&self, config: &mut Config) {
+        if let Some(drain) = self.drain_timeout {
+            config.shutdown.drain_timeout = drain;
+        }
+        if let Some(header) = &self.tenant_header {
+            config.tenants = vec![tokentap::config::TenantSource::Header(header.clone())];
+        }
+    }
+}
+
+fn parse_header_name(text: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::try_from(text).map_err(|_| format!("`{text}` is not a valid header name"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -120,6 +147,9 @@ struct InjectArgs {
     /// The live view's port on the pod's loopback (default 9465; not a container port).
     #[arg(long)]
     ui_port: Option<u16>,
+    /// The request header that names the tenant (default: the config's, x-tenant-id).
+    #[arg(long)]
+    tenant_header: Option<String>,
     /// The sidecar's CPU request (default 100m).
     #[arg(long)]
     cpu_request: Option<String>,
@@ -160,6 +190,7 @@ impl InjectArgs {
             http_port: self.http_port,
             metrics_port: self.metrics_port,
             ui_port: self.ui_port,
+            tenant_header: self.tenant_header.clone(),
             cpu_request: self.cpu_request.clone(),
             cpu_limit: self.cpu_limit.clone(),
             memory_request: self.memory_request.clone(),
@@ -440,9 +471,11 @@ fn run_proxy(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(drain) = args.drain_timeout {
-        config.shutdown.drain_timeout = drain;
-    }
+    let after_load = AfterLoad {
+        drain_timeout: args.drain_timeout,
+        tenant_header: args.tenant_header.clone(),
+    };
+    after_load.apply(&mut config);
     init_logs(config.log.format, &config.log.level);
     let runtime = match control_runtime() {
         Ok(runtime) => runtime,
@@ -460,9 +493,13 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         };
         if let Some(path) = args.config {
             let reloader = server.reloader();
-            let drain = args.drain_timeout;
             server.supervisor().spawn("reload", move || {
-                reload_on_sighup(reloader.clone(), path.clone(), overrides.clone(), drain)
+                reload_on_sighup(
+                    reloader.clone(),
+                    path.clone(),
+                    overrides.clone(),
+                    after_load.clone(),
+                )
             });
         }
         report(server.run(shutdown_signal()).await.context("proxy failed"))
@@ -482,7 +519,7 @@ async fn reload_on_sighup(
     reloader: tokentap::server::Reloader,
     path: PathBuf,
     overrides: Overrides,
-    drain_timeout: Option<Duration>,
+    after_load: AfterLoad,
 ) {
     #[cfg(unix)]
     {
@@ -493,9 +530,7 @@ async fn reload_on_sighup(
         };
         while hangups.recv().await.is_some() {
             let loaded = Config::from_file(&path, &overrides).map(|mut config| {
-                if let Some(drain) = drain_timeout {
-                    config.shutdown.drain_timeout = drain;
-                }
+                after_load.apply(&mut config);
                 config
             });
             match loaded {
@@ -517,7 +552,7 @@ async fn reload_on_sighup(
         }
     }
     #[cfg(not(unix))]
-    let _ = (reloader, path, overrides, drain_timeout);
+    let _ = (reloader, path, overrides, after_load);
 }
 
 async fn run_sim(args: SimArgs) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 #      as the kubelet would), start tokentap in front of the simulator listening on the
 #      engine's port; its startup and readiness probes, as the spec writes them, pass;
 #      one streamed chat completion passes through to [DONE] and is counted completed
-#      on /metrics; the Service was moved to tokentap's port; SIGTERM ends it cleanly;
+#      on /metrics, for the tenant its annotated header names; the Service was moved to tokentap's port; SIGTERM ends it cleanly;
 #   2. `tokentap inject --serve` over TLS (a throwaway self-signed certificate): the
 #      AdmissionReview of the same pod gets a JSON Patch which, applied, gives the CLI's
 #      pod template; the injected pod is left alone; a body that is not a review gets
@@ -41,6 +41,7 @@ spec:
         tokentap.dev/http-port: "$P_HTTP"
         tokentap.dev/metrics-port: "$P_ADMIN"
         tokentap.dev/ui-port: "$P_UI"
+        tokentap.dev/tenant-header: x-team
     spec:
       terminationGracePeriodSeconds: 20
       containers:
@@ -113,7 +114,7 @@ else
   fail "the sidecar's probes"; log_tail tokentap
 fi
 
-curl -sS -N -m 20 "http://$H:$P_HTTP/v1/chat/completions" -H 'content-type: application/json' \
+curl -sS -N -m 20 "http://$H:$P_HTTP/v1/chat/completions" -H 'content-type: application/json' -H 'x-team: alpha' \
   -d '{"model":"e2e-model","stream":true,"messages":[{"role":"user","content":"hello"}]}' >"$TMP/stream.txt" 2>&1
 events=$(grep -c '^data: {' "$TMP/stream.txt")
 if [ "$events" -ge 12 ] && grep -q '^data: \[DONE\]' "$TMP/stream.txt"; then
@@ -123,8 +124,9 @@ else
 fi
 metrics=$(curl -s -m 5 "http://$H:$P_ADMIN/metrics")
 if grep -Eq '^tokentap_requests_total\{[^}]*outcome="completed"[^}]*\} 1$' <<<"$metrics" &&
+   grep -Eq '^tokentap_requests_total\{[^}]*tenant="alpha"' <<<"$metrics" &&
    grep -Eq '^tokentap_inter_token_latency_seconds_count\{[^}]*model="e2e-model"' <<<"$metrics"; then
-  pass "/metrics counts it: completed, with ITL for model e2e-model"
+  pass "/metrics counts it: completed, tenant alpha from the annotated header, ITL for model e2e-model"
 else
   fail "/metrics after the request"; grep -E '^tokentap_requests_total' <<<"$metrics" | head
 fi

@@ -439,6 +439,9 @@ fn sidecar(
         format!("--admin=0.0.0.0:{}", s.metrics_port),
         format!("--ui-listen={}:{}", settings::UI_HOST, s.ui_port),
     ]);
+    if let Some(header) = &s.tenant_header {
+        args.push(format!("--tenant-header={header}"));
+    }
     if s.config_map.is_none() {
         // With a ConfigMap these come from it (its drain_timeout must fit the grace).
         args.push("--log-format=json".to_string());

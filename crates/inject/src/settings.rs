@@ -29,6 +29,8 @@ pub const HTTP_PORT: &str = "tokentap.dev/http-port";
 pub const METRICS_PORT: &str = "tokentap.dev/metrics-port";
 /// The live view's loopback port (default 9465; never a container port).
 pub const UI_PORT: &str = "tokentap.dev/ui-port";
+/// The request header that names the tenant (`--tenant-header`).
+pub const TENANT_HEADER: &str = "tokentap.dev/tenant-header";
 /// Resources of the sidecar.
 pub const CPU_REQUEST: &str = "tokentap.dev/cpu-request";
 pub const CPU_LIMIT: &str = "tokentap.dev/cpu-limit";
@@ -59,6 +61,7 @@ pub struct Options {
     pub http_port: Option<u16>,
     pub metrics_port: Option<u16>,
     pub ui_port: Option<u16>,
+    pub tenant_header: Option<String>,
     pub cpu_request: Option<String>,
     pub cpu_limit: Option<String>,
     pub memory_request: Option<String>,
@@ -75,6 +78,7 @@ pub struct Settings {
     pub http_port: u16,
     pub metrics_port: u16,
     pub ui_port: u16,
+    pub tenant_header: Option<String>,
     pub cpu_request: String,
     pub cpu_limit: String,
     pub memory_request: String,
@@ -116,6 +120,9 @@ impl Settings {
             http_port: port(HTTP_PORT, options.http_port)?.unwrap_or(8080),
             metrics_port: port(METRICS_PORT, options.metrics_port)?.unwrap_or(9464),
             ui_port: port(UI_PORT, options.ui_port)?.unwrap_or(DEFAULT_UI_PORT),
+            tenant_header: get(TENANT_HEADER)
+                .map(str::to_string)
+                .or_else(|| options.tenant_header.clone()),
             cpu_request: text(CPU_REQUEST, &options.cpu_request, "100m"),
             cpu_limit: text(CPU_LIMIT, &options.cpu_limit, "1"),
             memory_request: text(MEMORY_REQUEST, &options.memory_request, "64Mi"),
@@ -144,6 +151,14 @@ impl Settings {
                 return bad(
                     ENGINE_CONTAINER,
                     format!("`{}` is not a container name", shown(name)),
+                );
+            }
+        }
+        if let Some(name) = &self.tenant_header {
+            if !is_header_name(name) {
+                return bad(
+                    TENANT_HEADER,
+                    format!("`{}` is not a header name", shown(name)),
                 );
             }
         }
@@ -230,6 +245,15 @@ fn is_image(v: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._-/:@+".contains(&b))
 }
 
+/// An HTTP header name as tokentap matches it: a lower-case token.
+fn is_header_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 64
+        && v.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
 /// RFC 1123 label (container names, port names are stricter and checked where made).
 pub fn is_dns_label(v: &str) -> bool {
     !v.is_empty()
@@ -296,6 +320,7 @@ mod tests {
             (HTTP_PORT, "9464"),
             (HTTP_PORT, "9465"),
             (UI_PORT, "8080"),
+            (TENANT_HEADER, "X Tenant"),
         ] {
             let mut a = BTreeMap::new();
             a.insert(key.to_string(), value.to_string());
