@@ -214,7 +214,7 @@ const RESULTS: [&str; 6] = [
     "refused",
     "malformed",
 ];
-const REASONS: [&str; 8] = [
+const REASONS: [&str; 9] = [
     "no_engine_port",
     "ambiguous_engine_port",
     "no_engine_container",
@@ -222,6 +222,7 @@ const REASONS: [&str; 8] = [
     "grace_too_short",
     "tokentap_present",
     "invalid_setting",
+    "host_network",
     "malformed",
 ];
 

@@ -56,6 +56,8 @@ pub enum Refusal {
         key: String,
         reason: String,
     },
+    #[error("{workload}: hostNetwork pods are not injected: tokentap's ports would be the node's")]
+    HostNetwork { workload: String },
     #[error("{what}")]
     Malformed { what: String },
 }
@@ -71,6 +73,7 @@ impl Refusal {
             Refusal::GraceTooShort { .. } => "grace_too_short",
             Refusal::AlreadyHasTokentap { .. } => "tokentap_present",
             Refusal::Annotation { .. } => "invalid_setting",
+            Refusal::HostNetwork { .. } => "host_network",
             Refusal::Malformed { .. } => "malformed",
         }
     }

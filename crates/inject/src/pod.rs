@@ -112,6 +112,11 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
     let spec: PodSpec = serde_json::from_value(spec_value).map_err(|e| Refusal::Malformed {
         what: format!("{workload}: the pod spec: {}", shown(&e.to_string())),
     })?;
+    if spec.host_network == Some(true) {
+        return Err(Refusal::HostNetwork {
+            workload: workload.to_string(),
+        });
+    }
     let containers = &spec.containers;
     let inits = spec.init_containers.as_deref().unwrap_or_default();
     if containers.iter().any(|c| c.name == CONTAINER) || inits.iter().any(|c| c.name == CONTAINER) {
@@ -651,5 +656,93 @@ fn remove_named(spec: &mut Map<String, Value>, list: &str, name: &str) {
     items.retain(|i| i.get("name").and_then(Value::as_str) != Some(name));
     if items.is_empty() {
         spec.remove(list);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn options() -> Options {
+        Options {
+            image: "tokentap:0.1.0".into(),
+            ..Options::default()
+        }
+    }
+
+    fn template(spec: Value) -> Value {
+        json!({"metadata": {"labels": {"app": "x"}}, "spec": spec})
+    }
+
+    fn engine(ports: Value) -> Value {
+        json!({"name": "engine", "image": "e:1", "ports": ports})
+    }
+
+    #[test]
+    fn refusals_name_the_workload_and_their_reason() {
+        let cases = [
+            (
+                json!({"hostNetwork": true, "containers": [engine(json!([{"containerPort": 8000}]))]}),
+                "host_network",
+            ),
+            (json!({"containers": [engine(json!([]))]}), "no_engine_port"),
+            (
+                json!({"containers": [engine(json!([{"containerPort": 8080}]))]}),
+                "port_collision",
+            ),
+            (
+                json!({"containers": [engine(json!([{"containerPort": 8000}])),
+                {"name": "side", "image": "s:1", "ports": [{"containerPort": 9464}]}]}),
+                "no_engine_container",
+            ),
+            (
+                json!({"terminationGracePeriodSeconds": 6, "containers": [engine(json!([{"containerPort": 8000}]))]}),
+                "grace_too_short",
+            ),
+            (
+                json!({"containers": [engine(json!([{"containerPort": 8000}])), {"name": "tokentap", "image": "t"}]}),
+                "tokentap_present",
+            ),
+            (json!({"containers": "engine"}), "malformed"),
+        ];
+        for (spec, reason) in cases {
+            let err = inject(&template(spec.clone()), &options(), "Deployment ns/x").unwrap_err();
+            assert_eq!(err.reason(), reason, "{spec}");
+            if reason != "malformed" {
+                assert!(err.to_string().contains("Deployment ns/x"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn drain_fits_the_grace_period() {
+        let spec = |grace: i64, sleep: i64| {
+            let mut e = engine(json!([{"containerPort": 8000}]));
+            e["lifecycle"] = json!({"preStop": {"sleep": {"seconds": sleep}}});
+            template(json!({"terminationGracePeriodSeconds": grace, "containers": [e]}))
+        };
+        for (grace, sleep, drain) in [
+            (120, 10, 30),
+            (30, 0, 12),
+            (20, 0, 7),
+            (9, 0, 2),
+            (120, 100, 7),
+        ] {
+            let Injection::Injected { template, .. } =
+                inject(&spec(grace, sleep), &options(), "x").unwrap()
+            else {
+                panic!("not injected");
+            };
+            let args = template
+                .pointer("/spec/initContainers/0/args")
+                .unwrap()
+                .to_string();
+            assert!(
+                args.contains(&format!("--drain-timeout={drain}s")),
+                "{grace} {sleep}: {args}"
+            );
+            assert!(sleep + PRESTOP_SECONDS + drain < grace);
+        }
     }
 }
