@@ -184,6 +184,17 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
         for i in injected.iter().filter(|i| !i.served) {
             report.notes.push(outside_service_note(i));
         }
+        for i in injected
+            .iter()
+            .filter(|i| i.wiring.metrics_port_name != "metrics")
+        {
+            report.notes.push(format!(
+                "note: {}: the pod already has a port named `metrics`, so tokentap's admin port is `{}`: a PodMonitor that scrapes port `metrics` (deploy/kubernetes/overlays/sidecar) must name `{}` for these pods",
+                i.workload,
+                shown(&i.wiring.metrics_port_name),
+                shown(&i.wiring.metrics_port_name)
+            ));
+        }
     }
 
     let mut out = String::new();

@@ -45,6 +45,8 @@ pub struct Wiring {
     pub http_port: u16,
     /// The name of tokentap's proxy port.
     pub http_port_name: String,
+    /// The name of tokentap's admin port (`metrics` unless the pod already has one).
+    pub metrics_port_name: String,
 }
 
 /// The result of [`inject`].
@@ -314,6 +316,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
             engine_port_name: original_name,
             http_port: settings.http_port,
             http_port_name: http_name,
+            metrics_port_name: metrics_name,
         },
     })
 }
