@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of every decoder, of the request scanner and of the HTTP/1.1
-# fast path's readers (cargo-fuzz, libFuzzer), each target for a fixed time budget. The
+# Coverage-guided fuzzing of every decoder, of the request scanner, of the HTTP/1.1
+# fast path's readers and of `tokentap inject`'s AdmissionReview and manifest input
+# (cargo-fuzz, libFuzzer), each target for a fixed time budget. The
 # checks are in fuzz/src/lib.rs: whole vs split decoding must agree, nothing may panic,
 # the request scanner must agree with serde_json, and the fast path never forwards an
 # ambiguous request (fuzz/src/fast_path.rs). A fixed-budget proptest run of the same
-# checks is part of `cargo test` (tests/it/fuzz_decoders.rs, tests/it/fuzz_fast_path.rs);
+# checks is part of `cargo test` (tests/it/fuzz_decoders.rs, tests/it/fuzz_fast_path.rs,
+# crates/inject/tests/hostile.rs for fuzz/src/inject.rs);
 # this is the deeper, coverage-guided run.
 #
 #   scripts/fuzz.sh [--seconds N] [--target NAME]... [--jobs N] [--list]
@@ -168,6 +170,14 @@ for message in \
     printf '%b' "$message" | seed_file fuzz/corpus/fast_path "seed$fast_seed" $((fast_seed % 4)) 7
 done
 
+# `tokentap inject` (fuzz/src/inject.rs): `[mode, bytes...]`; mode 2 is manifests text
+# (the CLI fixtures and their outputs), mode 1 a pod inside a well-formed review.
+for manifest in crates/inject/tests/fixtures/*.yaml; do
+    seed_file fuzz/corpus/inject_admission "$(basename "$manifest")" 2 <"$manifest"
+done
+printf '%s' '{"metadata":{"name":"p","labels":{"app":"x"}},"spec":{"containers":[{"name":"e","image":"e:1","ports":[{"name":"http","containerPort":8000}]}]}}' |
+    seed_file fuzz/corpus/inject_admission pod.json 1
+
 # --- run ------------------------------------------------------------------------------
 passed=0
 failed=0
@@ -176,6 +186,7 @@ for target in "${targets[@]}"; do
     dict=fuzz/dicts/wire.dict
     [ "$target" = request_scanner ] && dict=fuzz/dicts/request.dict
     [ "$target" = fast_path ] && dict=fuzz/dicts/http.dict
+    [ "$target" = inject_admission ] && dict=fuzz/dicts/inject.dict
     mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
     log="/tmp/tokentap-fuzz-$target.log"
     start=$(date +%s)

@@ -16,6 +16,8 @@
 #                and the newest schema kubernetes-validate ships
 #   CRD schema   PodMonitor / ServiceMonitor / PrometheusRule against the Prometheus
 #                Operator CRD schema + unknown-field check (scripts/ops/node/validate.mjs)
+#   inject       scripts/ops/check-inject.sh: `tokentap inject`'s fixture outputs and
+#                deploy/kubernetes/webhook (schemas, cert-manager CRDs, policy)
 #   policy       scripts/ops/check-manifests.py: probes, ports, securityContext,
 #                grace period vs drain, selectors, monitors, PDB, ...
 #   rules sync   the SLO groups of rules.yaml are generated from deploy/prometheus/slo.yaml and
@@ -168,6 +170,10 @@ check "gen-prometheusrule.py --check fails on a changed objective and refuses a 
   echo "drift reported; 0.12 s refused: $(cat "$1/bound.log")"' _ "$TMP" "$OPS"
 
 TOKENTAP=${TOKENTAP_BIN:-$ROOT/target/release/tokentap}
+# `tokentap inject`: its fixtures' outputs and deploy/kubernetes/webhook against the
+# schemas and the policy; the CLI itself when $TOKENTAP was built with --features inject.
+check "tokentap inject: fixtures and deploy/kubernetes/webhook (kubernetes-validate --strict, cert-manager CRD schema, policy; scripts/ops/check-inject.sh)" \
+  env TOKENTAP_BIN="$TOKENTAP" bash "$OPS/check-inject.sh"
 if [ -x "$TOKENTAP" ]; then
   for f in deploy/kubernetes/base/tokentap.yaml deploy/kubernetes/overlays/gateway/tokentap.yaml; do
     check "tokentap check-config $f" "$TOKENTAP" check-config "$f"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, the API docs without warnings, every Rust test (the integration suite on both HTTP/1.1 paths), the
-# instruction budget, the fuzz targets, the checks of the shipped deploy files, and an
+# formatting, clippy, the API docs without warnings, every Rust test (the integration
+# suite on both HTTP/1.1 paths, and the `tokentap inject` crate), the instruction budget,
+# the fuzz targets, the checks of the shipped deploy files, `tokentap inject` end to end,
+# and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
 # with the dashboard's queries, the exemplars through both, the shipped alerts through a
 # real Alertmanager to a webhook, two pods under one Prometheus against one merged
@@ -18,6 +20,8 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+# `tokentap inject` (crates/inject, the `inject` feature) too: the image is built with it.
+cargo clippy --workspace --all-targets --features inject -- -D warnings
 
 step "cargo doc --no-deps, warnings as errors: public docs link only to what their reader can see"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
@@ -36,6 +40,9 @@ cargo test --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
 # half): the run above went through the fast path (the default), this one through hyper's
 # HTTP/1.1 server and client, which serve everything the fast path hands over.
 TOKENTAP_IT_FAST_PATH=0 cargo test --test it 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+# `tokentap inject`'s own crate: fixtures against their expected outputs, the webhook's
+# patch against the CLI, hostile reviews and manifests on a proptest budget.
+cargo test -p tokentap-inject 2>&1 | tee -a /tmp/tokentap-cargo-test.log
 
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')
@@ -54,10 +61,16 @@ bash scripts/budget.sh
 step "coverage-guided fuzzing of every decoder and the request scanner, 10 s per target"
 bash scripts/fuzz.sh --seconds 10
 
+step "tokentap built with --features inject (as the image is): the binary every step below runs"
+cargo build --features inject
+
 step "deploy/ and grafana/ checks (kustomize, kubernetes-validate, hadolint, promtool, dashboard types)"
 # check-config in ops-check uses this binary.
 export TOKENTAP_BIN="$PWD/target/debug/tokentap"
 bash scripts/ops-check.sh
+
+step "end to end: tokentap inject: an injected pod's sidecar args and env, run as processes, in front of the simulator on the engine port; the webhook over TLS gives the CLI's pod"
+bash scripts/ops/e2e-inject.sh
 
 step "end to end: a real Prometheus scrapes tokentap; every dashboard query and rule must return data"
 bash scripts/ops/e2e-prometheus.sh

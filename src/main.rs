@@ -13,6 +13,9 @@ use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
 use tokentap::server::load_tokenizer;
 use tokentap::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
+#[cfg(feature = "inject")]
+mod inject_cmd;
+
 /// tokentap: a transparent proxy that measures how fast LLMs stream (TTFT, inter-token
 /// latency, tokens/s) and exports Prometheus metrics.
 ///
@@ -53,6 +56,38 @@ struct RunArgs {
     /// The live view's address (config: ui.listen; default 127.0.0.1:9465).
     #[arg(long, env = "TOKENTAP_UI_LISTEN")]
     ui_listen: Option<String>,
+    /// How long in-flight streams get to finish after SIGTERM, e.g. 30s (config:
+    /// shutdown.drain_timeout; default 30s). `tokentap inject` sets it to fit the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "TOKENTAP_DRAIN_TIMEOUT", value_parser = parse_duration)]
+    drain_timeout: Option<Duration>,
+    /// The request header that names the tenant, e.g. x-tenant-id (config:
+    /// tenants.sources, which this replaces with this one header).
+    #[arg(long, env = "TOKENTAP_TENANT_HEADER", value_parser = parse_header_name)]
+    tenant_header: Option<http::HeaderName>,
+}
+
+/// The flags applied to a loaded config rather than through `Overrides`: set after every
+/// load, the first and each SIGHUP reload.
+#[derive(Clone, Debug, Default)]
+struct AfterLoad {
+    drain_timeout: Option<Duration>,
+    tenant_header: Option<http::HeaderName>,
+}
+
+impl AfterLoad {
+    fn apply(&self, config: &mut Config) {
+        if let Some(drain) = self.drain_timeout {
+            config.shutdown.drain_timeout = drain;
+        }
+        if let Some(header) = &self.tenant_header {
+            config.tenants = vec![tokentap::config::TenantSource::Header(header.clone())];
+        }
+    }
+}
+
+fn parse_header_name(text: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::try_from(text).map_err(|_| format!("`{text}` is not a valid header name"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -71,6 +106,107 @@ enum Command {
     /// (ui.listen): a table per model over the window and the slowest streams in flight.
     /// q quits.
     Top(TopArgs),
+    /// Add tokentap as a native sidecar to Kubernetes manifests (Deployment, StatefulSet,
+    /// DaemonSet, ReplicaSet, Job, CronJob, Pod; multi-document YAML or JSON, Lists), and
+    /// move the Services in the input to its port; or, with --serve, run the mutating
+    /// admission webhook that does the same to pods labelled tokentap.dev/inject=enabled.
+    /// Built with `--features inject`.
+    Inject(InjectArgs),
+}
+
+/// `tokentap inject`'s flags. A pod-template annotation (tokentap.dev/<flag name>) wins
+/// over the flag, which wins over the default.
+#[derive(Args, Debug)]
+struct InjectArgs {
+    /// Manifests to read; - or nothing for standard input. The result goes to standard
+    /// output, notes (Services outside the input, with the kubectl patch to run) to
+    /// standard error.
+    file: Option<PathBuf>,
+    /// Remove what an earlier injection added (comments are not kept).
+    #[arg(long, conflicts_with = "serve")]
+    uninject: bool,
+    /// The tokentap image.
+    #[arg(long, default_value = concat!("tokentap:", env!("CARGO_PKG_VERSION")))]
+    image: String,
+    /// The engine's port (default: the engine container's single declared port).
+    #[arg(long)]
+    engine_port: Option<u16>,
+    /// The engine container, when the pod has several.
+    #[arg(long)]
+    engine_container: Option<String>,
+    /// An existing ConfigMap with a tokentap.yaml key, mounted and passed with --config
+    /// (without it the sidecar is configured by its args alone).
+    #[arg(long)]
+    config_map: Option<String>,
+    /// tokentap's proxy port in the pod (default 8080).
+    #[arg(long)]
+    http_port: Option<u16>,
+    /// tokentap's admin port (/metrics, /healthz, /readyz; default 9464).
+    #[arg(long)]
+    metrics_port: Option<u16>,
+    /// The live view's port on the pod's loopback (default 9465; not a container port).
+    #[arg(long)]
+    ui_port: Option<u16>,
+    /// The request header that names the tenant (default: the config's, x-tenant-id).
+    #[arg(long)]
+    tenant_header: Option<String>,
+    /// The sidecar's CPU request (default 100m).
+    #[arg(long)]
+    cpu_request: Option<String>,
+    /// The sidecar's CPU limit (default 1).
+    #[arg(long)]
+    cpu_limit: Option<String>,
+    /// The sidecar's memory request (default 64Mi).
+    #[arg(long)]
+    memory_request: Option<String>,
+    /// The sidecar's memory limit (default 256Mi).
+    #[arg(long)]
+    memory_limit: Option<String>,
+    /// Run the admission webhook (AdmissionReview v1 on POST /mutate, over TLS).
+    #[arg(long)]
+    serve: bool,
+    /// The webhook's TLS listener.
+    #[arg(long, default_value = "0.0.0.0:8443", requires = "serve")]
+    listen: String,
+    /// The webhook's plain-HTTP admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "0.0.0.0:9464", requires = "serve")]
+    admin: String,
+    /// PEM certificate chain for the webhook (read again when the file changes).
+    #[arg(long, requires = "serve")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for the webhook.
+    #[arg(long, requires = "serve")]
+    tls_key: Option<PathBuf>,
+}
+
+#[cfg(feature = "inject")]
+impl InjectArgs {
+    fn options(&self) -> tokentap_inject::Options {
+        tokentap_inject::Options {
+            image: self.image.clone(),
+            engine_port: self.engine_port,
+            engine_container: self.engine_container.clone(),
+            config_map: self.config_map.clone(),
+            http_port: self.http_port,
+            metrics_port: self.metrics_port,
+            ui_port: self.ui_port,
+            tenant_header: self.tenant_header.clone(),
+            cpu_request: self.cpu_request.clone(),
+            cpu_limit: self.cpu_limit.clone(),
+            memory_request: self.memory_request.clone(),
+            memory_limit: self.memory_limit.clone(),
+        }
+    }
+}
+
+#[cfg(not(feature = "inject"))]
+fn inject_missing(_: InjectArgs) -> ExitCode {
+    eprintln!(
+        "tokentap inject: this tokentap was built without it. Build it with\n  \
+         cargo build --release --features inject\n\
+         (or cargo install --path . --features inject); the image from deploy/Dockerfile has it."
+    );
+    ExitCode::from(2)
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +303,10 @@ fn main() -> ExitCode {
             report(runtime().and_then(|rt| rt.block_on(run_sim(args))))
         }
         Some(Command::Top(args)) => top(&args.addr, args.window),
+        #[cfg(feature = "inject")]
+        Some(Command::Inject(args)) => inject_cmd::run(args),
+        #[cfg(not(feature = "inject"))]
+        Some(Command::Inject(args)) => inject_missing(args),
         Some(Command::Demo(args)) if args.top => {
             init_logs(LogFormat::Text, "error");
             demo_with_top(args)
@@ -324,13 +464,18 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         Some(path) => Config::from_file(path, &overrides),
         None => Config::from_overrides(&overrides),
     };
-    let config = match loaded {
+    let mut config = match loaded {
         Ok(config) => config,
         Err(err) => {
             eprintln!("{err}");
             return ExitCode::from(2);
         }
     };
+    let after_load = AfterLoad {
+        drain_timeout: args.drain_timeout,
+        tenant_header: args.tenant_header.clone(),
+    };
+    after_load.apply(&mut config);
     init_logs(config.log.format, &config.log.level);
     let runtime = match control_runtime() {
         Ok(runtime) => runtime,
@@ -349,7 +494,12 @@ fn run_proxy(args: RunArgs) -> ExitCode {
         if let Some(path) = args.config {
             let reloader = server.reloader();
             server.supervisor().spawn("reload", move || {
-                reload_on_sighup(reloader.clone(), path.clone(), overrides.clone())
+                reload_on_sighup(
+                    reloader.clone(),
+                    path.clone(),
+                    overrides.clone(),
+                    after_load.clone(),
+                )
             });
         }
         report(server.run(shutdown_signal()).await.context("proxy failed"))
@@ -369,6 +519,7 @@ async fn reload_on_sighup(
     reloader: tokentap::server::Reloader,
     path: PathBuf,
     overrides: Overrides,
+    after_load: AfterLoad,
 ) {
     #[cfg(unix)]
     {
@@ -378,7 +529,11 @@ async fn reload_on_sighup(
             return;
         };
         while hangups.recv().await.is_some() {
-            match Config::from_file(&path, &overrides) {
+            let loaded = Config::from_file(&path, &overrides).map(|mut config| {
+                after_load.apply(&mut config);
+                config
+            });
+            match loaded {
                 Err(err) => tracing::error!(
                     error = %err,
                     "config reload rejected; the running configuration keeps serving"
@@ -397,7 +552,7 @@ async fn reload_on_sighup(
         }
     }
     #[cfg(not(unix))]
-    let _ = (reloader, path, overrides);
+    let _ = (reloader, path, overrides, after_load);
 }
 
 async fn run_sim(args: SimArgs) -> anyhow::Result<()> {

@@ -239,6 +239,30 @@ fn config_depends_on_metrics_not_the_reverse() {
 
 /// The checker itself: a cycle written into a scratch tree is found, with comments,
 /// strings, test modules and an inline module's `super::` ignored.
+/// `tokentap inject`'s crate (the Kubernetes API types) is for the command only
+/// (`src/inject_cmd.rs`, a module of `main.rs`): no library module names it, so nothing
+/// in the proxy's request path can depend on it, with or without the `inject` feature.
+#[test]
+fn the_library_does_not_use_the_inject_crate() {
+    let src = src_dir();
+    let mut files = BTreeMap::new();
+    collect(&src, &src, &mut files);
+    let command: Module = vec!["inject_cmd".to_string()];
+    assert!(
+        files.contains_key(&command),
+        "src/inject_cmd.rs moved: update this test"
+    );
+    let users: Vec<String> = files
+        .iter()
+        .filter(|(module, text)| **module != command && code_only(text).contains("tokentap_inject"))
+        .map(|(module, _)| name(module))
+        .collect();
+    assert!(
+        users.is_empty(),
+        "library modules that use tokentap_inject: {users:?}"
+    );
+}
+
 #[test]
 fn the_checker_sees_a_cycle_and_ignores_what_is_not_code() {
     let dir = std::env::temp_dir().join(format!("tokentap-layering-{}", std::process::id()));

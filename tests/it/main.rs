@@ -25,6 +25,7 @@ mod gen_ai;
 mod grpc;
 mod grpc_fixtures;
 mod grpc_net;
+mod inject_cli;
 mod itl;
 mod layering;
 mod lifecycle;
