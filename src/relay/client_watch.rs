@@ -31,7 +31,14 @@ pub enum Activity {
 /// this is polled once per event while the upstream streams, and the slot costs no
 /// registration to undo each time another branch wins.
 pub fn activity(client: &TcpStream) -> impl Future<Output = Activity> + '_ {
-    std::future::poll_fn(move |cx| loop {
+    std::future::poll_fn(move |cx| poll_activity(client, cx))
+}
+
+/// [`activity`] as a poll: `Pending` leaves the task's waker in the socket's reader slot,
+/// where it stays until the socket has news (which wakes the task), whether or not this
+/// is polled again meanwhile.
+pub fn poll_activity(client: &TcpStream, cx: &mut std::task::Context<'_>) -> Poll<Activity> {
+    loop {
         if std::task::ready!(client.poll_read_ready(cx)).is_err() {
             return Poll::Ready(Activity::Left);
         }
@@ -46,5 +53,5 @@ pub fn activity(client: &TcpStream) -> impl Future<Output = Activity> + '_ {
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return Poll::Ready(Activity::Left),
         }
-    })
+    }
 }

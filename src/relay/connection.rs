@@ -454,6 +454,10 @@ enum Wake {
     Timer,
 }
 
+/// Reads after which the response loop looks at the client's watch even though nothing
+/// woke it (a backstop: the armed watch wakes the loop by itself).
+const CLIENT_LOOK_EVERY: u32 = 64;
+
 /// What comes after one read is relayed.
 enum After {
     /// Wait for the upstream again; it is idle from this deadline on.
@@ -489,19 +493,42 @@ impl ResponseLoop<'_> {
         // rest of a read's bookkeeping.
         let timer = tokio::time::sleep_until(self.head_deadline);
         tokio::pin!(timer);
+        // The client's watch waits in its socket's reader slot ([`client_watch`]): once
+        // armed it stays armed, and the socket's news wakes this task. Looking at it again
+        // on every event would touch the client socket's state, a cold cache line with
+        // many streams, for nothing. So it is looked at when it is not armed yet, when
+        // the task woke and the upstream had nothing (the client, or the timer, woke it),
+        // and every `CLIENT_LOOK_EVERY` reads besides, should a wake ever go astray.
+        let mut client_armed = false;
+        let mut reads_since_look = 0u32;
         loop {
             let hot = hot_lines(&self.relay, &self.observed);
-            let wake = tokio::select! {
-                biased;
-                (read, buffers) = read_upstream(&mut self.upstream, &carry, hot) => {
-                    Wake::Read(read, buffers)
-                }
-                activity = client_watch::activity(self.client), if watch_client => match activity {
-                    Activity::Left => Wake::ClientLeft,
-                    Activity::Sent => Wake::ClientSent,
-                },
-                () = &mut timer => Wake::Timer,
+            let wake = {
+                let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry, hot));
+                let client = &*self.client;
+                let mut woken = false;
+                let look_anyway = reads_since_look >= CLIENT_LOOK_EVERY;
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready((read, buffers)) = read.as_mut().poll(cx) {
+                        return Poll::Ready(Wake::Read(read, buffers));
+                    }
+                    if watch_client && (!client_armed || woken || look_anyway) {
+                        reads_since_look = 0;
+                        match client_watch::poll_activity(client, cx) {
+                            Poll::Ready(Activity::Left) => return Poll::Ready(Wake::ClientLeft),
+                            Poll::Ready(Activity::Sent) => return Poll::Ready(Wake::ClientSent),
+                            Poll::Pending => client_armed = true,
+                        }
+                    }
+                    woken = true;
+                    if timer.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Wake::Timer);
+                    }
+                    Poll::Pending
+                })
+                .await
             };
+            reads_since_look = reads_since_look.saturating_add(1);
             match wake {
                 Wake::Read(read, buffers) => {
                     let had_head = self.relay.has_head();
