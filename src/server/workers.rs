@@ -142,8 +142,11 @@ impl Workers {
             .expect("at least one worker");
         worker.connections.fetch_add(1, Ordering::Relaxed);
         let job: Job = Box::new(move |occupancy| {
+            // Boxed: a connection's future is tens of KiB (the whole exchange's state), and
+            // a task's future is moved several times as it is spawned and each time its
+            // stage changes; the box moves as a pointer.
             let task = Occupied {
-                connection: serve(),
+                connection: Box::pin(serve()),
                 _occupancy: occupancy,
             };
             tokio::spawn(task);
