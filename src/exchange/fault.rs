@@ -5,6 +5,7 @@
 //! counted (its outcome) is decided once, with every other outcome rule, in
 //! [`crate::outcome::answer`].
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::intermediary::{HostError, UnsupportedTransferCoding};
@@ -67,4 +68,73 @@ pub enum BodyEnd {
     UpstreamBroken,
     /// The client went away before the end.
     ClientGone,
+}
+
+impl BodyEnd {
+    /// The upstream broke the body off (`why`): logged here, with one text for both
+    /// transports, and the end to record.
+    pub fn upstream_broken(why: impl Display) -> BodyEnd {
+        tracing::warn!(error = %why, "upstream stream failed mid-body");
+        BodyEnd::UpstreamBroken
+    }
+
+    /// The upstream sent nothing for `timeout` while tokentap waited: logged here, with one
+    /// text for both transports, and the end to record.
+    pub fn upstream_idle(timeout: Duration) -> BodyEnd {
+        tracing::warn!(?timeout, "upstream stream idle; aborting it");
+        BodyEnd::UpstreamIdle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What a `warn!` wrote while `f` ran.
+    fn logged(f: impl FnOnce() -> BodyEnd) -> (BodyEnd, String) {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let end = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        (end, text)
+    }
+
+    /// Both transports end a broken or idle body through these, so they log the same line
+    /// and record the same end.
+    #[test]
+    fn a_body_the_upstream_ends_is_logged_once_the_same_way() {
+        let (end, text) = logged(|| BodyEnd::upstream_broken("connection reset"));
+        assert_eq!(end, BodyEnd::UpstreamBroken);
+        assert!(text.contains("WARN"), "{text}");
+        assert!(
+            text.contains("upstream stream failed mid-body error=connection reset"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let (end, text) = logged(|| BodyEnd::upstream_idle(Duration::from_millis(300)));
+        assert_eq!(end, BodyEnd::UpstreamIdle);
+        assert!(
+            text.contains("upstream stream idle; aborting it timeout=300ms"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{text}");
+    }
 }

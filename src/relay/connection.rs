@@ -627,8 +627,7 @@ impl ResponseLoop<'_> {
                     .waiting(tokio::time::Instant::from_std(waiting_from)),
             ),
             Step::Broken(why) => {
-                tracing::warn!(error = %why, "upstream stream failed mid-body");
-                self.observed.ended(BodyEnd::UpstreamBroken);
+                self.observed.ended(BodyEnd::upstream_broken(&why));
                 After::Done(ResponseEnd::closed())
             }
             Step::Ended { reuse_upstream } => After::Ended { reuse_upstream },
@@ -646,8 +645,7 @@ impl ResponseLoop<'_> {
             return Ok(self.idle.waiting(now));
         }
         let timeout = self.idle.timeout();
-        tracing::warn!(?timeout, "upstream stream idle; aborting it");
-        self.observed.ended(BodyEnd::UpstreamIdle);
+        self.observed.ended(BodyEnd::upstream_idle(timeout));
         Err(None)
     }
 
