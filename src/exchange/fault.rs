@@ -40,8 +40,10 @@ pub enum UpstreamFault {
     Internal(String),
 }
 
-/// The client's request cannot be forwarded, or the client left.
-#[derive(Debug, thiserror::Error)]
+/// The client's request cannot be forwarded, or the client left. Also what a request body
+/// that failed on its way up left behind for its exchange (the hyper transport's
+/// `BodyWatch`), so it is cloned and compared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientFault {
     #[error("malformed request body: {0}")]
     MalformedBody(String),
