@@ -19,6 +19,7 @@ use super::serialize::{chunk, declared, last_chunk};
 use super::upstream_pool::{self, Origin};
 use crate::config::Config;
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
+use crate::idle_pool::{self, Unsent};
 use crate::observe::RequestScan;
 
 /// Send the request whose head starts `input` upstream, its body as it arrives, feeding
@@ -44,24 +45,21 @@ pub async fn send_request(
     let mut first = Vec::with_capacity(head.upstream_head.len().saturating_add(body.len()));
     first.extend_from_slice(&head.upstream_head);
     first.extend_from_slice(body);
-    let mut upstream = match upstream_pool::checkout(origin) {
-        Some(mut reused) => {
-            if reused.write_all(&first).await.is_ok() {
-                reused
-            } else {
-                // The upstream closed the kept connection just then: nothing of the request
-                // reached it, so it goes once more on a fresh connection.
-                let mut fresh = connect(client, origin, timeout).await?;
-                fresh.write_all(&first).await.map_err(request_failed)?;
-                fresh
-            }
-        }
-        None => {
-            let mut fresh = connect(client, origin, timeout).await?;
-            fresh.write_all(&first).await.map_err(request_failed)?;
-            fresh
-        }
-    };
+    // A kept connection the upstream closed just then has taken nothing of the request: it
+    // goes once more on a fresh one.
+    let (mut upstream, ()) = idle_pool::send_on_kept_or_new(
+        upstream_pool::checkout(origin),
+        first.as_slice(),
+        || connect(client, origin, timeout),
+        |mut upstream: TcpStream, first: &[u8]| async move {
+            let sent = upstream.write_all(first).await.map_err(|err| Unsent {
+                message: Some(first),
+                error: request_failed(err),
+            });
+            (upstream, sent)
+        },
+    )
+    .await?;
     // Scanned once it is on its way, as the hyper path scans what the upstream reads.
     let sent = head.head_len.saturating_add(initial).min(input.len());
     scan.feed(input.get(head.head_len..sent).unwrap_or_default());
