@@ -49,8 +49,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokentap::config::{Config, NativeHistograms};
 use tokentap::metrics::exemplar::TraceContext;
-use tokentap::metrics::{Metrics, RequestExemplar, RequestFigures, Verdict};
+use tokentap::metrics::{Metrics, RequestExemplar, RequestFigures};
 use tokentap::observe::ResponseObserver;
+use tokentap::outcome::Verdict;
 use tokentap::relay::response::{Piece, ResponseReader};
 
 fn bench_observe(c: &mut Criterion) {

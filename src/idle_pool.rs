@@ -24,7 +24,8 @@
 //! [`IdleConnections`] and [`KeptCount`] are the policy with no I/O and no clock reads
 //! (instants are passed in); [`checkout`] and [`checkin`] apply it to the calling
 //! thread's [`ThreadPool`] and run its sweep. [`connect`] opens the connections both
-//! transports pool.
+//! transports pool, and [`send_on_kept_or_new`] is their one rule for a kept connection
+//! the upstream closed just as a request went out on it.
 
 use std::cell::{Cell, RefCell};
 use std::thread::LocalKey;
@@ -366,6 +367,57 @@ pub async fn connect(origin: &Origin, timeout: Duration) -> Result<TcpStream, St
     }
 }
 
+/// A send that failed: why, and the message when none of it left (so it can go once more,
+/// on another connection).
+pub struct Unsent<M, E> {
+    pub message: Option<M>,
+    pub error: E,
+}
+
+/// Send `message` on `kept` (a connection from the pool) or, with none, on a new one from
+/// `connect`. When a kept connection fails the send before any of the message left it, the
+/// upstream closed that connection just then, so the message goes once more, on a new
+/// connection; any other failure is the send's. Both transports' rule (the relay's raw
+/// sockets, hyper's client connections). `send` takes the connection and gives it back
+/// (no borrow lives across its future, which keeps the callers' futures `Send`). Returns
+/// the connection that carried the message and what the send gave.
+pub async fn send_on_kept_or_new<C, M, T, E, Connect, Connecting, Deliver, Delivering>(
+    kept: Option<C>,
+    message: M,
+    mut connect: Connect,
+    mut send: Deliver,
+) -> Result<(C, T), E>
+where
+    E: std::fmt::Display,
+    Connect: FnMut() -> Connecting,
+    Connecting: std::future::Future<Output = Result<C, E>>,
+    Deliver: FnMut(C, M) -> Delivering,
+    Delivering: std::future::Future<Output = (C, Result<T, Unsent<M, E>>)>,
+{
+    let (conn, reused) = match kept {
+        Some(conn) => (conn, true),
+        None => (connect().await?, false),
+    };
+    match send(conn, message).await {
+        (conn, Ok(sent)) => Ok((conn, sent)),
+        (
+            _closed,
+            Err(Unsent {
+                message: Some(message),
+                error,
+            }),
+        ) if reused => {
+            tracing::debug!(%error, "pooled connection was closed; retrying");
+            let fresh = connect().await?;
+            match send(fresh, message).await {
+                (fresh, Ok(sent)) => Ok((fresh, sent)),
+                (_, Err(unsent)) => Err(unsent.error),
+            }
+        }
+        (_, Err(unsent)) => Err(unsent.error),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -561,5 +613,71 @@ mod tests {
                 "{max} over {count}: {parts:?}"
             );
         }
+    }
+
+    /// The retry rule both transports send by: once more on a new connection only when a
+    /// kept one took none of the message; every other failure stands.
+    #[tokio::test]
+    async fn a_kept_connection_closed_just_then_is_retried_once_on_a_new_one() {
+        // A connection is its name; a send on "closed" fails with the message unsent, on
+        // "partial" fails after part of it left, on any other succeeds.
+        async fn run(
+            kept: Option<&'static str>,
+            new: &'static str,
+        ) -> (Result<String, String>, usize) {
+            let mut connects = 0;
+            let result = send_on_kept_or_new(
+                kept,
+                "request",
+                || {
+                    connects += 1;
+                    async move { Ok::<_, String>(new) }
+                },
+                |conn: &'static str, message: &'static str| async move {
+                    let sent = match conn {
+                        "closed" => Err(Unsent {
+                            message: Some(message),
+                            error: format!("{conn} refused {message}"),
+                        }),
+                        "partial" => Err(Unsent {
+                            message: None,
+                            error: format!("{conn} broke {message}"),
+                        }),
+                        _ => Ok(format!("{message} on {conn}")),
+                    };
+                    (conn, sent)
+                },
+            )
+            .await
+            .map(|(conn, sent)| format!("{sent} ({conn})"));
+            (result, connects)
+        }
+        assert_eq!(
+            run(Some("kept"), "new").await,
+            (Ok("request on kept (kept)".into()), 0)
+        );
+        assert_eq!(
+            run(None, "new").await,
+            (Ok("request on new (new)".into()), 1)
+        );
+        assert_eq!(
+            run(Some("closed"), "new").await,
+            (Ok("request on new (new)".into()), 1)
+        );
+        // Once only: the new connection's failure stands.
+        assert_eq!(
+            run(Some("closed"), "closed").await,
+            (Err("closed refused request".into()), 1)
+        );
+        // Part of it left: not sent again.
+        assert_eq!(
+            run(Some("partial"), "new").await,
+            (Err("partial broke request".into()), 0)
+        );
+        // A new connection is never retried.
+        assert_eq!(
+            run(None, "closed").await,
+            (Err("closed refused request".into()), 1)
+        );
     }
 }

@@ -17,8 +17,10 @@
 //! - [`idle_pool`]: the keep-alive upstream connections of both plain-HTTP/1.1
 //!   transports (the relay's and hyper's), per worker thread, under one cap;
 //! - [`exchange`]: the request policy both transports call: admission, the configuration
-//!   in force, answers and outcomes of failures, how a body's end is counted, the idle
-//!   timeout;
+//!   in force, tokentap's answers, the idle timeout;
+//! - [`outcome`]: how a request ended, and every rule that decides it: the outcome and
+//!   status labels, the answers and outcomes of failures, how a body's end is counted, the
+//!   verdict on HTTP and gRPC responses;
 //! - [`observe`]: the one entry point into observation, called by the exchange policy:
 //!   what is measured, the request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
@@ -43,6 +45,7 @@ pub mod live;
 pub mod metrics;
 pub mod observe;
 pub mod otlp;
+pub mod outcome;
 pub mod prefetch;
 pub mod proxy;
 pub mod relay;

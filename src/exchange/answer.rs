@@ -14,6 +14,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::fault::ExchangeError;
+use crate::outcome::answer::grpc_status;
 
 /// The message of the `503` a request gets when too many are in flight.
 pub const OVERLOADED: &str = "too many requests in flight";
@@ -124,23 +125,6 @@ pub fn is_grpc_call(headers: &HeaderMap) -> bool {
     codec.is_empty() || codec.starts_with('+')
 }
 
-/// The `grpc-status` of tokentap's answer with HTTP status `status`: what gRPC's own
-/// mapping of HTTP statuses (`doc/http-grpc-status-mapping.md` in grpc/grpc) gives, which
-/// is what a client would read from the HTTP status anyway, except that tokentap's `504`
-/// (no response head in time) is `DEADLINE_EXCEEDED`, the status an engine's own timeout
-/// has and the one the gRPC status table counts as `timeout`, like this `504`.
-pub fn grpc_status(status: StatusCode) -> u16 {
-    match status.as_u16() {
-        400 => 13,             // INTERNAL
-        401 => 16,             // UNAUTHENTICATED
-        403 => 7,              // PERMISSION_DENIED
-        404 => 12,             // UNIMPLEMENTED
-        429 | 502 | 503 => 14, // UNAVAILABLE
-        504 => 4,              // DEADLINE_EXCEEDED
-        _ => 2,                // UNKNOWN
-    }
-}
-
 /// gRPC's `grpc-message` encoding: every byte outside printable ASCII, and `%`, as `%XX`.
 fn percent_encoded(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
@@ -208,24 +192,5 @@ mod tests {
             text.headers()[header::CONTENT_TYPE],
             "text/plain; charset=utf-8"
         );
-    }
-
-    #[test]
-    fn each_answer_status_has_its_grpc_status() {
-        for (status, code) in [
-            (400, 13),
-            (405, 2),
-            (408, 2),
-            (501, 2),
-            (502, 14),
-            (503, 14),
-            (504, 4),
-        ] {
-            assert_eq!(
-                grpc_status(StatusCode::from_u16(status).unwrap()),
-                code,
-                "{status}"
-            );
-        }
     }
 }

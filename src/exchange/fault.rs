@@ -1,14 +1,14 @@
 //! Why an exchange ended before the client got a response head, and whose fault it was.
 //!
-//! Both transports report their failures as an [`ExchangeError`]; what a failure answers
-//! (its status and text) and how it is counted (its outcome) is decided here, once.
+//! Both transports report their failures as an [`ExchangeError`], and how a body that had
+//! begun ended as a [`BodyEnd`]. What a failure answers (its status) and how each is
+//! counted (its outcome) is decided once, with every other outcome rule, in
+//! [`crate::outcome::answer`].
 
+use std::fmt::Display;
 use std::time::Duration;
 
-use http::StatusCode;
-
 use crate::intermediary::{HostError, UnsupportedTransferCoding};
-use crate::observe::Outcome;
 
 /// A failed exchange, before any response head reached the client.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +40,10 @@ pub enum UpstreamFault {
     Internal(String),
 }
 
-/// The client's request cannot be forwarded, or the client left.
-#[derive(Debug, thiserror::Error)]
+/// The client's request cannot be forwarded, or the client left. Also what a request body
+/// that failed on its way up left behind for its exchange (the hyper transport's
+/// `BodyWatch`), so it is cloned and compared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientFault {
     #[error("malformed request body: {0}")]
     MalformedBody(String),
@@ -55,38 +57,6 @@ pub enum ClientFault {
     RequestCoding(UnsupportedTransferCoding),
     #[error("CONNECT is not supported by this reverse proxy")]
     ConnectMethod,
-}
-
-impl ExchangeError {
-    /// The status tokentap answers with, or `None` when the client is gone (nobody would
-    /// receive an answer, so none is sent or logged).
-    pub fn status(&self) -> Option<StatusCode> {
-        Some(match self {
-            ExchangeError::Upstream(UpstreamFault::HeadTimeout(_)) => StatusCode::GATEWAY_TIMEOUT,
-            ExchangeError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ExchangeError::Client(fault) => match fault {
-                ClientFault::Gone => return None,
-                ClientFault::MalformedBody(_) | ClientFault::InvalidHost(_) => {
-                    StatusCode::BAD_REQUEST
-                }
-                ClientFault::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-                // RFC 9112 6.1: a transfer coding the server does not understand.
-                ClientFault::RequestCoding(_) => StatusCode::NOT_IMPLEMENTED,
-                ClientFault::ConnectMethod => StatusCode::METHOD_NOT_ALLOWED,
-            },
-        })
-    }
-
-    /// How the request is counted: the upstream's faults as `upstream_error` or
-    /// `timeout`, the client's as `client_error`, or `cancelled` when it left.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            ExchangeError::Upstream(UpstreamFault::HeadTimeout(_)) => Outcome::Timeout,
-            ExchangeError::Upstream(_) => Outcome::UpstreamError,
-            ExchangeError::Client(ClientFault::Gone) => Outcome::Cancelled,
-            ExchangeError::Client(_) => Outcome::ClientError,
-        }
-    }
 }
 
 /// How a response body that had begun reaching the client ended.
@@ -103,84 +73,70 @@ pub enum BodyEnd {
 }
 
 impl BodyEnd {
-    /// The outcome a body that ended so is recorded with (a clean end of a response whose
-    /// status or stream says it failed is reclassified where it is recorded).
-    pub fn outcome(self) -> Outcome {
-        match self {
-            BodyEnd::Clean => Outcome::Completed,
-            BodyEnd::UpstreamIdle => Outcome::Timeout,
-            BodyEnd::UpstreamBroken => Outcome::UpstreamError,
-            BodyEnd::ClientGone => Outcome::Cancelled,
-        }
+    /// The upstream broke the body off (`why`): logged here, with one text for both
+    /// transports, and the end to record.
+    pub fn upstream_broken(why: impl Display) -> BodyEnd {
+        tracing::warn!(error = %why, "upstream stream failed mid-body");
+        BodyEnd::UpstreamBroken
+    }
+
+    /// The upstream sent nothing for `timeout` while tokentap waited: logged here, with one
+    /// text for both transports, and the end to record.
+    pub fn upstream_idle(timeout: Duration) -> BodyEnd {
+        tracing::warn!(?timeout, "upstream stream idle; aborting it");
+        BodyEnd::UpstreamIdle
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
-    #[test]
-    fn each_fault_has_one_answer_and_one_outcome() {
-        let coding = || UnsupportedTransferCoding("gzip".to_string());
-        let cases: Vec<(ExchangeError, Option<u16>, Outcome)> = vec![
-            (
-                UpstreamFault::Connect("refused".into()).into(),
-                Some(502),
-                Outcome::UpstreamError,
-            ),
-            (
-                UpstreamFault::HeadTimeout(Duration::from_secs(1)).into(),
-                Some(504),
-                Outcome::Timeout,
-            ),
-            (
-                UpstreamFault::Request("reset".into()).into(),
-                Some(502),
-                Outcome::UpstreamError,
-            ),
-            (
-                UpstreamFault::Framing(coding()).into(),
-                Some(502),
-                Outcome::UpstreamError,
-            ),
-            (
-                ClientFault::MalformedBody("bad chunk".into()).into(),
-                Some(400),
-                Outcome::ClientError,
-            ),
-            (
-                ClientFault::BodyTimeout(Duration::from_secs(1)).into(),
-                Some(408),
-                Outcome::ClientError,
-            ),
-            (ClientFault::Gone.into(), None, Outcome::Cancelled),
-            (
-                ClientFault::InvalidHost(HostError::Duplicate).into(),
-                Some(400),
-                Outcome::ClientError,
-            ),
-            (
-                ClientFault::RequestCoding(coding()).into(),
-                Some(501),
-                Outcome::ClientError,
-            ),
-            (
-                ClientFault::ConnectMethod.into(),
-                Some(405),
-                Outcome::ClientError,
-            ),
-        ];
-        for (err, status, outcome) in cases {
-            assert_eq!(err.status().map(|s| s.as_u16()), status, "{err}");
-            assert_eq!(err.outcome(), outcome, "{err}");
+    /// What a `warn!` wrote while `f` ran.
+    fn logged(f: impl FnOnce() -> BodyEnd) -> (BodyEnd, String) {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
         }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let end = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        (end, text)
     }
 
+    /// Both transports end a broken or idle body through these, so they log the same line
+    /// and record the same end.
     #[test]
-    fn a_body_end_maps_to_one_outcome() {
-        assert_eq!(BodyEnd::Clean.outcome(), Outcome::Completed);
-        assert_eq!(BodyEnd::UpstreamIdle.outcome(), Outcome::Timeout);
-        assert_eq!(BodyEnd::UpstreamBroken.outcome(), Outcome::UpstreamError);
-        assert_eq!(BodyEnd::ClientGone.outcome(), Outcome::Cancelled);
+    fn a_body_the_upstream_ends_is_logged_once_the_same_way() {
+        let (end, text) = logged(|| BodyEnd::upstream_broken("connection reset"));
+        assert_eq!(end, BodyEnd::UpstreamBroken);
+        assert!(text.contains("WARN"), "{text}");
+        assert!(
+            text.contains("upstream stream failed mid-body error=connection reset"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let (end, text) = logged(|| BodyEnd::upstream_idle(Duration::from_millis(300)));
+        assert_eq!(end, BodyEnd::UpstreamIdle);
+        assert!(
+            text.contains("upstream stream idle; aborting it timeout=300ms"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{text}");
     }
 }

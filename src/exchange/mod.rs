@@ -41,7 +41,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::observe::{self, Outcome, Pending, RequestHead, RequestScan, ResponseObserver};
+use crate::observe::{self, Pending, RequestHead, RequestScan, ResponseObserver};
+use crate::outcome::Outcome;
 use crate::prefetch;
 use crate::wire::Tokenizer;
 pub use answer::Answer;

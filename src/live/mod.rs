@@ -36,7 +36,8 @@ use tokio::sync::broadcast;
 use crate::metrics::live::LiveStreamView;
 use crate::metrics::requests::{FinishedRequest, RequestTap, TapId};
 use crate::metrics::snapshot::Values;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::Metrics;
+use crate::outcome::Outcome;
 use crate::supervise::Supervisor;
 use window::{quantile, Ring, Windowed, OUTCOMES};
 

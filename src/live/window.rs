@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::metrics::snapshot::{HistogramSnapshot, Snapshot, Values};
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 
 /// Ticks kept: ten minutes of one-second ticks.
 pub const SLOTS: usize = 600;
@@ -370,7 +370,8 @@ pub fn quantile(q: f64, bounds: &[f64], counts: &[u64]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Metrics, StatusClass, Verdict};
+    use crate::metrics::Metrics;
+    use crate::outcome::{StatusClass, Verdict};
     use std::time::Duration;
 
     const BOUNDS: [f64; 4] = [0.1, 0.2, 0.5, 1.0];

@@ -19,10 +19,8 @@ use rand::{Rng, SeedableRng};
 
 use super::families::INTER_CHUNK_HELP;
 use super::snapshot::{Label, Series, Snapshot, Values};
-use super::{
-    Buckets, EngineFigures, LabelPolicy, Labels, Metrics, Outcome, RequestFigures, StatusClass,
-    StreamSeries, Verdict,
-};
+use super::{Buckets, EngineFigures, LabelPolicy, Labels, Metrics, RequestFigures, StreamSeries};
+use crate::outcome::{Outcome, StatusClass, Verdict};
 
 /// The families as the prometheus crate held them.
 struct Reference {

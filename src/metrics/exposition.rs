@@ -28,7 +28,6 @@ use prometheus::proto;
 
 use super::exemplar::Exemplar;
 use super::families::{PairFamily, PairKind};
-use super::outcome::Verdict;
 use super::series::{Counter, SeriesSet, ACCURACY};
 use super::settings::Buckets;
 use super::snapshot::{FamilySnapshot, HistogramSnapshot, Label, Series, Values};
@@ -36,6 +35,7 @@ use super::text::{
     escape_help, escape_label_value, escape_openmetrics_help, openmetrics_le, push_count, push_f64,
     push_openmetrics_f64,
 };
+use crate::outcome::Verdict;
 
 /// The series sets of one level for one scrape in label order, and the ranges of sets
 /// sharing a model (one set each in the per-model level).

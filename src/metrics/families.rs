@@ -599,7 +599,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::metrics::{Outcome, StatusClass, Verdict};
+    use crate::outcome::{Outcome, StatusClass, Verdict};
 
     /// The ops scripts' statement of the contract.
     const OPS_CONTRACT: &str = include_str!("../../scripts/ops/tokentap_contract.py");

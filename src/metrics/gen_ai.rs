@@ -215,9 +215,8 @@ mod tests {
     use super::*;
     use crate::metrics::exemplar::TraceContext;
     use crate::metrics::families::{family_names, GEN_AI_FAMILIES};
-    use crate::metrics::{
-        Metrics, NativeHistograms, Outcome, RequestExemplar, RequestFigures, StatusClass, Verdict,
-    };
+    use crate::metrics::{Metrics, NativeHistograms, RequestExemplar, RequestFigures};
+    use crate::outcome::{Outcome, StatusClass, Verdict};
     use std::time::{Duration, SystemTime};
 
     fn metrics(names: MetricNames) -> std::sync::Arc<Metrics> {

@@ -31,7 +31,6 @@ pub mod gen_ai;
 pub mod labels;
 pub mod live;
 pub mod native;
-mod outcome;
 pub mod protobuf;
 pub mod requests;
 mod series;
@@ -54,6 +53,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::outcome::{Outcome, Verdict};
 use crate::wire::Unobservable;
 use exemplar::{Exemplar, TraceContext};
 use exposition::{
@@ -71,7 +71,6 @@ pub use gen_ai::MetricNames;
 use gen_ai::{GenAiBounds, GenAiKey};
 use labels::{LabelSet, PairCap};
 use native::NativeSettings;
-pub use outcome::{Outcome, StatusClass, Verdict};
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, GenAiSeries, Histogram, SeriesSet, StreamSeries};
 pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};

@@ -630,7 +630,8 @@ mod tests {
     /// collector's families aside: they change from one read to the next).
     #[test]
     fn a_scrape_decodes_back_to_the_metrics_snapshot() {
-        use crate::metrics::{Metrics, RequestFigures, Verdict};
+        use crate::metrics::{Metrics, RequestFigures};
+        use crate::outcome::Verdict;
         use std::time::Duration;
         let config = crate::config::Config::from_overrides(&crate::config::Overrides {
             upstream: Some("http://127.0.0.1:9".to_string()),

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 
 use super::exemplar::TraceContext;
-use super::outcome::Verdict;
+use crate::outcome::Verdict;
 
 /// What one measured request came to, as the access log says it.
 #[derive(Clone, Debug)]
@@ -318,7 +318,7 @@ fn nonzero<const N: usize>(rng: &mut impl Rng) -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Outcome, StatusClass};
+    use crate::outcome::{Outcome, StatusClass};
     use std::sync::Mutex;
 
     struct Collect(Mutex<Vec<String>>);

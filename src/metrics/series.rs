@@ -24,9 +24,9 @@ use std::time::Duration;
 use super::exemplar::{Exemplar, ExemplarSlots};
 use super::gen_ai::{GenAiBounds, GenAiKey};
 use super::native::{NativeHistogram, NativeSettings};
-use super::outcome::Verdict;
 use super::snapshot::NativeHistogramSnapshot;
 use super::text::escape_label_value;
+use crate::outcome::Verdict;
 
 /// A classic histogram: a count per bucket (the last slot counts what is above every
 /// bound, NaN included) and the sum of every observed value.

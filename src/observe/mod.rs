@@ -51,7 +51,7 @@ use crate::config::Config;
 use crate::metrics::exemplar::TraceContext;
 use crate::metrics::live::LiveStream;
 use crate::metrics::Metrics;
-pub use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 use crate::prefetch;
 use crate::wire::grpc::request::GrpcRequestScanner;
 use crate::wire::request::RequestScanner;
@@ -239,7 +239,7 @@ pub fn refused(
     let tenant = head.and_then(|head| inspect::tenant_for(head.headers, &config.tenants));
     let series = metrics.stream(None, tenant.as_deref());
     let verdict =
-        crate::metrics::Verdict::new(outcome, crate::metrics::StatusClass::tokentap(status));
+        crate::outcome::Verdict::new(outcome, crate::outcome::StatusClass::tokentap(status));
     metrics.count_request(&series, verdict);
     if let (Some(head), Some(dialect)) = (head, dialect) {
         refused_span(head, dialect, config, metrics, &series, verdict, status);
@@ -267,7 +267,7 @@ fn refused_span(
     config: &Config,
     metrics: &Metrics,
     series: &crate::metrics::StreamSeries,
-    verdict: crate::metrics::Verdict,
+    verdict: crate::outcome::Verdict,
     status: StatusCode,
 ) {
     let tracing = Tracing::of(head.headers, config, metrics);

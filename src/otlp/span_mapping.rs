@@ -31,7 +31,7 @@ use opentelemetry_proto::tonic::trace::v1::{
 
 use super::mapping::SCOPE;
 use crate::metrics::requests::FinishedRequest;
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 
 /// W3C trace flags: sampled.
 const SAMPLED: u32 = 0x01;
@@ -205,7 +205,7 @@ fn unix_nanos(at: SystemTime) -> u64 {
 mod tests {
     use super::*;
     use crate::metrics::exemplar::TraceContext;
-    use crate::metrics::{StatusClass, Verdict};
+    use crate::outcome::{StatusClass, Verdict};
     use std::sync::Arc;
 
     fn request() -> FinishedRequest {

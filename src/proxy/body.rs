@@ -133,8 +133,8 @@ where
                 return Poll::Pending;
             }
             let timeout = this.idle.timeout();
-            tracing::warn!(?timeout, "upstream stream idle; aborting it");
-            this.streaming.finish(Instant::now(), BodyEnd::UpstreamIdle);
+            this.streaming
+                .finish(Instant::now(), BodyEnd::upstream_idle(timeout));
             return Poll::Ready(Some(Err(Box::new(IdleTimeout(timeout)))));
         };
         this.idle.data();
@@ -160,9 +160,8 @@ where
             }
             Some(Err(err)) => {
                 let err: BoxError = err.into();
-                tracing::warn!(error = %err, "upstream stream failed mid-body");
                 this.streaming
-                    .finish(Instant::now(), BodyEnd::UpstreamBroken);
+                    .finish(Instant::now(), BodyEnd::upstream_broken(&err));
                 Poll::Ready(Some(Err(err)))
             }
             None => {

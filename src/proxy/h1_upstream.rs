@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 
 use super::body::UpstreamBody;
 use crate::exchange::{ExchangeError, UpstreamFault};
-use crate::idle_pool::{self, Origin, Reusable, ThreadPool};
+use crate::idle_pool::{self, Origin, Reusable, ThreadPool, Unsent};
 use crate::intermediary;
 
 thread_local! {
@@ -124,24 +124,24 @@ impl H1Pool {
         &self,
         request: Request<UpstreamBody>,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
-        let (mut conn, reused) = match self.inner.checkout() {
-            Some(conn) => (conn, true),
-            None => (self.inner.connect().await?, false),
-        };
-        let response = match exchange(&mut conn, request).await {
-            Ok(response) => response,
-            Err(mut err) => match err.take_message() {
-                // The request never left a reused connection: the upstream had closed it.
-                Some(request) if reused => {
-                    tracing::debug!(error = %err.error(), "pooled connection was closed; retrying");
-                    conn = self.inner.connect().await?;
-                    exchange(&mut conn, request)
-                        .await
-                        .map_err(|err| UpstreamFault::Request(error_chain(&err.into_error())))?
-                }
-                _ => return Err(UpstreamFault::Request(error_chain(&err.into_error())).into()),
+        let inner = &self.inner;
+        // A request that never left a kept connection (the upstream had closed it) goes
+        // once more on a fresh one.
+        let (conn, response) = idle_pool::send_on_kept_or_new(
+            inner.checkout(),
+            request,
+            || async { inner.connect().await.map_err(ExchangeError::from) },
+            |mut conn: Conn, request| async move {
+                let sent = exchange(&mut conn, request)
+                    .await
+                    .map_err(|mut err| Unsent {
+                        message: err.take_message(),
+                        error: UpstreamFault::Request(error_chain(&err.into_error())).into(),
+                    });
+                (conn, sent)
             },
-        };
+        )
+        .await?;
         Ok(response.map(|body| ResponseBody {
             body,
             lease: Some(Lease {

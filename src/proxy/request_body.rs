@@ -36,23 +36,7 @@ use tokio::time::Sleep;
 
 use super::body::BoxError;
 use super::h1_upstream::error_chain;
-use crate::exchange::{ClientFault, Exchange, ExchangeError};
-
-/// Why a client's request body failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BodyFailure {
-    /// The body broke HTTP's framing rules; the text says how.
-    Malformed(String),
-    /// Nothing arrived for this long while more was due.
-    Stalled(Duration),
-    /// The connection ended before the body did.
-    ClientGone,
-}
-
-/// The client sent nothing of its body for `limits.request_body_timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("client sent no request body bytes for {0:?}")]
-pub struct BodyTimeout(pub Duration);
+use crate::exchange::{ClientFault, Exchange};
 
 /// Where a [`ClientBody`] leaves the reason it failed, for the side that sent it, and
 /// learns that the response head arrived.
@@ -61,7 +45,7 @@ pub struct BodyWatch(Arc<Watched>);
 
 #[derive(Default)]
 struct Watched {
-    failure: OnceLock<BodyFailure>,
+    failure: OnceLock<ClientFault>,
     answered: AtomicBool,
     orphan: Mutex<Orphan>,
 }
@@ -75,8 +59,8 @@ struct Orphan {
 }
 
 impl BodyWatch {
-    /// Why the body failed, if it did.
-    pub fn failure(&self) -> Option<BodyFailure> {
+    /// Why the body failed, if it did: the client's fault its exchange is failed with.
+    pub fn failure(&self) -> Option<ClientFault> {
         self.0.failure.get().cloned()
     }
 
@@ -109,8 +93,8 @@ impl BodyWatch {
     /// gone (dropping the exchange records `cancelled`).
     fn settle(&self, exchange: Exchange) {
         match self.failure() {
-            Some(failure) if failure != BodyFailure::ClientGone => {
-                exchange.failed(&failure.into());
+            Some(fault) if fault != ClientFault::Gone => {
+                exchange.failed(&fault.into());
             }
             _ => drop(exchange),
         }
@@ -163,7 +147,7 @@ pin_project! {
                         Poll::Ready(Some(Ok(_))) => {}
                         Poll::Ready(Some(Err(err))) => {
                             if h2_library_reset(&err) {
-                                let failure = BodyFailure::Malformed(error_chain(&err));
+                                let failure = ClientFault::MalformedBody(error_chain(&err));
                                 let _ = this.watch.0.failure.set(failure);
                             }
                             break;
@@ -263,9 +247,9 @@ where
             }
             Poll::Ready(Some(Err(err))) => {
                 let failure = if ended_early(&err) {
-                    BodyFailure::ClientGone
+                    ClientFault::Gone
                 } else {
-                    BodyFailure::Malformed(error_chain(&err))
+                    ClientFault::MalformedBody(error_chain(&err))
                 };
                 let _ = this.watch.0.failure.set(failure);
                 Poll::Ready(Some(Err(Box::new(err))))
@@ -283,8 +267,9 @@ where
                 if idle.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                let _ = this.watch.0.failure.set(BodyFailure::Stalled(timeout));
-                Poll::Ready(Some(Err(Box::new(BodyTimeout(timeout)))))
+                let fault = ClientFault::BodyTimeout(timeout);
+                let _ = this.watch.0.failure.set(fault.clone());
+                Poll::Ready(Some(Err(Box::new(fault))))
             }
         }
     }
@@ -295,17 +280,6 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-/// A request whose body failed is answered for the client's fault, not the upstream's.
-impl From<BodyFailure> for ExchangeError {
-    fn from(failure: BodyFailure) -> ExchangeError {
-        ExchangeError::Client(match failure {
-            BodyFailure::Malformed(why) => ClientFault::MalformedBody(why),
-            BodyFailure::Stalled(after) => ClientFault::BodyTimeout(after),
-            BodyFailure::ClientGone => ClientFault::Gone,
-        })
     }
 }
 
@@ -333,7 +307,7 @@ mod tests {
         let failed = body.frame().await.unwrap();
         assert!(failed.is_err());
         assert!(started.elapsed() >= timeout);
-        assert_eq!(watch.failure(), Some(BodyFailure::Stalled(timeout)));
+        assert_eq!(watch.failure(), Some(ClientFault::BodyTimeout(timeout)));
         drop(tx);
     }
 
@@ -378,9 +352,9 @@ mod tests {
             );
             assert!(body.frame().await.unwrap().is_err());
             let expected = if gone {
-                BodyFailure::ClientGone
+                ClientFault::Gone
             } else {
-                BodyFailure::Malformed("bad".into())
+                ClientFault::MalformedBody("bad".into())
             };
             assert_eq!(watch.failure(), Some(expected), "{kind:?}");
         }

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 
 use super::client_watch::{self, Activity};
 use super::request_head::{self, Decision, ForwardHead, HeadReader, HeadRules, RequestFraming};
-use super::request_relay::{send_request, Failure};
+use super::request_relay::send_request;
 use super::response::{ResponseHead, ResponseRules};
 use super::response_relay::{ResponseRelay, Step, Upstream, Watcher};
 use super::scratch::{self, read_more, READ_CHUNK};
@@ -261,15 +261,14 @@ impl<U> Relay<U> {
                 fail_before_head(client, exchange, &panicked, true).await;
                 return Ok(Next::Close);
             }
-            Err(_) => Err(Failure::Upstream(exchange.head_timed_out())),
+            Err(_) => Err(exchange.head_timed_out()),
         };
         let upstream = match sent {
             Ok(upstream) => upstream,
-            Err(failure) => {
-                let (err, close) = match failure {
-                    Failure::Upstream(err) => (err, client_closing),
-                    Failure::Client(err) => (err, true),
-                };
+            Err(err) => {
+                // After the client's own fault (its body stalled or it left) the client
+                // connection cannot carry another request.
+                let close = client_closing || matches!(err, ExchangeError::Client(_));
                 let next = fail_before_head(client, exchange, &err, close).await;
                 // Once the request started on its way, the rest of its body is unread.
                 return Ok(if started {
@@ -627,8 +626,7 @@ impl ResponseLoop<'_> {
                     .waiting(tokio::time::Instant::from_std(waiting_from)),
             ),
             Step::Broken(why) => {
-                tracing::warn!(error = %why, "upstream stream failed mid-body");
-                self.observed.ended(BodyEnd::UpstreamBroken);
+                self.observed.ended(BodyEnd::upstream_broken(&why));
                 After::Done(ResponseEnd::closed())
             }
             Step::Ended { reuse_upstream } => After::Ended { reuse_upstream },
@@ -646,8 +644,7 @@ impl ResponseLoop<'_> {
             return Ok(self.idle.waiting(now));
         }
         let timeout = self.idle.timeout();
-        tracing::warn!(?timeout, "upstream stream idle; aborting it");
-        self.observed.ended(BodyEnd::UpstreamIdle);
+        self.observed.ended(BodyEnd::upstream_idle(timeout));
         Err(None)
     }
 

@@ -19,14 +19,8 @@ use super::serialize::{chunk, declared, last_chunk};
 use super::upstream_pool::{self, Origin};
 use crate::config::Config;
 use crate::exchange::{ClientFault, ExchangeError, UpstreamFault};
+use crate::idle_pool::{self, Unsent};
 use crate::observe::RequestScan;
-
-/// Why no response head came: the upstream's fault, or the client's (its body stalled
-/// or it left), after which the client connection cannot carry another request.
-pub enum Failure {
-    Upstream(ExchangeError),
-    Client(ExchangeError),
-}
 
 /// Send the request whose head starts `input` upstream, its body as it arrives, feeding
 /// the body to `scan`; leaves in `input` what the client sent after it. Returns the
@@ -42,7 +36,7 @@ pub async fn send_request(
     config: &Config,
     scan: &mut RequestScan,
     started: &mut bool,
-) -> Result<TcpStream, Failure> {
+) -> Result<TcpStream, ExchangeError> {
     let timeout = config.upstream.connect_timeout;
     let after_head = input.get(head.head_len..).unwrap_or_default();
     let initial =
@@ -51,24 +45,21 @@ pub async fn send_request(
     let mut first = Vec::with_capacity(head.upstream_head.len().saturating_add(body.len()));
     first.extend_from_slice(&head.upstream_head);
     first.extend_from_slice(body);
-    let mut upstream = match upstream_pool::checkout(origin) {
-        Some(mut reused) => {
-            if reused.write_all(&first).await.is_ok() {
-                reused
-            } else {
-                // The upstream closed the kept connection just then: nothing of the request
-                // reached it, so it goes once more on a fresh connection.
-                let mut fresh = connect(client, origin, timeout).await?;
-                fresh.write_all(&first).await.map_err(request_failed)?;
-                fresh
-            }
-        }
-        None => {
-            let mut fresh = connect(client, origin, timeout).await?;
-            fresh.write_all(&first).await.map_err(request_failed)?;
-            fresh
-        }
-    };
+    // A kept connection the upstream closed just then has taken nothing of the request: it
+    // goes once more on a fresh one.
+    let (mut upstream, ()) = idle_pool::send_on_kept_or_new(
+        upstream_pool::checkout(origin),
+        first.as_slice(),
+        || connect(client, origin, timeout),
+        |mut upstream: TcpStream, first: &[u8]| async move {
+            let sent = upstream.write_all(first).await.map_err(|err| Unsent {
+                message: Some(first),
+                error: request_failed(err),
+            });
+            (upstream, sent)
+        },
+    )
+    .await?;
     // Scanned once it is on its way, as the hyper path scans what the upstream reads.
     let sent = head.head_len.saturating_add(initial).min(input.len());
     scan.feed(input.get(head.head_len..sent).unwrap_or_default());
@@ -113,7 +104,7 @@ async fn connect(
     client: &TcpStream,
     origin: &Origin,
     timeout: Duration,
-) -> Result<TcpStream, Failure> {
+) -> Result<TcpStream, ExchangeError> {
     let connect = upstream_pool::connect(origin, timeout);
     tokio::pin!(connect);
     let activity = tokio::select! {
@@ -122,13 +113,13 @@ async fn connect(
         activity = client_watch::activity(client) => activity,
     };
     if activity == Activity::Left {
-        return Err(Failure::Client(ClientFault::Gone.into()));
+        return Err(ClientFault::Gone.into());
     }
     connect.await.map_err(connect_failed)
 }
 
-fn connect_failed(err: String) -> Failure {
-    Failure::Upstream(UpstreamFault::Connect(err).into())
+fn connect_failed(err: String) -> ExchangeError {
+    UpstreamFault::Connect(err).into()
 }
 
 /// Read more of a request body from the client within `body_timeout`.
@@ -136,12 +127,10 @@ async fn read_body(
     client: &mut TcpStream,
     input: &mut Vec<u8>,
     body_timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<(), ExchangeError> {
     match tokio::time::timeout(body_timeout, read_more(client, input)).await {
-        Err(_) => Err(Failure::Client(
-            ClientFault::BodyTimeout(body_timeout).into(),
-        )),
-        Ok(Ok(0)) | Ok(Err(_)) => Err(Failure::Client(ClientFault::Gone.into())),
+        Err(_) => Err(ClientFault::BodyTimeout(body_timeout).into()),
+        Ok(Ok(0)) | Ok(Err(_)) => Err(ClientFault::Gone.into()),
         Ok(Ok(_)) => Ok(()),
     }
 }
@@ -157,7 +146,7 @@ async fn send_chunked(
     body_timeout: Duration,
     max_trailer_bytes: usize,
     scan: &mut RequestScan,
-) -> Result<(), Failure> {
+) -> Result<(), ExchangeError> {
     let mut reader = ChunkedReader::new(max_trailer_bytes);
     let mut ranges = Vec::new();
     let mut out = Vec::with_capacity(READ_CHUNK);
@@ -169,7 +158,7 @@ async fn send_chunked(
         out.clear();
         let used = reader
             .feed(input, |range| ranges.push(range))
-            .map_err(|err| Failure::Client(ClientFault::MalformedBody(err.to_string()).into()))?;
+            .map_err(|err| ExchangeError::from(ClientFault::MalformedBody(err.to_string())))?;
         for range in &ranges {
             let data = input.get(range.clone()).unwrap_or_default();
             scan.feed(data);
@@ -193,6 +182,6 @@ async fn send_chunked(
     }
 }
 
-fn request_failed(err: io::Error) -> Failure {
-    Failure::Upstream(UpstreamFault::Request(err.to_string()).into())
+fn request_failed(err: io::Error) -> ExchangeError {
+    UpstreamFault::Request(err.to_string()).into()
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use tokentap::clock::TokenClock;
 use tokentap::config::{Config, Overrides};
-use tokentap::metrics::{Metrics as Families, Verdict};
+use tokentap::metrics::Metrics as Families;
+use tokentap::outcome::Verdict;
 
 const VALUES: usize = 100_000;
 

@@ -5,7 +5,7 @@
 //!
 //! What passes must be what a direct connection gives (bytes, trailers, `grpc-timeout`,
 //! a client's `RST_STREAM`), and what is counted must follow the token ids and the
-//! `grpc-status` mapping (`observe::recorder::grpc_status_verdict`).
+//! `grpc-status` mapping (`outcome::verdict::grpc_status_verdict`).
 
 use crate::common;
 

@@ -104,8 +104,9 @@ fn the_relay_readers_are_sans_io() {
     );
 }
 
-/// The relay's state machine, its serialisers and its readers, and the exchange policy's
-/// rules, read no socket and no clock: bytes and instants come in as arguments.
+/// The relay's state machine, its serialisers and its readers, and the rules of the exchange
+/// policy and of outcomes, read no socket and no clock: bytes and instants come in as
+/// arguments.
 #[test]
 fn the_relay_machine_and_the_exchange_rules_do_no_io() {
     let files = [
@@ -117,6 +118,9 @@ fn the_relay_machine_and_the_exchange_rules_do_no_io() {
         "exchange/fault.rs",
         "exchange/idle.rs",
         "exchange/answer.rs",
+        "outcome/mod.rs",
+        "outcome/answer.rs",
+        "outcome/verdict.rs",
         "intermediary.rs",
     ];
     let io = [

@@ -154,7 +154,7 @@ async fn a_reload_that_changes_the_set_warns_and_keeps_the_running_one() {
     let stream = metrics.stream(Some("m"), Some("t"));
     metrics.record_request(
         &stream,
-        tokentap::metrics::Verdict::COMPLETED,
+        tokentap::outcome::Verdict::COMPLETED,
         tokentap::metrics::RequestFigures::default(),
     );
     let text = String::from_utf8(metrics.render()).expect("UTF-8");

@@ -1,17 +1,39 @@
-//! How a request ended: the `outcome` and `status` labels of `tokentap_requests_total`.
-//! A leaf, shared by the per-pair storage (one counter per [`Verdict`]) and the encoders.
+//! How a request ended, in one place: the `outcome` and `status` labels of
+//! `tokentap_requests_total`, and every rule that decides them.
 //!
 //! `outcome` says what happened to the request; `status` says what the client was told
 //! and who told it: the upstream's status class, or one of tokentap's own answers. Both
 //! value sets are fixed, and only the pairs in [`Verdict::ALL`] exist, so the family's
 //! cardinality per (model, tenant) is bounded whatever the traffic.
+//!
+//! The rules live here beside the types, so that adding or changing an outcome is one
+//! module and its tables' tests (docs/ARCHITECTURE.md, "Add an outcome class"):
+//!
+//! - the types, [`Outcome`], [`StatusClass`] and [`Verdict`] (this file), shared by the
+//!   per-pair storage (one counter per [`Verdict`]) and the encoders in `metrics`;
+//! - [`answer`]: what each failure before the response head answers and how it is counted
+//!   (`ExchangeError::status`, `ExchangeError::outcome`), how a body's end is counted
+//!   (`BodyEnd::outcome`), and the `grpc-status` a gRPC call gets for tokentap's answer;
+//! - [`verdict`]: the verdict on a finished request, from the transport's view of its end,
+//!   the status, the stream's own error and a gRPC call's `grpc-status`.
+//!
+//! The transports report what they saw (through the exchange policy) and the recorder
+//! records; neither decides an outcome itself.
 
 // The recording path: nothing here may panic on what a request brought (clippy.toml).
-#![warn(clippy::indexing_slicing)]
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 #![cfg_attr(
     not(test),
     warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
 )]
+
+pub mod answer;
+pub mod verdict;
 
 use http::StatusCode;
 
@@ -307,7 +329,7 @@ impl Verdict {
     };
 
     /// The verdict of `outcome` with `status`. A status the outcome cannot carry (none
-    /// does, by the classification in `observe`; a test holds it to that) is replaced by
+    /// does, by the classification in [`verdict`]; a test holds it to that) is replaced by
     /// the outcome's nearest: tokentap's answer by the outcome's first of tokentap's, an
     /// upstream class by `none` or the outcome's first.
     pub fn new(outcome: Outcome, status: StatusClass) -> Verdict {
