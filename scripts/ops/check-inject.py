@@ -31,25 +31,12 @@ import sys
 
 import yaml
 
+from checks import Checker, selects
+
 WORKLOADS = {("apps/v1", k): "/spec/template" for k in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")}
 WORKLOADS.update({("batch/v1", "Job"): "/spec/template", ("batch/v1", "CronJob"): "/spec/jobTemplate/spec/template",
                   ("v1", "Pod"): ""})
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
-
-
-class Checker:
-    def __init__(self):
-        self.failures = 0
-        self.passes = 0
-
-    def ok(self, cond, what, detail=""):
-        if cond:
-            self.passes += 1
-            print(f"PASS {what}")
-        else:
-            self.failures += 1
-            print(f"FAIL {what}{': ' + str(detail) if detail else ''}")
-        return cond
 
 
 def load(path):
@@ -90,11 +77,6 @@ def arg(args, name):
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return None
-
-
-def selects(selector, labels):
-    sel = (selector or {}).get("matchLabels", selector) or {}
-    return bool(sel) and isinstance(sel, dict) and all(labels.get(k) == v for k, v in sel.items())
 
 
 def seconds(text):

@@ -27,26 +27,13 @@ from urllib.parse import urlparse
 
 import yaml
 
+from checks import Checker, selects
+
 # The gateway serves many models and tenants, so its config raises the label caps.
 CONFIG_KEYS = {"listen", "admin", "upstream.url", "shutdown.drain_timeout", "log.format",
                "ui.listen",
                "labels.model.max_values", "labels.tenant.max_values", "labels.max_pairs"}
 HTTP_PORT, ADMIN_PORT = 8080, 9464
-
-
-class Checker:
-    def __init__(self):
-        self.failures = 0
-        self.passes = 0
-
-    def ok(self, cond, what, detail=""):
-        if cond:
-            self.passes += 1
-            print(f"PASS {what}")
-        else:
-            self.failures += 1
-            print(f"FAIL {what}{': ' + detail if detail else ''}")
-        return cond
 
 
 def duration_seconds(text):
@@ -65,14 +52,6 @@ def flatten(d, prefix=""):
         else:
             out[key] = v
     return out
-
-
-def selects(selector, labels):
-    """matchLabels-only selector (what these manifests use) against a label map."""
-    ml = (selector or {}).get("matchLabels", selector or {})
-    if not ml or (selector or {}).get("matchExpressions"):
-        return False
-    return all(labels.get(k) == v for k, v in ml.items())
 
 
 def probe_path_port(probe):
