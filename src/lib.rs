@@ -56,5 +56,8 @@ pub mod top;
 pub mod trust;
 pub mod wire;
 
+#[cfg(test)]
+mod doc_table;
+
 pub use config::Config;
 pub use server::{ServeError, Server};

@@ -705,23 +705,10 @@ mod tests {
     /// name -> (type, labels).
     fn documented_families(doc: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
         let mut rows = BTreeMap::new();
-        let mut inside = false;
-        for line in doc.lines() {
-            if line.starts_with("| metric | type | labels |") {
-                inside = true;
-                continue;
-            }
-            if !line.starts_with('|') {
-                inside = false;
-            }
-            if !inside || line.starts_with("|---") {
-                continue;
-            }
+        for line in crate::doc_table::rows(doc, "| metric | type | labels |") {
             let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
             let spans = |cell: &str| -> Vec<String> {
-                cell.split('`')
-                    .skip(1)
-                    .step_by(2)
+                crate::doc_table::code_spans(cell)
                     .map(str::to_string)
                     .collect()
             };

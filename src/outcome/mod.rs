@@ -388,19 +388,8 @@ mod tests {
     fn docs_metrics_lists_every_pair() {
         const DOC: &str = include_str!("../../docs/METRICS.md");
         let mut documented = Vec::new();
-        let mut inside = false;
-        for line in DOC.lines() {
-            if line.starts_with("| outcome | statuses |") {
-                inside = true;
-                continue;
-            }
-            if !line.starts_with('|') {
-                inside = false;
-            }
-            if !inside || line.starts_with("|---") {
-                continue;
-            }
-            let mut spans = line.split('`').skip(1).step_by(2);
+        for line in crate::doc_table::rows(DOC, "| outcome | statuses |") {
+            let mut spans = crate::doc_table::code_spans(line);
             let outcome = spans.next().unwrap_or_default().to_string();
             for status in spans {
                 documented.push((outcome.clone(), status.to_string()));
