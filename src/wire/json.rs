@@ -11,7 +11,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error_class::ErrorClass;
@@ -548,36 +548,47 @@ pub(crate) fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
-/// Parse one event's (or body's) JSON. Checking UTF-8 once up front lets serde_json
-/// borrow strings without validating each again (measured with callgrind: 11-17 % fewer
-/// instructions per OpenAI event); input that is not UTF-8 takes the byte path, so the
-/// result is the same either way. Inlined into each decoder, so that the parsed value is
-/// built where the decoder reads it rather than moved out through two returns.
+/// Parse one event's (or body's) JSON into a value of `T`.
 #[inline(always)]
 pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> serde_json::Result<T> {
-    match std::str::from_utf8(data) {
-        Ok(text) => serde_json::from_str(text),
-        Err(_) => serde_json::from_slice(data),
-    }
+    parse_seed(data, PhantomData)
 }
 
-/// [`parse`] one event's JSON object into `into`, a visitor that fills its fields in
-/// place.
+/// Parse one event's JSON object into `into`, a visitor that fills its fields in place.
 #[inline(always)]
 pub(crate) fn parse_into<'a, V: Visitor<'a, Value = ()>>(
     data: &'a [u8],
     into: V,
 ) -> serde_json::Result<()> {
+    struct Object<V>(V);
+    impl<'de, V: Visitor<'de>> DeserializeSeed<'de> for Object<V> {
+        type Value = V::Value;
+        fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<V::Value, D::Error> {
+            de.deserialize_map(self.0)
+        }
+    }
+    parse_seed(data, Object(into))
+}
+
+/// What [`parse`] and [`parse_into`] share: checking UTF-8 once up front lets serde_json
+/// borrow strings without validating each again (measured with callgrind: 11-17 % fewer
+/// instructions per OpenAI event); input that is not UTF-8 takes the byte path, so the
+/// result is the same either way. Inlined into each decoder, so that a parsed value is
+/// built where the decoder reads it rather than moved out through two returns.
+#[inline(always)]
+fn parse_seed<'a, S: DeserializeSeed<'a>>(data: &'a [u8], seed: S) -> serde_json::Result<S::Value> {
     match std::str::from_utf8(data) {
         Ok(text) => {
             let mut de = serde_json::Deserializer::from_str(text);
-            de.deserialize_map(into)?;
-            de.end()
+            let value = seed.deserialize(&mut de)?;
+            de.end()?;
+            Ok(value)
         }
         Err(_) => {
             let mut de = serde_json::Deserializer::from_slice(data);
-            de.deserialize_map(into)?;
-            de.end()
+            let value = seed.deserialize(&mut de)?;
+            de.end()?;
+            Ok(value)
         }
     }
 }
