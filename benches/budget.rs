@@ -47,6 +47,7 @@ use tokentap::observe::RequestHead;
 use tokentap::proxy::body::StreamingBody;
 use tokentap::relay::response::ResponseHead;
 use tokentap::relay::response_relay::{ResponseRelay, Step, Upstream, Watcher};
+use tokentap::summary::Sinks;
 use tokentap::wire::grpc::framing::frame;
 use tokentap::wire::grpc::proto::sglang::grpc::scheduler as sglang;
 
@@ -378,6 +379,7 @@ struct Server {
 fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
     let config = config_from(config_text);
     let metrics: Arc<Metrics> = server_metrics(&config);
+    let sinks = Sinks::new(metrics.clone());
     let _runtime = background.enter();
     let supervisor = tokentap::supervise::Supervisor::new(
         metrics.clone(),
@@ -385,7 +387,7 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
     );
     let live = config
         .ui
-        .then(|| tokentap::live::Live::start(metrics.clone(), &supervisor));
+        .then(|| tokentap::live::Live::start(sinks.clone(), &supervisor));
     let spans = config
         .otlp
         .as_ref()
@@ -399,12 +401,12 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
                 transport,
                 resource,
                 None,
-                metrics.clone(),
+                sinks.clone(),
                 &supervisor,
             )
         });
     Server {
-        gateway: gateway(&config, &metrics),
+        gateway: gateway(&config, &sinks),
         _live: live,
         _spans: spans,
     }

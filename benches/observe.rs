@@ -42,7 +42,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chunked, config, drain, gateway, metrics, observer, sim_frames, streamed, CHAT, HEAD, RULES,
+    chunked, config, drain, gateway, metrics, observer, sim_frames, sinks, streamed, CHAT, HEAD,
+    RULES,
 };
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::sync::Arc;
@@ -53,6 +54,7 @@ use tokentap::metrics::{Metrics, RequestExemplar, RequestFigures};
 use tokentap::observe::ResponseObserver;
 use tokentap::outcome::Verdict;
 use tokentap::relay::response::{Piece, ResponseReader};
+use tokentap::summary::Sinks;
 
 fn bench_observe(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -62,10 +64,10 @@ fn bench_observe(c: &mut Criterion) {
     let frames = sim_frames();
     let events = frames.len() as u64;
     let config = config();
-    let metrics = metrics(&config);
+    let sinks = sinks(&config);
     let idle = Duration::from_secs(120);
 
-    let gateway = gateway(&config, &metrics);
+    let gateway = gateway(&config, &sinks);
     let mut group = c.benchmark_group("observe");
     group.throughput(Throughput::Elements(events));
     group.bench_function("passthrough", |b| {
@@ -87,15 +89,15 @@ fn bench_observe(c: &mut Criterion) {
     });
     // The same with the live view on (`ui.enabled`, the default): its registry of streams
     // in flight and its request tap on every request; nobody watching.
-    let live_metrics = self::metrics(&config);
+    let live_sinks = self::sinks(&config);
     let live = {
         let _runtime = rt.enter();
         tokentap::live::Live::start(
-            live_metrics.clone(),
-            &tokentap::supervise::Supervisor::new(live_metrics.clone(), Default::default()),
+            live_sinks.clone(),
+            &tokentap::supervise::Supervisor::new(live_sinks.metrics().clone(), Default::default()),
         )
     };
-    let live_gateway = self::gateway(&config, &live_metrics);
+    let live_gateway = self::gateway(&config, &live_sinks);
     group.bench_function("observed_live_view", |b| {
         b.iter_batched(
             || {
@@ -132,9 +134,10 @@ fn bench_render(c: &mut Criterion) {
         .expect("runtime");
     let frames = sim_frames();
     let config = config();
-    let metrics = metrics(&config);
+    let sinks = sinks(&config);
+    let metrics = sinks.metrics();
     let idle = Duration::from_secs(120);
-    let gateway = gateway(&config, &metrics);
+    let gateway = gateway(&config, &sinks);
     for m in 0..50 {
         for t in 0..200 {
             let model = format!("model-{m}");
@@ -245,7 +248,7 @@ type Open = (ResponseReader, Option<ResponseObserver>);
 
 fn open_streams(
     config: &Arc<Config>,
-    metrics: &Arc<Metrics>,
+    sinks: &Arc<Sinks>,
     streams: usize,
     observed: bool,
 ) -> Vec<Open> {
@@ -255,7 +258,7 @@ fn open_streams(
             let mut pieces = Vec::new();
             reader.feed(HEAD, &mut pieces).expect("a valid head");
             let observer = observed
-                .then(|| observer(config, metrics, "sim-model", Some("tenant-a".to_string())));
+                .then(|| observer(config, sinks, "sim-model", Some("tenant-a".to_string())));
             (reader, observer)
         })
         .collect()
@@ -285,7 +288,7 @@ fn interleaved(open: &mut [Open], events: &[Vec<u8>]) -> usize {
 
 fn bench_interleaved(c: &mut Criterion) {
     let config = config();
-    let metrics = metrics(&config);
+    let sinks = sinks(&config);
     let mut events: Vec<Vec<u8>> = sim_frames().iter().map(|f| chunked(f)).collect();
     events.push(b"0\r\n\r\n".to_vec());
     const STREAMS: usize = 1000;
@@ -295,7 +298,7 @@ fn bench_interleaved(c: &mut Criterion) {
     for (name, observed) in [("passthrough_1000", false), ("1000_streams", true)] {
         group.bench_function(name, |b| {
             b.iter_batched(
-                || open_streams(&config, &metrics, STREAMS, observed),
+                || open_streams(&config, &sinks, STREAMS, observed),
                 |mut open| {
                     black_box(interleaved(&mut open, &events));
                     open
@@ -316,7 +319,7 @@ fn bench_interleaved(c: &mut Criterion) {
                         scope.spawn(|| {
                             let mut spent = Duration::ZERO;
                             for _ in 0..iterations {
-                                let mut open = open_streams(&config, &metrics, STREAMS, true);
+                                let mut open = open_streams(&config, &sinks, STREAMS, true);
                                 start.wait();
                                 let began = Instant::now();
                                 black_box(interleaved(&mut open, &events));

@@ -51,6 +51,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub mod sim;
+pub mod summary;
 pub mod supervise;
 pub mod top;
 pub mod trust;

@@ -18,6 +18,7 @@ use tokentap::metrics::Metrics;
 use tokentap::observe::{self, RequestHead, ResponseObserver};
 use tokentap::proxy::body::StreamingBody;
 use tokentap::relay::response::ResponseRules;
+use tokentap::summary::Sinks;
 
 pub const TOKENS: usize = 40;
 
@@ -108,10 +109,15 @@ pub fn server_metrics(config: &Config) -> Arc<Metrics> {
     )
 }
 
+/// The sinks requests are observed into, over `config`'s metric families.
+pub fn sinks(config: &Config) -> Arc<Sinks> {
+    Sinks::new(metrics(config))
+}
+
 /// The observer of one streamed chat request for `model` and `tenant`.
 pub fn observer(
     config: &Arc<Config>,
-    metrics: &Arc<Metrics>,
+    sinks: &Arc<Sinks>,
     model: &str,
     tenant: Option<String>,
 ) -> ResponseObserver {
@@ -131,7 +137,7 @@ pub fn observer(
         Instant::now(),
         config,
         None,
-        metrics,
+        sinks,
         &Default::default(),
     );
     scan.feed(format!(r#"{{"model":"{model}","stream":true}}"#).as_bytes());
@@ -146,13 +152,13 @@ pub fn observer(
 }
 
 /// The exchange policy's state, as the server builds it (no upstream client: nothing is sent).
-pub fn gateway(config: &Arc<Config>, metrics: &Arc<Metrics>) -> Gateway<()> {
+pub fn gateway(config: &Arc<Config>, sinks: &Arc<Sinks>) -> Gateway<()> {
     let active = Active {
         config: config.clone(),
         tokenizer: None,
         upstream: (),
     };
-    Gateway::new(active, metrics.clone())
+    Gateway::new(active, sinks.clone())
 }
 
 /// A request as a client sends it: its path, tenant and body, and the content type of

@@ -35,7 +35,7 @@ use http::{HeaderName, HeaderValue, Uri};
 use super::raw::{RawOtlp, RawOtlpTraces};
 use super::units::{parse_http_url, shown, HttpUrl, HumanDuration};
 use super::validate::Issues;
-use crate::metrics::requests::Sampler;
+use crate::summary::spans::Sampler;
 
 /// The gRPC method every metrics export calls.
 pub const GRPC_METRICS_PATH: &str =

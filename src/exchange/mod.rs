@@ -44,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::observe::{self, Pending, RequestHead, RequestScan, ResponseObserver};
 use crate::outcome::Outcome;
 use crate::prefetch;
+use crate::summary::Sinks;
 use crate::wire::Tokenizer;
 pub use answer::Answer;
 pub use fault::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
@@ -69,12 +70,12 @@ pub struct Active<U> {
 }
 
 /// What every exchange shares: the configuration in force, the in-flight bound and the
-/// metric families.
+/// sinks its requests are observed into.
 pub struct Gateway<U> {
     /// Swapped whole on reload. A request takes its own reference at its head, so
     /// in-flight streams finish under the configuration they began with.
     current: RwLock<Arc<Active<U>>>,
-    metrics: Arc<Metrics>,
+    sinks: Arc<Sinks>,
     /// Bounds requests in flight; a permit lives as long as the response body.
     in_flight: Arc<Semaphore>,
     /// The models the engines said they serve, kept across reloads.
@@ -90,11 +91,11 @@ pub struct Admitted<U> {
 }
 
 impl<U> Gateway<U> {
-    pub fn new(active: Active<U>, metrics: Arc<Metrics>) -> Gateway<U> {
+    pub fn new(active: Active<U>, sinks: Arc<Sinks>) -> Gateway<U> {
         Gateway {
             in_flight: Arc::new(Semaphore::new(active.config.limits.max_in_flight)),
             current: RwLock::new(Arc::new(active)),
-            metrics,
+            sinks,
             served: Arc::default(),
         }
     }
@@ -126,7 +127,7 @@ impl<U> Gateway<U> {
         observe::refused(
             None,
             &self.active().config,
-            &self.metrics,
+            &self.sinks,
             status,
             Outcome::ClientError,
         );
@@ -134,7 +135,12 @@ impl<U> Gateway<U> {
 
     /// The metric families requests are recorded in.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        self.sinks.metrics()
+    }
+
+    /// Where requests are observed into: the metric families and the other sinks.
+    pub fn sinks(&self) -> &Arc<Sinks> {
+        &self.sinks
     }
 
     /// Begin the exchange of a request whose head was fully received at `t_req`: admit
@@ -142,7 +148,7 @@ impl<U> Gateway<U> {
     /// logged) when `limits.max_in_flight` are in flight already.
     pub fn begin(&self, head: RequestHead<'_>, t_req: Instant) -> Result<Admitted<U>, Answer> {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            self.metrics.overload_rejection();
+            self.sinks.metrics().overload_rejection();
             let active = self.active();
             tracing::warn!(
                 limit = active.config.limits.max_in_flight,
@@ -152,7 +158,7 @@ impl<U> Gateway<U> {
             observe::refused(
                 Some(head),
                 &active.config,
-                &self.metrics,
+                &self.sinks,
                 answer.status,
                 Outcome::Overloaded,
             );
@@ -164,7 +170,7 @@ impl<U> Gateway<U> {
             t_req,
             &active.config,
             active.tokenizer.as_ref(),
-            &self.metrics,
+            &self.sinks,
             &self.served,
         );
         let head_timeout = active.config.upstream.response_head_timeout;

@@ -6,7 +6,7 @@
 //! - reads the TTFT, ITL, request and output-token families ([`window::FAMILIES`]) and
 //!   pushes the change since the previous tick into the [`window::Ring`] (ten minutes,
 //!   bounded), so a viewer who arrives sees the last minutes;
-//! - moves the tick's slowest finished requests (kept by the [`RequestTap`], a few per
+//! - moves the tick's slowest finished requests (kept by its [`Sink`], a few per
 //!   tick) into a ring of its own (five minutes).
 //!
 //! Only while someone watches, once per tick and per window someone watches (at most
@@ -34,10 +34,10 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::metrics::live::LiveStreamView;
-use crate::metrics::requests::{FinishedRequest, RequestTap, TapId};
 use crate::metrics::snapshot::Values;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
+use crate::summary::{RequestSummary, Sink, Sinks, TapId};
 use crate::supervise::Supervisor;
 use window::{quantile, Ring, Windowed, OUTCOMES};
 
@@ -82,7 +82,7 @@ pub struct Finished {
 }
 
 impl Finished {
-    fn of(request: &FinishedRequest) -> Finished {
+    fn of(request: &RequestSummary) -> Finished {
         let ended = request.started + request.duration;
         Finished {
             model: request.model.clone(),
@@ -94,7 +94,7 @@ impl Finished {
             ttft_s: request.ttft.map(|d| d.as_secs_f64()),
             slowest_gap_s: request.slowest_gap.map(|d| d.as_secs_f64()),
             output_tokens: request.output_tokens,
-            trace_id: request.trace.map(|t| t.trace_id_hex()),
+            trace_id: request.trace().map(|t| t.trace_id_hex()),
         }
     }
 }
@@ -120,8 +120,8 @@ struct Tap {
     shared: Weak<Shared>,
 }
 
-impl RequestTap for Tap {
-    fn finished(&self, request: &FinishedRequest) {
+impl Sink for Tap {
+    fn finished(&self, request: &RequestSummary) {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
@@ -165,6 +165,8 @@ impl RequestTap for Tap {
 /// What the ticker writes and the admin port reads.
 struct Shared {
     metrics: Arc<Metrics>,
+    /// Where the requests in flight are listed and the tap is registered.
+    sinks: Arc<Sinks>,
     ring: Mutex<Ring>,
     bounds: Mutex<Bounds>,
     slowest: Mutex<VecDeque<Vec<Finished>>>,
@@ -199,10 +201,11 @@ pub struct Live {
 impl Live {
     /// Switch on the registry of requests in flight and the request tap, and spawn the
     /// ticker on the current runtime, under `supervisor` (as `live_ticker`).
-    pub fn start(metrics: Arc<Metrics>, supervisor: &Supervisor) -> Arc<Live> {
-        metrics.live_streams.enable();
+    pub fn start(sinks: Arc<Sinks>, supervisor: &Supervisor) -> Arc<Live> {
+        sinks.in_flight.enable();
         let shared = Arc::new(Shared {
-            metrics: metrics.clone(),
+            metrics: sinks.metrics().clone(),
+            sinks: sinks.clone(),
             ring: Mutex::default(),
             bounds: Mutex::default(),
             slowest: Mutex::default(),
@@ -218,7 +221,7 @@ impl Live {
             ticks: AtomicU64::new(0),
             frames: AtomicU64::new(0),
         });
-        let tap = metrics.request_taps.add(Arc::new(Tap {
+        let tap = sinks.taps().add(Arc::new(Tap {
             shared: Arc::downgrade(&shared),
         }));
         let ticking = Arc::downgrade(&shared);
@@ -288,7 +291,7 @@ impl Live {
     /// connections may still hold the handle; this does not wait for them to go.
     pub fn stop(&self) {
         self.ticker.abort();
-        self.shared.metrics.request_taps.remove(self.tap);
+        self.shared.sinks.taps().remove(self.tap);
         self.shared.stopped.send_replace(true);
     }
 }
@@ -420,7 +423,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut streams = self.metrics.live_streams.views(now);
+        let mut streams = self.sinks.in_flight.views(now);
         let mut in_flight: std::collections::HashMap<&str, usize> = Default::default();
         for model in streams.iter().filter_map(|s| s.model.as_deref()) {
             *in_flight.entry(model).or_default() += 1;
@@ -694,7 +697,7 @@ mod tests {
 
     #[tokio::test]
     async fn many_viewers_of_a_window_cost_one_frame_per_tick() {
-        let live = Live::start(metrics(), &supervisor());
+        let live = Live::start(Sinks::new(metrics()), &supervisor());
         live.ticker.abort();
         tick(&live);
         // Nobody watches: the ring ticks, no frame is built.
@@ -721,7 +724,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_viewer_that_falls_behind_is_dropped() {
-        let live = Live::start(metrics(), &supervisor());
+        let live = Live::start(Sinks::new(metrics()), &supervisor());
         live.ticker.abort();
         let mut slow = live.subscribe(None).expect("room");
         for _ in 0..BACKLOG + 2 {
@@ -732,13 +735,13 @@ mod tests {
 
     #[tokio::test]
     async fn switched_on_it_lists_streams_and_keeps_the_slowest() {
-        let metrics = metrics();
-        let live = Live::start(metrics.clone(), &supervisor());
+        let sinks = Sinks::new(metrics());
+        let live = Live::start(sinks.clone(), &supervisor());
         live.ticker.abort();
-        assert!(metrics.live_streams.is_enabled());
+        assert!(sinks.in_flight.is_enabled());
         let t0 = Instant::now();
-        let entry = metrics
-            .live_streams
+        let entry = sinks
+            .in_flight
             .register(None, Arc::from("t"), t0)
             .expect("on");
         let snapshot: serde_json::Value =
@@ -761,9 +764,9 @@ mod tests {
         drop(entry);
         // Dropping the live view removes its tap and ends its subscriptions.
         let mut viewer = live.subscribe(None).expect("room");
-        assert!(metrics.request_taps.any());
+        assert!(sinks.taps().any());
         drop(live);
-        assert!(!metrics.request_taps.any());
+        assert!(!sinks.taps().any());
         assert!(viewer.next().await.is_none());
     }
 }

@@ -32,7 +32,6 @@ pub mod labels;
 pub mod live;
 pub mod native;
 pub mod protobuf;
-pub mod requests;
 mod series;
 mod settings;
 pub mod snapshot;
@@ -186,12 +185,6 @@ pub struct Metrics {
     last_render_bytes: AtomicUsize,
     /// `metrics.names`: which families are exposed, and whether GenAI sets are kept.
     names: MetricNames,
-    /// Whoever wants each measured request as it ends (spans, the live view).
-    pub request_taps: requests::RequestTaps,
-    /// Per-request spans: which requests get one, and where they go.
-    pub spans: requests::Spans,
-    /// The streams in flight one by one, while the live view is on.
-    pub live_streams: Arc<live::LiveStreams>,
 }
 
 /// Bucket bounds as the config validated them: at least one, positive, finite and
@@ -383,9 +376,6 @@ impl Metrics {
             ),
             last_render_bytes: AtomicUsize::new(0),
             names,
-            request_taps: requests::RequestTaps::default(),
-            spans: requests::Spans::default(),
-            live_streams: Arc::default(),
         };
 
         let collectors: Vec<Box<dyn Collector>> = vec![

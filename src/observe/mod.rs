@@ -53,6 +53,7 @@ use crate::metrics::live::LiveStream;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::prefetch;
+use crate::summary::{access_log, RequestFacts, RequestSummary, Sinks};
 use crate::wire::grpc::request::GrpcRequestScanner;
 use crate::wire::request::RequestScanner;
 use crate::wire::{
@@ -60,9 +61,9 @@ use crate::wire::{
     Unobservable,
 };
 #[cfg(test)]
-pub(crate) use recorder::{Recorder, RequestFacts};
+pub(crate) use recorder::Recorder;
 #[cfg(not(test))]
-use recorder::{Recorder, RequestFacts};
+use recorder::Recorder;
 
 /// Where a gRPC response reports how the call ended: in its trailers, or in the head of a
 /// trailers-only response.
@@ -94,9 +95,10 @@ pub fn start(
     t_req: Instant,
     config: &Arc<Config>,
     tokenizer: Option<&Tokenizer>,
-    metrics: &Arc<Metrics>,
+    sinks: &Arc<Sinks>,
     served: &Arc<ServedModels>,
 ) -> (RequestScan, Pending) {
+    let metrics = sinks.metrics();
     let path = head.uri.path();
     let routed = inspect::routed_dialect(
         &config.routes,
@@ -136,7 +138,7 @@ pub fn start(
     if dialect.is_grpc() {
         facts.served_model = served.get(config);
     }
-    let tracing = Tracing::of(head.headers, config, metrics);
+    let tracing = Tracing::of(head.headers, config, sinks);
     facts.trace = tracing.trace;
     facts.span = tracing.span;
     facts.trace_state = tracing.trace_state;
@@ -149,7 +151,7 @@ pub fn start(
     // With the live view on, this lists the request in flight: here, at its head, once
     // for either transport.
     let recorder = Recorder::new(
-        metrics.clone(),
+        sinks.clone(),
         t_req,
         facts.clone(),
         config.metrics.stall_threshold,
@@ -177,9 +179,9 @@ struct Tracing {
 }
 
 impl Tracing {
-    fn of(headers: &HeaderMap, config: &Config, metrics: &Metrics) -> Tracing {
+    fn of(headers: &HeaderMap, config: &Config, sinks: &Sinks) -> Tracing {
         let exemplars = &config.metrics.exemplars;
-        let spans_on = metrics.spans.on();
+        let spans_on = sinks.spans.on();
         let mut tracing = Tracing {
             trace: None,
             span: None,
@@ -189,7 +191,7 @@ impl Tracing {
             let parent = inspect::trace_parent(headers, &exemplars.header);
             tracing.trace = parent.map(|(trace, _)| trace);
             if spans_on {
-                tracing.span = metrics.spans.decide(parent);
+                tracing.span = sinks.spans.decide(parent);
                 if tracing.span.is_some() && parent.is_some() {
                     tracing.trace_state = inspect::trace_state(headers);
                 }
@@ -208,10 +210,11 @@ impl Tracing {
 pub fn refused(
     head: Option<RequestHead<'_>>,
     config: &Config,
-    metrics: &Metrics,
+    sinks: &Sinks,
     status: StatusCode,
     outcome: Outcome,
 ) {
+    let metrics = sinks.metrics();
     let dialect = match head {
         Some(head) => {
             let routed = inspect::routed_dialect(
@@ -223,13 +226,7 @@ pub fn refused(
             );
             let Some(dialect) = routed else {
                 metrics.passthrough();
-                tracing::info!(
-                    target: "tokentap::access",
-                    method = %head.method,
-                    path = %head.uri.path(),
-                    status = status.as_u16(),
-                    "passthrough"
-                );
+                access_log::passthrough(head.method, head.uri.path(), status, None);
                 return;
             };
             Some(dialect)
@@ -242,19 +239,15 @@ pub fn refused(
         crate::outcome::Verdict::new(outcome, crate::outcome::StatusClass::tokentap(status));
     metrics.count_request(&series, verdict);
     if let (Some(head), Some(dialect)) = (head, dialect) {
-        refused_span(head, dialect, config, metrics, &series, verdict, status);
+        refused_span(head, dialect, config, sinks, &series, verdict, status);
     }
-    tracing::info!(
-        target: "tokentap::access",
-        method = head.map(|head| head.method.as_str()),
-        path = head.map(|head| head.uri.path()),
-        dialect = dialect.map(Dialect::as_str),
-        model = %series.model(),
-        tenant = %series.tenant(),
-        status = status.as_u16(),
-        status_class = verdict.status.as_str(),
-        outcome = verdict.outcome.as_str(),
-        "request"
+    access_log::refused(
+        head.map(|head| head.method.as_str()),
+        head.map(|head| head.uri.path()),
+        dialect,
+        (series.model(), series.tenant()),
+        status,
+        verdict,
     );
 }
 
@@ -265,33 +258,33 @@ fn refused_span(
     head: RequestHead<'_>,
     dialect: Dialect,
     config: &Config,
-    metrics: &Metrics,
+    sinks: &Sinks,
     series: &crate::metrics::StreamSeries,
     verdict: crate::outcome::Verdict,
     status: StatusCode,
 ) {
-    let tracing = Tracing::of(head.headers, config, metrics);
+    let tracing = Tracing::of(head.headers, config, sinks);
     if tracing.span.is_none() {
         return;
     }
-    let path = head.uri.path();
-    let mut finished = crate::metrics::requests::FinishedRequest::unmeasured(
+    let mut facts = RequestFacts::new(
+        head.method.clone(),
+        head.uri.path().to_string(),
+        dialect,
+        None,
+    );
+    facts.trace = tracing.trace;
+    facts.span = tracing.span;
+    facts.trace_state = tracing.trace_state;
+    let mut summary = RequestSummary::unmeasured(
+        Arc::new(facts),
         series.model().clone(),
         series.tenant().clone(),
-        dialect.as_str(),
-        path.to_string(),
         verdict,
-        (
-            wire::gen_ai::operation_name(dialect, path),
-            wire::gen_ai::provider_name(dialect),
-        ),
     );
-    finished.http_status = Some(status.as_u16());
-    finished.answered_by_tokentap = true;
-    finished.trace = tracing.trace;
-    finished.span = tracing.span;
-    finished.trace_state = tracing.trace_state;
-    metrics.spans.finished(&finished);
+    summary.http_status = Some(status.as_u16());
+    summary.answered_by_tokentap = true;
+    sinks.spans.finished(&summary);
 }
 
 /// The request body's scan for `model` and `stream`, fed bytes as they go upstream.
@@ -473,13 +466,11 @@ impl Pending {
                 t_req,
                 model_info,
             } => {
-                tracing::info!(
-                    target: "tokentap::access",
-                    method = %method,
-                    path = %uri.path(),
-                    status = status.as_u16(),
-                    ttfb_ms = at.duration_since(t_req).as_secs_f64() * 1e3,
-                    "passthrough"
+                access_log::passthrough(
+                    &method,
+                    uri.path(),
+                    status,
+                    Some(at.saturating_duration_since(t_req)),
                 );
                 let model_info = model_info.filter(|_| status.is_success())?;
                 Some(ResponseObserver {
@@ -838,8 +829,8 @@ mod tests {
             })
             .expect("flag-only config is valid"),
         );
-        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
-        metrics.live_streams.enable();
+        let sinks = Sinks::new(Metrics::new(&config.metrics.buckets, &config.labels));
+        sinks.in_flight.enable();
         let served = Arc::new(ServedModels::default());
         let (method, uri) = (Method::POST, Uri::from_static("/v1/chat/completions"));
         let mut headers = HeaderMap::new();
@@ -850,36 +841,33 @@ mod tests {
             headers: &headers,
         };
         let t0 = Instant::now();
-        let (mut scan, pending) = start(head, t0, &config, None, &metrics, &served);
-        let views = metrics.live_streams.views(t0);
+        let (mut scan, pending) = start(head, t0, &config, None, &sinks, &served);
+        let views = sinks.in_flight.views(t0);
         assert_eq!(views.len(), 1);
         assert_eq!((views[0].model.as_deref(), &*views[0].tenant), (None, "t"));
         scan.feed(br#"{"model":"#);
-        assert_eq!(metrics.live_streams.views(t0)[0].model, None);
+        assert_eq!(sinks.in_flight.views(t0)[0].model, None);
         scan.feed(br#""m","stream":true}"#);
-        assert_eq!(
-            metrics.live_streams.views(t0)[0].model.as_deref(),
-            Some("m")
-        );
+        assert_eq!(sinks.in_flight.views(t0)[0].model.as_deref(), Some("m"));
         // The client gave up before the head: recorded as cancelled, and unlisted.
         drop(pending);
-        assert!(metrics.live_streams.is_empty());
+        assert!(sinks.in_flight.is_empty());
         // No head came and tokentap answered: unlisted too.
-        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
-        assert_eq!(metrics.live_streams.len(), 1);
+        let (_, pending) = start(head, t0, &config, None, &sinks, &served);
+        assert_eq!(sinks.in_flight.len(), 1);
         pending.fail(
             Instant::now(),
             StatusCode::BAD_GATEWAY,
             Outcome::UpstreamError,
         );
-        assert!(metrics.live_streams.is_empty());
+        assert!(sinks.in_flight.is_empty());
         // A head, then the body's end.
-        let (_, pending) = start(head, t0, &config, None, &metrics, &served);
+        let (_, pending) = start(head, t0, &config, None, &sinks, &served);
         let mut observer = pending
             .response(Instant::now(), StatusCode::OK, &HeaderMap::new())
             .expect("a measured route is observed");
-        assert_eq!(metrics.live_streams.views(t0)[0].phase, Phase::FirstToken);
+        assert_eq!(sinks.in_flight.views(t0)[0].phase, Phase::FirstToken);
         observer.end(Instant::now());
-        assert!(metrics.live_streams.is_empty());
+        assert!(sinks.in_flight.is_empty());
     }
 }

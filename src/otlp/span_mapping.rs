@@ -1,4 +1,4 @@
-//! A measured request ([`FinishedRequest`]) as one OTLP span, and a batch of them as one
+//! A measured request ([`RequestSummary`]) as one OTLP span, and a batch of them as one
 //! `ExportTraceServiceRequest`.
 //!
 //! The span is tokentap's own: its id is new, its trace the request's `traceparent`'s
@@ -30,8 +30,8 @@ use opentelemetry_proto::tonic::trace::v1::{
 };
 
 use super::mapping::SCOPE;
-use crate::metrics::requests::FinishedRequest;
 use crate::outcome::Outcome;
+use crate::summary::RequestSummary;
 
 /// W3C trace flags: sampled.
 const SAMPLED: u32 = 0x01;
@@ -47,18 +47,18 @@ pub struct Server {
 }
 
 /// The span of `request`, which must carry tokentap's span ids (`None` if it does not).
-pub fn span(request: &FinishedRequest, server: Option<&Server>) -> Option<Span> {
-    let own = request.span?;
-    let parent = request.trace.filter(|p| p.trace_id == own.trace_id);
-    let model = request.request_model.as_deref();
+pub fn span(request: &RequestSummary, server: Option<&Server>) -> Option<Span> {
+    let own = request.span()?;
+    let parent = request.trace().filter(|p| p.trace_id == own.trace_id);
+    let model = request.request_model();
     let name = match model {
-        Some(model) => format!("{} {model}", request.gen_ai_operation),
-        None => request.gen_ai_operation.to_string(),
+        Some(model) => format!("{} {model}", request.gen_ai_operation()),
+        None => request.gen_ai_operation().to_string(),
     };
     let mut attributes = Vec::with_capacity(24);
     let mut text = |key: &'static str, value: &str| attributes.push(string(key, value));
-    text("gen_ai.operation.name", request.gen_ai_operation);
-    text("gen_ai.provider.name", request.gen_ai_provider);
+    text("gen_ai.operation.name", request.gen_ai_operation());
+    text("gen_ai.provider.name", request.gen_ai_provider());
     if let Some(model) = model {
         text("gen_ai.request.model", model);
     }
@@ -68,7 +68,7 @@ pub fn span(request: &FinishedRequest, server: Option<&Server>) -> Option<Span> 
     text("tokentap.outcome", request.verdict.outcome.as_str());
     text("tokentap.status_class", request.verdict.status.as_str());
     text("tokentap.tenant", &request.tenant);
-    text("tokentap.dialect", request.dialect);
+    text("tokentap.dialect", request.dialect().as_str());
     text("tokentap.output_tokens.counting", request.counting);
     if let Some(server) = server {
         attributes.push(string("server.address", &server.address));
@@ -112,7 +112,7 @@ pub fn span(request: &FinishedRequest, server: Option<&Server>) -> Option<Span> 
     if let Some(status) = request.grpc_status {
         attributes.push(int("rpc.grpc.status_code", i64::from(status)));
     }
-    if let Some(stream) = request.stream {
+    if let Some(stream) = request.stream() {
         attributes.push(kv("tokentap.stream", any_value::Value::BoolValue(stream)));
     }
     attributes.push(int("tokentap.events", saturate(request.events)));
@@ -131,7 +131,7 @@ pub fn span(request: &FinishedRequest, server: Option<&Server>) -> Option<Span> 
     Some(Span {
         trace_id: own.trace_id.to_vec(),
         span_id: own.span_id.to_vec(),
-        trace_state: request.trace_state.clone().unwrap_or_default(),
+        trace_state: request.facts.trace_state.clone().unwrap_or_default(),
         parent_span_id: parent.map(|p| p.span_id.to_vec()).unwrap_or_default(),
         flags,
         name,
@@ -206,44 +206,42 @@ mod tests {
     use super::*;
     use crate::metrics::exemplar::TraceContext;
     use crate::outcome::{StatusClass, Verdict};
+    use crate::summary::RequestFacts;
+    use crate::wire::Dialect;
     use std::sync::Arc;
 
-    fn request() -> FinishedRequest {
-        FinishedRequest {
-            model: Arc::from("m"),
-            tenant: Arc::from("t"),
-            dialect: "anthropic",
-            path: "/v1/messages".into(),
-            verdict: Verdict::new(Outcome::Completed, StatusClass::Success),
-            http_status: Some(200),
-            answered_by_tokentap: false,
-            grpc_status: None,
-            stream: Some(true),
-            trace: None,
-            started: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-            duration: Duration::from_millis(1500),
-            ttfb: Some(Duration::from_millis(5)),
-            ttft: Some(Duration::from_millis(250)),
-            mean_itl: None,
-            slowest_itl: Some(Duration::from_millis(40)),
-            slowest_gap: None,
-            tpot: None,
-            events: 10,
-            output_tokens: 12,
-            input_tokens: Some(30),
-            counting: "apportioned",
-            span: Some(TraceContext {
-                trace_id: [1; 16],
-                span_id: [2; 8],
-            }),
-            trace_state: None,
-            request_model: Some("claude".into()),
-            response_model: None,
-            itl_p50: Some(Duration::from_millis(20)),
-            gen_ai_operation: "chat",
-            gen_ai_provider: "anthropic",
-            finish_reasons: vec!["end_turn".into()],
-        }
+    fn request() -> RequestSummary {
+        let mut facts = RequestFacts::new(
+            http::Method::POST,
+            "/v1/messages".into(),
+            Dialect::Anthropic,
+            None,
+        );
+        let _ = facts.model.set("claude".into());
+        let _ = facts.stream.set(true);
+        facts.span = Some(TraceContext {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+        });
+        let mut request = RequestSummary::unmeasured(
+            Arc::new(facts),
+            Arc::from("m"),
+            Arc::from("t"),
+            Verdict::new(Outcome::Completed, StatusClass::Success),
+        );
+        request.http_status = Some(200);
+        request.started = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        request.duration = Duration::from_millis(1500);
+        request.ttfb = Some(Duration::from_millis(5));
+        request.ttft = Some(Duration::from_millis(250));
+        request.slowest_itl = Some(Duration::from_millis(40));
+        request.events = 10;
+        request.output_tokens = 12;
+        request.input_tokens = Some(30);
+        request.counting = "apportioned";
+        request.itl_p50 = Some(Duration::from_millis(20));
+        request.finish_reasons = vec!["end_turn".into()];
+        request
     }
 
     fn attribute<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
@@ -292,17 +290,18 @@ mod tests {
     #[test]
     fn a_child_of_its_traceparent_and_an_error_when_it_failed() {
         let mut failed = request();
-        failed.trace = Some(TraceContext {
+        let facts = Arc::get_mut(&mut failed.facts).expect("not shared");
+        facts.trace = Some(TraceContext {
             trace_id: [1; 16],
             span_id: [9; 8],
         });
+        facts.model = Default::default();
+        facts.trace_state = Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into());
         failed.verdict = Verdict::new(
             Outcome::Timeout,
             StatusClass::tokentap(http::StatusCode::GATEWAY_TIMEOUT),
         );
         failed.http_status = None;
-        failed.request_model = None;
-        failed.trace_state = Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into());
         let span = span(&failed, None).expect("a span");
         assert_eq!(span.parent_span_id, vec![9; 8]);
         assert_eq!(span.trace_state, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
@@ -316,7 +315,7 @@ mod tests {
         assert!(attribute(&span, "server.address").is_none());
         // A request without a span of its own gives none.
         let mut unsampled = request();
-        unsampled.span = None;
+        Arc::get_mut(&mut unsampled.facts).expect("not shared").span = None;
         assert!(super::span(&unsampled, None).is_none());
     }
 }

@@ -33,8 +33,8 @@ use super::delivery::Delivery;
 use super::span_mapping::{export_request, span, Server};
 use super::transport::{SendError, Transport};
 use crate::config::OtlpTraces;
-use crate::metrics::requests::{FinishedRequest, RequestTap};
 use crate::metrics::Metrics;
+use crate::summary::{RequestSummary, Sink, Sinks};
 use crate::supervise::Supervisor;
 
 /// The `signal` label of the span export's counters.
@@ -42,13 +42,13 @@ pub const SIGNAL: &str = "traces";
 
 /// Puts a sampled request's figures on the queue, or counts it dropped.
 struct SpanTap {
-    queue: mpsc::Sender<Box<FinishedRequest>>,
+    queue: mpsc::Sender<Box<RequestSummary>>,
     queue_full: IntCounter,
     closed: IntCounter,
 }
 
-impl RequestTap for SpanTap {
-    fn finished(&self, request: &FinishedRequest) {
+impl Sink for SpanTap {
+    fn finished(&self, request: &RequestSummary) {
         match self.queue.try_send(Box::new(request.clone())) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => self.queue_full.inc(),
@@ -61,7 +61,7 @@ impl RequestTap for SpanTap {
 pub struct SpanExporter {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
-    metrics: Arc<Metrics>,
+    sinks: Arc<Sinks>,
 }
 
 impl SpanExporter {
@@ -73,9 +73,10 @@ impl SpanExporter {
         transport: Transport,
         resource: Vec<(String, String)>,
         server: Option<Server>,
-        metrics: Arc<Metrics>,
+        sinks: Arc<Sinks>,
         supervisor: &Supervisor,
     ) -> SpanExporter {
+        let metrics = sinks.metrics();
         let (queue, spans) = mpsc::channel(settings.max_queue_size);
         let tap = Arc::new(SpanTap {
             queue,
@@ -88,7 +89,7 @@ impl SpanExporter {
             sampler = ?settings.sampler,
             "OTLP spans on"
         );
-        metrics.spans.start(settings.sampler, tap);
+        sinks.spans.start(settings.sampler, tap);
         let (stop, stopped) = watch::channel(false);
         let delivery = Arc::new(Delivery::new(transport, SIGNAL, settings.export_timeout));
         let spans = Arc::new(Mutex::new(spans));
@@ -108,17 +109,13 @@ impl SpanExporter {
                 stopped.clone(),
             )
         });
-        SpanExporter {
-            stop,
-            task,
-            metrics,
-        }
+        SpanExporter { stop, task, sinks }
     }
 
     /// Stop giving requests spans, send what is queued (within the export timeout of one
     /// request) and stop.
     pub async fn finish(self) {
-        self.metrics.spans.stop();
+        self.sinks.spans.stop();
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
@@ -129,7 +126,7 @@ type InFlight = Pin<Box<dyn Future<Output = Result<(), SendError>> + Send>>;
 struct Batcher {
     resource: Vec<(String, String)>,
     server: Option<Server>,
-    batch: Vec<FinishedRequest>,
+    batch: Vec<RequestSummary>,
 }
 
 impl Batcher {
@@ -158,7 +155,7 @@ async fn run(
     delivery: Arc<Delivery>,
     mut batcher: Batcher,
     metrics: Arc<Metrics>,
-    queue: Arc<Mutex<mpsc::Receiver<Box<FinishedRequest>>>>,
+    queue: Arc<Mutex<mpsc::Receiver<Box<RequestSummary>>>>,
     mut stopped: watch::Receiver<bool>,
 ) {
     // Held for the run: a run that failed let go of it as it unwound.

@@ -222,7 +222,8 @@ mod tests {
     use super::*;
     use crate::config::{Buckets, LabelPolicy, Labels};
     use crate::metrics::Metrics;
-    use crate::observe::{Recorder, RequestFacts, ResponseObserver};
+    use crate::observe::{Recorder, ResponseObserver};
+    use crate::summary::RequestFacts;
     use crate::wire::{DecodeError, Decoder, Dialect, OutputKind, Signal};
     use http_body_util::{BodyExt, StreamBody};
     use std::sync::Arc;
@@ -293,7 +294,7 @@ mod tests {
             .collect();
         let inner = StreamBody::new(futures_util::stream::iter(frames));
         let mut recorder = Recorder::new(
-            metrics.clone(),
+            crate::summary::Sinks::new(metrics.clone()),
             Instant::now(),
             Arc::new(RequestFacts::new(
                 http::Method::POST,

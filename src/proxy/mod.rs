@@ -44,6 +44,7 @@ use crate::exchange::{
 };
 use crate::metrics::Metrics;
 use crate::observe::RequestHead;
+use crate::summary::Sinks;
 use crate::wire::Tokenizer;
 pub use body::ProxyBody;
 use body::{BoxError, ScannedBody, StreamingBody};
@@ -74,7 +75,7 @@ impl Proxy {
         config: Arc<Config>,
         upstream: UpstreamClient,
         tokenizer: Option<Tokenizer>,
-        metrics: Arc<Metrics>,
+        sinks: Arc<Sinks>,
     ) -> Arc<Proxy> {
         let active = Active {
             config: config.clone(),
@@ -82,7 +83,7 @@ impl Proxy {
             upstream,
         };
         Arc::new(Proxy {
-            gateway: Arc::new(Gateway::new(active, metrics)),
+            gateway: Arc::new(Gateway::new(active, sinks)),
             tunnels: Tunnels::default(),
             started: config,
         })

@@ -46,6 +46,7 @@ use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
 use crate::relay::rewind::Rewind;
 use crate::relay::{Relay, Relayed};
+use crate::summary::Sinks;
 use crate::supervise::Supervisor;
 use crate::wire::Tokenizer;
 use connections::{ConnectionLimit, ConnectionSlot};
@@ -154,7 +155,8 @@ impl Server {
         let readiness = Arc::new(Readiness::default());
         readiness.listening.store(true, Ordering::Relaxed);
         let config = Arc::new(config);
-        let proxy = Proxy::new(config.clone(), upstream, tokenizer, metrics.clone());
+        let sinks = Sinks::new(metrics.clone());
+        let proxy = Proxy::new(config.clone(), upstream, tokenizer, sinks);
         let supervisor = Supervisor::new(metrics.clone(), readiness.clone());
         Ok(Server {
             config,
@@ -238,7 +240,8 @@ impl Server {
             metrics.clone(),
         );
         // The live view's ring fills from the start, so a viewer sees the last minutes.
-        let live = config.ui.then(|| Live::start(metrics.clone(), &supervisor));
+        let sinks = proxy.gateway().sinks();
+        let live = config.ui.then(|| Live::start(sinks.clone(), &supervisor));
         let live_at = ui_listener.as_ref().and_then(|l| l.local_addr().ok());
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
@@ -272,7 +275,7 @@ impl Server {
                     transport,
                     resource,
                     Some(server),
-                    metrics.clone(),
+                    sinks.clone(),
                     &supervisor,
                 )
             });
