@@ -51,6 +51,9 @@ METRICS = {
     "tokentap_otlp_exports_total": ("counter", ("result", "signal")),
     "tokentap_otlp_exports_dropped_total": ("counter", ("reason", "signal")),
     "tokentap_task_restarts_total": ("counter", ("task",)),
+    "tokentap_objective_requests_total": ("counter", ("model", "objective", "result", "tenant")),
+    "tokentap_objective_output_tokens_total": ("counter", ("model", "objective", "result", "tenant")),
+    "tokentap_objective_target": ("gauge", ("objective",)),
 }
 
 # Exported and checked like the rest, but no dashboard panel or rule reads them (yet):
@@ -91,6 +94,9 @@ EVENT_DRIVEN = {
     "tokentap_otlp_exports_total",
     "tokentap_otlp_exports_dropped_total",
     "tokentap_task_restarts_total",
+    "tokentap_objective_requests_total",
+    "tokentap_objective_output_tokens_total",
+    "tokentap_objective_target",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

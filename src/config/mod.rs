@@ -10,6 +10,7 @@
 mod defaults;
 mod issue;
 mod locate;
+mod objectives;
 mod otlp;
 mod parse;
 mod raw;
@@ -54,6 +55,8 @@ pub struct Config {
     pub log: Log,
     /// The OTLP metrics push, when on (`otlp` and the `OTEL_*` environment variables).
     pub otlp: Option<Otlp>,
+    /// Per-request objectives (`objectives`), `None` when none is configured.
+    pub objectives: Option<crate::summary::objectives::Objectives>,
 }
 
 /// Where traffic goes.

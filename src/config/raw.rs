@@ -56,6 +56,53 @@ pub struct RawConfig {
     /// what it leaves out.
     #[serde(default)]
     pub otlp: RawOtlp,
+    /// Per-request objectives by name (the `objective` label value: lower-case letters,
+    /// digits and `_`, at most 32 characters; at most 8 objectives). Each finished
+    /// request is judged once against each (docs/METRICS.md, "Objectives and goodput").
+    /// A reload applies them to the requests that start after it.
+    #[serde(default)]
+    pub objectives: BTreeMap<String, RawObjective>,
+}
+
+/// One objective: at least one bound, each a duration above 0.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an objective: a mapping with one or more of `ttft`, `tpot`, `max_gap`, `duration`, and `target` and `overrides`"
+)]
+pub struct RawObjective {
+    /// Time to first token at most this long.
+    pub ttft: Option<HumanDuration>,
+    /// Time per output token after the first at most this long.
+    pub tpot: Option<HumanDuration>,
+    /// No gap between two token-bearing events longer than this.
+    pub max_gap: Option<HumanDuration>,
+    /// From the request head to the end of the response at most this long.
+    pub duration: Option<HumanDuration>,
+    /// The share of judged requests meant to meet it, above 0 and at most 1: the
+    /// attainment alert's threshold. Default 0.95.
+    pub target: Option<Number>,
+    /// Other bounds for the requests of a model and/or a tenant, as their labels are
+    /// counted (after aliases: a value folded into `other` matches `other`). The most
+    /// specific override wins (a model and a tenant, then a tenant, then a model), bound
+    /// by bound; a bound it leaves out is the objective's. At most 100.
+    #[serde(default)]
+    pub overrides: Vec<RawObjectiveOverride>,
+}
+
+/// Bounds for one model and/or tenant: `{tenant: acme, ttft: 300ms}`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an override: a mapping with `model` and/or `tenant` and one or more bounds"
+)]
+pub struct RawObjectiveOverride {
+    pub model: Option<String>,
+    pub tenant: Option<String>,
+    pub ttft: Option<HumanDuration>,
+    pub tpot: Option<HumanDuration>,
+    pub max_gap: Option<HumanDuration>,
+    pub duration: Option<HumanDuration>,
 }
 
 /// One route: `{path_prefix: /my/llm, dialect: anthropic}`.

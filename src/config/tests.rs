@@ -965,3 +965,89 @@ fn every_url_key_follows_the_one_url_rule() {
         }
     }
 }
+
+#[test]
+fn objectives_are_validated_and_each_bad_one_named_with_its_line() {
+    let config = parse(
+        "upstream: http://a:1\nobjectives:\n  chat:\n    ttft: 500ms\n    tpot: 50ms\n    \
+         overrides:\n      - tenant: acme\n        ttft: 300ms\n",
+    )
+    .expect("valid");
+    let objectives = config.objectives.expect("one objective");
+    assert_eq!(objectives.len(), 1);
+    let chat = &objectives[0];
+    assert_eq!(chat.name, "chat");
+    assert_eq!(chat.target, 0.95);
+    assert_eq!(
+        chat.bounds_for("m", "acme").ttft,
+        Some(Duration::from_millis(300))
+    );
+    assert_eq!(
+        chat.bounds_for("m", "acme").tpot,
+        Some(Duration::from_millis(50))
+    );
+    assert!(parse("upstream: http://a:1\n")
+        .expect("valid")
+        .objectives
+        .is_none());
+
+    // (text after `objectives:`, key path, line, what the message says)
+    for (text, path, line, says) in [
+        (
+            "\n  Chat:\n    ttft: 1s\n",
+            "objectives.Chat",
+            3,
+            "label value",
+        ),
+        (
+            "\n  chat:\n    target: 0.9\n",
+            "objectives.chat",
+            3,
+            "at least one bound",
+        ),
+        (
+            "\n  chat:\n    ttft: 0s\n",
+            "objectives.chat.ttft",
+            4,
+            "longer than 0",
+        ),
+        (
+            "\n  chat:\n    ttft: 1s\n    target: 1.5\n",
+            "objectives.chat.target",
+            5,
+            "share",
+        ),
+        (
+            "\n  chat:\n    ttft: 1s\n    overrides:\n      - ttft: 2s\n",
+            "objectives.chat.overrides.0",
+            6,
+            "names a `model`",
+        ),
+        (
+            "\n  chat:\n    ttft: 1s\n    overrides:\n      - tenant: a\n        ttft: 2s\n      \
+             - tenant: a\n        tpot: 2s\n",
+            "objectives.chat.overrides.1",
+            8,
+            "same model and tenant",
+        ),
+    ] {
+        let found = issues(&format!("upstream: http://a:1\nobjectives:{text}"));
+        assert_eq!(found.len(), 1, "{text}: {found:?}");
+        assert_eq!(found[0].path, path, "{text}");
+        assert_eq!(
+            found[0].location.map(|l| l.0),
+            Some(line),
+            "{text}: {}",
+            found[0]
+        );
+        assert!(found[0].message.contains(says), "{text}: {}", found[0]);
+    }
+    let nine: String = (0..9).map(|i| format!("\n  o{i}:\n    ttft: 1s")).collect();
+    let found = issues(&format!("upstream: http://a:1\nobjectives:{nine}\n"));
+    assert!(
+        found
+            .iter()
+            .any(|i| i.path == "objectives" && i.message.contains("at most 8")),
+        "{found:?}"
+    );
+}

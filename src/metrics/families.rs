@@ -524,8 +524,29 @@ pub(super) static TASK_RESTARTS: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static OBJECTIVE_REQUESTS: RegistryFamily = RegistryFamily {
+    name: "tokentap_objective_requests_total",
+    help: "Finished requests judged against each configured objective (`objectives`), by whether they met it (result: met, missed). Requests that are not judged (the client's own error, a cancel before any bound was broken) are not counted.",
+    labels: &["model", "objective", "result", "tenant"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static OBJECTIVE_OUTPUT_TOKENS: RegistryFamily = RegistryFamily {
+    name: "tokentap_objective_output_tokens_total",
+    help: "Output tokens of the requests counted in tokentap_objective_requests_total, by the same labels: token goodput is the met ones' rate.",
+    labels: &["model", "objective", "result", "tenant"],
+    kind: RegistryKind::Counter,
+};
+
+pub(super) static OBJECTIVE_TARGET: RegistryFamily = RegistryFamily {
+    name: "tokentap_objective_target",
+    help: "The share of judged requests each objective is meant to meet (`objectives.<name>.target`): what the attainment alert compares against.",
+    labels: &["objective"],
+    kind: RegistryKind::Gauge,
+};
+
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 17] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 20] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -543,6 +564,9 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 17] = [
     &OTLP_EXPORTS,
     &OTLP_EXPORTS_DROPPED,
     &TASK_RESTARTS,
+    &OBJECTIVE_REQUESTS,
+    &OBJECTIVE_OUTPUT_TOKENS,
+    &OBJECTIVE_TARGET,
 ];
 
 /// Every family that can carry `tenant` (the per-pair ones), in table order: what

@@ -61,7 +61,8 @@ use exposition::{
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
-    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW, OTLP_EXPORTS,
+    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW,
+    OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
     TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
     UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
@@ -178,6 +179,10 @@ pub struct Metrics {
     otlp_exports: IntCounterVec,
     otlp_exports_dropped: IntCounterVec,
     task_restarts: IntCounterVec,
+    /// Requests and their output tokens judged against each objective, and the targets.
+    objective_requests: IntCounterVec,
+    objective_output_tokens: IntCounterVec,
+    objective_target: GaugeVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -362,6 +367,9 @@ impl Metrics {
             otlp_exports: counter_vec(&OTLP_EXPORTS),
             otlp_exports_dropped: counter_vec(&OTLP_EXPORTS_DROPPED),
             task_restarts: counter_vec(&TASK_RESTARTS),
+            objective_requests: counter_vec(&OBJECTIVE_REQUESTS),
+            objective_output_tokens: counter_vec(&OBJECTIVE_OUTPUT_TOKENS),
+            objective_target: float_gauge_vec(&OBJECTIVE_TARGET),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -391,6 +399,9 @@ impl Metrics {
             Box::new(metrics.otlp_exports.clone()),
             Box::new(metrics.otlp_exports_dropped.clone()),
             Box::new(metrics.task_restarts.clone()),
+            Box::new(metrics.objective_requests.clone()),
+            Box::new(metrics.objective_output_tokens.clone()),
+            Box::new(metrics.objective_target.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -689,6 +700,37 @@ impl Metrics {
     /// Count a background task (`supervise`'s name for it) that failed and is restarted.
     pub fn task_restart(&self, task: &str) {
         self.task_restarts.with_label_values(&[task]).inc();
+    }
+
+    /// Count a request of `stream` judged against `objective`: met or missed, with its
+    /// output tokens.
+    pub fn count_objective(
+        &self,
+        stream: &StreamSeries,
+        objective: &str,
+        met: bool,
+        output_tokens: u64,
+    ) {
+        let result = if met { "met" } else { "missed" };
+        // In the family's label order (the registry writes label names sorted).
+        let labels = [&**stream.model(), objective, result, &**stream.tenant()];
+        self.objective_requests.with_label_values(&labels).inc();
+        if output_tokens > 0 {
+            self.objective_output_tokens
+                .with_label_values(&labels)
+                .inc_by(output_tokens);
+        }
+    }
+
+    /// Each objective's target, replacing those set before (at start and on reload: an
+    /// objective no longer configured leaves `tokentap_objective_target`).
+    pub fn set_objective_targets<'a>(&self, targets: impl IntoIterator<Item = (&'a str, f64)>) {
+        self.objective_target.reset();
+        for (objective, target) in targets {
+            self.objective_target
+                .with_label_values(&[objective])
+                .set(target);
+        }
     }
 
     /// Count a request on a non-LLM route.
@@ -1284,6 +1326,8 @@ mod tests {
         metrics.otlp_export("metrics", "success");
         metrics.otlp_export_dropped("metrics", "replaced");
         metrics.task_restart("otlp_metrics");
+        metrics.count_objective(&pair, "chat", true, 3);
+        metrics.set_objective_targets([("chat", 0.95)]);
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();

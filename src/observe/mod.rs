@@ -155,6 +155,7 @@ pub fn start(
         t_req,
         facts.clone(),
         config.metrics.stall_threshold,
+        config.objectives.clone(),
     );
     let live = recorder
         .live_stream()
@@ -237,7 +238,7 @@ pub fn refused(
     let series = metrics.stream(None, tenant.as_deref());
     let verdict =
         crate::outcome::Verdict::new(outcome, crate::outcome::StatusClass::tokentap(status));
-    metrics.count_request(&series, verdict);
+    sinks.refused(&series, verdict, config.objectives.as_ref());
     if let (Some(head), Some(dialect)) = (head, dialect) {
         refused_span(head, dialect, config, sinks, &series, verdict, status);
     }

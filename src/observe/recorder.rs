@@ -18,6 +18,7 @@ use crate::clock::{Stamp, TokenClock};
 use crate::metrics::live::{LiveEntry, LiveStream};
 use crate::metrics::{Metrics, StreamSeries};
 use crate::outcome::{verdict, Outcome, StatusClass};
+use crate::summary::objectives::Objectives;
 use crate::summary::{RequestFacts, RequestSummary, Sinks};
 use crate::wire::{gen_ai, Dialect, EngineTimings, ErrorClass, Signal};
 
@@ -74,6 +75,8 @@ pub struct Recorder {
     finish_reasons: Vec<String>,
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
+    /// The objectives in force when the request began, judged at its end.
+    objectives: Option<Objectives>,
     in_flight: InFlight,
     /// The request's entry in the live view's list of requests in flight, from its head
     /// to its record, while the live view is on.
@@ -86,6 +89,7 @@ impl Recorder {
         t_req: Instant,
         facts: Arc<RequestFacts>,
         stall_threshold: Duration,
+        objectives: Option<Objectives>,
     ) -> Recorder {
         let metrics = sinks.metrics();
         let in_flight = InFlight::enter(&metrics.streams_in_flight);
@@ -115,6 +119,7 @@ impl Recorder {
             itl_sketch,
             finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
+            objectives,
             in_flight,
             live,
         }
@@ -391,6 +396,7 @@ impl Recorder {
             engine: self.engine,
             rate_limits: self.rate_limits,
             malformed: self.malformed,
+            objectives: self.objectives,
         };
         self.sinks.finished(summary, &handles);
     }
@@ -425,6 +431,7 @@ mod tests {
             t_req,
             Arc::new(facts),
             Duration::from_secs(5),
+            None,
         );
         recorder.response_head(t_req, StatusCode::OK);
         recorder
@@ -464,7 +471,13 @@ mod tests {
             Dialect::OpenAiChat,
             Some("t".into()),
         );
-        let mut on = Recorder::new(sinks.clone(), t0, Arc::new(facts), Duration::from_secs(5));
+        let mut on = Recorder::new(
+            sinks.clone(),
+            t0,
+            Arc::new(facts),
+            Duration::from_secs(5),
+            None,
+        );
         let listed = |at| sinks.in_flight.views(at);
         let waiting = listed(t0);
         assert_eq!(waiting.len(), 1);

@@ -303,6 +303,7 @@ mod tests {
                 Some("t".into()),
             )),
             Duration::from_secs(5),
+            None,
         );
         recorder.response_head(Instant::now(), http::StatusCode::OK);
         let observer = ResponseObserver::new(

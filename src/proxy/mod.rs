@@ -133,6 +133,10 @@ impl Proxy {
             || before.ui != config.ui
             || before.ui_listen != config.ui_listen;
         self.metrics().set_label_policies(&config.labels);
+        self.metrics()
+            .set_objective_targets(crate::summary::objectives::targets(
+                config.objectives.as_ref(),
+            ));
         self.gateway.swap(Active {
             config: Arc::new(config),
             tokenizer,

@@ -132,6 +132,9 @@ impl Server {
             &config.labels,
             config.metrics.names,
         );
+        metrics.set_objective_targets(crate::summary::objectives::targets(
+            config.objectives.as_ref(),
+        ));
         let upstream = UpstreamClient::new(&config.upstream)?;
         let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
         // Built now, so a TLS file of the OTLP export that cannot be used stops the start.

@@ -4,8 +4,10 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::objectives::{self, Measures, Objectives};
 use super::request::RequestSummary;
 use crate::metrics::{EngineFigures, Metrics, RequestExemplar, RequestFigures, StreamSeries};
+use crate::outcome::Verdict;
 use crate::wire::EngineTimings;
 
 /// Record `summary` in `series` (the series it was counted under).
@@ -35,6 +37,29 @@ pub(super) fn record(metrics: &Metrics, series: &StreamSeries, summary: &Request
         limits.record(metrics, series);
     }
     metrics.decode_errors(summary.facts.dialect.as_str(), summary.malformed);
+    for objective in summary.objectives.iter().flat_map(|o| o.iter()) {
+        if let Some(met) = objective.judge(summary) {
+            metrics.count_objective(series, &objective.name, met, summary.output_tokens);
+        }
+    }
+}
+
+/// Count a request tokentap answered itself before any exchange (an overload refusal, a
+/// head it could not read), with `verdict`, in `series`, and judge it against each
+/// objective in force: it has no figures, so it is judged by its outcome alone.
+pub(super) fn refused(
+    metrics: &Metrics,
+    series: &StreamSeries,
+    verdict: Verdict,
+    objectives: Option<&Objectives>,
+) {
+    metrics.count_request(series, verdict);
+    for objective in objectives.iter().flat_map(|o| o.iter()) {
+        let bounds = objective.bounds_for(series.model(), series.tenant());
+        if let Some(met) = objectives::judge(bounds, verdict.outcome, &Measures::default()) {
+            metrics.count_objective(series, &objective.name, met, 0);
+        }
+    }
 }
 
 /// What [`Metrics::record_engine_timings`] records of the engine's report, with `ttft`

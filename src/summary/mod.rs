@@ -22,6 +22,7 @@
 pub mod access_log;
 mod facts;
 mod families;
+pub mod objectives;
 mod request;
 pub mod spans;
 mod taps;
@@ -35,11 +36,14 @@ pub use taps::{Sink, TapId, Taps};
 
 use crate::metrics::live::LiveStreams;
 use crate::metrics::{Metrics, StreamSeries};
+use crate::outcome::Verdict;
+use objectives::Objectives;
 
 /// Where measured requests go. At its end, a request's summary goes to each of these, in
 /// this order ([`finished`](Self::finished)):
 ///
-/// 1. the metric families (`metrics`), always;
+/// 1. the metric families (`metrics`), always, with the request's judgement against
+///    each objective in force when it began;
 /// 2. the access log (`tokentap::access`), always (the log filter decides what is
 ///    written);
 /// 3. the taps (the live view's finished requests), while any is registered;
@@ -73,6 +77,18 @@ impl Sinks {
     /// The sinks registered while their owner runs (the live view).
     pub fn taps(&self) -> &Taps {
         &self.taps
+    }
+
+    /// Count a request tokentap answered itself before any exchange, with `verdict`, in
+    /// `series`: the metric families only (the access log line and the span, which know
+    /// its head, are the caller's).
+    pub fn refused(
+        &self,
+        series: &StreamSeries,
+        verdict: Verdict,
+        objectives: Option<&Objectives>,
+    ) {
+        families::refused(&self.metrics, series, verdict, objectives);
     }
 
     /// Hand the summary of a request that ended, counted in `series`, to every sink.

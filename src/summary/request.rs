@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::facts::RequestFacts;
+use super::objectives::Objectives;
 use crate::metrics::exemplar::TraceContext;
 use crate::observe::rate_limits::RateLimits;
 use crate::outcome::Verdict;
@@ -64,6 +65,9 @@ pub struct RequestSummary {
     pub rate_limits: Option<Box<RateLimits>>,
     /// Events of the response the dialect's decoder could not read.
     pub malformed: u64,
+    /// The objectives in force when the request began (`objectives`), which it is judged
+    /// against; `None` when none is configured.
+    pub objectives: Option<Objectives>,
 }
 
 impl RequestSummary {
@@ -106,6 +110,7 @@ impl RequestSummary {
             engine: EngineTimings::default(),
             rate_limits: None,
             malformed: 0,
+            objectives: None,
         }
     }
 

@@ -31,6 +31,7 @@ mod layering;
 mod lifecycle;
 mod live;
 mod native;
+mod objectives;
 mod otlp;
 mod otlp_spans;
 mod proxy;
