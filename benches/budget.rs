@@ -21,7 +21,8 @@
 //! Cases: `relay/{openai_chat,anthropic,responses}` and `hyper/{openai_chat,sglang_grpc}`
 //! with the default configuration (the live view on, spans, OTLP and GenAI names off);
 //! `relay/openai_chat+otlp` (the OTLP metrics push), `+spans` (every request sampled),
-//! `+gen_ai` (`metrics.names: both`) and `+all` (all three).
+//! `+gen_ai` (`metrics.names: both`) and `+all` (all three); `+objectives` (two
+//! objectives, judged at each request's end: a cost per request, none per event).
 //!
 //! Each measured run is one call of `budget_measure`, which callgrind is told to count
 //! alone and to dump after; the binary prints one `measure` line per call, in order, so
@@ -339,6 +340,8 @@ const OTLP: &str = "otlp:\n  endpoint: http://127.0.0.1:9/v1/metrics\n";
 const SPANS: &str = "otlp:\n  endpoint: http://127.0.0.1:9/v1/metrics\n  traces:\n    enabled: true\n    sampler: always_on\n";
 /// The GenAI semantic conventions' names beside tokentap's.
 const GEN_AI: &str = "metrics:\n  names: both\n";
+/// Two per-request objectives, one with a tenant's override: judged at each request's end.
+const OBJECTIVES: &str = "objectives:\n  interactive:\n    ttft: 500ms\n    tpot: 50ms\n    overrides:\n      - tenant: tenant-a\n        ttft: 300ms\n  whole:\n    duration: 60s\n";
 /// All of them.
 const ALL: &str = "metrics:\n  names: both\notlp:\n  endpoint: http://127.0.0.1:9/v1/metrics\n  traces:\n    enabled: true\n    sampler: always_on\n";
 
@@ -364,6 +367,12 @@ fn cases() -> Vec<Case> {
             GEN_AI,
         ),
         case("relay/openai_chat+all", Path::Relay, openai_chat(), ALL),
+        case(
+            "relay/openai_chat+objectives",
+            Path::Relay,
+            openai_chat(),
+            OBJECTIVES,
+        ),
     ]
 }
 

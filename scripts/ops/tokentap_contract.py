@@ -54,6 +54,7 @@ METRICS = {
     "tokentap_objective_requests_total": ("counter", ("model", "objective", "result", "tenant")),
     "tokentap_objective_output_tokens_total": ("counter", ("model", "objective", "result", "tenant")),
     "tokentap_objective_target": ("gauge", ("objective",)),
+    "tokentap_buffered_responses_total": ("counter", ("model",)),
 }
 
 # Exported and checked like the rest, but no dashboard panel or rule reads them (yet):
@@ -70,6 +71,7 @@ NOT_CHARTED = {
     "tokentap_otlp_exports_total",
     "tokentap_otlp_exports_dropped_total",
     "tokentap_task_restarts_total",
+    "tokentap_buffered_responses_total",
 }
 
 # Counters whose series only exist after the event they count happened (a labelled
@@ -97,6 +99,7 @@ EVENT_DRIVEN = {
     "tokentap_objective_requests_total",
     "tokentap_objective_output_tokens_total",
     "tokentap_objective_target",
+    "tokentap_buffered_responses_total",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

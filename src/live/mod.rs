@@ -76,6 +76,8 @@ pub struct Finished {
     pub ttft_s: Option<f64>,
     pub slowest_gap_s: Option<f64>,
     pub output_tokens: u64,
+    /// Its tokens reached tokentap in one burst (a buffering hop).
+    pub buffered: bool,
     /// W3C trace id, when the request carried a trace context that was read
     /// (`metrics.exemplars.enabled`).
     pub trace_id: Option<String>,
@@ -92,8 +94,12 @@ impl Finished {
             ended_ms: unix_ms(ended),
             duration_s: request.duration.as_secs_f64(),
             ttft_s: request.ttft.map(|d| d.as_secs_f64()),
-            slowest_gap_s: request.slowest_gap.map(|d| d.as_secs_f64()),
+            slowest_gap_s: request
+                .slowest_gap
+                .filter(|_| !request.buffered)
+                .map(|d| d.as_secs_f64()),
             output_tokens: request.output_tokens,
+            buffered: request.buffered,
             trace_id: request.trace().map(|t| t.trace_id_hex()),
         }
     }

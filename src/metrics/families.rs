@@ -545,8 +545,15 @@ pub(super) static OBJECTIVE_TARGET: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Gauge,
 };
 
+pub(super) static BUFFERED_RESPONSES: RegistryFamily = RegistryFamily {
+    name: "tokentap_buffered_responses_total",
+    help: "Responses whose token-bearing events reached tokentap in one burst (a buffering hop between tokentap and the engine): their gaps, ITL, TPOT and tokens per second are not observed.",
+    labels: &["model"],
+    kind: RegistryKind::Counter,
+};
+
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 20] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 21] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -567,6 +574,7 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 20] = [
     &OBJECTIVE_REQUESTS,
     &OBJECTIVE_OUTPUT_TOKENS,
     &OBJECTIVE_TARGET,
+    &BUFFERED_RESPONSES,
 ];
 
 /// Every family that can carry `tenant` (the per-pair ones), in table order: what

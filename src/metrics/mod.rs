@@ -60,9 +60,9 @@ use exposition::{
 };
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
-    RegistryFamily, RegistryKind, BUILD_INFO, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
-    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW,
-    OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
+    RegistryFamily, RegistryKind, BUFFERED_RESPONSES, BUILD_INFO, CLIENT_CONNECTIONS,
+    CLIENT_CONNECTIONS_LIMIT, CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES,
+    LABEL_OVERFLOW, OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
     TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
     UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
@@ -183,6 +183,7 @@ pub struct Metrics {
     objective_requests: IntCounterVec,
     objective_output_tokens: IntCounterVec,
     objective_target: GaugeVec,
+    buffered_responses: IntCounterVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -370,6 +371,7 @@ impl Metrics {
             objective_requests: counter_vec(&OBJECTIVE_REQUESTS),
             objective_output_tokens: counter_vec(&OBJECTIVE_OUTPUT_TOKENS),
             objective_target: float_gauge_vec(&OBJECTIVE_TARGET),
+            buffered_responses: counter_vec(&BUFFERED_RESPONSES),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -402,6 +404,7 @@ impl Metrics {
             Box::new(metrics.objective_requests.clone()),
             Box::new(metrics.objective_output_tokens.clone()),
             Box::new(metrics.objective_target.clone()),
+            Box::new(metrics.buffered_responses.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -731,6 +734,13 @@ impl Metrics {
                 .with_label_values(&[objective])
                 .set(target);
         }
+    }
+
+    /// Count a response of `stream`'s model that arrived in one burst.
+    pub fn count_buffered(&self, stream: &StreamSeries) {
+        self.buffered_responses
+            .with_label_values(&[&**stream.model()])
+            .inc();
     }
 
     /// Count a request on a non-LLM route.
@@ -1328,6 +1338,7 @@ mod tests {
         metrics.task_restart("otlp_metrics");
         metrics.count_objective(&pair, "chat", true, 3);
         metrics.set_objective_targets([("chat", 0.95)]);
+        metrics.count_buffered(&pair);
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();

@@ -31,6 +31,7 @@
     warn(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
 )]
 
+mod burst;
 #[cfg(test)]
 pub(crate) mod inject;
 pub mod inspect;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::StatusCode;
 use prometheus::IntGauge;
 
+use super::burst::{Burst, Gap};
 use super::itl_sketch::ItlSketch;
 use super::rate_limits::RateLimits;
 use crate::clock::{Stamp, TokenClock};
@@ -77,6 +78,8 @@ pub struct Recorder {
     engine: EngineTimings,
     /// The objectives in force when the request began, judged at its end.
     objectives: Option<Objectives>,
+    /// Whether the response arrives in one burst, and its first gaps while that is open.
+    burst: Burst,
     in_flight: InFlight,
     /// The request's entry in the live view's list of requests in flight, from its head
     /// to its record, while the live view is on.
@@ -120,6 +123,7 @@ impl Recorder {
             finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             objectives,
+            burst: Burst::default(),
             in_flight,
             live,
         }
@@ -188,18 +192,6 @@ impl Recorder {
                 } => {
                     let content_pending = !self.clock.has_content();
                     let stamp = self.clock.output(at, *tokens, *exact, *kind);
-                    let stall_threshold = self.stall_threshold;
-                    if let Stamp::Next {
-                        itl: Some(share), ..
-                    } = stamp
-                    {
-                        if share.count > 0 {
-                            self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
-                        }
-                        if let Some(sketch) = &mut self.itl_sketch {
-                            sketch.add(share.per_token, share.count);
-                        }
-                    }
                     let handles = self.handles();
                     if *exact {
                         // As the clock reads it: an exact 0 is one token.
@@ -214,18 +206,9 @@ impl Recorder {
                     if let Some(entry) = &self.live {
                         entry.stream().event(at, u64::from((*tokens).max(1)), gap);
                     }
-                    let handles = self.handles();
                     match stamp {
-                        Stamp::First { ttft } => handles.first_token(ttft),
-                        Stamp::Next { gap, itl } => {
-                            if let Some(share) = itl {
-                                handles.observe_itl(share.per_token, share.count);
-                            }
-                            handles.chunk_gap(gap);
-                            if gap >= stall_threshold {
-                                handles.stalls().inc();
-                            }
-                        }
+                        Stamp::First { ttft } => self.handles().first_token(ttft),
+                        Stamp::Next { gap, itl } => self.gap(Gap { gap, itl }),
                     }
                     if content_pending {
                         if let Some(ttft_content) = self.clock.ttft_content() {
@@ -261,6 +244,20 @@ impl Recorder {
                 }
             }
         }
+    }
+
+    /// The gap before a token-bearing event, through the burst detector: observed now,
+    /// held until the stream shows it streams, or (buffered) never.
+    fn gap(&mut self, gap: Gap) {
+        self.handles();
+        let Some(handles) = &self.handles else {
+            return;
+        };
+        let (slowest, sketch) = (&mut self.slowest_itl, &mut self.itl_sketch);
+        let stall_threshold = self.stall_threshold;
+        self.burst.see(gap, |gap| {
+            observe_gap(handles, slowest, sketch, stall_threshold, gap);
+        });
     }
 
     /// Add what [`apply`](Self::apply) writes per event outside the recorder itself.
@@ -345,15 +342,25 @@ impl Recorder {
             Some(handles) => handles,
             None => self.resolve_handles(),
         };
-        for share in &timings.deferred_itl {
-            handles.observe_itl(share.per_token, share.count);
-            if share.count > 0 {
-                self.slowest_itl = self.slowest_itl.max(Some(share.per_token));
-            }
-            if let Some(sketch) = &mut self.itl_sketch {
-                sketch.add(share.per_token, share.count);
-            }
+        let (slowest, sketch) = (&mut self.slowest_itl, &mut self.itl_sketch);
+        let stall_threshold = self.stall_threshold;
+        let buffered = self.burst.end(|gap| {
+            observe_gap(&handles, slowest, sketch, stall_threshold, gap);
+        });
+        // A buffered response's gaps are the hop's, not the engine's: none is observed.
+        let deferred = if buffered {
+            &[][..]
+        } else {
+            &timings.deferred_itl[..]
+        };
+        for share in deferred {
+            let gap = Gap {
+                gap: Duration::ZERO,
+                itl: Some(*share),
+            };
+            observe_itl(&handles, &mut self.slowest_itl, &mut self.itl_sketch, gap);
         }
+        let decode = timings.decode.filter(|_| !buffered);
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
@@ -373,7 +380,7 @@ impl Recorder {
             duration: timings.duration,
             ttfb: timings.ttfb,
             ttft: timings.ttft,
-            mean_itl: timings.mean_itl,
+            mean_itl: timings.mean_itl.filter(|_| !buffered),
             slowest_itl: self.slowest_itl,
             // A bucket's midpoint can lie past the largest value in it: never more than
             // the largest seen.
@@ -382,9 +389,10 @@ impl Recorder {
                 .as_ref()
                 .and_then(|s| s.quantile(0.5))
                 .map(|p50| p50.min(self.slowest_itl.unwrap_or(p50))),
-            slowest_gap: timings.slowest_gap,
-            tpot: timings.decode.map(|d| d.tpot),
-            tokens_per_second: timings.decode.map(|d| d.tokens_per_second),
+            slowest_gap: timings.slowest_gap.filter(|_| !buffered),
+            tpot: decode.map(|d| d.tpot),
+            tokens_per_second: decode.map(|d| d.tokens_per_second),
+            buffered,
             events: timings.events,
             output_tokens: timings.output_tokens,
             input_tokens: timings.input_tokens,
@@ -400,6 +408,41 @@ impl Recorder {
         };
         self.sinks.finished(summary, &handles);
     }
+}
+
+/// Observe one gap before a token-bearing event: its ITL share (and the request's slowest
+/// and sketch), its inter-chunk gap, and a stall when it is one.
+fn observe_gap(
+    handles: &StreamSeries,
+    slowest: &mut Option<Duration>,
+    sketch: &mut Option<ItlSketch>,
+    stall_threshold: Duration,
+    gap: Gap,
+) {
+    observe_itl(handles, slowest, sketch, gap);
+    handles.chunk_gap(gap.gap);
+    if gap.gap >= stall_threshold {
+        handles.stalls().inc();
+    }
+}
+
+/// Observe a gap's ITL share, if it has one.
+fn observe_itl(
+    handles: &StreamSeries,
+    slowest: &mut Option<Duration>,
+    sketch: &mut Option<ItlSketch>,
+    gap: Gap,
+) {
+    let Some(share) = gap.itl else {
+        return;
+    };
+    if share.count > 0 {
+        *slowest = (*slowest).max(Some(share.per_token));
+    }
+    if let Some(sketch) = sketch {
+        sketch.add(share.per_token, share.count);
+    }
+    handles.observe_itl(share.per_token, share.count);
 }
 
 #[cfg(test)]

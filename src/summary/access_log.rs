@@ -33,6 +33,7 @@ pub(super) fn request(summary: &RequestSummary) {
         input_tokens = summary.input_tokens,
         events = summary.events,
         counting = summary.counting,
+        buffered = summary.buffered,
         slowest_gap_ms = ms(summary.slowest_gap),
         engine_queue_ms = ms(summary.engine.queue),
         engine_prefill_ms = ms(summary.engine.prefill),

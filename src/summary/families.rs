@@ -37,6 +37,9 @@ pub(super) fn record(metrics: &Metrics, series: &StreamSeries, summary: &Request
         limits.record(metrics, series);
     }
     metrics.decode_errors(summary.facts.dialect.as_str(), summary.malformed);
+    if summary.buffered {
+        metrics.count_buffered(series);
+    }
     for objective in summary.objectives.iter().flat_map(|o| o.iter()) {
         if let Some(met) = objective.judge(summary) {
             metrics.count_objective(series, &objective.name, met, summary.output_tokens);

@@ -46,6 +46,11 @@ pub struct RequestSummary {
     /// span, for a request with at least two tokens over a measurable time.
     pub tpot: Option<Duration>,
     pub tokens_per_second: Option<f64>,
+    /// Its token-bearing events reached tokentap in one burst (`observe::burst`): a
+    /// buffering hop between tokentap and the engine. Its gaps, ITL, TPOT and tokens per
+    /// second were not observed (here `None`: the mean ITL, the slowest gap, TPOT and
+    /// tokens per second); its TTFT is the client's wait for the whole answer.
+    pub buffered: bool,
     /// Token-bearing events.
     pub events: u64,
     pub output_tokens: u64,
@@ -99,6 +104,7 @@ impl RequestSummary {
             slowest_gap: None,
             tpot: None,
             tokens_per_second: None,
+            buffered: false,
             events: 0,
             output_tokens: 0,
             input_tokens: None,

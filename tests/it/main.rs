@@ -8,6 +8,7 @@ mod common;
 
 mod admin_starvation;
 mod bad_input;
+mod buffered;
 mod cardinality;
 mod configs;
 mod connection_limit;
