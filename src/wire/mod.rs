@@ -132,4 +132,5 @@ pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};
 pub use types::{
     DecodeError, DecodeLimits, Decoder, Dialect, EngineTimings, Framing, OutputKind, Signal,
+    TokenDetails,
 };

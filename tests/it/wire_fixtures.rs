@@ -20,6 +20,7 @@
 //! model NAME
 //! output KIND TOKENS exact|estimated    KIND: content | reasoning | tool_call | refusal
 //! usage in=N out=N                       `-` for a count the body did not give
+//! details read=N write=N reasoning=N     cache read / cache write (parts of `in`), reasoning (part of `out`)
 //! error CLASS                            CLASS: rate_limited | overloaded | other
 //! malformed
 //! done
@@ -197,6 +198,12 @@ fn render(signal: &Signal) -> String {
         Signal::Done => "done".to_owned(),
         Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
         Signal::FinishReason(reason) => format!("finish {reason}"),
+        Signal::TokenDetails(d) => format!(
+            "details read={} write={} reasoning={}",
+            count(&d.cache_read_input),
+            count(&d.cache_write_input),
+            count(&d.reasoning_output)
+        ),
         Signal::EngineTimings(t) => {
             let ms = |d: Option<std::time::Duration>| {
                 d.map_or_else(
