@@ -74,7 +74,7 @@
 //! | `anthropic` | `cache_read_input_tokens` (`message_start`, `message_delta`) | `cache_creation_input_tokens` (same) | none (thinking is part of `output_tokens`) |
 //! | `gemini` | `usageMetadata.cachedContentTokenCount` | none | `usageMetadata.thoughtsTokenCount` |
 //! | `ollama` | the final line's `prompt_eval_cached_count` (newer Ollama) | none | none |
-//! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | `cached_tokens` (the first chunk with a prompt count, the `complete`) | none | SGLang's `complete.reasoning_tokens`, summed over outputs |
+//! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | `cached_tokens` (a hit in the first chunk with a prompt count; the `complete`) | none | SGLang's `complete.reasoning_tokens`, summed over outputs |
 //! | `tgi`, `triton`, `triton_grpc` | none: their responses report none | none | none |
 //!
 //! Where a response carries the engine's own timings (TensorRT-LLM's `perf_metrics`,

@@ -201,7 +201,9 @@ impl TokenDetails {
     }
 
     /// Push these details as a [`Signal::TokenDetails`] when they change what `sent` (this
-    /// stream's reports so far, merged) says, and merge them into `sent`.
+    /// stream's reports so far, merged) says, and merge them into `sent`. Out of line: it
+    /// runs where a stream reports usage, not on the per-event path it is called from.
+    #[inline(never)]
     pub(crate) fn report(self, sent: &mut TokenDetails, out: &mut Vec<Signal>) {
         let mut merged = *sent;
         merged.merge(self);

@@ -567,8 +567,8 @@ impl SmgMessage {
     }
 
     /// The cached and reasoning counts a stream of these messages states, as the decoder
-    /// documents them: the cached count of the first chunk with a prompt count and of
-    /// every complete with one (the latest wins); SGLang's reasoning summed over the
+    /// documents them: the cached count of the first chunk with a prompt count (when not
+    /// 0) and of every complete with one (the latest wins); SGLang's reasoning summed over the
     /// completes, as of the last complete with a prompt count.
     fn details(messages: &[SmgMessage], dialect: Dialect) -> TokenDetails {
         let mut details = TokenDetails::default();
@@ -577,7 +577,9 @@ impl SmgMessage {
             match message {
                 SmgMessage::Chunk(_, prompt, cached) if *prompt > 0 && !input_seen => {
                     input_seen = true;
-                    details.cache_read_input = Some(u64::from(*cached));
+                    if *cached > 0 {
+                        details.cache_read_input = Some(u64::from(*cached));
+                    }
                 }
                 SmgMessage::Complete(prompt, _, cached, r, _) => {
                     reasoning += u64::from(*r);

@@ -12,8 +12,9 @@
 //! - A `chunk` with N > 0 `token_ids` is one token-bearing event of
 //!   [`OutputKind::Content`] carrying N tokens, exact: the ids are the tokens. Its
 //!   `prompt_tokens`, when not 0, is the input count ([`Signal::Usage`], once), and its
-//!   `cached_tokens` then the prompt tokens read from the engine's prefix cache
-//!   ([`Signal::TokenDetails`]), so that a cancelled stream has both.
+//!   `cached_tokens`, when not 0 either, the prompt tokens read from the engine's prefix
+//!   cache ([`Signal::TokenDetails`]), so that a cancelled stream has both (a stream
+//!   without a cache hit has its 0 from the `complete`).
 //! - A `complete` carries no output event: in a streamed call its ids repeat what the
 //!   chunks carried (`output_ids` / `output_token_ids` are cumulative), and a call with
 //!   `stream: false` answers with a `complete` alone, which like a non-streamed HTTP body
@@ -183,6 +184,49 @@ impl Smg {
         }
     }
 
+    /// The first chunk with a prompt count: the input count, and the cached count when it
+    /// is a hit. Once a stream, so kept out of the per-chunk path.
+    #[cold]
+    #[inline(never)]
+    fn input(&mut self, prompt_tokens: u32, cached_tokens: u32, out: &mut Vec<Signal>) {
+        self.input_sent = true;
+        out.push(Signal::Usage {
+            input_tokens: Some(u64::from(prompt_tokens)),
+            output_tokens: None,
+        });
+        if cached_tokens > 0 {
+            TokenDetails {
+                cache_read_input: Some(u64::from(cached_tokens)),
+                ..TokenDetails::default()
+            }
+            .report(&mut self.details, out);
+        }
+    }
+
+    /// A `complete`'s cached and (SGLang) reasoning counts: the reasoning summed over the
+    /// outputs; both reported where the message states its prompt, since proto3 cannot
+    /// tell a count left unset from a 0.
+    #[inline(never)]
+    fn complete_details(
+        &mut self,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+        reasoning_tokens: Option<u32>,
+        out: &mut Vec<Signal>,
+    ) {
+        if let Some(reasoning) = reasoning_tokens {
+            self.reasoning = self.reasoning.saturating_add(u64::from(reasoning));
+        }
+        if prompt_tokens > 0 {
+            TokenDetails {
+                cache_read_input: Some(u64::from(cached_tokens)),
+                cache_write_input: None,
+                reasoning_output: reasoning_tokens.map(|_| self.reasoning),
+            }
+            .report(&mut self.details, out);
+        }
+    }
+
     /// One message; `streamed` is false for a body read whole, which has no output events.
     fn message(&mut self, message: &[u8], streamed: bool, out: &mut Vec<Signal>) {
         let Ok(step) = self.engine.read(message) else {
@@ -203,16 +247,7 @@ impl Smg {
                     });
                 }
                 if prompt_tokens > 0 && !self.input_sent {
-                    self.input_sent = true;
-                    out.push(Signal::Usage {
-                        input_tokens: Some(u64::from(prompt_tokens)),
-                        output_tokens: None,
-                    });
-                    TokenDetails {
-                        cache_read_input: Some(u64::from(cached_tokens)),
-                        ..TokenDetails::default()
-                    }
-                    .report(&mut self.details, out);
+                    self.input(prompt_tokens, cached_tokens, out);
                 }
             }
             Step::Complete {
@@ -238,19 +273,7 @@ impl Smg {
                         output_tokens,
                     });
                 }
-                if let Some(reasoning) = reasoning_tokens {
-                    self.reasoning = self.reasoning.saturating_add(u64::from(reasoning));
-                }
-                if prompt_tokens > 0 {
-                    // A message that states its prompt states its cache hits and
-                    // reasoning: proto3 cannot tell a count left unset from a 0.
-                    TokenDetails {
-                        cache_read_input: Some(u64::from(cached_tokens)),
-                        cache_write_input: None,
-                        reasoning_output: reasoning_tokens.map(|_| self.reasoning),
-                    }
-                    .report(&mut self.details, out);
-                }
+                self.complete_details(prompt_tokens, cached_tokens, reasoning_tokens, out);
                 if finish_reason.eq_ignore_ascii_case("error")
                     || finish_reason.eq_ignore_ascii_case("abort")
                 {
@@ -349,11 +372,10 @@ mod tests {
             vec![
                 tokens(3),
                 usage(Some(12), None),
-                details(0, None),
                 tokens(1),
                 tokens(2),
                 usage(Some(12), Some(6)),
-                // SGLang states its reasoning count (0) in the complete.
+                // The complete states its cache hits and SGLang's reasoning count (0s).
                 details(0, Some(0)),
                 Signal::FinishReason("stop".into()),
                 Done,
@@ -440,8 +462,8 @@ mod tests {
             vec![
                 tokens(2),
                 usage(Some(4), None),
-                details(0, None),
                 usage(Some(4), Some(2)),
+                details(0, None),
                 Error(ErrorClass::Other),
                 Signal::FinishReason("error".into()),
                 Done,
@@ -481,7 +503,6 @@ mod tests {
             vec![
                 tokens(4),
                 usage(Some(8), None),
-                details(0, None),
                 usage(None, Some(4)),
                 Signal::FinishReason("length".into()),
                 Done
