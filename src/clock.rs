@@ -62,7 +62,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::wire::OutputKind;
+use crate::wire::{OutputKind, TokenDetails};
 
 /// Most estimated gaps a request buffers for apportioning at its end (see the module docs).
 pub const MAX_BUFFERED_GAPS: usize = 4096;
@@ -154,6 +154,8 @@ pub struct TokenClock {
     slowest_gap: Option<Duration>,
     usage_input: Option<u64>,
     usage_output: Option<u64>,
+    /// The cached and reasoning parts of the reported usage, merged.
+    details: TokenDetails,
 }
 
 /// Everything the clock measured for a finished request.
@@ -179,6 +181,9 @@ pub struct Timings {
     /// How the per-event counts were known, in one word.
     pub counting: Counting,
     pub input_tokens: Option<u64>,
+    /// The cached and reasoning parts of the reported usage (of `input_tokens` and
+    /// `output_tokens`), each as the latest report gave it.
+    pub details: TokenDetails,
     /// Token-weighted mean ITL: `(t_E - t_1) / (ITL observations)`.
     pub mean_itl: Option<Duration>,
     /// The longest gap between consecutive token-bearing events.
@@ -219,6 +224,7 @@ impl TokenClock {
             slowest_gap: None,
             usage_input: None,
             usage_output: None,
+            details: TokenDetails::default(),
         }
     }
 
@@ -345,6 +351,12 @@ impl TokenClock {
         }
     }
 
+    /// The stream reported the cached and reasoning parts of its usage. Cumulative, as
+    /// usage is: part by part, the latest report wins.
+    pub fn token_details(&mut self, details: TokenDetails) {
+        self.details.merge(details);
+    }
+
     /// The response ended (in any way) at `at`.
     pub fn timings(&self, at: Instant) -> Timings {
         let output_tokens = self.usage_output.unwrap_or(self.counted_tokens);
@@ -422,6 +434,7 @@ impl TokenClock {
             estimated_event_tokens: estimated,
             counting,
             input_tokens: self.usage_input,
+            details: self.details,
             mean_itl,
             slowest_gap: self.slowest_gap,
             deferred_itl,
@@ -677,6 +690,34 @@ mod tests {
         let t = clock.timings(t0 + ms(95));
         assert_eq!(t.ttft, Some(ms(50)));
         assert_eq!(t.ttft_content, Some(ms(90)));
+    }
+
+    #[test]
+    fn token_details_are_kept_part_by_part_beside_usage() {
+        let (mut clock, _, end) = timeline(1, &[(10, 1, false)]);
+        assert_eq!(clock.timings(end).details, TokenDetails::default());
+        clock.usage(Some(100), None);
+        clock.token_details(TokenDetails {
+            cache_read_input: Some(64),
+            cache_write_input: Some(8),
+            reasoning_output: None,
+        });
+        clock.usage(None, Some(2));
+        clock.token_details(TokenDetails {
+            cache_read_input: Some(80),
+            reasoning_output: Some(1),
+            ..TokenDetails::default()
+        });
+        let t = clock.timings(end);
+        assert_eq!(
+            t.details,
+            TokenDetails {
+                cache_read_input: Some(80),
+                cache_write_input: Some(8),
+                reasoning_output: Some(1),
+            }
+        );
+        assert_eq!((t.input_tokens, t.output_tokens), (Some(100), 2));
     }
 
     #[test]

@@ -234,6 +234,7 @@ impl Recorder {
                 Signal::Done => self.end_marker = true,
                 Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
                 Signal::EngineTimings(timings) => self.engine.merge(*timings),
+                Signal::TokenDetails(details) => self.clock.token_details(**details),
                 Signal::FinishReason(reason) => {
                     // Each reason once; a stream of many choices names a few at most.
                     if self.finish_reasons.len() < MAX_FINISH_REASONS

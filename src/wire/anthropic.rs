@@ -26,7 +26,10 @@
 //! back to counting its events. Input tokens are `input_tokens +
 //! cache_creation_input_tokens + cache_read_input_tokens`: Anthropic's `input_tokens`
 //! excludes the prompt tokens read from or written to the cache, and tokentap reports the
-//! whole prompt, as OpenAI's `prompt_tokens` does.
+//! whole prompt, as OpenAI's `prompt_tokens` does. The two cache counts are also reported
+//! as they are, as [`Signal::TokenDetails`] (cache read, cache write), from
+//! `message_start` and again from `message_delta` where it repeats them: part by part
+//! the later report wins, as for the other counts.
 //!
 //! A non-streaming `message` yields its `model`, `stop_reason` and `usage`.
 
@@ -39,13 +42,16 @@ use super::frame::Handler;
 use super::json::{add, ErrorFields, Num, Present, Reason, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{OutputKind, Signal};
+use super::types::{OutputKind, Signal, TokenDetails};
 
 /// Anthropic Messages state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Anthropic {
     model_sent: bool,
     tally: Tally,
+    /// The cache reads and writes reported so far (`message_delta` may repeat
+    /// `message_start`'s).
+    details: TokenDetails,
     /// This response's incremental count (`observe.tokenizer`): per-event counts that
     /// add up to the whole text's.
     tokens: Option<TokenStream>,
@@ -83,11 +89,14 @@ impl Handler for Anthropic {
             "message_start" => {
                 if let Some(message) = event.message {
                     self.model(message.model, out);
-                    if let Some(input) = message.usage.and_then(|u| u.input()) {
-                        out.push(Signal::Usage {
-                            input_tokens: Some(input),
-                            output_tokens: None,
-                        });
+                    if let Some(usage) = message.usage {
+                        if let Some(input) = usage.input() {
+                            out.push(Signal::Usage {
+                                input_tokens: Some(input),
+                                output_tokens: None,
+                            });
+                        }
+                        usage.details().report(&mut self.details, out);
                     }
                 }
             }
@@ -104,14 +113,7 @@ impl Handler for Anthropic {
                     out.push(reason);
                 }
                 if let Some(usage) = event.usage {
-                    let input = usage.input();
-                    let output = usage.output_tokens.0;
-                    if input.is_some() || output.is_some() {
-                        out.push(Signal::Usage {
-                            input_tokens: input,
-                            output_tokens: output,
-                        });
-                    }
+                    usage.signals(&mut self.details, out);
                 }
             }
             "message_stop" => out.push(Signal::Done),
@@ -131,14 +133,7 @@ impl Handler for Anthropic {
         self.model(message.model, out);
         out.extend(message.stop_reason.signal());
         if let Some(usage) = message.usage {
-            let input = usage.input();
-            let output = usage.output_tokens.0;
-            if input.is_some() || output.is_some() {
-                out.push(Signal::Usage {
-                    input_tokens: input,
-                    output_tokens: output,
-                });
-            }
+            usage.signals(&mut self.details, out);
         }
     }
 
@@ -235,6 +230,29 @@ impl Usage {
         );
         Some(input.saturating_add(cached.unwrap_or(0)))
     }
+
+    /// The cache reads and writes, as reported (parts of [`Usage::input`]); Anthropic
+    /// reports no separate count of thinking tokens (they are part of `output_tokens`).
+    fn details(&self) -> TokenDetails {
+        TokenDetails {
+            cache_read_input: self.cache_read_input_tokens.0,
+            cache_write_input: self.cache_creation_input_tokens.0,
+            reasoning_output: None,
+        }
+    }
+
+    /// `Usage` when it gives a count, then the cache counts where they say something new.
+    fn signals(&self, sent: &mut TokenDetails, out: &mut Vec<Signal>) {
+        let input = self.input();
+        let output = self.output_tokens.0;
+        if input.is_some() || output.is_some() {
+            out.push(Signal::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            });
+        }
+        self.details().report(sent, out);
+    }
 }
 
 /// An error event or body, `{"type": "error", "error": {"type": ..., "message": ...}}`.
@@ -302,6 +320,7 @@ mod tests {
             vec![
                 Model("claude-sonnet-4-20250514".into()),
                 usage(Some(40), None),
+                details(Some(5), Some(10)),
                 out(OutputKind::Content),
                 out(OutputKind::Content),
                 Signal::FinishReason("end_turn".into()),
@@ -351,7 +370,101 @@ mod tests {
         .concat();
         assert_eq!(
             sse(Anthropic::default(), s.as_bytes()),
-            vec![usage(None, Some(5)), usage(Some(10), Some(9))]
+            vec![
+                usage(None, Some(5)),
+                usage(Some(10), Some(9)),
+                details(Some(3), None)
+            ]
+        );
+    }
+
+    fn details(read: Option<u64>, write: Option<u64>) -> Signal {
+        Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: read,
+            cache_write_input: write,
+            reasoning_output: None,
+        }))
+    }
+
+    #[test]
+    fn cache_reads_and_writes_are_parts_of_the_input() {
+        let start = |usage: &str| {
+            ev(
+                "message_start",
+                &format!(r#""message":{{"model":"claude-sonnet-4-5","usage":{usage}}}"#),
+            )
+        };
+        // The input is the whole prompt, as before; the cache counts are its parts. A
+        // message_delta repeating them reports nothing new; one that changes a count
+        // reports it (the later report wins).
+        let s = [
+            start(
+                r#"{"input_tokens":14,"cache_creation_input_tokens":312,"cache_read_input_tokens":2048,"output_tokens":1}"#,
+            ),
+            ev(
+                "message_delta",
+                r#""usage":{"input_tokens":14,"cache_creation_input_tokens":312,"cache_read_input_tokens":2048,"output_tokens":15}"#,
+            ),
+            ev(
+                "message_delta",
+                r#""usage":{"cache_read_input_tokens":2060,"output_tokens":16}"#,
+            ),
+        ]
+        .concat();
+        assert_eq!(
+            sse(Anthropic::default(), s.as_bytes()),
+            vec![
+                Model("claude-sonnet-4-5".into()),
+                usage(Some(2374), None),
+                details(Some(2048), Some(312)),
+                usage(Some(2374), Some(15)),
+                usage(None, Some(16)),
+                details(Some(2060), None),
+            ]
+        );
+        // Cache counts without input_tokens are no prompt size, but are still counts.
+        let s = start(r#"{"cache_read_input_tokens":5}"#);
+        assert_eq!(
+            sse(Anthropic::default(), s.as_bytes()),
+            vec![Model("claude-sonnet-4-5".into()), details(Some(5), None)]
+        );
+        // A whole message.
+        let b = br#"{"type":"message","model":"claude-haiku-4-5","stop_reason":"end_turn","usage":{"input_tokens":3,"cache_creation_input_tokens":0,"cache_read_input_tokens":1024,"output_tokens":8}}"#;
+        assert_eq!(
+            body(Anthropic::default(), b),
+            vec![
+                Model("claude-haiku-4-5".into()),
+                Signal::FinishReason("end_turn".into()),
+                usage(Some(1027), Some(8)),
+                details(Some(1024), Some(0)),
+            ]
+        );
+        // Hostile counts: none of them is a count, none panics, the input is unchanged.
+        for odd in [
+            r#""cache_read_input_tokens":-1,"cache_creation_input_tokens":null"#,
+            r#""cache_read_input_tokens":"2048","cache_creation_input_tokens":1.5"#,
+            r#""cache_read_input_tokens":1e300,"cache_creation_input_tokens":[]"#,
+            r#""cache_read_input_tokens":{},"cache_creation_input_tokens":true"#,
+            r#""cache_read_input_tokens":184467440737095516160"#,
+        ] {
+            let s = start(&format!(r#"{{"input_tokens":14,{odd}}}"#));
+            assert_eq!(
+                sse(Anthropic::default(), s.as_bytes()),
+                vec![Model("claude-sonnet-4-5".into()), usage(Some(14), None)],
+                "{odd}"
+            );
+        }
+        let huge = start(
+            r#"{"input_tokens":18446744073709551615,"cache_read_input_tokens":18446744073709551615}"#,
+        );
+        assert_eq!(
+            sse(Anthropic::default(), huge.as_bytes()),
+            vec![
+                Model("claude-sonnet-4-5".into()),
+                usage(Some(u64::MAX), None),
+                details(Some(u64::MAX), None)
+            ],
+            "the sum saturates"
         );
     }
 
@@ -403,7 +516,8 @@ mod tests {
             vec![
                 Model("claude-3-5-haiku-20241022".into()),
                 Signal::FinishReason("end_turn".into()),
-                usage(Some(12), Some(6))
+                usage(Some(12), Some(6)),
+                details(Some(0), Some(0))
             ]
         );
     }

@@ -21,7 +21,11 @@
 //!   arguments.
 //! - `usageMetadata` is [`Signal::Usage`]: input `promptTokenCount +
 //!   toolUsePromptTokenCount` (cached tokens are part of `promptTokenCount`), output
-//!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output).
+//!   `candidatesTokenCount + thoughtsTokenCount` (thinking tokens are billed as output);
+//!   `cachedContentTokenCount` (the cached part of the input) and `thoughtsTokenCount`
+//!   are also [`Signal::TokenDetails`] (cache read, reasoning), whenever a chunk's differ
+//!   from what the stream reported before (while the model thinks, its thought count
+//!   grows).
 //!
 //! - Each candidate's `finishReason` (`STOP`, `MAX_TOKENS`, `SAFETY`, ...; on its last
 //!   chunk) is [`Signal::FinishReason`] as Gemini spells it, each distinct one once per
@@ -43,13 +47,16 @@ use super::json::{
 };
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{OutputKind, Signal};
+use super::types::{OutputKind, Signal, TokenDetails};
 
 /// Gemini state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Gemini {
     model_sent: bool,
     tally: Tally,
+    /// The cached and thinking counts reported so far (Gemini repeats them on every
+    /// chunk).
+    details: TokenDetails,
     /// This response's incremental count (`observe.tokenizer`): per-event counts that
     /// add up to the whole text's.
     tokens: Option<TokenStream>,
@@ -94,8 +101,8 @@ impl Handler for Gemini {
         if !self.head(&mut chunk, data, out) {
             return;
         }
-        let usage = chunk.usage.map(UsageMetadata::counts);
-        let now = usage.and_then(|(_, output)| output);
+        let usage = chunk.usage.map(|u| (u.counts(), u.details()));
+        let now = usage.and_then(|((_, output), _)| output);
         let candidates = chunk.candidates.map(|c| c.0).unwrap_or_default();
         match candidates.kind {
             Some(kind) => {
@@ -106,11 +113,14 @@ impl Handler for Gemini {
             None => self.tally.report(now),
         }
         candidates.reasons.signals(out);
-        if let Some((input, output)) = usage.filter(|(i, o)| i.is_some() || o.is_some()) {
-            out.push(Signal::Usage {
-                input_tokens: input,
-                output_tokens: output,
-            });
+        if let Some(((input, output), details)) = usage {
+            if input.is_some() || output.is_some() {
+                out.push(Signal::Usage {
+                    input_tokens: input,
+                    output_tokens: output,
+                });
+            }
+            details.report(&mut self.details, out);
         }
     }
 
@@ -125,15 +135,15 @@ impl Handler for Gemini {
         if let Some(candidates) = chunk.candidates {
             candidates.0.reasons.signals(out);
         }
-        if let Some((input, output)) = chunk
-            .usage
-            .map(UsageMetadata::counts)
-            .filter(|(i, o)| i.is_some() || o.is_some())
-        {
-            out.push(Signal::Usage {
-                input_tokens: input,
-                output_tokens: output,
-            });
+        if let Some(usage) = chunk.usage {
+            let (input, output) = usage.counts();
+            if input.is_some() || output.is_some() {
+                out.push(Signal::Usage {
+                    input_tokens: input,
+                    output_tokens: output,
+                });
+            }
+            usage.details().report(&mut self.details, out);
         }
     }
 
@@ -265,15 +275,31 @@ struct UsageMetadata {
     candidates: Num,
     #[serde(rename = "thoughtsTokenCount", alias = "thoughts_token_count", default)]
     thoughts: Num,
+    #[serde(
+        rename = "cachedContentTokenCount",
+        alias = "cached_content_token_count",
+        default
+    )]
+    cached: Num,
 }
 
 impl UsageMetadata {
     /// `(input, output)`.
-    fn counts(self) -> (Option<u64>, Option<u64>) {
+    fn counts(&self) -> (Option<u64>, Option<u64>) {
         (
             add(self.prompt.0, self.tool_use_prompt.0),
             add(self.candidates.0, self.thoughts.0),
         )
+    }
+
+    /// The cached part of the input (of `promptTokenCount`) and the thinking part of the
+    /// output.
+    fn details(&self) -> TokenDetails {
+        TokenDetails {
+            cache_read_input: self.cached.0,
+            cache_write_input: None,
+            reasoning_output: self.thoughts.0,
+        }
     }
 }
 
@@ -380,6 +406,76 @@ mod tests {
         assert_eq!(array(Gemini::default(), a.as_bytes()), want);
     }
 
+    fn details(cached: Option<u64>, thoughts: Option<u64>) -> Signal {
+        Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: cached,
+            cache_write_input: None,
+            reasoning_output: thoughts,
+        }))
+    }
+
+    #[test]
+    fn cached_and_thought_tokens_are_parts_of_usage() {
+        // Input and output as before (thoughts are output, cached tokens part of the
+        // prompt); the details once per change, although every chunk repeats them.
+        let chunks = [
+            chunk(
+                r#"{"text": "**Plan**", "thought": true}"#,
+                r#""promptTokenCount": 4120,"cachedContentTokenCount": 4096,"thoughtsTokenCount": 40"#,
+            ),
+            chunk(
+                r#"{"text": "The"}"#,
+                r#""promptTokenCount": 4120,"cachedContentTokenCount": 4096,"candidatesTokenCount": 1,"thoughtsTokenCount": 52"#,
+            ),
+            chunk(
+                r#"{"text": " end."}"#,
+                r#""promptTokenCount": 4120,"cachedContentTokenCount": 4096,"candidatesTokenCount": 3,"thoughtsTokenCount": 52"#,
+            ),
+        ];
+        let s: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        assert_eq!(
+            sse(Gemini::default(), s.as_bytes()),
+            vec![
+                Model("gemini-2.5-flash".into()),
+                out(40, true, OutputKind::Reasoning),
+                usage(Some(4120), Some(40)),
+                details(Some(4096), Some(40)),
+                out(13, true, OutputKind::Content),
+                usage(Some(4120), Some(53)),
+                details(Some(4096), Some(52)),
+                out(2, true, OutputKind::Content),
+                usage(Some(4120), Some(55)),
+            ]
+        );
+        let whole = br#"{"candidates":[],"usageMetadata":{"promptTokenCount":9,"cachedContentTokenCount":0,"candidatesTokenCount":2,"thoughtsTokenCount":0}}"#;
+        assert_eq!(
+            body(Gemini::default(), whole),
+            vec![usage(Some(9), Some(2)), details(Some(0), Some(0))]
+        );
+        // Hostile counts: no count, no panic, the rest of the usage read as before.
+        for odd in [
+            r#""cachedContentTokenCount": -5,"thoughtsTokenCount": null"#,
+            r#""cachedContentTokenCount": "4096","thoughtsTokenCount": 2.5"#,
+            r#""cachedContentTokenCount": 1e300,"thoughtsTokenCount": [3]"#,
+            r#""cachedContentTokenCount": {"n": 1},"thoughtsTokenCount": false"#,
+            r#""cachedContentTokenCount": 184467440737095516160"#,
+        ] {
+            let c = chunk(
+                r#"{"text": "x"}"#,
+                &format!(r#""promptTokenCount": 7,"candidatesTokenCount": 1,{odd}"#),
+            );
+            assert_eq!(
+                sse(Gemini::default(), format!("data: {c}\n\n").as_bytes()),
+                vec![
+                    Model("gemini-2.5-flash".into()),
+                    out(1, true, OutputKind::Content),
+                    usage(Some(7), Some(1)),
+                ],
+                "{odd}"
+            );
+        }
+    }
+
     #[test]
     fn thoughts_tools_and_logprobs() {
         let thought = chunk(
@@ -405,6 +501,7 @@ mod tests {
                 Model("gemini-2.5-flash".into()),
                 out(6, true, OutputKind::Reasoning),
                 usage(Some(4), Some(6)),
+                details(None, Some(6)),
                 out(5, true, OutputKind::ToolCall),
                 usage(Some(4), Some(11)),
                 // "hm" and "Hi": two words, estimated from the text.
@@ -462,6 +559,7 @@ mod tests {
             Model("gemini-2.0-flash".into()),
             Signal::FinishReason("STOP".into()),
             usage(Some(5), Some(5)),
+            details(None, Some(2)),
         ];
         assert_eq!(body(Gemini::default(), b.as_bytes()), want);
         // Through the array framing, a top-level object is a whole body too.

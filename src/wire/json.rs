@@ -215,6 +215,77 @@ impl<'de> Deserialize<'de> for Num {
     }
 }
 
+/// A JSON object read as `T` (a nested `*_details` object of a usage report); any
+/// other value (`null`, a number, a string, an array) is none, so that an odd one costs
+/// nothing else of its event.
+pub(crate) struct Object<T>(pub(crate) Option<T>);
+
+impl<T> Default for Object<T> {
+    fn default() -> Self {
+        Object(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(|t| Object(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Object<T>, A::Error> {
+                drain_seq(seq).map(|_| Object(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+            fn visit_unit<E>(self) -> Result<Object<T>, E> {
+                Ok(Object(None))
+            }
+        }
+        de.deserialize_any(ObjectVisitor(PhantomData))
+    }
+}
+
+/// The cached and reasoning counts of an OpenAI-style usage's `*_details` objects
+/// (`prompt_tokens_details`, `completion_tokens_details`, the Responses API's
+/// `input_tokens_details`, `output_tokens_details`): each object has one of the two.
+#[derive(Default, Deserialize)]
+pub(crate) struct UsageDetails {
+    #[serde(default)]
+    pub(crate) cached_tokens: Num,
+    #[serde(default)]
+    pub(crate) reasoning_tokens: Num,
+}
+
+impl UsageDetails {
+    /// `cached_tokens` of an input-side details object.
+    pub(crate) fn cached(details: &Object<UsageDetails>) -> Option<u64> {
+        details.0.as_ref().and_then(|d| d.cached_tokens.0)
+    }
+
+    /// `reasoning_tokens` of an output-side details object.
+    pub(crate) fn reasoning(details: &Object<UsageDetails>) -> Option<u64> {
+        details.0.as_ref().and_then(|d| d.reasoning_tokens.0)
+    }
+}
+
 /// A string, borrowed from the input when it has no escapes; any other JSON value
 /// (`null`, a number ...) is no string.
 #[derive(Default)]
@@ -640,6 +711,43 @@ mod tests {
         for other in ["null", "12", "true", r#"{"text":"not a part here"}"#] {
             assert_eq!(text(other), (false, 0), "{other}");
         }
+    }
+
+    #[test]
+    fn a_details_object_is_an_object_and_anything_else_is_none() {
+        let details = |json: &str| {
+            let object: Object<UsageDetails> = parse(json.as_bytes()).expect("JSON");
+            (
+                UsageDetails::cached(&object),
+                UsageDetails::reasoning(&object),
+            )
+        };
+        assert_eq!(
+            details(r#"{"cached_tokens":12,"audio_tokens":0}"#),
+            (Some(12), None)
+        );
+        assert_eq!(details(r#"{"reasoning_tokens":3}"#), (None, Some(3)));
+        for none in [
+            "null", "7", "-1", "1.5", "true", r#""12""#, "[1,2]", "[]", "{}",
+        ] {
+            assert_eq!(details(none), (None, None), "{none}");
+        }
+        for odd in [
+            r#"{"cached_tokens":-4}"#,
+            r#"{"cached_tokens":2.5}"#,
+            r#"{"cached_tokens":"4"}"#,
+            r#"{"cached_tokens":null}"#,
+            r#"{"cached_tokens":1e300}"#,
+            r#"{"cached_tokens":184467440737095516160}"#,
+            r#"{"cached_tokens":{"n":1}}"#,
+        ] {
+            assert_eq!(details(odd), (None, None), "{odd}");
+        }
+        assert_eq!(
+            details(r#"{"cached_tokens":18446744073709551615}"#),
+            (Some(u64::MAX), None)
+        );
+        assert_eq!(details(r#"{"cached_tokens":4.0}"#), (Some(4), None));
     }
 
     #[test]

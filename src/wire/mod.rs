@@ -60,6 +60,23 @@
 //!
 //! A span carries the distinct reasons as `gen_ai.response.finish_reasons`.
 //!
+//! Where a response's usage says how much of its input came from (or went into) a prompt
+//! cache, or how much of its output was reasoning, its dialect reports that as
+//! [`Signal::TokenDetails`] ([`TokenDetails`]), beside [`Signal::Usage`], whose counts keep
+//! their meaning (the cached tokens are part of the input, the reasoning tokens part of
+//! the output). A decoder reports them again only when they change (several dialects
+//! repeat their usage on every chunk); part by part the latest report wins:
+//!
+//! | dialect | cache read | cache write | reasoning |
+//! |---|---|---|---|
+//! | `openai_chat`, `openai_completions` | `usage.prompt_tokens_details.cached_tokens` (OpenAI; vLLM, SGLang, llama.cpp when enabled); llama.cpp `timings.cache_n` | none | `usage.completion_tokens_details.reasoning_tokens`; SGLang's `usage.reasoning_tokens` |
+//! | `openai_responses` | `usage.input_tokens_details.cached_tokens` | none | `usage.output_tokens_details.reasoning_tokens` |
+//! | `anthropic` | `cache_read_input_tokens` (`message_start`, `message_delta`) | `cache_creation_input_tokens` (same) | none (thinking is part of `output_tokens`) |
+//! | `gemini` | `usageMetadata.cachedContentTokenCount` | none | `usageMetadata.thoughtsTokenCount` |
+//! | `ollama` | the final line's `prompt_eval_cached_count` (newer Ollama) | none | none |
+//! | `sglang_grpc`, `vllm_grpc`, `trtllm_grpc` | `cached_tokens` (a hit in the first chunk with a prompt count; the `complete`) | none | SGLang's `complete.reasoning_tokens`, summed over outputs |
+//! | `tgi`, `triton`, `triton_grpc` | none: their responses report none | none | none |
+//!
 //! Where a response carries the engine's own timings (TensorRT-LLM's `perf_metrics`,
 //! Ollama's final durations, Groq's and Cerebras' queue and prompt times, llama.cpp's
 //! `timings.prompt_ms`), its dialect reports them as [`Signal::EngineTimings`];
@@ -132,4 +149,5 @@ pub use route::dialect_for;
 pub use tokenize::{TokenCounter, Tokenizer};
 pub use types::{
     DecodeError, DecodeLimits, Decoder, Dialect, EngineTimings, Framing, OutputKind, Signal,
+    TokenDetails,
 };

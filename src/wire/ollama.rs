@@ -17,7 +17,9 @@
 //!   `arguments` object is not read), or with `observe.tokenizer` the tokenizer's count
 //!   of those and the arguments.
 //! - The final line (`done: true`) reports `prompt_eval_count` and `eval_count` as
-//!   [`Signal::Usage`], its durations (nanoseconds) as [`Signal::EngineTimings`], then
+//!   [`Signal::Usage`] (and `prompt_eval_cached_count`, the prompt tokens read from the
+//!   cache, where a newer Ollama reports it, as [`Signal::TokenDetails`]), its durations
+//!   (nanoseconds) as [`Signal::EngineTimings`], then
 //!   [`Signal::Done`]. `load_duration` is the queue: Ollama measures it from the moment
 //!   its handler took the request until a runner with the model loaded was ready (waiting
 //!   for the scheduler, and loading the model when it was not resident);
@@ -38,13 +40,15 @@ use super::frame::Handler;
 use super::json::{Count, Flag, Fold, Folded, Num, Present, Reason, Str, Text};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{EngineTimings, OutputKind, Signal};
+use super::types::{EngineTimings, OutputKind, Signal, TokenDetails};
 
 /// Ollama state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Ollama {
     model_sent: bool,
     tally: Tally,
+    /// The cached count reported so far.
+    details: TokenDetails,
     /// This response's incremental count (`observe.tokenizer`): per-event counts that
     /// add up to the whole text's.
     tokens: Option<TokenStream>,
@@ -94,12 +98,13 @@ impl Handler for Ollama {
         let timings = reported_timings(&line);
         if let Some(kind) = line.kind() {
             let shape = line.estimate();
-            let entries = line.logprobs.map_or(0, |l| l.0 .0);
+            let entries = line.logprobs.as_ref().map_or(0, |l| l.0 .0);
             let estimate = || count_event(self.tokens.as_mut(), data, line_texts, shape);
             out.push(self.tally.output(kind, entries, None, estimate));
         }
         if let Some(usage) = usage {
             out.push(usage);
+            line.details().report(&mut self.details, out);
         }
         out.extend(timings);
         if line.done.0 {
@@ -115,6 +120,7 @@ impl Handler for Ollama {
         };
         if let Some(usage) = self.common(&mut line, out) {
             out.push(usage);
+            line.details().report(&mut self.details, out);
         }
         out.extend(reported_timings(&line));
         if !line.error.0 {
@@ -170,6 +176,9 @@ struct Line<'a> {
     prompt_eval_count: Num,
     #[serde(default)]
     eval_count: Num,
+    /// The part of `prompt_eval_count` read from the cache (newer Ollama).
+    #[serde(default)]
+    prompt_eval_cached_count: Num,
     #[serde(default)]
     load_duration: Num,
     #[serde(default)]
@@ -182,6 +191,15 @@ struct Line<'a> {
 }
 
 impl Line<'_> {
+    /// The cached part of the input, where the final line reports it. Ollama counts
+    /// thinking tokens in `eval_count` and reports no part of it separately.
+    fn details(&self) -> TokenDetails {
+        TokenDetails {
+            cache_read_input: self.prompt_eval_cached_count.0,
+            ..TokenDetails::default()
+        }
+    }
+
     fn kind(&self) -> Option<OutputKind> {
         let (content, tools, thinking) = match &self.message {
             Some(m) => (
@@ -297,6 +315,54 @@ mod tests {
                 Done
             ]
         );
+    }
+
+    #[test]
+    fn the_final_line_reports_its_cached_prompt_tokens() {
+        let done = |cached: &str| {
+            format!(
+                "{}\n",
+                format_args!(
+                    r#"{{"model":"m","message":{{"role":"assistant","content":""}},"done":true,"prompt_eval_count":1210,{cached}"eval_count":6}}"#
+                )
+            )
+        };
+        let usage = Signal::Usage {
+            input_tokens: Some(1210),
+            output_tokens: Some(6),
+        };
+        let cached = Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: Some(1152),
+            ..TokenDetails::default()
+        }));
+        assert_eq!(
+            ndjson(
+                Ollama::default(),
+                done(r#""prompt_eval_cached_count":1152,"#).as_bytes()
+            ),
+            vec![Model("m".into()), usage.clone(), cached.clone(), Done]
+        );
+        let whole = done(r#""prompt_eval_cached_count":1152,"#);
+        assert_eq!(
+            body(Ollama::default(), whole.trim_end().as_bytes()),
+            vec![Model("m".into()), usage.clone(), cached]
+        );
+        // An Ollama without the field, and hostile values: the usage alone.
+        for odd in [
+            "",
+            r#""prompt_eval_cached_count":-1,"#,
+            r#""prompt_eval_cached_count":"1152","#,
+            r#""prompt_eval_cached_count":null,"#,
+            r#""prompt_eval_cached_count":1.5,"#,
+            r#""prompt_eval_cached_count":1e300,"#,
+            r#""prompt_eval_cached_count":[1],"#,
+        ] {
+            assert_eq!(
+                ndjson(Ollama::default(), done(odd).as_bytes()),
+                vec![Model("m".into()), usage.clone(), Done],
+                "{odd}"
+            );
+        }
     }
 
     fn timings(queue_ns: Option<u64>, prefill_ns: Option<u64>) -> Signal {

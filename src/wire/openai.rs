@@ -29,7 +29,12 @@
 //!   its shape (`text_estimate`, at least 1), or with `observe.tokenizer` the
 //!   tokenizer's count.
 //! - `usage` (or, without it, llama.cpp `timings`) is [`Signal::Usage`], after the
-//!   chunk's `Output`. A `usage: null` or one without counts is no signal.
+//!   chunk's `Output`. A `usage: null` or one without counts is no signal. A usage with
+//!   counts is followed by its cached and reasoning counts, [`Signal::TokenDetails`],
+//!   where they change: `prompt_tokens_details.cached_tokens` (else llama.cpp's
+//!   `timings.cache_n`), `completion_tokens_details.reasoning_tokens` (else SGLang's
+//!   top-level `usage.reasoning_tokens`). A details object that is not an object is
+//!   none, and costs nothing else of the chunk.
 //! - The engine's own timings, where a server reports them, are
 //!   [`Signal::EngineTimings`], after the usage: Groq's `queue_time` and `prompt_time`
 //!   (seconds; in `usage` of a whole body, in `x_groq.usage` of a stream's last chunk),
@@ -55,10 +60,12 @@ use super::engine_timings::Float;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
-use super::json::{Code, Count, ErrorFields, Fold, Folded, Num, Reason, Reasons, Str, Text};
+use super::json::{
+    Code, Count, ErrorFields, Fold, Folded, Num, Object, Reason, Reasons, Str, Text, UsageDetails,
+};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{Dialect, EngineTimings, OutputKind, Signal};
+use super::types::{Dialect, EngineTimings, OutputKind, Signal, TokenDetails};
 
 /// OpenAI-style state for one response, in any framing: [`Handler::event`] reads one
 /// chunk (an SSE event, an NDJSON line or a JSON-array element), [`Handler::body`] a
@@ -69,6 +76,9 @@ pub(crate) struct OpenAi {
     completions: bool,
     model_sent: bool,
     tally: Tally,
+    /// The cached and reasoning counts reported so far (vLLM's continuous usage repeats
+    /// them on every chunk).
+    details: TokenDetails,
     /// Counts a chunk's text when nothing exact does (`observe.tokenizer`).
     /// This response's incremental count (`observe.tokenizer`): per-event counts that
     /// add up to the whole text's.
@@ -81,6 +91,7 @@ impl OpenAi {
             completions: dialect == Dialect::OpenAiCompletions,
             model_sent: false,
             tally: Tally::default(),
+            details: TokenDetails::default(),
             tokens: tokenizer.map(|t| t.stream()),
         }
     }
@@ -130,6 +141,8 @@ impl OpenAi {
                 input_tokens,
                 output_tokens,
             });
+            reported_details(chunk.usage.as_ref(), chunk.timings.as_deref())
+                .report(&mut self.details, out);
         }
         if let Some(engine) = engine {
             out.push(engine);
@@ -162,7 +175,7 @@ impl Handler for OpenAi {
     }
 
     fn body(&mut self, body: &[u8], out: &mut Vec<Signal>) {
-        read_body(body, out);
+        read_body(body, &mut self.details, out);
     }
 
     fn finish(&mut self, out: &mut Vec<Signal>) {
@@ -195,7 +208,7 @@ fn completion_texts(chunk: &serde_json::Value, f: &mut dyn FnMut(&str)) {
 }
 
 /// Model, finish reasons, usage and error of a whole non-streaming body.
-fn read_body(body: &[u8], out: &mut Vec<Signal>) {
+fn read_body(body: &[u8], details: &mut TokenDetails, out: &mut Vec<Signal>) {
     let parsed = match super::json::parse::<Body<'_>>(body) {
         Ok(parsed) => parsed,
         Err(_) => {
@@ -226,6 +239,7 @@ fn read_body(body: &[u8], out: &mut Vec<Signal>) {
             input_tokens,
             output_tokens,
         });
+        reported_details(parsed.usage.as_ref(), parsed.timings.as_ref()).report(details, out);
     }
     if let Some(engine) = engine {
         out.push(engine);
@@ -277,6 +291,23 @@ fn reported_usage(
                 })
                 .filter(counted)
         })
+}
+
+/// The cached and reasoning parts of a usage that gave counts: `prompt_tokens_details.
+/// cached_tokens` (OpenAI; vLLM with `--enable-prompt-tokens-details`, SGLang with
+/// `--enable-cache-report`, llama.cpp), else llama.cpp's `timings.cache_n` (the prompt
+/// tokens it reused from its cache); `completion_tokens_details.reasoning_tokens`
+/// (OpenAI), else SGLang's `reasoning_tokens` at the top of `usage`.
+fn reported_details(usage: Option<&Usage>, timings: Option<&Timings>) -> TokenDetails {
+    TokenDetails {
+        cache_read_input: usage
+            .and_then(|u| UsageDetails::cached(&u.prompt_tokens_details))
+            .or_else(|| timings.and_then(|t| t.cache_n.0)),
+        cache_write_input: None,
+        reasoning_output: usage.and_then(|u| {
+            UsageDetails::reasoning(&u.completion_tokens_details).or(u.reasoning_tokens.0)
+        }),
+    }
 }
 
 /// The engine's queue and prefill as the chunk or body reports them: Groq's `usage` or
@@ -470,6 +501,15 @@ struct Usage {
     prompt_tokens: Num,
     #[serde(default)]
     completion_tokens: Num,
+    /// `cached_tokens`: the prompt tokens read from the cache.
+    #[serde(default)]
+    prompt_tokens_details: Object<UsageDetails>,
+    /// `reasoning_tokens`: the completion tokens spent reasoning.
+    #[serde(default)]
+    completion_tokens_details: Object<UsageDetails>,
+    /// SGLang's reasoning count, at the top of `usage`.
+    #[serde(default)]
+    reasoning_tokens: Num,
     /// Groq, Cerebras: seconds queued.
     #[serde(default)]
     queue_time: Float,
@@ -1173,8 +1213,122 @@ mod tests {
         );
         assert_eq!(
             signals,
-            vec![usage(Some(12), None), usage(Some(12), Some(40))]
+            vec![
+                usage(Some(12), None),
+                usage(Some(12), Some(40)),
+                details(None, Some(0))
+            ]
         );
+    }
+
+    fn details(cache_read: Option<u64>, reasoning: Option<u64>) -> Signal {
+        Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: cache_read,
+            cache_write_input: None,
+            reasoning_output: reasoning,
+        }))
+    }
+
+    #[test]
+    fn cached_and_reasoning_tokens_are_parts_of_usage() {
+        // OpenAI's usage chunk: prompt and completion counts as they are, their parts
+        // after them.
+        let openai = r#"{"choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":201,"total_tokens":2207,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":192,"audio_tokens":0}}}"#;
+        assert_eq!(
+            stream(CHAT, &[openai]),
+            vec![usage(Some(2006), Some(201)), details(Some(1920), Some(192))]
+        );
+        // SGLang: its reasoning count at the top of usage; the details object's wins.
+        let sglang = r#"{"choices":[],"usage":{"prompt_tokens":1043,"completion_tokens":17,"prompt_tokens_details":{"cached_tokens":1024},"reasoning_tokens":9}}"#;
+        assert_eq!(
+            stream(CHAT, &[sglang]),
+            vec![usage(Some(1043), Some(17)), details(Some(1024), Some(9))]
+        );
+        let both = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"completion_tokens_details":{"reasoning_tokens":3},"reasoning_tokens":2}}"#;
+        assert_eq!(
+            stream(CHAT, &[both]),
+            vec![usage(Some(5), Some(4)), details(None, Some(3))]
+        );
+        // Completions and a whole body read the same usage.
+        assert_eq!(
+            stream(COMPLETIONS, &[openai]),
+            vec![usage(Some(2006), Some(201)), details(Some(1920), Some(192))]
+        );
+        let body = r#"{"object":"chat.completion","model":"m","choices":[],"usage":{"prompt_tokens":531,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":512}}}"#;
+        assert_eq!(
+            json(body, DecodeLimits::DEFAULT),
+            Ok(vec![
+                Model("m".into()),
+                usage(Some(531), Some(8)),
+                details(Some(512), None)
+            ])
+        );
+        // vLLM's continuous usage repeats the details on every chunk: reported once, and
+        // again only when they change.
+        let chunk = |completion: u32, cached: u32| {
+            format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"x"}}}}],"usage":{{"prompt_tokens":40,"completion_tokens":{completion},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#
+            )
+        };
+        let (a, b, c) = (chunk(1, 32), chunk(2, 32), chunk(3, 16));
+        assert_eq!(
+            stream(CHAT, &[&a, &b, &c]),
+            vec![
+                content(1, true),
+                usage(Some(40), Some(1)),
+                details(Some(32), None),
+                content(1, true),
+                usage(Some(40), Some(2)),
+                content(1, true),
+                usage(Some(40), Some(3)),
+                details(Some(16), None),
+            ]
+        );
+        // Details without counts are no usage, and so no details either.
+        let bare = r#"{"choices":[],"usage":{"prompt_tokens_details":{"cached_tokens":3}}}"#;
+        assert_eq!(stream(CHAT, &[bare]), vec![]);
+    }
+
+    /// Out of range, negative, fractional, string, null, nested and huge details: never a
+    /// panic, never a count that is not one, and the rest of the chunk is read.
+    #[test]
+    fn hostile_usage_details_give_no_counts() {
+        let cases: [(&str, Option<Signal>); 14] = [
+            (r#""prompt_tokens_details":null"#, None),
+            (r#""prompt_tokens_details":7"#, None),
+            (r#""prompt_tokens_details":"cached""#, None),
+            (r#""prompt_tokens_details":[{"cached_tokens":1}]"#, None),
+            (r#""prompt_tokens_details":{}"#, None),
+            (r#""prompt_tokens_details":{"cached_tokens":-1}"#, None),
+            (r#""prompt_tokens_details":{"cached_tokens":1.5}"#, None),
+            (r#""prompt_tokens_details":{"cached_tokens":"4"}"#, None),
+            (r#""prompt_tokens_details":{"cached_tokens":null}"#, None),
+            (r#""prompt_tokens_details":{"cached_tokens":1e300}"#, None),
+            (
+                r#""completion_tokens_details":{"reasoning_tokens":184467440737095516160}"#,
+                None,
+            ),
+            (
+                r#""reasoning_tokens":{"n":3},"completion_tokens_details":true"#,
+                None,
+            ),
+            (
+                r#""prompt_tokens_details":{"cached_tokens":18446744073709551615}"#,
+                Some(details(Some(u64::MAX), None)),
+            ),
+            (
+                r#""prompt_tokens_details":{"cached_tokens":2.0},"reasoning_tokens":0"#,
+                Some(details(Some(2), Some(0))),
+            ),
+        ];
+        for (fields, expected) in cases {
+            let chunk = format!(
+                r#"{{"model":"m","choices":[],"usage":{{"prompt_tokens":9,"completion_tokens":3,{fields}}}}}"#
+            );
+            let mut want = vec![Model("m".into()), usage(Some(9), Some(3))];
+            want.extend(expected);
+            assert_eq!(stream(CHAT, &[&chunk]), want, "{fields}");
+        }
     }
 
     #[test]
@@ -1185,11 +1339,18 @@ mod tests {
             vec![
                 Signal::FinishReason("stop".into()),
                 usage(Some(10), Some(30)),
+                details(Some(4), None),
                 engine(None, Some(Duration::from_micros(12_500)))
             ]
         );
         let both = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":31},"timings":{"prompt_n":6,"predicted_n":30}}"#;
         assert_eq!(stream(CHAT, &[both]), vec![usage(Some(10), Some(31))]);
+        // A usage's cached count wins over llama.cpp's `cache_n`.
+        let cached = r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":31,"prompt_tokens_details":{"cached_tokens":4}},"timings":{"prompt_n":6,"cache_n":5,"predicted_n":30}}"#;
+        assert_eq!(
+            stream(CHAT, &[cached]),
+            vec![usage(Some(10), Some(31)), details(Some(4), None)]
+        );
     }
 
     fn engine(queue: Option<Duration>, prefill: Option<Duration>) -> Signal {

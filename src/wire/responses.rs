@@ -12,7 +12,7 @@
 //! | `response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`, `response.mcp_call_arguments.delta`, `response.code_interpreter_call_code.delta` | `Output` ToolCall |
 //! | `response.reasoning_text.delta`, `response.reasoning_summary_text.delta` (and the older `response.reasoning.delta`, `response.reasoning_summary.delta`) | `Output` Reasoning |
 //! | any event whose `response` names a `model` | `Model`, once |
-//! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`), `FinishReason`, then `Done` |
+//! | `response.completed`, `response.incomplete` | `Usage` (`input_tokens`, `output_tokens`) and `TokenDetails` (`input_tokens_details.cached_tokens`, `output_tokens_details.reasoning_tokens`), `FinishReason`, then `Done` |
 //! | `response.failed`, or an `error` event | `Usage` if reported, `FinishReason` (`failed`) and `Error`, `Done` for `response.failed` |
 //!
 //! An `Error`'s class is what the report names: the `error` event's `code` (or the
@@ -40,16 +40,20 @@ use super::count::Tally;
 use super::error_class::ErrorClass;
 use super::event_tokens::{count_event, finish_count, text, SelectTexts};
 use super::frame::Handler;
-use super::json::{Code, Count, ErrorFields, Folded, Num, Present, Str, Text};
+use super::json::{
+    Code, Count, ErrorFields, Folded, Num, Object, Present, Str, Text, UsageDetails,
+};
 use super::token_stream::TokenStream;
 use super::tokenize::Tokenizer;
-use super::types::{OutputKind, Signal};
+use super::types::{OutputKind, Signal, TokenDetails};
 
 /// Responses API state for one response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Responses {
     model_sent: bool,
     tally: Tally,
+    /// The cached and reasoning counts reported so far.
+    details: TokenDetails,
     /// This response's incremental count (`observe.tokenizer`): per-event counts that
     /// add up to the whole text's.
     tokens: Option<TokenStream>,
@@ -100,11 +104,10 @@ impl Handler for Responses {
         let kind = event.kind.0.as_deref().unwrap_or(name);
         if let Some(response) = event.response {
             self.model(response.model, out);
-            let usage = response.usage.map(Usage::signal);
             let failed =
                 kind == "response.failed" || response.status.0.as_deref() == Some("failed");
-            if let Some(usage) = usage.filter(|_| is_terminal(kind) || failed) {
-                out.push(usage);
+            if let Some(usage) = response.usage.filter(|_| is_terminal(kind) || failed) {
+                usage.signals(&mut self.details, out);
             }
             if is_terminal(kind) {
                 out.extend(finish_reason(
@@ -149,7 +152,7 @@ impl Handler for Responses {
         }
         self.model(response.model, out);
         if let Some(usage) = response.usage {
-            out.push(usage.signal());
+            usage.signals(&mut self.details, out);
         }
         if is_final(response.status.as_str()) {
             out.extend(finish_reason(
@@ -266,14 +269,27 @@ struct Usage {
     input_tokens: Num,
     #[serde(default)]
     output_tokens: Num,
+    /// `cached_tokens`: the input tokens read from the cache.
+    #[serde(default)]
+    input_tokens_details: Object<UsageDetails>,
+    /// `reasoning_tokens`: the output tokens spent reasoning.
+    #[serde(default)]
+    output_tokens_details: Object<UsageDetails>,
 }
 
 impl Usage {
-    fn signal(self) -> Signal {
-        Signal::Usage {
+    /// `Usage`, then the cached and reasoning counts where they say something new.
+    fn signals(self, sent: &mut TokenDetails, out: &mut Vec<Signal>) {
+        out.push(Signal::Usage {
             input_tokens: self.input_tokens.0,
             output_tokens: self.output_tokens.0,
+        });
+        TokenDetails {
+            cache_read_input: UsageDetails::cached(&self.input_tokens_details),
+            cache_write_input: None,
+            reasoning_output: UsageDetails::reasoning(&self.output_tokens_details),
         }
+        .report(sent, out);
     }
 }
 
@@ -372,6 +388,61 @@ mod tests {
             sse(Responses::default(), incomplete.as_bytes()),
             vec![usage(1, 2), finish("max_output_tokens"), Done]
         );
+    }
+
+    fn details(cache_read: Option<u64>, reasoning: Option<u64>) -> Signal {
+        Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: cache_read,
+            cache_write_input: None,
+            reasoning_output: reasoning,
+        }))
+    }
+
+    #[test]
+    fn cached_and_reasoning_tokens_are_parts_of_usage() {
+        let completed = |usage: &str| {
+            typed(
+                "response.completed",
+                &format!(r#""response":{{"status":"completed","usage":{usage}}}"#),
+            )
+        };
+        let s = completed(
+            r#"{"input_tokens":3012,"input_tokens_details":{"cached_tokens":2944},"output_tokens":261,"output_tokens_details":{"reasoning_tokens":256},"total_tokens":3273}"#,
+        );
+        assert_eq!(
+            sse(Responses::default(), s.as_bytes()),
+            vec![
+                usage(3012, 261),
+                details(Some(2944), Some(256)),
+                finish("completed"),
+                Done
+            ]
+        );
+        let whole = br#"{"object":"response","status":"completed","model":"o4-mini","usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":0},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":1}}}"#;
+        assert_eq!(
+            body(Responses::default(), whole),
+            vec![
+                Model("o4-mini".into()),
+                usage(5, 2),
+                details(Some(0), Some(1)),
+                finish("completed")
+            ]
+        );
+        // Hostile details: no count, no panic, the usage itself still read.
+        for odd in [
+            r#""input_tokens_details":null,"output_tokens_details":7"#,
+            r#""input_tokens_details":"x","output_tokens_details":[1]"#,
+            r#""input_tokens_details":{"cached_tokens":-3},"output_tokens_details":{"reasoning_tokens":0.5}"#,
+            r#""input_tokens_details":{"cached_tokens":"3"},"output_tokens_details":{"reasoning_tokens":null}"#,
+            r#""input_tokens_details":{"cached_tokens":1e300},"output_tokens_details":{"reasoning_tokens":{}}"#,
+        ] {
+            let s = completed(&format!(r#"{{"input_tokens":4,"output_tokens":2,{odd}}}"#));
+            assert_eq!(
+                sse(Responses::default(), s.as_bytes()),
+                vec![usage(4, 2), finish("completed"), Done],
+                "{odd}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The vocabulary every wire module shares: what a decoder is ([`Decoder`]), what it
-//! emits ([`Signal`], [`OutputKind`], [`EngineTimings`]), why it stops ([`DecodeError`]), its bounds
+//! emits ([`Signal`], [`OutputKind`], [`EngineTimings`], [`TokenDetails`]), why it stops ([`DecodeError`]), its bounds
 //! ([`DecodeLimits`]) and the names of what it reads ([`Dialect`], [`Framing`]).
 //!
 //! This module is a leaf but for [`ErrorClass`], itself a leaf: it imports nothing else
@@ -159,6 +159,59 @@ pub enum Signal {
     /// API's incomplete reason or status, the gRPC engines' `finish_reason`. Read from the
     /// value the event's or body's parse already holds (the table in [`crate::wire`]).
     FinishReason(String),
+    /// The cached and reasoning parts of the reported usage (the table in
+    /// [`crate::wire`]). Like `Usage` they are cumulative: a later report replaces an
+    /// earlier one part by part (`None` leaves a part as it was), and a decoder reports
+    /// them only when they say something its earlier reports did not (a stream that
+    /// repeats its usage on every chunk reports them once per change). Boxed: usage comes
+    /// once or a few times a stream, and inline the three counts would make every
+    /// `Signal`, pushed for every event, a word larger.
+    TokenDetails(Box<TokenDetails>),
+}
+
+/// What a response's usage says of its tokens beyond the input and output counts. These
+/// are parts of [`Signal::Usage`]'s counts, not additions to them: cache reads and writes
+/// are part of the input tokens, reasoning tokens part of the output tokens, whatever
+/// the provider's own usage adds up. Each part is present only where the response
+/// reported it (a reported 0 is 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenDetails {
+    /// Input tokens read from the prompt cache (a prefix-cache hit): OpenAI's
+    /// `cached_tokens`, Anthropic's `cache_read_input_tokens`, Gemini's
+    /// `cachedContentTokenCount`, the engines' `cached_tokens`.
+    pub cache_read_input: Option<u64>,
+    /// Input tokens written to the prompt cache: Anthropic's `cache_creation_input_tokens`.
+    pub cache_write_input: Option<u64>,
+    /// Output tokens the model spent reasoning: OpenAI's `reasoning_tokens`, Gemini's
+    /// `thoughtsTokenCount`.
+    pub reasoning_output: Option<u64>,
+}
+
+impl TokenDetails {
+    /// Whether no part was reported.
+    pub fn is_empty(&self) -> bool {
+        *self == TokenDetails::default()
+    }
+
+    /// `later`'s parts over this one's, part by part.
+    pub fn merge(&mut self, later: TokenDetails) {
+        self.cache_read_input = later.cache_read_input.or(self.cache_read_input);
+        self.cache_write_input = later.cache_write_input.or(self.cache_write_input);
+        self.reasoning_output = later.reasoning_output.or(self.reasoning_output);
+    }
+
+    /// Push these details as a [`Signal::TokenDetails`] when they change what `sent` (this
+    /// stream's reports so far, merged) says, and merge them into `sent`. Out of line: it
+    /// runs where a stream reports usage, not on the per-event path it is called from.
+    #[inline(never)]
+    pub(crate) fn report(self, sent: &mut TokenDetails, out: &mut Vec<Signal>) {
+        let mut merged = *sent;
+        merged.merge(self);
+        if merged != *sent {
+            *sent = merged;
+            out.push(Signal::TokenDetails(Box::new(self)));
+        }
+    }
 }
 
 /// Where the engine says a request's time to first token went, measured on the engine's
@@ -331,6 +384,53 @@ mod tests {
             ..EngineTimings::default()
         });
         assert_eq!((merged.queue, merged.prefill), (Some(ms(5)), Some(ms(100))));
+    }
+
+    #[test]
+    fn token_details_merge_part_by_part_and_report_only_changes() {
+        let read = |n| TokenDetails {
+            cache_read_input: Some(n),
+            ..TokenDetails::default()
+        };
+        let mut merged = read(5);
+        merged.merge(TokenDetails {
+            reasoning_output: Some(7),
+            ..TokenDetails::default()
+        });
+        assert_eq!(
+            merged,
+            TokenDetails {
+                cache_read_input: Some(5),
+                cache_write_input: None,
+                reasoning_output: Some(7),
+            },
+            "None erases nothing"
+        );
+        merged.merge(read(0));
+        assert_eq!(merged.cache_read_input, Some(0), "a later 0 wins");
+        assert!(TokenDetails::default().is_empty() && !merged.is_empty());
+
+        let mut sent = TokenDetails::default();
+        let mut out = Vec::new();
+        TokenDetails::default().report(&mut sent, &mut out);
+        read(5).report(&mut sent, &mut out);
+        read(5).report(&mut sent, &mut out);
+        TokenDetails::default().report(&mut sent, &mut out);
+        read(6).report(&mut sent, &mut out);
+        assert_eq!(
+            out,
+            [
+                Signal::TokenDetails(Box::new(read(5))),
+                Signal::TokenDetails(Box::new(read(6)))
+            ]
+        );
+        assert_eq!(sent, read(6));
+    }
+
+    #[test]
+    fn a_signal_stays_six_words() {
+        // Signals are pushed for every event: what a variant carries beyond this is boxed.
+        assert_eq!(std::mem::size_of::<Signal>(), 48);
     }
 
     #[test]

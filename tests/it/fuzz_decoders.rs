@@ -17,7 +17,9 @@ mod checks;
 use std::path::Path;
 
 use proptest::prelude::*;
-use tokentap::wire::{decoder, framing_for, DecodeLimits, DecodeOptions, Dialect, Framing, Signal};
+use tokentap::wire::{
+    decoder, framing_for, DecodeLimits, DecodeOptions, Dialect, Framing, Signal, TokenDetails,
+};
 
 fn cases() -> u32 {
     std::env::var("TOKENTAP_FUZZ_CASES")
@@ -322,7 +324,8 @@ proptest! {
 
     /// Streams of the SMG engines' own `GenerateResponse`s (chunks, completes and
     /// undecodable messages), compressed or not, split anywhere: one exact output event
-    /// per chunk with ids, whose counts add up to the ids sent, and one end per complete.
+    /// per chunk with ids, whose counts add up to the ids sent, one end per complete, and
+    /// the cached and reasoning counts the messages state (any `uint32`).
     #[test]
     fn smg_streams_count_every_token_id(
         engine in 0usize..3,
@@ -349,6 +352,17 @@ proptest! {
         let garbage = messages.iter().filter(|m| matches!(m, SmgMessage::Garbage(_))).count();
         prop_assert_eq!(count(&Signal::Done), completes);
         prop_assert_eq!(count(&Signal::Malformed), garbage);
+        // The cached and reasoning counts, merged as the clock merges them, are what the
+        // messages stated; each report changes something.
+        let mut merged = TokenDetails::default();
+        for signal in &signals {
+            if let Signal::TokenDetails(details) = signal {
+                let before = merged;
+                merged.merge(**details);
+                prop_assert_ne!(merged, before);
+            }
+        }
+        prop_assert_eq!(merged, SmgMessage::details(&messages, dialect));
     }
 
     /// Streams of Triton's `ModelStreamInferResponse`s: each response with token ids is one
@@ -536,8 +550,10 @@ fn decode_grpc(dialect: Dialect, encoding: &str, body: &[u8], seed: u8) -> Vec<S
 /// One message of an SMG engine's `Generate` stream.
 #[derive(Clone, Debug)]
 enum SmgMessage {
-    Chunk(Vec<u32>, u32),
-    Complete(u32, u32, &'static str),
+    /// Ids, prompt tokens, cached tokens.
+    Chunk(Vec<u32>, u32, u32),
+    /// Prompt, completion, cached and (SGLang) reasoning tokens, finish reason.
+    Complete(u32, u32, u32, u32, &'static str),
     /// Bytes that are no protobuf message: a varint that never ends.
     Garbage(Vec<u8>),
 }
@@ -545,9 +561,39 @@ enum SmgMessage {
 impl SmgMessage {
     fn ids(&self) -> u64 {
         match self {
-            SmgMessage::Chunk(ids, _) => ids.len() as u64,
+            SmgMessage::Chunk(ids, ..) => ids.len() as u64,
             _ => 0,
         }
+    }
+
+    /// The cached and reasoning counts a stream of these messages states, as the decoder
+    /// documents them: the cached count of the first chunk with a prompt count (when not
+    /// 0) and of every complete with one (the latest wins); SGLang's reasoning summed over the
+    /// completes, as of the last complete with a prompt count.
+    fn details(messages: &[SmgMessage], dialect: Dialect) -> TokenDetails {
+        let mut details = TokenDetails::default();
+        let (mut input_seen, mut reasoning) = (false, 0u64);
+        for message in messages {
+            match message {
+                SmgMessage::Chunk(_, prompt, cached) if *prompt > 0 && !input_seen => {
+                    input_seen = true;
+                    if *cached > 0 {
+                        details.cache_read_input = Some(u64::from(*cached));
+                    }
+                }
+                SmgMessage::Complete(prompt, _, cached, r, _) => {
+                    reasoning += u64::from(*r);
+                    if *prompt > 0 {
+                        details.cache_read_input = Some(u64::from(*cached));
+                        if dialect == Dialect::SglangGrpc {
+                            details.reasoning_output = Some(reasoning);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        details
     }
 
     fn encode(&self, dialect: Dialect) -> Vec<u8> {
@@ -555,11 +601,13 @@ impl SmgMessage {
         use tokentap::wire::grpc::proto::sglang::grpc::scheduler as sglang;
         use tokentap::wire::grpc::proto::trtllm;
         use tokentap::wire::grpc::proto::vllm::grpc::engine as vllm;
-        let (ids, prompt, completion, finish) = match self {
+        let (ids, prompt, completion, cached, reasoning, finish) = match self {
             SmgMessage::Garbage(bytes) => return bytes.clone(),
-            SmgMessage::Chunk(ids, prompt) => (Some(ids.clone()), *prompt, 0, ""),
-            SmgMessage::Complete(prompt, completion, finish) => {
-                (None, *prompt, *completion, *finish)
+            SmgMessage::Chunk(ids, prompt, cached) => {
+                (Some(ids.clone()), *prompt, 0, *cached, 0, "")
+            }
+            SmgMessage::Complete(prompt, completion, cached, reasoning, finish) => {
+                (None, *prompt, *completion, *cached, *reasoning, *finish)
             }
         };
         match (dialect, ids) {
@@ -569,6 +617,7 @@ impl SmgMessage {
                     sglang::GenerateStreamChunk {
                         token_ids,
                         prompt_tokens: prompt,
+                        cached_tokens: cached,
                         ..Default::default()
                     },
                 )),
@@ -580,6 +629,8 @@ impl SmgMessage {
                     sglang::GenerateComplete {
                         prompt_tokens: prompt,
                         completion_tokens: completion,
+                        cached_tokens: cached,
+                        reasoning_tokens: reasoning,
                         finish_reason: finish.into(),
                         ..Default::default()
                     },
@@ -591,6 +642,7 @@ impl SmgMessage {
                     vllm::GenerateStreamChunk {
                         token_ids,
                         prompt_tokens: prompt,
+                        cached_tokens: cached,
                         ..Default::default()
                     },
                 )),
@@ -601,6 +653,7 @@ impl SmgMessage {
                     vllm::GenerateComplete {
                         prompt_tokens: prompt,
                         completion_tokens: completion,
+                        cached_tokens: cached,
                         finish_reason: finish.into(),
                         ..Default::default()
                     },
@@ -613,6 +666,7 @@ impl SmgMessage {
                     trtllm::GenerateStreamChunk {
                         token_ids,
                         prompt_tokens: prompt,
+                        cached_tokens: cached,
                         ..Default::default()
                     },
                 )),
@@ -624,6 +678,7 @@ impl SmgMessage {
                     trtllm::GenerateComplete {
                         prompt_tokens: prompt,
                         completion_tokens: completion,
+                        cached_tokens: cached,
                         finish_reason: finish.into(),
                         ..Default::default()
                     },
@@ -636,10 +691,16 @@ impl SmgMessage {
 
 fn smg_message() -> impl Strategy<Value = SmgMessage> {
     prop_oneof![
-        4 => (proptest::collection::vec(any::<u32>(), 0..8), 0u32..64)
-            .prop_map(|(ids, prompt)| SmgMessage::Chunk(ids, prompt)),
-        1 => (0u32..64, 0u32..64, prop::sample::select(vec!["stop", "length", "abort", "error"]))
-            .prop_map(|(p, c, f)| SmgMessage::Complete(p, c, f)),
+        4 => (proptest::collection::vec(any::<u32>(), 0..8), 0u32..64, any::<u32>())
+            .prop_map(|(ids, prompt, cached)| SmgMessage::Chunk(ids, prompt, cached)),
+        1 => (
+            0u32..64,
+            0u32..64,
+            any::<u32>(),
+            any::<u32>(),
+            prop::sample::select(vec!["stop", "length", "abort", "error"]),
+        )
+            .prop_map(|(p, c, cached, r, f)| SmgMessage::Complete(p, c, cached, r, f)),
         1 => proptest::collection::vec(0x80u8..=0xff, 1..12).prop_map(SmgMessage::Garbage),
     ]
 }

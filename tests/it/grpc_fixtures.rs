@@ -62,30 +62,33 @@ fn sglang_message(response: sglang::generate_response::Response) -> Vec<u8> {
 }
 
 /// A streamed SGLang call as SMG sees it: chunks of new ids with cumulative counts (one
-/// empty), then the complete with every id and the usage.
+/// empty; the first four ids are the model's reasoning), then the complete with every id
+/// and the usage.
 fn sglang_stream() -> Vec<u8> {
     use sglang::generate_response::Response;
-    let chunk = |ids: &[u32], completion: u32| {
+    let chunk = |ids: &[u32], completion: u32, reasoning: u32| {
         sglang_message(Response::Chunk(sglang::GenerateStreamChunk {
             token_ids: ids.to_vec(),
             prompt_tokens: 12,
             completion_tokens: completion,
             cached_tokens: 8,
+            reasoning_tokens: reasoning,
             ..Default::default()
         }))
     };
     [
-        chunk(&[791, 4320, 315], 3),
-        chunk(&[5780], 4),
-        chunk(&[], 4),
-        chunk(&[374, 264], 6),
-        chunk(&[1296, 13, 578, 128009], 10),
+        chunk(&[791, 4320, 315], 3, 3),
+        chunk(&[5780], 4, 4),
+        chunk(&[], 4, 4),
+        chunk(&[374, 264], 6, 4),
+        chunk(&[1296, 13, 578, 128009], 10, 4),
         sglang_message(Response::Complete(sglang::GenerateComplete {
             output_ids: vec![791, 4320, 315, 5780, 374, 264, 1296, 13, 578, 128009],
             finish_reason: "stop".into(),
             prompt_tokens: 12,
             completion_tokens: 10,
             cached_tokens: 8,
+            reasoning_tokens: 4,
             matched_stop: Some(sglang::generate_complete::MatchedStop::MatchedTokenId(
                 128009,
             )),
@@ -117,13 +120,15 @@ fn vllm_message(response: vllm::generate_response::Response) -> Vec<u8> {
     )
 }
 
-/// vLLM streaming two outputs (`n: 2`) interleaved, ending with `finish`.
+/// vLLM streaming two outputs (`n: 2`) interleaved, ending with `finish`; 16 of the 20
+/// prompt tokens were a prefix-cache hit.
 fn vllm_stream(finish: &str) -> Vec<u8> {
     use vllm::generate_response::Response;
     let chunk = |ids: &[u32], index: u32| {
         vllm_message(Response::Chunk(vllm::GenerateStreamChunk {
             token_ids: ids.to_vec(),
             prompt_tokens: 20,
+            cached_tokens: 16,
             index,
             ..Default::default()
         }))
@@ -134,6 +139,7 @@ fn vllm_stream(finish: &str) -> Vec<u8> {
             finish_reason: finish.into(),
             prompt_tokens: 20,
             completion_tokens: ids.len() as u32,
+            cached_tokens: 16,
             index,
             ..Default::default()
         }))

@@ -20,6 +20,7 @@
 //! model NAME
 //! output KIND TOKENS exact|estimated    KIND: content | reasoning | tool_call | refusal
 //! usage in=N out=N                       `-` for a count the body did not give
+//! details read=N write=N reasoning=N     cache read / cache write (parts of `in`), reasoning (part of `out`)
 //! error CLASS                            CLASS: rate_limited | overloaded | other
 //! malformed
 //! done
@@ -197,6 +198,12 @@ fn render(signal: &Signal) -> String {
         Signal::Done => "done".to_owned(),
         Signal::TrailingTokens(tokens) => format!("trailing {tokens}"),
         Signal::FinishReason(reason) => format!("finish {reason}"),
+        Signal::TokenDetails(d) => format!(
+            "details read={} write={} reasoning={}",
+            count(&d.cache_read_input),
+            count(&d.cache_write_input),
+            count(&d.reasoning_output)
+        ),
         Signal::EngineTimings(t) => {
             let ms = |d: Option<std::time::Duration>| {
                 d.map_or_else(
@@ -360,6 +367,180 @@ fn every_fixture_byte_by_byte_and_at_every_single_cut() {
             let got = fx.decode(limits, [a, b]);
             assert_eq!(got, fx.golden, "{}: cut at {cut}", fx.name);
         }
+    }
+}
+
+/// What a decoded fixture says of its usage in the end, merged as the clock merges it
+/// (field by field, the latest report wins): input, output, cache read, cache write,
+/// reasoning.
+fn final_usage(lines: &[String]) -> [Option<u64>; 5] {
+    let mut merged = [None; 5];
+    for line in lines {
+        let (slots, rest) = if let Some(rest) = line.strip_prefix("usage ") {
+            (0..2, rest)
+        } else if let Some(rest) = line.strip_prefix("details ") {
+            (2..5, rest)
+        } else {
+            continue;
+        };
+        for (slot, part) in slots.zip(rest.split(' ')) {
+            let value = part.split_once('=').map_or("-", |(_, v)| v);
+            if let Ok(n) = value.parse() {
+                merged[slot] = Some(n);
+            }
+        }
+    }
+    merged
+}
+
+/// The JSON documents of a fixture body: SSE `data`, NDJSON lines, or the whole body.
+fn documents(fx: &Fixture) -> Vec<serde_json::Value> {
+    let text = String::from_utf8(fx.body.clone()).expect("a plain fixture");
+    let parse = |s: &str| serde_json::from_str(s.trim()).ok();
+    match fx.content_type {
+        "text/event-stream" => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(parse)
+            .collect(),
+        "application/x-ndjson" => text.lines().filter_map(parse).collect(),
+        _ => parse(&text).into_iter().collect(),
+    }
+}
+
+/// The usage fixtures that carry cached and reasoning counts: the decoder reports exactly
+/// the counts the payload states (read here with serde_json, apart from the decoders),
+/// and input and output keep their meaning: Anthropic's input is its three input counts
+/// added up, Gemini's output its candidates' and thoughts' counts added up, the others'
+/// the payload's own input and output counts.
+#[test]
+fn cached_and_reasoning_counts_are_what_the_payload_states() {
+    let n = |v: &serde_json::Value, path: &str| {
+        v.pointer(path)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| panic!("{path} in {v}"))
+    };
+    type Expect =
+        fn(&serde_json::Value, &dyn Fn(&serde_json::Value, &str) -> u64) -> [Option<u64>; 5];
+    let cases: [(&str, &str, Expect); 7] = [
+        (
+            "openai/chat_openai_cached_reasoning.sse",
+            "/usage/prompt_tokens",
+            |u, n| {
+                [
+                    Some(n(u, "/usage/prompt_tokens")),
+                    Some(n(u, "/usage/completion_tokens")),
+                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                    None,
+                    Some(n(u, "/usage/completion_tokens_details/reasoning_tokens")),
+                ]
+            },
+        ),
+        (
+            "openai/chat_sglang_cache_report.sse",
+            "/usage/prompt_tokens",
+            |u, n| {
+                [
+                    Some(n(u, "/usage/prompt_tokens")),
+                    Some(n(u, "/usage/completion_tokens")),
+                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                    None,
+                    Some(n(u, "/usage/reasoning_tokens")),
+                ]
+            },
+        ),
+        (
+            "openai/chat_vllm_prefix_cache_nonstream.json",
+            "/usage/prompt_tokens",
+            |u, n| {
+                [
+                    Some(n(u, "/usage/prompt_tokens")),
+                    Some(n(u, "/usage/completion_tokens")),
+                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                    None,
+                    None,
+                ]
+            },
+        ),
+        (
+            "responses/stream_cached_reasoning.sse",
+            "/response/usage/input_tokens",
+            |u, n| {
+                [
+                    Some(n(u, "/response/usage/input_tokens")),
+                    Some(n(u, "/response/usage/output_tokens")),
+                    Some(n(u, "/response/usage/input_tokens_details/cached_tokens")),
+                    None,
+                    Some(n(
+                        u,
+                        "/response/usage/output_tokens_details/reasoning_tokens",
+                    )),
+                ]
+            },
+        ),
+        (
+            "anthropic/stream_prompt_cache.sse",
+            "/usage/output_tokens",
+            |u, n| {
+                [
+                    Some(
+                        n(u, "/usage/input_tokens")
+                            + n(u, "/usage/cache_creation_input_tokens")
+                            + n(u, "/usage/cache_read_input_tokens"),
+                    ),
+                    Some(n(u, "/usage/output_tokens")),
+                    Some(n(u, "/usage/cache_read_input_tokens")),
+                    Some(n(u, "/usage/cache_creation_input_tokens")),
+                    None,
+                ]
+            },
+        ),
+        (
+            "gemini/stream_cached_thinking.sse",
+            "/usageMetadata/promptTokenCount",
+            |u, n| {
+                [
+                    Some(n(u, "/usageMetadata/promptTokenCount")),
+                    Some(
+                        n(u, "/usageMetadata/candidatesTokenCount")
+                            + n(u, "/usageMetadata/thoughtsTokenCount"),
+                    ),
+                    Some(n(u, "/usageMetadata/cachedContentTokenCount")),
+                    None,
+                    Some(n(u, "/usageMetadata/thoughtsTokenCount")),
+                ]
+            },
+        ),
+        (
+            "ollama/chat_prompt_cache.ndjson",
+            "/prompt_eval_count",
+            |u, n| {
+                [
+                    Some(n(u, "/prompt_eval_count")),
+                    Some(n(u, "/eval_count")),
+                    Some(n(u, "/prompt_eval_cached_count")),
+                    None,
+                    None,
+                ]
+            },
+        ),
+    ];
+    let all = fixtures();
+    for (name, has, expect) in cases {
+        let fx = all
+            .iter()
+            .find(|fx| fx.name == name)
+            .unwrap_or_else(|| panic!("no fixture {name}"));
+        let last = documents(fx)
+            .into_iter()
+            .rfind(|d| d.pointer(has).is_some())
+            .unwrap_or_else(|| panic!("{name}: no {has}"));
+        let want = expect(&last, &n);
+        let got = final_usage(&fx.decode(DecodeLimits::DEFAULT, [&fx.body[..]]));
+        assert_eq!(
+            got, want,
+            "{name}: [in, out, cache read, cache write, reasoning]"
+        );
     }
 }
 

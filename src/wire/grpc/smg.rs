@@ -11,14 +11,23 @@
 //!
 //! - A `chunk` with N > 0 `token_ids` is one token-bearing event of
 //!   [`OutputKind::Content`] carrying N tokens, exact: the ids are the tokens. Its
-//!   `prompt_tokens`, when not 0, is the input count ([`Signal::Usage`], once).
+//!   `prompt_tokens`, when not 0, is the input count ([`Signal::Usage`], once), and its
+//!   `cached_tokens`, when not 0 either, the prompt tokens read from the engine's prefix
+//!   cache ([`Signal::TokenDetails`]), so that a cancelled stream has both (a stream
+//!   without a cache hit has its 0 from the `complete`).
 //! - A `complete` carries no output event: in a streamed call its ids repeat what the
 //!   chunks carried (`output_ids` / `output_token_ids` are cumulative), and a call with
 //!   `stream: false` answers with a `complete` alone, which like a non-streamed HTTP body
 //!   has no inter-token timing. It reports usage: input `prompt_tokens`, output
 //!   `completion_tokens` (or, where that is 0, the count of its output ids), summed over
 //!   the `complete`s of a request with several outputs (`n > 1`, each with its `index`),
-//!   as OpenAI's usage counts every choice. Then [`Signal::Done`].
+//!   as OpenAI's usage counts every choice. Where its `prompt_tokens` is not 0, its
+//!   `cached_tokens` (the prompt tokens read from the prefix cache, as the latest output
+//!   states them) and SGLang's `reasoning_tokens` (summed over the outputs, as the output
+//!   count is) are [`Signal::TokenDetails`]: proto3 cannot tell a count the engine left
+//!   unset from a 0, and a message that states its prompt is taken to state these too, a
+//!   0 included (SMG reports them the same way). vLLM and TensorRT-LLM report no
+//!   reasoning count. Then [`Signal::Done`].
 //! - TensorRT-LLM's `complete` carries `perf_metrics` when the client asked for them
 //!   (`return_perf_metrics`; tokentap never asks): instants on the engine's clock, in
 //!   seconds. They are [`Signal::EngineTimings`]: queue = `first_scheduled_time -
@@ -42,7 +51,7 @@ use prost::Message;
 use super::super::engine_timings;
 use super::super::error_class::ErrorClass;
 use super::super::frame::Handler;
-use super::super::types::{EngineTimings, OutputKind, Signal};
+use super::super::types::{EngineTimings, OutputKind, Signal, TokenDetails};
 use super::proto::sglang::grpc::scheduler as sglang;
 use super::proto::trtllm;
 use super::proto::vllm::grpc::engine as vllm;
@@ -60,10 +69,14 @@ enum Step {
     Chunk {
         tokens: usize,
         prompt_tokens: u32,
+        cached_tokens: u32,
     },
     Complete {
         prompt_tokens: u32,
         completion_tokens: u32,
+        cached_tokens: u32,
+        /// SGLang's; the other engines' messages have none.
+        reasoning_tokens: Option<u32>,
         output_ids: usize,
         finish_reason: String,
         /// What the engine reported of its own timing (TensorRT-LLM only).
@@ -82,10 +95,13 @@ impl Engine {
                     Some(Response::Chunk(c)) => Step::Chunk {
                         tokens: c.token_ids.len(),
                         prompt_tokens: c.prompt_tokens,
+                        cached_tokens: c.cached_tokens,
                     },
                     Some(Response::Complete(c)) => Step::Complete {
                         prompt_tokens: c.prompt_tokens,
                         completion_tokens: c.completion_tokens,
+                        cached_tokens: c.cached_tokens,
+                        reasoning_tokens: Some(c.reasoning_tokens),
                         output_ids: c.output_ids.len(),
                         finish_reason: c.finish_reason,
                         timings: EngineTimings::default(),
@@ -99,10 +115,13 @@ impl Engine {
                     Some(Response::Chunk(c)) => Step::Chunk {
                         tokens: c.token_ids.len(),
                         prompt_tokens: c.prompt_tokens,
+                        cached_tokens: c.cached_tokens,
                     },
                     Some(Response::Complete(c)) => Step::Complete {
                         prompt_tokens: c.prompt_tokens,
                         completion_tokens: c.completion_tokens,
+                        cached_tokens: c.cached_tokens,
+                        reasoning_tokens: None,
                         output_ids: c.output_ids.len(),
                         finish_reason: c.finish_reason,
                         timings: EngineTimings::default(),
@@ -116,10 +135,13 @@ impl Engine {
                     Some(Response::Chunk(c)) => Step::Chunk {
                         tokens: c.token_ids.len(),
                         prompt_tokens: c.prompt_tokens,
+                        cached_tokens: c.cached_tokens,
                     },
                     Some(Response::Complete(c)) => Step::Complete {
                         prompt_tokens: c.prompt_tokens,
                         completion_tokens: c.completion_tokens,
+                        cached_tokens: c.cached_tokens,
+                        reasoning_tokens: None,
                         output_ids: c.output_token_ids.len(),
                         finish_reason: c.finish_reason,
                         timings: c.perf_metrics.map_or_else(EngineTimings::default, |p| {
@@ -145,6 +167,10 @@ pub(crate) struct Smg {
     input_sent: bool,
     /// Output tokens of the `complete`s so far (one per output when `n > 1`).
     completed: u64,
+    /// Reasoning tokens of the `complete`s so far (SGLang).
+    reasoning: u64,
+    /// The cached and reasoning counts reported so far.
+    details: TokenDetails,
 }
 
 impl Smg {
@@ -153,6 +179,51 @@ impl Smg {
             engine,
             input_sent: false,
             completed: 0,
+            reasoning: 0,
+            details: TokenDetails::default(),
+        }
+    }
+
+    /// The first chunk with a prompt count: the input count, and the cached count when it
+    /// is a hit. Once a stream, so kept out of the per-chunk path.
+    #[cold]
+    #[inline(never)]
+    fn input(&mut self, prompt_tokens: u32, cached_tokens: u32, out: &mut Vec<Signal>) {
+        self.input_sent = true;
+        out.push(Signal::Usage {
+            input_tokens: Some(u64::from(prompt_tokens)),
+            output_tokens: None,
+        });
+        if cached_tokens > 0 {
+            TokenDetails {
+                cache_read_input: Some(u64::from(cached_tokens)),
+                ..TokenDetails::default()
+            }
+            .report(&mut self.details, out);
+        }
+    }
+
+    /// A `complete`'s cached and (SGLang) reasoning counts: the reasoning summed over the
+    /// outputs; both reported where the message states its prompt, since proto3 cannot
+    /// tell a count left unset from a 0.
+    #[inline(never)]
+    fn complete_details(
+        &mut self,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+        reasoning_tokens: Option<u32>,
+        out: &mut Vec<Signal>,
+    ) {
+        if let Some(reasoning) = reasoning_tokens {
+            self.reasoning = self.reasoning.saturating_add(u64::from(reasoning));
+        }
+        if prompt_tokens > 0 {
+            TokenDetails {
+                cache_read_input: Some(u64::from(cached_tokens)),
+                cache_write_input: None,
+                reasoning_output: reasoning_tokens.map(|_| self.reasoning),
+            }
+            .report(&mut self.details, out);
         }
     }
 
@@ -166,6 +237,7 @@ impl Smg {
             Step::Chunk {
                 tokens,
                 prompt_tokens,
+                cached_tokens,
             } => {
                 if streamed && tokens > 0 {
                     out.push(Signal::Output {
@@ -175,16 +247,14 @@ impl Smg {
                     });
                 }
                 if prompt_tokens > 0 && !self.input_sent {
-                    self.input_sent = true;
-                    out.push(Signal::Usage {
-                        input_tokens: Some(u64::from(prompt_tokens)),
-                        output_tokens: None,
-                    });
+                    self.input(prompt_tokens, cached_tokens, out);
                 }
             }
             Step::Complete {
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
+                reasoning_tokens,
                 output_ids,
                 finish_reason,
                 timings,
@@ -203,6 +273,7 @@ impl Smg {
                         output_tokens,
                     });
                 }
+                self.complete_details(prompt_tokens, cached_tokens, reasoning_tokens, out);
                 if finish_reason.eq_ignore_ascii_case("error")
                     || finish_reason.eq_ignore_ascii_case("abort")
                 {
@@ -304,6 +375,8 @@ mod tests {
                 tokens(1),
                 tokens(2),
                 usage(Some(12), Some(6)),
+                // The complete states its cache hits and SGLang's reasoning count (0s).
+                details(0, Some(0)),
                 Signal::FinishReason("stop".into()),
                 Done,
             ]
@@ -317,6 +390,7 @@ mod tests {
             grpc(Smg::new(Engine::Sglang), &body),
             vec![
                 usage(Some(7), Some(4)),
+                details(0, Some(0)),
                 Signal::FinishReason("length".into()),
                 Done
             ]
@@ -339,6 +413,7 @@ mod tests {
             vec![
                 tokens(1),
                 usage(Some(5), Some(2)),
+                details(0, Some(0)),
                 Signal::FinishReason("stop".into()),
                 Done,
                 usage(Some(5), Some(5)),
@@ -388,6 +463,7 @@ mod tests {
                 tokens(2),
                 usage(Some(4), None),
                 usage(Some(4), Some(2)),
+                details(0, None),
                 Error(ErrorClass::Other),
                 Signal::FinishReason("error".into()),
                 Done,
@@ -513,6 +589,141 @@ mod tests {
         }
     }
 
+    fn details(cached: u64, reasoning: Option<u64>) -> Signal {
+        Signal::TokenDetails(Box::new(TokenDetails {
+            cache_read_input: Some(cached),
+            cache_write_input: None,
+            reasoning_output: reasoning,
+        }))
+    }
+
+    #[test]
+    fn cached_and_reasoning_tokens_from_the_first_counted_chunk_and_each_complete() {
+        use sglang::generate_response::Response;
+        let message = |response| {
+            frame(
+                &sglang::GenerateResponse {
+                    request_id: "r1".into(),
+                    response: Some(response),
+                }
+                .encode_to_vec(),
+            )
+        };
+        let chunk = |ids: &[u32], prompt: u32, cached: u32, reasoning: u32| {
+            message(Response::Chunk(sglang::GenerateStreamChunk {
+                token_ids: ids.to_vec(),
+                prompt_tokens: prompt,
+                cached_tokens: cached,
+                reasoning_tokens: reasoning,
+                ..Default::default()
+            }))
+        };
+        let complete = |prompt: u32, cached: u32, reasoning: u32, index: u32| {
+            message(Response::Complete(sglang::GenerateComplete {
+                prompt_tokens: prompt,
+                completion_tokens: 5,
+                cached_tokens: cached,
+                reasoning_tokens: reasoning,
+                finish_reason: "stop".into(),
+                index,
+                ..Default::default()
+            }))
+        };
+        // The cached count with the input, from the first chunk that has one (the chunks'
+        // growing reasoning counts are not read: the complete sums them once); then each
+        // complete's, SGLang's reasoning summed over the outputs (n = 2).
+        let body = [
+            chunk(&[1], 0, 0, 0),
+            chunk(&[2], 40, 32, 1),
+            chunk(&[3], 40, 32, 2),
+            complete(40, 32, 3, 0),
+            complete(40, 32, 2, 1),
+        ]
+        .concat();
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                tokens(1),
+                tokens(1),
+                usage(Some(40), None),
+                details(32, None),
+                tokens(1),
+                usage(Some(40), Some(5)),
+                details(32, Some(3)),
+                Signal::FinishReason("stop".into()),
+                Done,
+                usage(Some(40), Some(10)),
+                details(32, Some(5)),
+                Signal::FinishReason("stop".into()),
+                Done,
+            ]
+        );
+        // A complete that states no prompt states no cache either (proto3's 0).
+        let body = complete(0, 0, 0, 0);
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                usage(None, Some(5)),
+                Signal::FinishReason("stop".into()),
+                Done
+            ]
+        );
+        // A stated prompt with no cache hit is a 0, and so is SGLang's reasoning.
+        let body = complete(7, 0, 0, 0);
+        assert_eq!(
+            grpc(Smg::new(Engine::Sglang), &body),
+            vec![
+                usage(Some(7), Some(5)),
+                details(0, Some(0)),
+                Signal::FinishReason("stop".into()),
+                Done
+            ]
+        );
+        // vLLM and TensorRT-LLM: the cached count, no reasoning count; the largest a
+        // uint32 holds is read as it is.
+        let vllm_body = frame(
+            &vllm::GenerateResponse {
+                response: Some(vllm::generate_response::Response::Complete(
+                    vllm::GenerateComplete {
+                        prompt_tokens: u32::MAX,
+                        completion_tokens: 1,
+                        cached_tokens: u32::MAX,
+                        finish_reason: "length".into(),
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(
+            grpc(Smg::new(Engine::Vllm), &vllm_body),
+            vec![
+                usage(Some(u64::from(u32::MAX)), Some(1)),
+                details(u64::from(u32::MAX), None),
+                Signal::FinishReason("length".into()),
+                Done
+            ]
+        );
+        let trtllm_body = frame(
+            &trtllm::GenerateResponse {
+                request_id: "t".into(),
+                response: Some(trtllm::generate_response::Response::Chunk(
+                    trtllm::GenerateStreamChunk {
+                        token_ids: vec![9, 9],
+                        prompt_tokens: 30,
+                        cached_tokens: 24,
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(
+            grpc(Smg::new(Engine::Trtllm), &trtllm_body),
+            vec![tokens(2), usage(Some(30), None), details(24, None)]
+        );
+    }
+
     #[test]
     fn abort_is_an_error_and_garbage_is_malformed() {
         let body = [frame(b"\xff\xff\xff"), sglang_complete(&[], 3, 0, "abort")].concat();
@@ -521,6 +732,7 @@ mod tests {
             vec![
                 Malformed,
                 usage(Some(3), None),
+                details(0, Some(0)),
                 Error(ErrorClass::Other),
                 Signal::FinishReason("abort".into()),
                 Done
