@@ -47,7 +47,7 @@ DB_PROV = ROOT / "grafana/provisioning/dashboards/tokentap.yaml"
 RULES = ROOT / "deploy/prometheus/rules.yaml"
 
 UNITS = {"s", "reqps", "short", "percentunit", "bytes"}
-ROWS = ["Overview", "Latency", "SLOs", "Per model and tenant", "Upstream rate limits", "tokentap health"]
+ROWS = ["Overview", "Latency", "SLOs", "Objectives", "Per model and tenant", "Upstream rate limits", "tokentap health"]
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 
 passes = failures = 0

@@ -18,7 +18,10 @@
 #      sum, and its p50/p90/p99 from the exponential buckets against the classic buckets'
 #      (within the width of the classic bucket the value falls in); counters equal; the
 #      resource (service.name, service.version, the pod's name from K8S_POD_NAME), scope,
-#      cumulative temporality and the exemplars' trace ids among those sent;
+#      cumulative temporality and the exemplars' trace ids among those sent; both
+#      tokentaps judge every request against two objectives (their only config file:
+#      `interactive`, met by every request, and `strict`, missed by every one), so the
+#      objective counters are among those compared, and the targets' gauge is checked;
 #   4. stops the receiver while traffic runs through the gRPC tokentap: every response is
 #      complete, byte for byte what the simulator sends directly, tokentap counts every
 #      request completed, and `tokentap_otlp_exports_total{result="failed"}` (or the
@@ -50,14 +53,25 @@ wait_http - "http://$H:$P_SIM/health" 200 30 || die "simulator not ready"
 start receiver python3 "$ROOT/scripts/ops/otlp_receiver.py" "$P_GRPC" "$P_HTTP"
 RECEIVER_PID=${PIDS[-1]}
 wait_http - "http://$H:$P_HTTP/latest" 200 30 || die "receiver not ready"
+# The objective families exist only with `objectives` configured.
+cat >"$TMP/objectives.yaml" <<'EOF'
+objectives:
+  interactive:
+    ttft: 2s
+  strict:
+    ttft: 1ms
+    target: 0.5
+EOF
 export OTEL_METRIC_EXPORT_INTERVAL=500 OTEL_EXPORTER_OTLP_TIMEOUT=300 OTEL_METRIC_EXPORT_TIMEOUT=1000 \
   K8S_POD_NAME=tokentap-e2e-0 OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e \
   OTEL_TRACES_EXPORTER=otlp OTEL_BSP_SCHEDULE_DELAY=200
 OTEL_EXPORTER_OTLP_ENDPOINT="http://$H:$P_GRPC" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
-  start tokentap-grpc "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_G" --admin "$H:$P_ADMIN_G"
+  start tokentap-grpc "$BIN" --config "$TMP/objectives.yaml" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_G" \
+  --admin "$H:$P_ADMIN_G"
 OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://$H:$P_HTTP/v1/metrics" \
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://$H:$P_HTTP/v1/traces" OTEL_EXPORTER_OTLP_COMPRESSION=gzip \
-  start tokentap-http "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" --admin "$H:$P_ADMIN_H"
+  start tokentap-http "$BIN" --config "$TMP/objectives.yaml" --upstream "http://$H:$P_SIM" --listen "$H:$P_PROXY_H" \
+  --admin "$H:$P_ADMIN_H"
 for port in "$P_ADMIN_G" "$P_ADMIN_H"; do
   wait_http - "http://$H:$port/readyz" 200 30 || die "tokentap not ready"
 done

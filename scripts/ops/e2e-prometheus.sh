@@ -24,8 +24,10 @@
 #      tenants via x-tenant-id and none, chat + completions, non-streaming, client
 #      cancellations, refusals (429s with Retry-After, rate-limit and overloaded errors
 #      inside the stream, a 404; the main simulator reports a rate limit on every
-#      answer), slow and dead upstreams, one slow stream with a W3C traceparent, and the
-#      stamped quantile streams;
+#      answer), slow and dead upstreams, one slow stream with a W3C traceparent, the
+#      stamped quantile streams, and for main's two objectives tenant gold (all fast) and
+#      tenant bronze (a known share slowed down), after a warm-up every Prometheus has
+#      scraped;
 #   4. waits until each Prometheus has scraped the final state, then runs
 #      scripts/ops/e2e_check.py per kind: targets, EVERY dashboard panel + variable query
 #      and EVERY recording rule / alert expression and alert input through
@@ -97,7 +99,12 @@ start sim-quantiles "$BIN" sim --listen "$H:$P_SIMQ" --models "$QUANTILE_MODEL,$
   --jitter 0.3 --tokens 6 --stamp
 start odd-backend python3 "$OPS/e2e_odd_backend.py" --listen "$H:$P_ODD"
 
-start main "$BIN" --upstream "http://$H:$P_SIM" --listen "$H:$P_MAIN" --admin "$H:$P_MAIN_A" --log-format json
+# main judges every request against two objectives (e2e_traffic.OBJECTIVES), so the
+# objective families, their rules and the dashboard's Objectives row have data.
+python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import e2e_traffic; print(e2e_traffic.objectives_yaml())' \
+  "$OPS" >"$TMP/main.yaml"
+start main "$BIN" --config "$TMP/main.yaml" --upstream "http://$H:$P_SIM" --listen "$H:$P_MAIN" --admin "$H:$P_MAIN_A" \
+  --log-format json
 cat >"$TMP/stall.yaml" <<EOF
 listen: $H:$P_STALL
 admin: $H:$P_STALL_A
@@ -191,13 +198,17 @@ done
 # ------------------------------------------------------------------ traffic
 # A fresh W3C trace id per run, on a deliberately slow stream (the stall backend's 5.5 s
 # gaps put its ITL exemplar in a bucket no other request reaches).
+# The objectives' warm-up must be in every Prometheus before the counted traffic starts.
+OBJECTIVE_PROMS=()
+for kind in $KINDS; do OBJECTIVE_PROMS+=(--objective-prom "${PROM_OF[$kind]}"); done
 TRACEPARENT="00-$(python3 -c 'import secrets; print(secrets.token_hex(16) + "-" + secrets.token_hex(8))')-01"
 if python3 "$OPS/e2e_traffic.py" --main "http://$H:$P_MAIN" --models "$MODELS" --refusals-model "$REFUSALS_MODEL" \
      --stall "http://$H:$P_STALL" --timeout "http://$H:$P_TO" --dead "http://$H:$P_DEADT" --odd "http://$H:$P_ODDT" \
      --traceparent "$TRACEPARENT" --quantiles "http://$H:$P_QUANT" --quantile-model "$QUANTILE_MODEL" \
      --quantile-requests "$QUANTILE_REQUESTS" --quantile-log "$TMP/quantile-gaps.jsonl" \
      --engines "http://$H:$P_QUANT" --engine-model "$ENGINE_MODEL" \
-     --cancels "$CANCELS" --deadline 120 >"$TMP/traffic.json" 2>"$TMP/traffic.err"; then
+     --cancels "$CANCELS" --objectives "${OBJECTIVE_PROMS[@]}" \
+     --deadline 120 >"$TMP/traffic.json" 2>"$TMP/traffic.err"; then
   pass "traffic sent ($(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["main_sent"], "main requests in", d["elapsed_s"], "s")' "$TMP/traffic.json"))"
 else
   fail "traffic generator"; cat "$TMP/traffic.err"; summary; exit 1

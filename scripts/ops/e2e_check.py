@@ -21,7 +21,10 @@ Sections (each line PASS / FAIL / SKIP):
               `unknown`, stalls, timeouts, upstream_up, plausible TTFT/ITL; with
               --refusals-model the refusals by outcome and status (429 heads, rate-limit
               and overloaded errors streamed inside a 200, the upstream's 404), the
-              Retry-After gauge and, with --rate-limit-rpm, the rate-limit gauges
+              Retry-After gauge and, with --rate-limit-rpm, the rate-limit gauges;
+              with the traffic's `objectives`, main's judgements: met and missed per
+              objective and tenant exactly as the traffic's classes imply, their
+              output tokens, the targets, and every refusal a miss
   dashboard   every panel query and variable query (variables resolved) is valid
               PromQL and returns data
   rules       every recording rule expression returns data and its recorded series
@@ -31,7 +34,10 @@ Sections (each line PASS / FAIL / SKIP):
               --quantile-model traffic, whose gaps all lie above the ITL objective's
               100 ms and whose first tokens all lie under the TTFT objective's 2 s,
               are exactly 100 and 0 (the native arm's histogram_fraction and the
-              classic arm's le bucket count the same)
+              classic arm's le bucket count the same); with the traffic's
+              `objectives`, the recorded attainment of each objective and tenant
+              against the share of the counted requests that met it (1 for the
+              tenant whose every request met it) and 40 good tokens per good request
   native      (native kind) the native-histogram checks: TTFT and ITL are stored as
               native histograms; histogram_quantile(q) over them for q = 0.5, 0.9, 0.99
               lies within --tolerance of the exact quantile of the values tokentap
@@ -162,6 +168,7 @@ def main():
     inst = dict(i.split("=", 1) for i in a.instance)
     roles = dict(r.split("=", 1) for r in a.roles.split(","))
     traffic = json.loads(pathlib.Path(a.traffic).read_text())
+    a.traffic_summary = traffic
     dashboard = json.loads(pathlib.Path(a.dashboard).read_text())
     rules = yaml.safe_load(pathlib.Path(a.rules).read_text())
 
@@ -173,6 +180,7 @@ def main():
     if "semantics" in sections:
         check_semantics(expo, roles, inst, traffic, a.cancels)
         check_refusals(expo, roles, traffic, a.refusals_model, a.rate_limit_rpm)
+        check_objectives(expo, roles, traffic, a.refusals_model)
     absent_events = {m for m in contract.EVENT_DRIVEN if m not in present}
     if "dashboard" in sections or "rules" in sections:
         check_queries(prom, a, dashboard, rules, sections, absent_events)
@@ -384,6 +392,69 @@ def check_refusals(expo, roles, traffic, model, rpm):
                f"main: the token limit of {m} is reported too")
 
 
+def check_objectives(expo, roles, traffic, refusals_model):
+    """Main's judgements on /metrics: exactly what the traffic's classes imply."""
+    objectives = traffic.get("objectives")
+    samples = expo.get(roles.get("main"), ([], {}))[0]
+    if not objectives or not samples:
+        return
+    model, per = objectives["model"], objectives["tokens_per_request"]
+    family, tokens = "tokentap_objective_requests_total", "tokentap_objective_output_tokens_total"
+    for objective, tenants in objectives["total"].items():
+        got = total(samples, "tokentap_objective_target", objective=objective)
+        ok(got == objectives["targets"][objective],
+           f"main: tokentap_objective_target{{objective={objective}}} = {objectives['targets'][objective]}", got)
+        for tenant, want in tenants.items():
+            got = {r: total(samples, family, model=model, objective=objective, tenant=tenant, result=r)
+                   for r in ("met", "missed")}
+            ok(got == want, f"main: {objective}, tenant {tenant}: met {want['met']}, missed {want['missed']} "
+               f"(the traffic's classes)", got)
+            got_tokens = {r: total(samples, tokens, model=model, objective=objective, tenant=tenant, result=r)
+                          for r in ("met", "missed")}
+            ok(got_tokens == {r: per * n for r, n in want.items()},
+               f"main: {objective}, tenant {tenant}: {per} output tokens per judged request, by result",
+               got_tokens)
+    if refusals_model:
+        # The service failed or refused them: a miss, whatever the bounds.
+        for m, want in ((refusals_model, e2e_traffic.REFUSED_429 + e2e_traffic.RATE_LIMIT_STREAMED
+                         + e2e_traffic.OVERLOADED_STREAMED),
+                        (e2e_traffic.NOT_SERVED_MODEL, e2e_traffic.NOT_FOUND)):
+            for objective in objectives["total"]:
+                got = {r: total(samples, family, model=m, objective=objective, tenant="acme", result=r)
+                       for r in ("met", "missed")}
+                ok(got == {"met": 0, "missed": want},
+                   f"main: {objective}: the {want} refused or failed requests to {m} are all missed", got)
+
+
+def check_objective_rules(prom, traffic):
+    """The recorded attainment and goodput of main's objectives against the traffic."""
+    objectives = traffic.get("objectives")
+    if not objectives:
+        return
+    model = objectives["model"]
+    for objective, tenants in objectives["counted"].items():
+        for tenant, want in tenants.items():
+            labels = f'objective="{objective}", model="{model}", tenant="{tenant}"'
+            implied = want["met"] / (want["met"] + want["missed"])
+            got = scalar(prom, f"objective_model_tenant:tokentap_objective_attainment:ratio_rate1h{{{labels}}}")
+            # rate() extrapolates each series by up to 1.5 scrape intervals over its own
+            # sampled span (here tens of 1 s scrapes), and met and missed start at
+            # different scrapes: their ratio moves by well under 0.02. A tenant with no
+            # missed series has exactly 1.
+            tolerance = 0.0 if want["missed"] == 0 else 0.02
+            ok(got is not None and abs(got - implied) <= tolerance,
+               f"attainment of {objective} for tenant {tenant}: observed "
+               f"{'none' if got is None else format(got, '.4f')} vs implied {implied:.4f} "
+               f"({want['met']} of {want['met'] + want['missed']} counted requests met it)", got)
+            good = scalar(prom, f"objective_model_tenant:tokentap_objective_goodput:rate5m{{{labels}}}")
+            good_tokens = scalar(prom, f"objective_model_tenant:tokentap_objective_token_goodput:rate5m{{{labels}}}")
+            per = objectives["tokens_per_request"]
+            ok(good is not None and good > 0 and good_tokens is not None
+               and abs(good_tokens / good - per) <= 0.01 * per,
+               f"goodput of {objective} for tenant {tenant}: {good_tokens} good tokens/s over {good} good "
+               f"requests/s = {per} tokens per request", (good, good_tokens))
+
+
 def check_queries(prom, a, dashboard, rules, sections, absent_events):
     def run(what, expr, need_data=True, refs_from=None):
         data, err = prom_query(prom, expr)
@@ -451,6 +522,7 @@ def check_queries(prom, a, dashboard, rules, sections, absent_events):
             got = scalar(prom, sel)
             ok(got is not None and abs(got - want) < 1e-6,
                f"{sel} = {want:g} (every quantile-traffic event on one side of the objective)", got)
+        check_objective_rules(prom, a.traffic_summary)
 
 
 def exact_quantile(values, q):

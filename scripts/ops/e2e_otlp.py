@@ -193,6 +193,19 @@ for protocol, proxy, admin in targets:
           f"({[s for s in same if s[1] != s[2]][:3]})")
     requests = sum(p["value"] for p in metrics["tokentap_requests_total"]["points"])
     check(requests == 40, f"{protocol}: tokentap_requests_total {requests} = 40 sent")
+    # The objectives of e2e-otlp.sh's config: `interactive` met by all 40, `strict` (a
+    # 1 ms first token) missed by all; the counters equal /metrics above.
+    judged = {(p["attributes"].get("objective"), p["attributes"].get("result")): p["value"]
+              for p in metrics.get("tokentap_objective_requests_total", {}).get("points", [])}
+    check(judged == {("interactive", "met"): 40, ("strict", "missed"): 40},
+          f"{protocol}: tokentap_objective_requests_total over OTLP {judged} = 40 met interactive, 40 missed strict")
+    check(any(n == "tokentap_objective_output_tokens_total" for n, _ in counters),
+          f"{protocol}: tokentap_objective_output_tokens_total among the counters compared")
+    goals = {p["attributes"].get("objective"): p["value"]
+             for p in metrics.get("tokentap_objective_target", {}).get("points", [])}
+    scraped = {o: text.get(("tokentap_objective_target", frozenset({("objective", o)}))) for o in goals}
+    check(goals == {"interactive": 0.95, "strict": 0.5} == scraped,
+          f"{protocol}: tokentap_objective_target over OTLP {goals} = /metrics {scraped}")
     exemplars = {t for n in histograms for p in metrics[n]["points"] for t in p["exemplars"]}
     check(exemplars and exemplars <= sent_traces,
           f"{protocol}: {len(exemplars)} exemplar trace ids, all among those sent")

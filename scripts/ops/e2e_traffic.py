@@ -6,6 +6,7 @@
                    [--traceparent TP] [--quantiles URL --quantile-model M
                    --quantile-requests N --quantile-log FILE]
                    [--engines URL --engine-model M]
+                   [--objectives --objective-prom PROM_URL...]
                    [--requests 48] [--concurrency 4] [--cancels 4] [--deadline 120]
 
 Sends, through tokentap:
@@ -36,6 +37,16 @@ Sends, through tokentap:
            ENGINE_STREAMS Ollama /api/chat streams whose engine reports 50 ms queued
            (x-sim-queue-ms) -> the engine-timing families, and ENGINE_STREAMS TGI
            /generate_stream streams (exact tokens per event) -> tokens per event;
+  objectives  with --objectives (main's tokentap configured with OBJECTIVES below, see
+           objectives_yaml()): streams to the first model for tenant `gold`, all at the
+           simulator's own pace, and tenant `bronze`, a known share slowed down with
+           x-sim-itl-ms (OBJECTIVE_CLASSES says which objective each class meets). A
+           warm-up first (OBJECTIVE_WARMUP) creates every met and missed series; with
+           --objective-prom the run waits until each Prometheus has scraped it, so
+           rate() over the rules' windows counts every request sent afterwards
+           (OBJECTIVE_TRAFFIC; a counter's increments before its first sample are not
+           in any rate). Counted as main requests; the summary's `objectives` gives the
+           expected met and missed counts.
 Every socket has a timeout and the whole run a deadline. Only loopback URLs are
 accepted. Prints a JSON summary on stdout (what the client observed).
 """
@@ -47,7 +58,8 @@ import socket
 import sys
 import threading
 import time
-from urllib.parse import urlparse
+import urllib.request
+from urllib.parse import urlencode, urlparse
 
 TENANTS = ["acme", "globex", "initech", None]
 ENGINE_STREAMS = 3
@@ -59,6 +71,74 @@ OVERLOADED_STREAMED = 2
 NOT_FOUND = 1
 NOT_SERVED_MODEL = "e2e-no-such-model"
 
+# --objectives. The main simulator streams 40 tokens, first after 150 ms, then one every
+# 20 ms (e2e-prometheus.sh): 0.93 s in all. Each class sets the gap with x-sim-itl-ms and
+# says which objective it meets, with a wide margin either way (a late event only makes a
+# duration longer, and TPOT is the mean gap after the first token):
+#   fast    20 ms: TPOT 20 ms, 0.93 s       -> meets both
+#   medium  80 ms: TPOT 80 ms, 3.27 s > 3 s -> meets interactive, misses complete
+#   slow   200 ms: TPOT 200 ms, 7.95 s      -> misses both
+OBJECTIVES = {
+    "interactive": {"ttft": "2s", "tpot": "100ms"},
+    "complete": {"duration": "3s", "target": 0.9},
+}
+DEFAULT_TARGET = 0.95
+OBJECTIVE_CLASSES = {
+    "fast": (20, {"interactive": True, "complete": True}),
+    "medium": (80, {"interactive": True, "complete": False}),
+    "slow": (200, {"interactive": False, "complete": False}),
+}
+OBJECTIVE_WARMUP = {"gold": {"fast": 1}, "bronze": {"fast": 1, "slow": 1}}
+OBJECTIVE_TRAFFIC = {"gold": {"fast": 12}, "bronze": {"fast": 10, "medium": 5, "slow": 5}}
+
+
+def objectives_yaml():
+    """The `objectives:` section of main's tokentap config (e2e-prometheus.sh writes it)."""
+    lines = ["objectives:"]
+    for name, bounds in OBJECTIVES.items():
+        lines.append(f"  {name}:")
+        lines += [f"    {k}: {v}" for k, v in bounds.items()]
+    return "\n".join(lines)
+
+
+def objective_target(name):
+    return OBJECTIVES[name].get("target", DEFAULT_TARGET)
+
+
+def judged(plan):
+    """{objective: {tenant: {"met": n, "missed": n}}} of a plan {tenant: {class: n}}."""
+    out = {o: {} for o in OBJECTIVES}
+    for tenant, classes in plan.items():
+        for o in OBJECTIVES:
+            counts = out[o].setdefault(tenant, {"met": 0, "missed": 0})
+            for cls, n in classes.items():
+                counts["met" if OBJECTIVE_CLASSES[cls][1][o] else "missed"] += n
+    return out
+
+
+def objective_jobs(plan, model):
+    return [dict(model=model, tenant=tenant, kind="chat", stream=True,
+                 extra_headers={"x-sim-itl-ms": str(OBJECTIVE_CLASSES[cls][0])}, objective_class=cls)
+            for tenant, classes in plan.items() for cls, n in classes.items() for _ in range(n)]
+
+
+def wait_scraped(proms, tenants, want, deadline):
+    """Wait until every Prometheus in `proms` holds `want` judged requests of `tenants`."""
+    query = f'sum(tokentap_objective_requests_total{{tenant=~"{"|".join(tenants)}"}})'
+    for prom in proms:
+        while True:
+            url = f"{prom.rstrip('/')}/api/v1/query?" + urlencode({"query": query})
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    result = json.load(r)["data"]["result"]
+                if result and float(result[0]["value"][1]) == want:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                sys.exit(f"{prom} did not scrape the objectives' warm-up ({query} != {want})")
+            time.sleep(0.2)
+
 
 def loopback(url):
     h = urlparse(url).hostname
@@ -68,7 +148,7 @@ def loopback(url):
 
 
 def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=False, timeout=30,
-            extra_headers=None, sent_stamps=None):
+            extra_headers=None, sent_stamps=None, objective_class=None):
     """One request; returns what the client saw. With `sent_stamps` (a list), the
     simulator's `sim_sent_unix_ns` of every token-bearing chunk is appended to it."""
     u = urlparse(base)
@@ -86,7 +166,7 @@ def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=Fa
         headers["x-tenant-id"] = tenant
     headers.update(extra_headers or {})
     out = {"model": model, "tenant": tenant, "kind": kind, "stream": stream, "cancel": cancel_after_first,
-           "status": None, "done": False, "events": 0, "error": None}
+           "status": None, "done": False, "events": 0, "error": None, "objective_class": objective_class}
     try:
         conn.request("POST", path, body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
@@ -165,8 +245,11 @@ def main():
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--cancels", type=int, default=4)
     ap.add_argument("--deadline", type=float, default=120)
+    ap.add_argument("--objectives", action="store_true", help="main's tokentap has OBJECTIVES: send their traffic")
+    ap.add_argument("--objective-prom", action="append", default=[],
+                    help="a Prometheus that scrapes main: wait for it to hold the objectives' warm-up")
     a = ap.parse_args()
-    for u in (a.main, a.stall, a.timeout, a.dead, a.odd, a.quantiles, a.engines):
+    for u in (a.main, a.stall, a.timeout, a.dead, a.odd, a.quantiles, a.engines, *a.objective_prom):
         if u:
             loopback(u)
     models = a.models.split(",")
@@ -204,6 +287,18 @@ def main():
     except (OSError, http.client.HTTPException) as e:
         results["models_status"] = f"{type(e).__name__}: {e}"
 
+    # Objectives: the warm-up, scraped, then the counted traffic in the background.
+    objective_streams = []
+    opool = cf.ThreadPoolExecutor(max_workers=12)
+    if a.objectives:
+        warmup = [opool.submit(request, a.main, **j) for j in objective_jobs(OBJECTIVE_WARMUP, models[0])]
+        for f in warmup:
+            results["main"].append(dict(f.result(timeout=max(a.deadline - (time.monotonic() - started), 1)),
+                                        objective_phase="warmup"))
+        want = sum(sum(c.values()) for c in OBJECTIVE_WARMUP.values()) * len(OBJECTIVES)
+        wait_scraped(a.objective_prom, OBJECTIVE_WARMUP, want, started + a.deadline)
+        objective_streams = [opool.submit(request, a.main, **j) for j in objective_jobs(OBJECTIVE_TRAFFIC, models[0])]
+
     quantile_streams = []
     qpool = cf.ThreadPoolExecutor(max_workers=8)
     if a.quantiles:
@@ -239,6 +334,10 @@ def main():
     if a.odd:
         for m in ("odd-plain", "odd-malformed"):
             results["odd"].append(request(a.odd, m, "acme", "chat", True, False, 10))
+    for f in objective_streams:
+        results["main"].append(dict(f.result(timeout=max(a.deadline - (time.monotonic() - started), 1)),
+                                    objective_phase="counted"))
+    opool.shutdown(wait=True)
     quantiles = []
     for stamps, f in quantile_streams:
         left = a.deadline - (time.monotonic() - started)
@@ -276,6 +375,25 @@ def main():
         "models": models,
         "tenants": sorted({r["tenant"] or "unknown" for r in main}),
     }
+    if a.objectives:
+        # What tokentap must have judged: every request (warm-up included) on /metrics,
+        # the counted ones in rate() over the rules' windows. Only streams the client saw
+        # finish count; a failed one shows in main_errors.
+        def seen(*phases):
+            plan = {}
+            for r in main:
+                if r.get("objective_phase") in phases and r["done"]:
+                    classes = plan.setdefault(r["tenant"], {})
+                    classes[r["objective_class"]] = classes.get(r["objective_class"], 0) + 1
+            return plan
+        summary["objectives"] = {
+            "model": models[0],
+            "targets": {o: objective_target(o) for o in OBJECTIVES},
+            "total": judged(seen("warmup", "counted")),
+            "counted": judged(seen("counted")),
+            "sent": sum(1 for r in main if r.get("objective_phase")),
+            "tokens_per_request": 40,
+        }
     json.dump(summary, sys.stdout, indent=1)
     print()
     return 0
