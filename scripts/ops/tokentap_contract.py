@@ -55,6 +55,7 @@ METRICS = {
     "tokentap_objective_output_tokens_total": ("counter", ("model", "objective", "result", "tenant")),
     "tokentap_objective_target": ("gauge", ("objective",)),
     "tokentap_buffered_responses_total": ("counter", ("model",)),
+    "tokentap_usage_detail_tokens_total": ("counter", ("kind", "model", "tenant")),
 }
 
 # Exported and checked like the rest, but no dashboard panel or rule reads them (yet):
@@ -72,6 +73,7 @@ NOT_CHARTED = {
     "tokentap_otlp_exports_dropped_total",
     "tokentap_task_restarts_total",
     "tokentap_buffered_responses_total",
+    "tokentap_usage_detail_tokens_total",
 }
 
 # Counters whose series only exist after the event they count happened (a labelled
@@ -100,6 +102,7 @@ EVENT_DRIVEN = {
     "tokentap_otlp_exports_dropped_total",
     "tokentap_task_restarts_total",
     "tokentap_buffered_responses_total",
+    "tokentap_usage_detail_tokens_total",
 }
 
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}

@@ -552,8 +552,15 @@ pub(super) static BUFFERED_RESPONSES: RegistryFamily = RegistryFamily {
     kind: RegistryKind::Counter,
 };
 
+pub(super) static USAGE_DETAIL_TOKENS: RegistryFamily = RegistryFamily {
+    name: "tokentap_usage_detail_tokens_total",
+    help: "The parts of the reported usage that providers break out, by kind: cache_read_input and cache_write_input (parts of tokentap_input_tokens_total), reasoning_output (part of tokentap_output_tokens_total). Only requests whose usage reported the part count.",
+    labels: &["kind", "model", "tenant"],
+    kind: RegistryKind::Counter,
+};
+
 /// Every registry family (`Metrics::new` builds each into its own typed handle).
-static REGISTRY_FAMILIES: [&RegistryFamily; 21] = [
+static REGISTRY_FAMILIES: [&RegistryFamily; 22] = [
     &STREAMS_IN_FLIGHT,
     &UPSTREAM_UP,
     &UNOBSERVED,
@@ -575,6 +582,7 @@ static REGISTRY_FAMILIES: [&RegistryFamily; 21] = [
     &OBJECTIVE_OUTPUT_TOKENS,
     &OBJECTIVE_TARGET,
     &BUFFERED_RESPONSES,
+    &USAGE_DETAIL_TOKENS,
 ];
 
 /// Every family that can carry `tenant` (the per-pair ones), in table order: what

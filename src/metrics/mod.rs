@@ -65,7 +65,7 @@ use families::{
     LABEL_OVERFLOW, OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
     TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
-    UPSTREAM_RETRY_AFTER, UPSTREAM_UP,
+    UPSTREAM_RETRY_AFTER, UPSTREAM_UP, USAGE_DETAIL_TOKENS,
 };
 pub use gen_ai::MetricNames;
 use gen_ai::{GenAiBounds, GenAiKey};
@@ -184,6 +184,7 @@ pub struct Metrics {
     objective_output_tokens: IntCounterVec,
     objective_target: GaugeVec,
     buffered_responses: IntCounterVec,
+    usage_detail_tokens: IntCounterVec,
     models: LabelSet,
     tenants: LabelSet,
     /// Bounds the (model, tenant) pairs, whatever the per-label caps allow.
@@ -372,6 +373,7 @@ impl Metrics {
             objective_output_tokens: counter_vec(&OBJECTIVE_OUTPUT_TOKENS),
             objective_target: float_gauge_vec(&OBJECTIVE_TARGET),
             buffered_responses: counter_vec(&BUFFERED_RESPONSES),
+            usage_detail_tokens: counter_vec(&USAGE_DETAIL_TOKENS),
             models: LabelSet::new(
                 labels.model.clone(),
                 label_overflow.with_label_values(&["model"]),
@@ -405,6 +407,7 @@ impl Metrics {
             Box::new(metrics.objective_output_tokens.clone()),
             Box::new(metrics.objective_target.clone()),
             Box::new(metrics.buffered_responses.clone()),
+            Box::new(metrics.usage_detail_tokens.clone()),
             Box::new(label_overflow),
             Box::new(metrics.rate_limit_limit.clone()),
             Box::new(metrics.rate_limit_remaining.clone()),
@@ -741,6 +744,14 @@ impl Metrics {
         self.buffered_responses
             .with_label_values(&[&**stream.model()])
             .inc();
+    }
+
+    /// Count `tokens` of a usage part (`kind`: `cache_read_input`, `cache_write_input`,
+    /// `reasoning_output`) of a request of `stream`.
+    pub fn count_usage_detail(&self, stream: &StreamSeries, kind: &str, tokens: u64) {
+        self.usage_detail_tokens
+            .with_label_values(&[kind, &**stream.model(), &**stream.tenant()])
+            .inc_by(tokens);
     }
 
     /// Count a request on a non-LLM route.
@@ -1339,6 +1350,7 @@ mod tests {
         metrics.count_objective(&pair, "chat", true, 3);
         metrics.set_objective_targets([("chat", 0.95)]);
         metrics.count_buffered(&pair);
+        metrics.count_usage_detail(&pair, "cache_read_input", 2);
         let text = without_process(&metrics.render());
 
         let mut shown: BTreeMap<String, (String, BTreeSet<Vec<String>>)> = BTreeMap::new();

@@ -397,6 +397,7 @@ impl Recorder {
             events: timings.events,
             output_tokens: timings.output_tokens,
             input_tokens: timings.input_tokens,
+            token_details: timings.details,
             counting: timings.counting.as_str(),
             exact_event_tokens: timings.exact_event_tokens,
             apportioned_event_tokens: timings.apportioned_event_tokens,

@@ -77,6 +77,21 @@ pub fn span(request: &RequestSummary, server: Option<&Server>) -> Option<Span> {
     if let Some(tokens) = request.input_tokens {
         attributes.push(int("gen_ai.usage.input_tokens", saturate(tokens)));
     }
+    // The conventions' (experimental) names for the cached parts of the input; they have
+    // none for reasoning output, so it is not invented here.
+    let details = &request.token_details;
+    if let Some(tokens) = details.cache_read_input {
+        attributes.push(int(
+            "gen_ai.usage.cache_read.input_tokens",
+            saturate(tokens),
+        ));
+    }
+    if let Some(tokens) = details.cache_write_input {
+        attributes.push(int(
+            "gen_ai.usage.cache_creation.input_tokens",
+            saturate(tokens),
+        ));
+    }
     if request.output_tokens > 0 || request.counting != "none" {
         attributes.push(int(
             "gen_ai.usage.output_tokens",

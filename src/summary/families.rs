@@ -40,6 +40,18 @@ pub(super) fn record(metrics: &Metrics, series: &StreamSeries, summary: &Request
     if summary.buffered {
         metrics.count_buffered(series);
     }
+    if !summary.token_details.is_empty() {
+        let details = &summary.token_details;
+        for (kind, tokens) in [
+            ("cache_read_input", details.cache_read_input),
+            ("cache_write_input", details.cache_write_input),
+            ("reasoning_output", details.reasoning_output),
+        ] {
+            if let Some(tokens) = tokens {
+                metrics.count_usage_detail(series, kind, tokens);
+            }
+        }
+    }
     for objective in summary.objectives.iter().flat_map(|o| o.iter()) {
         if let Some(met) = objective.judge(summary) {
             metrics.count_objective(series, &objective.name, met, summary.output_tokens);

@@ -8,7 +8,7 @@ use super::objectives::Objectives;
 use crate::metrics::exemplar::TraceContext;
 use crate::observe::rate_limits::RateLimits;
 use crate::outcome::Verdict;
-use crate::wire::{gen_ai, Dialect, EngineTimings};
+use crate::wire::{gen_ai, Dialect, EngineTimings, TokenDetails};
 
 /// What one measured request came to: who it was, its verdict, its timings and token
 /// counts, and what the upstream reported of itself.
@@ -55,6 +55,9 @@ pub struct RequestSummary {
     pub events: u64,
     pub output_tokens: u64,
     pub input_tokens: Option<u64>,
+    /// The parts of the reported usage that are cached input and reasoning output (each a
+    /// part of `input_tokens` or `output_tokens`, never added to them), as reported.
+    pub token_details: TokenDetails,
     /// How the per-event counts were known (`exact`, `apportioned`, ...), and how many
     /// tokens each way.
     pub counting: &'static str,
@@ -108,6 +111,7 @@ impl RequestSummary {
             events: 0,
             output_tokens: 0,
             input_tokens: None,
+            token_details: TokenDetails::default(),
             counting: "none",
             exact_event_tokens: 0,
             apportioned_event_tokens: 0,

@@ -46,4 +46,5 @@ mod tls;
 mod token_stream;
 mod tokenizer;
 mod tokens_per_event;
+mod usage_details;
 mod wire_fixtures;
