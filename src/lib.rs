@@ -16,6 +16,7 @@
 //!   `Host`, upstream head limits);
 //! - [`idle_pool`]: the keep-alive upstream connections of both plain-HTTP/1.1
 //!   transports (the relay's and hyper's), per worker thread, under one cap;
+//! - [`worker_slot`]: which of the server's workers a thread is (a leaf the pools read);
 //! - [`exchange`]: the request policy both transports call: admission, the configuration
 //!   in force, tokentap's answers, the idle timeout;
 //! - [`outcome`]: how a request ended, and every rule that decides it: the outcome and
@@ -56,6 +57,7 @@ pub mod supervise;
 pub mod top;
 pub mod trust;
 pub mod wire;
+pub mod worker_slot;
 
 #[cfg(test)]
 mod doc_table;

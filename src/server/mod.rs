@@ -17,7 +17,7 @@
 //! and hyper alone would keep it until `limits.header_read_timeout`.
 
 mod connections;
-pub(crate) mod workers;
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
