@@ -31,6 +31,8 @@
 //! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`supervise`]: background tasks restarted when they fail, counted and in `/readyz`;
+//! - [`reload`]: a new configuration put in force while serving (SIGHUP): what it
+//!   rebuilds, what only a restart applies;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
 //! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
@@ -50,6 +52,7 @@ pub mod outcome;
 pub mod prefetch;
 pub mod proxy;
 pub mod relay;
+pub mod reload;
 pub mod server;
 pub mod sim;
 pub mod summary;

@@ -44,11 +44,11 @@ use crate::otlp::spans::SpanExporter;
 use crate::otlp::transport::{Transport, TransportError};
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::{Proxy, ProxyService};
+use crate::reload::{load_tokenizer, Reloader};
 use crate::relay::rewind::Rewind;
 use crate::relay::{Relay, Relayed};
 use crate::summary::Sinks;
 use crate::supervise::Supervisor;
-use crate::wire::Tokenizer;
 use connections::{ConnectionLimit, ConnectionSlot};
 use workers::Workers;
 
@@ -92,34 +92,6 @@ pub struct Server {
     otlp_transports: (Option<Transport>, Option<Transport>),
     /// Restarts the background tasks that fail.
     supervisor: Supervisor,
-}
-
-/// Applies a new configuration to a running server (SIGHUP).
-#[derive(Clone)]
-pub struct Reloader {
-    proxy: Arc<Proxy>,
-}
-
-impl Reloader {
-    /// Load what `config` names (its tokenizer) and swap it in atomically. In-flight
-    /// requests finish under the old one. Returns a warning if settings that only a
-    /// restart applies were changed.
-    pub fn reload(&self, config: Config) -> Result<Option<&'static str>, ServeError> {
-        let tokenizer = load_tokenizer(&config)?;
-        Ok(self.proxy.reload(config, tokenizer)?)
-    }
-}
-
-/// Load the tokenizer a validated configuration names (`observe.tokenizer`), if any.
-/// Validation reads no file; this runs after it, at startup, on reload and in
-/// `tokentap check-config`, and a failure names the key and its line.
-pub fn load_tokenizer(config: &Config) -> Result<Option<Tokenizer>, ConfigError> {
-    config
-        .observe
-        .tokenizer
-        .as_ref()
-        .map(|setting| Tokenizer::load(&setting.source).map_err(|err| setting.load_failed(&err)))
-        .transpose()
 }
 
 impl Server {
@@ -201,9 +173,7 @@ impl Server {
 
     /// A handle to reload the configuration while serving.
     pub fn reloader(&self) -> Reloader {
-        Reloader {
-            proxy: self.proxy.clone(),
-        }
+        Reloader::new(self.proxy.clone(), self.config.clone())
     }
 
     /// The metric families this server exports.
