@@ -2,17 +2,16 @@
 //!
 //! [`Server::bind`] builds what the configuration names and binds every port first, so
 //! callers (tests, the demo) learn the real addresses before traffic flows.
-//! [`Server::run`] starts the workers and the background tasks, runs the accept loop
-//! (`accept.rs`) until the shutdown future resolves, then stops accepting, fails
-//! `/readyz`, lets in-flight streams finish up to the drain deadline, stops the workers
-//! (cutting and counting what is still open) and last the background tasks. The order of
-//! these steps is written here, once.
+//! [`Server::run`] starts the workers and the background tasks (`background.rs`), runs
+//! the accept loop (`accept.rs`) until the shutdown future resolves, then stops
+//! accepting, fails `/readyz`, lets in-flight streams finish up to the drain deadline,
+//! stops the workers (cutting and counting what is still open) and last the background
+//! tasks. The order of these steps is written here, once.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
@@ -20,16 +19,13 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::accept::Accepting;
+use super::background::{Background, Start};
 use super::connections::ConnectionLimit;
 use super::serve::connection_builder;
 use super::workers::Workers;
-use crate::admin::{self, Readiness};
+use crate::admin::Readiness;
 use crate::config::{Config, ConfigError, ListenerTls};
-use crate::live::Live;
 use crate::metrics::Metrics;
-use crate::otlp::exporter::Exporter;
-use crate::otlp::span_mapping::Server as SpanServer;
-use crate::otlp::spans::SpanExporter;
 use crate::otlp::transport::{Transport, TransportError};
 use crate::proxy::upstream::{ClientError, UpstreamClient};
 use crate::proxy::Proxy;
@@ -195,65 +191,16 @@ impl Server {
             workers.count(),
             metrics.clone(),
         );
-        // The live view's ring fills from the start, so a viewer sees the last minutes.
-        let sinks = proxy.gateway().sinks();
-        let live = config.ui.then(|| Live::start(sinks.clone(), &supervisor));
-        let live_at = ui_listener.as_ref().and_then(|l| l.local_addr().ok());
-        let admin_task = tokio::spawn(admin::serve(
+        let background = Background::start(Start {
+            config: &config,
+            metrics: &metrics,
+            readiness: &readiness,
+            proxy: &proxy,
+            supervisor: &supervisor,
             admin_listener,
-            metrics.clone(),
-            readiness.clone(),
-            live_at,
-        ));
-        let ui_task = ui_listener
-            .zip(live.clone())
-            .map(|(listener, live)| tokio::spawn(admin::serve_live(listener, live)));
-        let (metrics_transport, traces_transport) = otlp_transports;
-        let spans = config
-            .otlp
-            .as_ref()
-            .and_then(|otlp| Some((otlp.traces.clone()?, otlp.resource.clone())))
-            .zip(traces_transport)
-            .map(|((traces, resource), transport)| {
-                let upstream = &config.upstream;
-                let server = SpanServer {
-                    address: upstream.authority.host().to_string(),
-                    port: upstream.authority.port_u16().unwrap_or(
-                        if upstream.scheme == http::uri::Scheme::HTTPS {
-                            443
-                        } else {
-                            80
-                        },
-                    ),
-                };
-                SpanExporter::spawn(
-                    traces,
-                    transport,
-                    resource,
-                    Some(server),
-                    sinks.clone(),
-                    &supervisor,
-                )
-            });
-        let otlp = config
-            .otlp
-            .clone()
-            .zip(metrics_transport)
-            .map(|(settings, transport)| {
-                Exporter::spawn(
-                    settings,
-                    transport,
-                    metrics.clone(),
-                    SystemTime::now(),
-                    &supervisor,
-                )
-            });
-        let probe_task = {
-            let (proxy, readiness, metrics) = (proxy.clone(), readiness.clone(), metrics.clone());
-            supervisor.spawn("upstream_probe", move || {
-                probe_upstream(proxy.clone(), readiness.clone(), metrics.clone())
-            })
-        };
+            ui_listener,
+            otlp_transports,
+        });
         tracing::info!(
             listen = %proxy_listener.local_addr().unwrap_or(config.listen),
             upstream = %proxy.active().config.upstream.url(),
@@ -281,21 +228,8 @@ impl Server {
         drain(graceful, &proxy, &metrics).await;
         // Streams still open are cut here; each is counted before `run` returns.
         workers.stop().await;
-        // Spans first: their last batch goes out before the metrics push's last export.
-        if let Some(exporter) = spans {
-            exporter.finish().await;
-        }
-        if let Some(exporter) = otlp {
-            exporter.finish().await;
-        }
-        probe_task.abort();
-        admin_task.abort();
-        if let Some(task) = ui_task {
-            task.abort();
-        }
-        if let Some(live) = live {
-            live.stop();
-        }
+        // After the workers: the last exports carry the final counts.
+        background.stop().await;
         Ok(())
     }
 }
@@ -354,7 +288,7 @@ fn bind_proxy(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 }
 
 /// Bind the admin port or the live view's (`what`): each holds at most
-/// [`admin::MAX_CONNECTIONS`], and the default backlog of 128 is plenty for scrapes,
+/// [`admin::MAX_CONNECTIONS`](crate::admin::MAX_CONNECTIONS), and the default backlog of 128 is plenty for scrapes,
 /// probes and viewers.
 async fn bind_admin(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
@@ -396,30 +330,6 @@ fn tls_acceptor(tls: &ListenerTls) -> Result<TlsAcceptor, ServeError> {
     .map_err(|e| ServeError::Tls(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// Keep `upstream_reachable` and `tokentap_upstream_up` current.
-async fn probe_upstream(proxy: Arc<Proxy>, readiness: Arc<Readiness>, metrics: Arc<Metrics>) {
-    let mut was = None;
-    loop {
-        // The upstream may change on reload: probe the one in force.
-        let active = proxy.active();
-        let interval = active.config.upstream.probe_interval;
-        let reachable = active.upstream.probe().await;
-        readiness
-            .upstream_reachable
-            .store(reachable, Ordering::Relaxed);
-        metrics.upstream_up.set(i64::from(reachable));
-        if was != Some(reachable) {
-            if reachable {
-                tracing::info!("upstream reachable");
-            } else {
-                tracing::warn!("upstream not reachable");
-            }
-            was = Some(reachable);
-        }
-        tokio::time::sleep(interval).await;
-    }
 }
 
 #[cfg(test)]

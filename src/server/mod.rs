@@ -3,6 +3,9 @@
 //! the end of the drain. It splits by job:
 //!
 //! - `lifecycle.rs`: [`Server`]: bind every port, start, drain, stop, in one order;
+//! - `background.rs`: the background tasks (the live view, the admin and live-view
+//!   listeners, the OTLP push, the span export, the upstream probe), with one owner that
+//!   starts and stops them;
 //! - `accept.rs`: the proxy port's accept loop, under `limits.max_connections`
 //!   (`connections.rs`);
 //! - `workers.rs`: the threads that serve connections, one current-thread runtime each;
@@ -14,6 +17,7 @@
 //! [`reload`](crate::reload) decides it, and [`Server::reloader`] hands out its handle.
 
 mod accept;
+mod background;
 mod connections;
 mod lifecycle;
 mod serve;
