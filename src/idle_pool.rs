@@ -12,7 +12,8 @@
 //!   and every second for closes nobody asked about);
 //! - `upstream.pool_max_idle_per_host` bounds the idle connections to one upstream in the
 //!   whole process, both transports together. Each server worker keeps its part of it
-//!   ([`thread_cap`]), so checkin and checkout take no lock and touch no shared counter.
+//!   ([`thread_cap`], by the [`worker_slot`](crate::worker_slot) it is), so checkin and
+//!   checkout take no lock and touch no shared counter.
 //!
 //! Per thread because a server worker (`server::workers`) is one thread running a
 //! current-thread runtime, and serves a client connection for its whole life: a pooled
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-use crate::server::workers::{self, WorkerSlot};
+use crate::worker_slot::{this_worker, WorkerSlot};
 
 /// Where connections go: the upstream's host (as its URL writes it, IPv6 in brackets)
 /// and port.
@@ -315,7 +316,7 @@ pub fn checkin<C: Reusable + 'static>(
     if runtime.runtime_flavor() != RuntimeFlavor::CurrentThread {
         return;
     }
-    let cap = thread_cap(max_idle, workers::this_worker());
+    let cap = thread_cap(max_idle, this_worker());
     let now = Instant::now();
     let start_sweep = pool.with(|pool| {
         let kept = KEPT.with(|kept| {

@@ -16,6 +16,7 @@
 //!   `Host`, upstream head limits);
 //! - [`idle_pool`]: the keep-alive upstream connections of both plain-HTTP/1.1
 //!   transports (the relay's and hyper's), per worker thread, under one cap;
+//! - [`worker_slot`]: which of the server's workers a thread is (a leaf the pools read);
 //! - [`exchange`]: the request policy both transports call: admission, the configuration
 //!   in force, tokentap's answers, the idle timeout;
 //! - [`outcome`]: how a request ended, and every rule that decides it: the outcome and
@@ -30,6 +31,8 @@
 //! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`supervise`]: background tasks restarted when they fail, counted and in `/readyz`;
+//! - [`reload`]: a new configuration put in force while serving (SIGHUP): what it
+//!   rebuilds, what only a restart applies;
 //! - [`config`]: the YAML file and flags, validated with located errors;
 //! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
 //! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
@@ -49,6 +52,7 @@ pub mod outcome;
 pub mod prefetch;
 pub mod proxy;
 pub mod relay;
+pub mod reload;
 pub mod server;
 pub mod sim;
 pub mod summary;
@@ -56,6 +60,7 @@ pub mod supervise;
 pub mod top;
 pub mod trust;
 pub mod wire;
+pub mod worker_slot;
 
 #[cfg(test)]
 mod doc_table;

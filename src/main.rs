@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
-use tokentap::server::load_tokenizer;
+use tokentap::reload::load_tokenizer;
 use tokentap::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 #[cfg(feature = "inject")]
@@ -516,7 +516,7 @@ fn otel_environment() -> std::collections::BTreeMap<String, String> {
 /// On SIGHUP, re-read and validate the config file and swap it in atomically. An invalid
 /// file is rejected with a logged error and the running configuration keeps serving.
 async fn reload_on_sighup(
-    reloader: tokentap::server::Reloader,
+    reloader: tokentap::reload::Reloader,
     path: PathBuf,
     overrides: Overrides,
     after_load: AfterLoad,

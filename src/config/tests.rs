@@ -17,7 +17,7 @@ fn issues(text: &str) -> Vec<ConfigIssue> {
 
 /// Validate, then load what the configuration names (the step that reads files).
 fn load_issues(text: &str) -> Vec<ConfigIssue> {
-    match parse(text).and_then(|config| crate::server::load_tokenizer(&config)) {
+    match parse(text).and_then(|config| crate::reload::load_tokenizer(&config)) {
         Ok(_) => panic!("expected an error for:\n{text}"),
         Err(err) => err.issues().to_vec(),
     }
@@ -425,7 +425,7 @@ fn observe_options_default_off() {
     )
     .expect("valid");
     assert!(config.observe.skip_special_tokens);
-    let tokenizer = crate::server::load_tokenizer(&config)
+    let tokenizer = crate::reload::load_tokenizer(&config)
         .expect("loads")
         .expect("tokenizer");
     assert_eq!(tokenizer.name(), "cl100k_base");
@@ -618,7 +618,7 @@ fn validation_reads_no_tokenizer_file() {
     );
     assert_eq!(setting.written.path, "observe.tokenizer.file");
     assert_eq!(setting.written.location, Some((4, 5)));
-    let err = crate::server::load_tokenizer(&config).expect_err("no such file");
+    let err = crate::reload::load_tokenizer(&config).expect_err("no such file");
     assert!(
         err.to_string()
             .contains("test.yaml:4:5: `observe.tokenizer.file`"),

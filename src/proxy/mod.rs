@@ -58,17 +58,7 @@ pub struct Proxy {
     gateway: Arc<Gateway<UpstreamClient>>,
     /// Upgraded connections, which the drain waits for.
     tunnels: Tunnels,
-    /// The configuration the process started with: what the settings a reload cannot
-    /// change still run as.
-    started: Arc<Config>,
 }
-
-/// Settings a reload cannot change in a running process (they shape listeners, the
-/// in-flight semaphore, already registered metric families, or the OTLP exporters and
-/// live view started with the server).
-const RESTART_ONLY: &str = "listen, admin, tls, limits, metrics.buckets, \
-     metrics.native_histograms, metrics.names, labels.tenant.families, otlp and ui changes \
-     take effect after a restart";
 
 impl Proxy {
     pub fn new(
@@ -78,14 +68,13 @@ impl Proxy {
         sinks: Arc<Sinks>,
     ) -> Arc<Proxy> {
         let active = Active {
-            config: config.clone(),
+            config,
             tokenizer,
             upstream,
         };
         Arc::new(Proxy {
             gateway: Arc::new(Gateway::new(active, sinks)),
             tunnels: Tunnels::default(),
-            started: config,
         })
     }
 
@@ -104,45 +93,11 @@ impl Proxy {
         self.gateway.active()
     }
 
-    /// Switch to a new, already validated configuration (with its tokenizer, loaded),
-    /// atomically: a request sees either the old configuration or the new one, never a
-    /// mix. The upstream client (and its connection pool) is kept when the upstream
-    /// settings did not change. Returns a warning when settings that need a restart differ
-    /// from those the process started with (so every reload says so until a restart).
-    pub fn reload(
-        &self,
-        config: Config,
-        tokenizer: Option<Tokenizer>,
-    ) -> Result<Option<&'static str>, upstream::ClientError> {
-        let old = self.active();
-        let upstream = if old.config.upstream == config.upstream {
-            old.upstream.clone()
-        } else {
-            UpstreamClient::new(&config.upstream)?
-        };
-        let before = &self.started;
-        let restart_needed = before.listen != config.listen
-            || before.admin != config.admin
-            || before.tls != config.tls
-            || before.limits != config.limits
-            || before.metrics.buckets != config.metrics.buckets
-            || before.metrics.native_histograms != config.metrics.native_histograms
-            || before.metrics.names != config.metrics.names
-            || before.labels.tenant_families != config.labels.tenant_families
-            || before.otlp != config.otlp
-            || before.ui != config.ui
-            || before.ui_listen != config.ui_listen;
-        self.metrics().set_label_policies(&config.labels);
-        self.metrics()
-            .set_objective_targets(crate::summary::objectives::targets(
-                config.objectives.as_ref(),
-            ));
-        self.gateway.swap(Active {
-            config: Arc::new(config),
-            tokenizer,
-            upstream,
-        });
-        Ok(restart_needed.then_some(RESTART_ONLY))
+    /// Put `active` (a configuration, its tokenizer, its upstream client) in force,
+    /// atomically: a request sees either the old one or the new one, never a mix. What to
+    /// put in force on a reload is [`reload`](crate::reload)'s to decide.
+    pub fn swap(&self, active: Active<UpstreamClient>) {
+        self.gateway.swap(active);
     }
 
     /// A hyper service handle for one connection.

@@ -13,11 +13,10 @@
 //! Connections go to the worker serving the fewest, since SSE streams are long-lived and
 //! a round-robin would leave one worker with the streams that happened to last.
 //!
-//! A worker thread knows which worker it is ([`this_worker`]), so that what is bounded
-//! for the whole process can be split over the workers without a shared counter (the
-//! idle upstream connections of [`idle_pool`](crate::idle_pool)).
+//! A worker thread knows which worker it is ([`this_worker`](crate::worker_slot::this_worker)),
+//! so that what is bounded for the whole process can be split over the workers without a
+//! shared counter (the idle upstream connections of [`idle_pool`](crate::idle_pool)).
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,28 +26,12 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::worker_slot::WorkerSlot;
+
 /// How long a stopping worker waits for blocking work (a DNS lookup) before it lets go.
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
 type Job = Box<dyn FnOnce(Occupancy) + Send>;
-
-/// Which of a server's workers a thread is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkerSlot {
-    /// From 0.
-    pub index: usize,
-    /// The server's workers.
-    pub count: usize,
-}
-
-thread_local! {
-    static THIS_WORKER: Cell<Option<WorkerSlot>> = const { Cell::new(None) };
-}
-
-/// The worker the calling thread is, or `None` on any other thread.
-pub fn this_worker() -> Option<WorkerSlot> {
-    THIS_WORKER.with(Cell::get)
-}
 
 /// The connection-serving threads of one server.
 pub struct Workers {
@@ -185,7 +168,7 @@ impl Worker {
         std::thread::Builder::new()
             .name(format!("tokentap-worker-{}", slot.index))
             .spawn(move || {
-                THIS_WORKER.with(|this| this.set(Some(slot)));
+                slot.enter();
                 runtime.block_on(async move {
                     let serve = async {
                         while let Some(job) = queue.recv().await {
@@ -215,6 +198,7 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker_slot::this_worker;
 
     #[tokio::test]
     async fn connections_go_to_the_least_busy_worker() {

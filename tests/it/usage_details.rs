@@ -40,8 +40,7 @@ fn stated(golden: &str) -> [Option<u64>; 5] {
     let last = |prefix: &str| {
         golden
             .lines()
-            .filter(|l| l.starts_with(prefix))
-            .last()
+            .rfind(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no `{prefix}` line"))
             .to_string()
     };
