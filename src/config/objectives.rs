@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use super::raw::{RawObjective, RawObjectiveOverride};
+use super::raw::{RawObjective, RawObjectiveOverride, RawObjectives};
 use super::units::HumanDuration;
 use super::validate::Issues;
 use crate::summary::objectives::{Bounds, Objective, Objectives, Override};
@@ -17,11 +17,14 @@ pub const MAX_OVERRIDES: usize = 100;
 /// The attainment target of an objective that names none.
 pub const DEFAULT_TARGET: f64 = 0.95;
 
-/// The objectives, or `None` when there are none (they then cost nothing).
-pub(super) fn validate(
-    issues: &mut Issues<'_>,
-    raw: BTreeMap<String, RawObjective>,
-) -> Option<Objectives> {
+impl RawObjectives {
+    /// The objectives, or `None` when there are none (they then cost nothing).
+    pub(super) fn validate(self, issues: &mut Issues<'_>) -> Option<Objectives> {
+        validate(issues, self.0)
+    }
+}
+
+fn validate(issues: &mut Issues<'_>, raw: BTreeMap<String, RawObjective>) -> Option<Objectives> {
     if raw.len() > MAX_OBJECTIVES {
         issues.push(
             "objectives",

@@ -61,8 +61,13 @@ pub struct RawConfig {
     /// request is judged once against each (docs/METRICS.md, "Objectives and goodput").
     /// A reload applies them to the requests that start after it.
     #[serde(default)]
-    pub objectives: BTreeMap<String, RawObjective>,
+    pub objectives: RawObjectives,
 }
+
+/// `objectives`: name -> objective.
+#[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub struct RawObjectives(pub BTreeMap<String, RawObjective>);
 
 /// One objective: at least one bound, each a duration above 0.
 #[derive(Debug, Deserialize)]

@@ -116,7 +116,7 @@ impl RawConfig {
         let routes = routes(&mut issues, self.routes);
         let log = self.log.validate(&mut issues, overrides);
         let otlp = self.otlp.validate(&mut issues, &overrides.environment);
-        let objectives = super::objectives::validate(&mut issues, self.objectives);
+        let objectives = self.objectives.validate(&mut issues);
 
         match (listen, admin, ui_listen, upstream) {
             (Some(listen), Some(admin), Some(ui_listen), Some(upstream))

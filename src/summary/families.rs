@@ -52,8 +52,10 @@ pub(super) fn record(metrics: &Metrics, series: &StreamSeries, summary: &Request
             }
         }
     }
+    let measures = summary.measures();
     for objective in summary.objectives.iter().flat_map(|o| o.iter()) {
-        if let Some(met) = objective.judge(summary) {
+        let (model, tenant, outcome) = (&summary.model, &summary.tenant, summary.verdict.outcome);
+        if let Some(met) = objective.judge(model, tenant, outcome, &measures) {
             metrics.count_objective(series, &objective.name, met, summary.output_tokens);
         }
     }

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::request::RequestSummary;
 use crate::outcome::Outcome;
 
 /// The bounds of an objective: a request meets it when each bound that is set holds.
@@ -97,10 +96,16 @@ impl Objective {
         }
     }
 
-    /// Whether `request` met this objective; `None` when it is not judged.
-    pub fn judge(&self, request: &RequestSummary) -> Option<bool> {
-        let bounds = self.bounds_for(&request.model, &request.tenant);
-        judge(bounds, request.verdict.outcome, &Measures::of(request))
+    /// Whether a request counted under `model` and `tenant` that ended as `outcome`
+    /// with `measures` met this objective; `None` when it is not judged.
+    pub fn judge(
+        &self,
+        model: &str,
+        tenant: &str,
+        outcome: Outcome,
+        measures: &Measures,
+    ) -> Option<bool> {
+        judge(self.bounds_for(model, tenant), outcome, measures)
     }
 }
 
@@ -122,17 +127,6 @@ pub struct Measures {
     pub ttft: Option<Duration>,
     pub tpot: Option<Duration>,
     pub slowest_gap: Option<Duration>,
-}
-
-impl Measures {
-    pub fn of(request: &RequestSummary) -> Measures {
-        Measures {
-            duration: request.duration,
-            ttft: request.ttft,
-            tpot: request.tpot,
-            slowest_gap: request.slowest_gap,
-        }
-    }
 }
 
 /// The rule (docs/METRICS.md, "Objectives and goodput"):

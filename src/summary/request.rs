@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::facts::RequestFacts;
-use super::objectives::Objectives;
+use super::objectives::{Measures, Objectives};
 use crate::metrics::exemplar::TraceContext;
 use crate::observe::rate_limits::RateLimits;
 use crate::outcome::Verdict;
@@ -121,6 +121,16 @@ impl RequestSummary {
             rate_limits: None,
             malformed: 0,
             objectives: None,
+        }
+    }
+
+    /// What an objective judges of it.
+    pub fn measures(&self) -> Measures {
+        Measures {
+            duration: self.duration,
+            ttft: self.ttft,
+            tpot: self.tpot,
+            slowest_gap: self.slowest_gap,
         }
     }
 
