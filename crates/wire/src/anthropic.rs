@@ -261,7 +261,7 @@ struct Body<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{body, sse};
+    use crate::testing::{body, sse};
     use Signal::{Done, Error, Model};
 
     fn out(kind: OutputKind) -> Signal {

@@ -492,9 +492,9 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::wire::frame::SseStream;
-    use crate::wire::openai::OpenAi;
-    use crate::wire::types::{DecodeLimits, Dialect, OutputKind};
+    use crate::frame::SseStream;
+    use crate::openai::OpenAi;
+    use crate::types::{DecodeLimits, Dialect, OutputKind};
 
     const EVENT: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
     const HI: Signal = Signal::Output {

@@ -109,7 +109,7 @@ impl ErrorClass {
 #[cfg(test)]
 mod tests {
     use super::ErrorClass::{self, Other, Overloaded, RateLimited};
-    use crate::wire::{decoder, DecodeLimits, DecodeOptions, Dialect, Framing, Signal};
+    use crate::{decoder, DecodeLimits, DecodeOptions, Dialect, Framing, Signal};
 
     #[test]
     fn names_then_numbers() {

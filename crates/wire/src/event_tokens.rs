@@ -103,7 +103,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::wire::tokenize::{TokenCounter, Tokenizer};
+    use crate::tokenize::{TokenCounter, Tokenizer};
 
     #[test]
     fn without_a_tokenizer_the_shape_is_the_count() {

@@ -323,8 +323,8 @@ impl Fold for Parts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{array, body, sse};
-    use crate::wire::ErrorClass;
+    use crate::testing::{array, body, sse};
+    use crate::ErrorClass;
     use Signal::{Error, Malformed, Model};
 
     fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {

@@ -254,7 +254,7 @@ struct Function {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{body, ndjson};
+    use crate::testing::{body, ndjson};
     use Signal::{Done, Error, Malformed, Model};
 
     fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {

@@ -695,8 +695,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::wire::frame::{JsonBody, SseStream};
-    use crate::wire::types::{DecodeError, DecodeLimits, Decoder};
+    use crate::frame::{JsonBody, SseStream};
+    use crate::types::{DecodeError, DecodeLimits, Decoder};
     use Signal::{Done, Error, Malformed, Model, Output};
 
     const CHAT: Dialect = Dialect::OpenAiChat;

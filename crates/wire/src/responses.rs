@@ -280,7 +280,7 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{body, sse};
+    use crate::testing::{body, sse};
     use Signal::{Done, Error, Malformed, Model};
 
     fn out(tokens: u32, exact: bool, kind: OutputKind) -> Signal {

@@ -188,7 +188,7 @@ mod tests {
             assert_eq!(queue_time(hostile), None, "{hostile:?}");
         }
     }
-    use crate::wire::testing::{body, sse};
+    use crate::testing::{body, sse};
     use Signal::{Done, Error};
 
     const TOKEN: Signal = Signal::Output {

@@ -254,7 +254,7 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Tokenizer;
+    use crate::Tokenizer;
 
     fn o200k() -> Tokenizer {
         Tokenizer::encoding("o200k_base").expect("o200k")

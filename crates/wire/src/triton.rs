@@ -106,7 +106,7 @@ struct Response<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{body, sse};
+    use crate::testing::{body, sse};
     use Signal::{Error, Model};
 
     const TOKEN: Signal = Signal::Output {

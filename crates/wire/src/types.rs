@@ -157,7 +157,7 @@ pub enum Signal {
     /// `tool_calls`, `end_turn`, `MAX_TOKENS`, ...), as written: OpenAI's
     /// `finish_reason`, Anthropic's `stop_reason`, Gemini's `finishReason`, the Responses
     /// API's incomplete reason or status, the gRPC engines' `finish_reason`. Read from the
-    /// value the event's or body's parse already holds (the table in [`crate::wire`]).
+    /// value the event's or body's parse already holds (the table in [`crate`]).
     FinishReason(String),
 }
 

@@ -329,7 +329,7 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::wire::compress::MAX_RATIO;
+    use crate::compress::MAX_RATIO;
 
     const LIMIT: usize = 1 << 10;
 

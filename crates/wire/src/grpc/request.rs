@@ -383,11 +383,11 @@ impl Varint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::grpc::framing::{frame, frame_with};
-    use crate::wire::grpc::proto::inference::{InferTensorContents, ModelInferRequest};
-    use crate::wire::grpc::proto::sglang::grpc::scheduler as sglang;
-    use crate::wire::grpc::proto::trtllm;
-    use crate::wire::grpc::proto::vllm::grpc::engine as vllm;
+    use crate::grpc::framing::{frame, frame_with};
+    use crate::grpc::proto::inference::{InferTensorContents, ModelInferRequest};
+    use crate::grpc::proto::sglang::grpc::scheduler as sglang;
+    use crate::grpc::proto::trtllm;
+    use crate::grpc::proto::vllm::grpc::engine as vllm;
 
     type Found = (Option<String>, bool, Option<bool>);
 

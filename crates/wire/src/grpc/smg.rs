@@ -234,8 +234,8 @@ impl Handler for Smg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::grpc::framing::frame;
-    use crate::wire::testing::grpc;
+    use crate::grpc::framing::frame;
+    use crate::testing::grpc;
     use Signal::{Done, Error, Malformed, Usage};
 
     fn tokens(n: u32) -> Signal {

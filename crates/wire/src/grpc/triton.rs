@@ -208,9 +208,9 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::wire::grpc::framing::frame;
-    use crate::wire::grpc::proto::inference::{InferParameter, InferTensorContents};
-    use crate::wire::testing::grpc;
+    use crate::grpc::framing::frame;
+    use crate::grpc::proto::inference::{InferParameter, InferTensorContents};
+    use crate::testing::grpc;
     use Signal::{Done, Error, Malformed, Model};
 
     const TEXT: Signal = Signal::Output {
@@ -363,7 +363,7 @@ mod tests {
     fn a_tokenizer_counts_the_text_as_one_text() {
         use std::sync::Arc;
 
-        use crate::wire::tokenize::TokenCounter;
+        use crate::tokenize::TokenCounter;
         let words = Tokenizer::new(
             "words",
             Arc::new(|t: &str| t.split_whitespace().count()) as Arc<dyn TokenCounter>,

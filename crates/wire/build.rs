@@ -1,4 +1,4 @@
-//! Generates `wire::grpc::proto`: the Rust types of the engines' gRPC messages, from the
+//! Generates `grpc::proto`: the Rust types of the engines' gRPC messages, from the
 //! `.proto` files vendored under `proto/` (`proto/README.md` says where each comes from).
 //!
 //! protox compiles the files in Rust, so a build needs no `protoc`; prost-build writes the
