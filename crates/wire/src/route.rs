@@ -9,9 +9,17 @@ use super::types::Dialect;
 /// Azure's `/openai/deployments/x/chat/completions`, a gateway's `/ollama/api/chat`).
 /// Only `POST` requests are LLM calls, except the Responses API's
 /// `GET …/responses/{id}?stream=true`, which replays a stored response as a stream.
-pub fn dialect_for(method: &http::Method, path: &str, query: Option<&str>) -> Option<Dialect> {
+///
+/// `method` is the request's method as written (`http::Method` is one: this crate
+/// depends on no HTTP library), compared exactly, as methods are case-sensitive.
+pub fn dialect_for<M: AsRef<str> + ?Sized>(
+    method: &M,
+    path: &str,
+    query: Option<&str>,
+) -> Option<Dialect> {
+    let method = method.as_ref();
     let path = path.trim_end_matches('/');
-    if method == http::Method::GET {
+    if method == "GET" {
         let streamed = query.is_some_and(|q| {
             q.split('&')
                 .any(|pair| pair.eq_ignore_ascii_case("stream=true"))
@@ -21,7 +29,7 @@ pub fn dialect_for(method: &http::Method, path: &str, query: Option<&str>) -> Op
             .is_some_and(|(parent, id)| parent.ends_with("/responses") && !id.is_empty());
         return (streamed && is_response).then_some(Dialect::OpenAiResponses);
     }
-    if method != http::Method::POST {
+    if method != "POST" {
         return None;
     }
     let dialect = if path.ends_with("/chat/completions") {
