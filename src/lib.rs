@@ -31,7 +31,9 @@
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
 //! - [`supervise`]: background tasks restarted when they fail, counted and in `/readyz`;
 //! - [`config`]: the YAML file and flags, validated with located errors;
-//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
+//! - [`demo`]: the demo's summary of tokentap's own figures (the demo itself, and the
+//!   simulated backend it runs, crates/sim, belong to the binary: no library module
+//!   depends on the simulator);
 //! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
 
 pub mod admin;
@@ -50,10 +52,6 @@ pub mod prefetch;
 pub mod proxy;
 pub mod relay;
 pub mod server;
-// The simulator moved to crates/sim, which becomes its own crate in a later commit;
-// until then it is compiled here, from where it now is.
-#[path = "../crates/sim/src/lib.rs"]
-pub mod sim;
 pub mod supervise;
 pub mod top;
 pub mod trust;

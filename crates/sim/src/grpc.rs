@@ -59,15 +59,15 @@ use super::config::{unix_ns, Fault, ModelProfile, SimConfig, StreamError};
 use super::request;
 use super::state::{SimBody, SimState};
 use super::stream::Schedule;
-use crate::wire::grpc::framing::{frame, frame_with, MessageEncoding, MessageReader};
-use crate::wire::grpc::proto::inference::infer_parameter::ParameterChoice;
-use crate::wire::grpc::proto::inference::model_infer_response::InferOutputTensor;
-use crate::wire::grpc::proto::inference::{
+use tokentap_wire::grpc::framing::{frame, frame_with, MessageEncoding, MessageReader};
+use tokentap_wire::grpc::proto::inference::infer_parameter::ParameterChoice;
+use tokentap_wire::grpc::proto::inference::model_infer_response::InferOutputTensor;
+use tokentap_wire::grpc::proto::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
-use crate::wire::grpc::proto::sglang::grpc::scheduler as sglang;
-use crate::wire::grpc::proto::trtllm;
-use crate::wire::grpc::proto::vllm::grpc::engine as vllm;
+use tokentap_wire::grpc::proto::sglang::grpc::scheduler as sglang;
+use tokentap_wire::grpc::proto::trtllm;
+use tokentap_wire::grpc::proto::vllm::grpc::engine as vllm;
 
 /// gRPC status codes the simulator sends.
 pub(super) mod code {

@@ -642,7 +642,7 @@ mod tests {
     /// benchmark reads the simulator's own TTFT.
     #[test]
     fn stamped_chunks_carry_arrival_and_send_times() {
-        let received = crate::sim::unix_ns();
+        let received = crate::unix_ns();
         let script = Script {
             api: Api::Chat,
             model: "m".into(),

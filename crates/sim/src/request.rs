@@ -165,7 +165,7 @@ pub(super) fn includes_usage(mode: UsageMode, body: &serde_json::Value) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::StreamError;
+    use crate::StreamError;
 
     fn headers(name: &'static str, value: &[u8]) -> HeaderMap {
         let mut headers = HeaderMap::new();

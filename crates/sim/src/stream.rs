@@ -313,7 +313,7 @@ impl Body for SimStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::render::Api;
+    use crate::render::Api;
     use http_body_util::BodyExt;
     use rand::SeedableRng;
     use serde_json::Value;
@@ -491,8 +491,10 @@ mod tests {
     /// and the decoders' reading of them cannot drift apart.
     #[tokio::test]
     async fn error_faults_decode_to_their_class_in_every_dialect() {
-        use crate::sim::StreamError;
-        use crate::wire::{self, DecodeLimits, DecodeOptions, Dialect, ErrorClass, Signal};
+        use crate::StreamError;
+        use tokentap_wire::{
+            self as wire, DecodeLimits, DecodeOptions, Dialect, ErrorClass, Signal,
+        };
 
         let apis = [
             (Api::Chat, Dialect::OpenAiChat),

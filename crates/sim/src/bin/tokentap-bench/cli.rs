@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use tokentap::config::units::parse_duration;
 
 #[derive(Parser, Debug)]
 #[command(about = "Load generator for tokentap's benchmark (see scripts/bench.sh)")]
@@ -124,4 +123,51 @@ pub(crate) struct ScrapeArgs {
     /// encoding=delimited`). None by default: the text format.
     #[arg(long)]
     pub(crate) accept: Option<String>,
+}
+
+/// A duration flag: `150ms`, `5s`, `2m`, `1h`, `1.5s` (a bare number is seconds), the
+/// syntax of tokentap's own duration flags and keys (`tokentap::config::units`), which
+/// this crate cannot import: the simulator and its load tool do not depend on the proxy.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (use e.g. 150ms, 5s, 2m)"))?;
+    let scale = match unit.trim() {
+        "ms" => 1e-3,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit `{other}` (use ms, s, m or h)"
+            ))
+        }
+    };
+    let seconds = value * scale;
+    if seconds > 1e9 {
+        return Err(format!("duration `{text}` is out of range"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("duration `{text}` is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_tokentap_reads_them() {
+        assert_eq!(parse_duration("150ms"), Ok(Duration::from_millis(150)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("").is_err());
+    }
 }

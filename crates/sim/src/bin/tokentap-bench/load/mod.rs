@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use http::Uri;
 use memchr::memmem;
-use tokentap::sim::unix_ns;
+use tokentap_sim::unix_ns;
 
 use crate::cli::RunArgs;
 use crate::hist::Hist;

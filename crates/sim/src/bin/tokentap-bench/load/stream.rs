@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tokentap::sim::unix_ns;
-use tokentap::wire::sse::{SseDecoder, SseEvent};
+use tokentap_sim::unix_ns;
+use tokentap_wire::sse::{SseDecoder, SseEvent};
 
 use super::conn::{connect_h1, H2Sender, Sender};
 use super::Shared;
