@@ -35,8 +35,19 @@
 //! naming `gzip`, every message is sent gzip-compressed (`grpc-encoding: gzip`); otherwise
 //! identity. Compressed request messages (`gzip`, `deflate`, `zstd`) are read. A method
 //! the simulator does not serve is `UNIMPLEMENTED`; `grpc-timeout` is not enforced.
+//!
+//! This module serves the call, the same for every engine: its route, faults and statuses,
+//! the framing, and each request's messages at its schedule's deadlines ([`Generation`]).
+//! One module per engine says what its messages hold: `sglang`, `vllm`, `trtllm` (with
+//! TensorRT-LLM's `perf_metrics`, and the health and model information Triton's service
+//! answers with) and `triton`.
 
-use std::collections::{HashMap, VecDeque};
+mod sglang;
+mod triton;
+mod trtllm;
+mod vllm;
+
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
@@ -50,24 +61,15 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Incoming;
-use prost::Message;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use tokentap_wire::grpc::framing::{frame, frame_with, MessageEncoding, MessageReader};
 use tokio::time::{Instant, Sleep};
 
 use super::config::{unix_ns, Fault, ModelProfile, SimConfig, StreamError};
 use super::request;
 use super::state::{SimBody, SimState};
 use super::stream::Schedule;
-use tokentap_wire::grpc::framing::{frame, frame_with, MessageEncoding, MessageReader};
-use tokentap_wire::grpc::proto::inference::infer_parameter::ParameterChoice;
-use tokentap_wire::grpc::proto::inference::model_infer_response::InferOutputTensor;
-use tokentap_wire::grpc::proto::inference::{
-    InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
-};
-use tokentap_wire::grpc::proto::sglang::grpc::scheduler as sglang;
-use tokentap_wire::grpc::proto::trtllm;
-use tokentap_wire::grpc::proto::vllm::grpc::engine as vllm;
 
 /// gRPC status codes the simulator sends.
 pub(super) mod code {
@@ -411,55 +413,21 @@ impl Body for Unary {
     }
 }
 
+/// The `HealthCheck` answer (Triton's service has none of its own: TensorRT-LLM's).
 fn health(engine: Engine) -> Vec<u8> {
     match engine {
-        Engine::Sglang => sglang::HealthCheckResponse {
-            healthy: true,
-            message: "ok".into(),
-        }
-        .encode_to_vec(),
-        Engine::Vllm => vllm::HealthCheckResponse {
-            healthy: true,
-            message: "ok".into(),
-        }
-        .encode_to_vec(),
-        Engine::Trtllm | Engine::Triton => trtllm::HealthCheckResponse {
-            status: "OK".into(),
-        }
-        .encode_to_vec(),
+        Engine::Sglang => sglang::health(),
+        Engine::Vllm => vllm::health(),
+        Engine::Trtllm | Engine::Triton => trtllm::health(),
     }
 }
 
+/// The `GetModelInfo` answer for `model`.
 fn model_info(engine: Engine, model: &str) -> Vec<u8> {
     match engine {
-        Engine::Sglang => sglang::GetModelInfoResponse {
-            model_path: model.into(),
-            served_model_name: model.into(),
-            tokenizer_path: model.into(),
-            is_generation: true,
-            max_context_length: 32768,
-            vocab_size: 32000,
-            ..Default::default()
-        }
-        .encode_to_vec(),
-        Engine::Vllm => vllm::GetModelInfoResponse {
-            model_path: model.into(),
-            served_model_name: model.into(),
-            tokenizer_path: model.into(),
-            is_generation: true,
-            max_context_length: 32768,
-            vocab_size: 32000,
-            ..Default::default()
-        }
-        .encode_to_vec(),
-        Engine::Trtllm | Engine::Triton => trtllm::GetModelInfoResponse {
-            model_id: model.into(),
-            max_input_len: 32768,
-            max_seq_len: 32768,
-            vocab_size: 32000,
-            ..Default::default()
-        }
-        .encode_to_vec(),
+        Engine::Sglang => sglang::model_info(model),
+        Engine::Vllm => vllm::model_info(model),
+        Engine::Trtllm | Engine::Triton => trtllm::model_info(model),
     }
 }
 
@@ -482,8 +450,9 @@ fn count(n: usize) -> u32 {
 }
 
 impl Ask {
-    fn smg(engine: Engine, message: &[u8]) -> Option<Ask> {
-        let ask = |request_id, prompt_tokens, max_tokens, stream| Ask {
+    /// An SMG engine's request (no model, no Triton parameters).
+    fn new(request_id: String, prompt_tokens: u32, max_tokens: Option<u32>, stream: bool) -> Ask {
+        Ask {
             request_id,
             prompt_tokens,
             max_tokens,
@@ -491,93 +460,17 @@ impl Ask {
             model: None,
             empty_final: false,
             perf_metrics: false,
-        };
-        Some(match engine {
-            Engine::Sglang => {
-                let r = sglang::GenerateRequest::decode(message).ok()?;
-                let prompt = r.tokenized.as_ref().map_or(0, |t| count(t.input_ids.len()));
-                let max = r.sampling_params.as_ref().and_then(|s| s.max_new_tokens);
-                ask(r.request_id, prompt, max, r.stream)
-            }
-            Engine::Vllm => {
-                use vllm::generate_request::Input;
-                let r = vllm::GenerateRequest::decode(message).ok()?;
-                let prompt = match &r.input {
-                    Some(Input::Tokenized(t)) => count(t.input_ids.len()),
-                    Some(Input::Text(text)) => count(text.len() / 4).max(1),
-                    None => 0,
-                };
-                let max = r.sampling_params.as_ref().and_then(|s| s.max_tokens);
-                ask(r.request_id, prompt, max, r.stream)
-            }
-            Engine::Trtllm => {
-                let r = trtllm::GenerateRequest::decode(message).ok()?;
-                let prompt = r
-                    .tokenized
-                    .as_ref()
-                    .map_or(0, |t| count(t.input_token_ids.len()));
-                let max = (r.max_tokens > 0).then_some(r.max_tokens);
-                let perf_metrics = r
-                    .output_config
-                    .as_ref()
-                    .is_some_and(|c| c.return_perf_metrics);
-                Ask {
-                    perf_metrics,
-                    ..ask(r.request_id, prompt, max, r.streaming)
-                }
-            }
-            Engine::Triton => return None,
-        })
+        }
     }
 
-    fn triton(message: &[u8]) -> Option<Ask> {
-        let r = ModelInferRequest::decode(message).ok()?;
-        let input = |name: &str| {
-            r.inputs
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.name == name)
-                .map(|(i, t)| (t, r.raw_input_contents.get(i)))
-        };
-        let max_tokens = input("max_tokens").and_then(|(t, raw)| match raw {
-            Some(raw) if t.datatype == "INT64" => raw
-                .first_chunk::<8>()
-                .map(|b| u32::try_from(i64::from_le_bytes(*b).max(0)).unwrap_or(u32::MAX)),
-            Some(raw) => raw
-                .first_chunk::<4>()
-                .map(|b| u32::try_from(i32::from_le_bytes(*b).max(0)).unwrap_or(0)),
-            None => t.contents.as_ref().and_then(|c| {
-                c.int_contents
-                    .first()
-                    .map(|v| u32::try_from(*v).unwrap_or(0))
-                    .or_else(|| {
-                        c.int64_contents
-                            .first()
-                            .map(|v| u32::try_from(*v).unwrap_or(0))
-                    })
-            }),
-        });
-        let stream = input("stream").is_none_or(|(t, raw)| match raw {
-            Some(raw) => raw.first().is_some_and(|b| *b != 0),
-            None => t
-                .contents
-                .as_ref()
-                .and_then(|c| c.bool_contents.first().copied())
-                .unwrap_or(true),
-        });
-        let empty_final = r
-            .parameters
-            .get("triton_enable_empty_final_response")
-            .is_some_and(|p| matches!(p.parameter_choice, Some(ParameterChoice::BoolParam(true))));
-        Some(Ask {
-            request_id: r.id,
-            prompt_tokens: 0,
-            max_tokens: max_tokens.filter(|m| *m > 0),
-            stream,
-            model: (!r.model_name.is_empty()).then_some(r.model_name),
-            empty_final,
-            perf_metrics: false,
-        })
+    /// A `GenerateRequest` of one of the SMG engines.
+    fn smg(engine: Engine, message: &[u8]) -> Option<Ask> {
+        match engine {
+            Engine::Sglang => sglang::ask(message),
+            Engine::Vllm => vllm::ask(message),
+            Engine::Trtllm => trtllm::ask(message),
+            Engine::Triton => None,
+        }
     }
 }
 
@@ -678,7 +571,7 @@ impl Generation {
                 let done = event.first + event.tokens;
                 let last = done >= self.total;
                 Action::Send(match self.engine {
-                    Engine::Triton => self.triton_response(&ids, last && !self.ask.empty_final),
+                    Engine::Triton => triton::response(self, &ids, last && !self.ask.empty_final),
                     _ => self.chunk(ids, done),
                 })
             }
@@ -691,7 +584,7 @@ impl Generation {
                     if self.ask.stream {
                         self.phase = Phase::Done;
                         return if self.ask.empty_final {
-                            Action::Send(self.triton_response(&[], true))
+                            Action::Send(triton::response(self, &[], true))
                         } else {
                             Action::Finished
                         };
@@ -702,14 +595,14 @@ impl Generation {
                     } else {
                         Phase::Done
                     };
-                    return Action::Send(self.triton_response(&ids, !self.ask.empty_final));
+                    return Action::Send(triton::response(self, &ids, !self.ask.empty_final));
                 }
                 self.phase = Phase::Done;
                 Action::Send(self.complete(self.total, self.finish_reason))
             }
             Phase::Final => {
                 self.phase = Phase::Done;
-                Action::Send(self.triton_response(&[], true))
+                Action::Send(triton::response(self, &[], true))
             }
             Phase::Done => Action::Finished,
         }
@@ -725,13 +618,7 @@ impl Generation {
             StreamError::Overload => Action::End(code::UNAVAILABLE, "simulated overload".into()),
             StreamError::Failure => match self.engine {
                 Engine::Vllm => Action::Send(self.complete(sent, "error")),
-                Engine::Triton => Action::Send(
-                    ModelStreamInferResponse {
-                        error_message: "simulated engine failure".into(),
-                        infer_response: None,
-                    }
-                    .encode_to_vec(),
-                ),
+                Engine::Triton => Action::Send(triton::error("simulated engine failure".into())),
                 Engine::Sglang | Engine::Trtllm => {
                     Action::End(code::INTERNAL, "simulated engine failure".into())
                 }
@@ -741,155 +628,21 @@ impl Generation {
 
     /// A `chunk` of `ids`, `done` tokens generated so far.
     fn chunk(&self, ids: Vec<u32>, done: u32) -> Vec<u8> {
-        let prompt = self.ask.prompt_tokens;
         match self.engine {
-            Engine::Sglang => sglang::GenerateResponse {
-                request_id: self.ask.request_id.clone(),
-                response: Some(sglang::generate_response::Response::Chunk(
-                    sglang::GenerateStreamChunk {
-                        token_ids: ids,
-                        prompt_tokens: prompt,
-                        completion_tokens: done,
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
-            Engine::Vllm => vllm::GenerateResponse {
-                response: Some(vllm::generate_response::Response::Chunk(
-                    vllm::GenerateStreamChunk {
-                        token_ids: ids,
-                        prompt_tokens: prompt,
-                        completion_tokens: done,
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
-            Engine::Trtllm | Engine::Triton => trtllm::GenerateResponse {
-                request_id: self.ask.request_id.clone(),
-                response: Some(trtllm::generate_response::Response::Chunk(
-                    trtllm::GenerateStreamChunk {
-                        token_ids: ids,
-                        prompt_tokens: prompt,
-                        completion_tokens: done,
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
+            Engine::Sglang => sglang::chunk(&self.ask, ids, done),
+            Engine::Vllm => vllm::chunk(&self.ask, ids, done),
+            Engine::Trtllm | Engine::Triton => trtllm::chunk(&self.ask, ids, done),
         }
     }
 
     /// The `complete` after `tokens` tokens.
     fn complete(&self, tokens: u32, finish_reason: &str) -> Vec<u8> {
         let ids: Vec<u32> = (0..tokens).map(token_id).collect();
-        let prompt = self.ask.prompt_tokens;
         match self.engine {
-            Engine::Sglang => sglang::GenerateResponse {
-                request_id: self.ask.request_id.clone(),
-                response: Some(sglang::generate_response::Response::Complete(
-                    sglang::GenerateComplete {
-                        output_ids: ids,
-                        finish_reason: finish_reason.into(),
-                        prompt_tokens: prompt,
-                        completion_tokens: tokens,
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
-            Engine::Vllm => vllm::GenerateResponse {
-                response: Some(vllm::generate_response::Response::Complete(
-                    vllm::GenerateComplete {
-                        output_ids: ids,
-                        finish_reason: finish_reason.into(),
-                        prompt_tokens: prompt,
-                        completion_tokens: tokens,
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
-            Engine::Trtllm | Engine::Triton => trtllm::GenerateResponse {
-                request_id: self.ask.request_id.clone(),
-                response: Some(trtllm::generate_response::Response::Complete(
-                    trtllm::GenerateComplete {
-                        output_token_ids: ids,
-                        finish_reason: finish_reason.into(),
-                        prompt_tokens: prompt,
-                        completion_tokens: tokens,
-                        perf_metrics: self.ask.perf_metrics.then(|| self.perf_metrics()),
-                        ..Default::default()
-                    },
-                )),
-            }
-            .encode_to_vec(),
+            Engine::Sglang => sglang::complete(&self.ask, ids, tokens, finish_reason),
+            Engine::Vllm => vllm::complete(&self.ask, ids, tokens, finish_reason),
+            Engine::Trtllm | Engine::Triton => trtllm::complete(self, ids, tokens, finish_reason),
         }
-    }
-
-    /// TensorRT-LLM's `perf_metrics`: the request's instants on the wall clock, in
-    /// seconds, as the engine reports them.
-    fn perf_metrics(&self) -> trtllm::PerfMetrics {
-        let at = |instant: Instant| self.arrival + (instant - self.start).as_secs_f64();
-        trtllm::PerfMetrics {
-            arrival_time: self.arrival,
-            first_scheduled_time: at(self.scheduled),
-            first_token_time: at(self.first_token),
-            last_token_time: at(self.schedule.deadline()),
-            ..Default::default()
-        }
-    }
-
-    /// A Triton response carrying `ids` (none: the empty final response).
-    fn triton_response(&self, ids: &[u32], last: bool) -> Vec<u8> {
-        let mut parameters = HashMap::new();
-        parameters.insert(
-            "triton_final_response".to_string(),
-            InferParameter {
-                parameter_choice: Some(ParameterChoice::BoolParam(last)),
-            },
-        );
-        let (outputs, raw) = if ids.is_empty() {
-            (Vec::new(), Vec::new())
-        } else {
-            let text: String = ids.iter().map(|id| format!(" t{id}")).collect();
-            let mut text_raw = count(text.len()).to_le_bytes().to_vec();
-            text_raw.extend_from_slice(text.as_bytes());
-            let ids_raw: Vec<u8> = ids
-                .iter()
-                .flat_map(|id| i32::try_from(*id).unwrap_or(0).to_le_bytes())
-                .collect();
-            (
-                vec![
-                    InferOutputTensor {
-                        name: "output_ids".into(),
-                        datatype: "INT32".into(),
-                        shape: vec![1, i64::from(count(ids.len()))],
-                        ..Default::default()
-                    },
-                    InferOutputTensor {
-                        name: "text_output".into(),
-                        datatype: "BYTES".into(),
-                        shape: vec![1],
-                        ..Default::default()
-                    },
-                ],
-                vec![ids_raw, text_raw],
-            )
-        };
-        ModelStreamInferResponse {
-            error_message: String::new(),
-            infer_response: Some(ModelInferResponse {
-                model_name: self.model.clone(),
-                model_version: "1".into(),
-                id: self.ask.request_id.clone(),
-                parameters,
-                outputs,
-                raw_output_contents: raw,
-            }),
-        }
-        .encode_to_vec()
     }
 }
 
@@ -950,7 +703,7 @@ impl GrpcStream {
     /// A Triton request message arrived.
     fn request(&mut self, message: &[u8]) {
         let start = Instant::now();
-        let Some(ask) = Ask::triton(message) else {
+        let Some(ask) = triton::ask(message) else {
             self.end = Some((code::INVALID_ARGUMENT, "not a ModelInferRequest".into()));
             return;
         };
@@ -966,13 +719,9 @@ impl GrpcStream {
         };
         let Some(profile) = profile else {
             let name = ask.model.unwrap_or_default();
-            self.errors.push_back(
-                ModelStreamInferResponse {
-                    error_message: format!("Request for unknown model: '{name}' is not found"),
-                    infer_response: None,
-                }
-                .encode_to_vec(),
-            );
+            self.errors.push_back(triton::error(format!(
+                "Request for unknown model: '{name}' is not found"
+            )));
             return;
         };
         let generation = self
