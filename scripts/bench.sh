@@ -29,7 +29,7 @@
 #   --only "scrape"            run only these phases (the rest are skipped; without a
 #                              latency, steps or hold phase no peer is started)
 #   --no-build --no-install    use what is there
-#   --debug                    use the debug binaries `cargo test` leaves (CI smoke; the
+#   --debug                    use the debug binaries (CI smoke; the
 #                              figures then say nothing about release performance)
 #   --out DIR                  where raw results go (default target/bench/<time>)
 #
@@ -183,12 +183,13 @@ fi
 # --- build -----------------------------------------------------------------------------
 if [ "$BUILD" = 1 ]; then
     if [ "$PROFILE" = release ]; then
-        log "cargo build --release --bins"
-        cargo build --release --bins --quiet
+        # tokentap-bench is the simulator crate's (crates/sim).
+        log "cargo build --release -p tokentap -p tokentap-sim --bins"
+        cargo build --release -p tokentap -p tokentap-sim --bins --quiet
         has_target floor && cargo build --release --example relay_floor --quiet
     else
-        log "cargo build --bins (debug)"
-        cargo build --bins --quiet
+        log "cargo build -p tokentap -p tokentap-sim --bins (debug)"
+        cargo build -p tokentap -p tokentap-sim --bins --quiet
         has_target floor && cargo build --example relay_floor --quiet
     fi
 fi

@@ -51,7 +51,7 @@ if [ "$process" = 1 ]; then
     # the client (both outside valgrind). The counters are zeroed after a warm-up, then
     # dumped after R requests of 40 tokens and again after R of 240: per request = the
     # first / R, per token event = (the second - the first) / (200 R).
-    [ "$build" = 1 ] && cargo build --release --bin tokentap --bin tokentap-bench >&2
+    [ "$build" = 1 ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
     tt=target/release/tokentap
     bench=target/release/tokentap-bench
     requests=${BUDGET_PROCESS_REQUESTS:-40}

@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
 # formatting, clippy, the API docs without warnings, every Rust test (the integration
-# suite on both HTTP/1.1 paths, and the `tokentap inject` crate), the instruction budget,
+# suite on both HTTP/1.1 paths, and the inject, wire and sim crates), the instruction budget,
 # the fuzz targets, the checks of the shipped deploy files, `tokentap inject` end to end,
 # and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
@@ -27,7 +27,7 @@ cargo clippy --workspace --all-targets --features inject -- -D warnings
 cargo clippy --bin tokentap -- -D warnings
 
 step "cargo doc --no-deps, warnings as errors: public docs link only to what their reader can see"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 
 step "python gRPC clients for the engine-service tests (grpcio, grpcio-tools, tritonclient[grpc]) and the OTLP receiver (opentelemetry-proto)"
 python3 -c 'import grpc, grpc_tools, tritonclient.grpc' 2>/dev/null \
@@ -46,6 +46,10 @@ TOKENTAP_IT_FAST_PATH=0 cargo test --test it 2>&1 | tee -a /tmp/tokentap-cargo-t
 # `tokentap inject`'s own crate: fixtures against their expected outputs, the webhook's
 # patch against the CLI, hostile reviews and manifests on a proptest budget.
 cargo test -p tokentap-inject 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+# The decoders' and the simulator's own crates (crates/wire, crates/sim): their unit tests
+# (each decoder's rules, the simulator's dialects and timing, tokentap-bench's flags).
+cargo test -p tokentap-wire -p tokentap-sim --all-targets 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+cargo test -p tokentap-wire -p tokentap-sim --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
 
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')

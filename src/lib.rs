@@ -34,7 +34,9 @@
 //! - [`reload`]: a new configuration put in force while serving (SIGHUP): what it
 //!   rebuilds, what only a restart applies;
 //! - [`config`]: the YAML file and flags, validated with located errors;
-//! - [`sim`] and [`demo`]: a simulated backend and the self-contained demo;
+//! - [`demo`]: the demo's summary of tokentap's own figures (the demo itself, and the
+//!   simulated backend it runs, crates/sim, belong to the binary: no library module
+//!   depends on the simulator);
 //! - [`top`]: `tokentap top`, the live view in a terminal (a client of the admin port).
 
 pub mod admin;
@@ -54,16 +56,18 @@ pub mod proxy;
 pub mod relay;
 pub mod reload;
 pub mod server;
-pub mod sim;
 pub mod summary;
 pub mod supervise;
 pub mod top;
 pub mod trust;
-pub mod wire;
 pub mod worker_slot;
 
 #[cfg(test)]
 mod doc_table;
+
+/// The sans-IO decoders: a crate of their own (crates/wire), so that the compiler keeps
+/// them from importing anything of the proxy; `crate::wire::...` paths read as before.
+pub use tokentap_wire as wire;
 
 pub use config::Config;
 pub use server::{ServeError, Server};

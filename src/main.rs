@@ -11,8 +11,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokentap::config::{units::parse_duration, Config, LogFormat, Overrides};
 use tokentap::reload::load_tokenizer;
-use tokentap::sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
+use tokentap_sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
+mod demo_cmd;
 #[cfg(feature = "inject")]
 mod inject_cmd;
 
@@ -313,7 +314,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Demo(args)) => {
             init_logs(LogFormat::Text, "warn");
-            let options = tokentap::demo::DemoOptions {
+            let options = demo_cmd::DemoOptions {
                 listen: args.listen,
                 admin: args.admin,
                 ui_listen: args.ui_listen,
@@ -322,7 +323,7 @@ fn main() -> ExitCode {
                 ..Default::default()
             };
             report(runtime().and_then(|rt| {
-                rt.block_on(tokentap::demo::run(options, shutdown_signal()))
+                rt.block_on(demo_cmd::run(options, shutdown_signal()))
                     .context("demo failed")
             }))
         }
@@ -382,7 +383,7 @@ fn demo_with_top(args: DemoArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return report(Err(err)),
     };
-    let options = tokentap::demo::DemoOptions {
+    let options = demo_cmd::DemoOptions {
         listen: args.listen,
         admin: args.admin,
         ui_listen: args.ui_listen,
@@ -392,7 +393,7 @@ fn demo_with_top(args: DemoArgs) -> ExitCode {
         ..Default::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let demo = runtime.spawn(tokentap::demo::run(options, async {
+    let demo = runtime.spawn(demo_cmd::run(options, async {
         let _ = stopped.await;
     }));
     // The live view answers once the demo's tokentap is bound.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Real third-party gRPC clients against `tokentap sim` (issue 25, item 3).
 
-`grpcio` with stubs generated now, from the repository's vendored `proto/` files, into a
-temporary directory, streams `Generate` from the SGLang, vLLM and TensorRT-LLM services
+`grpcio` with stubs generated now, from the repository's vendored `crates/wire/proto/`
+files, into a temporary directory, streams `Generate` from the SGLang, vLLM and TensorRT-LLM services
 and calls their `GetModelInfo` and `HealthCheck`; `tritonclient[grpc]` streams Triton's
 `ModelStreamInfer` (skipped, and said so, if it is not installed). Each check is printed:
 messages, token ids against the simulator's profile, the first message's time and the
@@ -64,11 +64,11 @@ def generate_stubs(out):
     import grpc_tools
 
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    smg = os.path.join(ROOT, "proto", "smg")
+    smg = os.path.join(ROOT, "crates", "wire", "proto", "smg")
     files = ["common.proto", "sglang_scheduler.proto", "vllm_engine.proto", "trtllm_service.proto"]
     args = ["protoc", f"-I{smg}", f"-I{well_known}", f"--python_out={out}", f"--grpc_python_out={out}"]
     if protoc.main(args + [os.path.join(smg, f) for f in files]) != 0:
-        raise SystemExit("protoc failed on proto/smg")
+        raise SystemExit("protoc failed on crates/wire/proto/smg")
     sys.path.insert(0, out)
 
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokentap::admin;
 use tokentap::live::MAX_SUBSCRIBERS;
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;

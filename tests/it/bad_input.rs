@@ -18,7 +18,7 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, UsageMode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use common::*;
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
 

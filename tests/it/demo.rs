@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokentap::config::{Config, Overrides};
 use tokentap::demo::{render_table, summarize};
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
 use tokentap::Server;
+use tokentap_sim::{ModelProfile, SimConfig, UsageMode};
 use tokio::sync::watch;
 
 use crate::common::{self, SimHandle};

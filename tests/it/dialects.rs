@@ -22,8 +22,8 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokentap::config::{Config, Overrides};
-use tokentap::sim::{ModelProfile, Sim, SimConfig, UsageMode};
 use tokentap::Server;
+use tokentap_sim::{ModelProfile, Sim, SimConfig, UsageMode};
 use tokio::sync::watch;
 
 const TTFT: Duration = Duration::from_millis(50);

@@ -23,9 +23,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
-use tokentap::sim::{ModelProfile, SimConfig};
 use tokentap::wire::grpc::framing::frame;
 use tokentap::wire::grpc::proto::trtllm;
+use tokentap_sim::{ModelProfile, SimConfig};
 
 use crate::common::{Metrics, Proxy, ScriptedBackend, SimHandle, Step};
 

@@ -13,7 +13,7 @@ use common::{access_log, client, Proxy, SimHandle};
 use http_body_util::BodyExt;
 use prost::Message;
 use tokentap::metrics::protobuf::{self, MetricFamily};
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 /// What Prometheus 2.42 sends by default (no native histograms).
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";

@@ -87,7 +87,7 @@ async fn handed_off_connections_are_served_as_before() {
 
 #[tokio::test]
 async fn pipelined_requests_and_h2c_are_served_with_the_switch_on() {
-    let sim = common::SimHandle::start(tokentap::sim::SimConfig::default()).await;
+    let sim = common::SimHandle::start(tokentap_sim::SimConfig::default()).await;
     let (_off, on) = both(&sim.url()).await;
     // Two requests in one write: hyper gets both from the bytes read already.
     let pipelined = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";

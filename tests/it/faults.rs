@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, UsageMode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -14,7 +14,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use prost::Message;
 use tokentap::metrics::protobuf::{MetricFamily, MetricType};
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 use crate::common::{chat, client, Metrics, Proxy, SimHandle};
 

@@ -1,10 +1,11 @@
 //! The gRPC fixtures in `tests/fixtures/{sglang,vllm,trtllm,triton}_grpc/`: response
 //! streams as the engines send them, built here from the engines' own message types (the
-//! ones `build.rs` generates from `proto/`) and framed. The files are what `wire_fixtures`
-//! decodes against their goldens (and the fuzz targets seed from); this module checks
-//! that each file is still exactly what its builder encodes, so the fixtures follow the
-//! vendored protos, and that compressing any of their messages (`grpc-encoding` gzip,
-//! deflate or zstd) and splitting the body anywhere changes no signal.
+//! ones `crates/wire/build.rs` generates from `crates/wire/proto/`) and framed. The files
+//! are what `wire_fixtures` decodes against their goldens (and the fuzz targets seed
+//! from); this module checks that each file is still exactly what its builder encodes, so
+//! the fixtures follow the vendored protos, and that compressing any of their messages
+//! (`grpc-encoding` gzip, deflate or zstd) and splitting the body anywhere changes no
+//! signal.
 //!
 //! After changing a builder, write the files with
 //! `TOKENTAP_WRITE_GRPC_FIXTURES=1 cargo test --test it grpc_fixtures::` and review the

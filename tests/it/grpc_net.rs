@@ -25,8 +25,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent};
 use tokentap::wire::grpc::framing::{MessageEncoding, MessageReader};
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use common::{body_text, client, Metrics, Proxy, ScriptedBackend, SimHandle, Step};
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 /// Tokens in each event of a response: 1 first, then 1-5.
 const TOKENS: [u32; 10] = [1, 3, 1, 5, 2, 4, 1, 2, 5, 3];

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 fn write_config(path: &std::path::Path, upstream: &str, tenant_header: &str, fast: bool) {
     std::fs::write(

@@ -19,7 +19,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokentap::live::window::quantile;
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 

@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use prost::Message;
 use tokentap::metrics::native::upper_bound;
 use tokentap::metrics::protobuf::{self, Histogram, MetricFamily, MetricType};
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 /// What Prometheus 2.x sends with `--enable-feature=native-histograms`.
 const PROMETHEUS_ACCEPT: &str = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";

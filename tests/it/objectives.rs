@@ -12,7 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use common::*;
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
 

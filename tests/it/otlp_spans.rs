@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::trace::v1::{
     span::SpanKind, status::StatusCode as SpanStatus, Span,
 };
 use prost::Message;
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const OPENMETRICS: &str = "application/openmetrics-text;version=1.0.0";

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tokentap::sim::{ModelProfile, SimConfig, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 use crate::common::{self, body_text, SimHandle};
 

@@ -11,7 +11,6 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent};
 use tokentap::wire::grpc::framing::{frame, MessageEncoding, MessageReader};
 use tokentap::wire::grpc::proto::inference::infer_parameter::ParameterChoice;
 use tokentap::wire::grpc::proto::inference::model_infer_request::InferInputTensor;
@@ -21,6 +20,7 @@ use tokentap::wire::grpc::proto::trtllm;
 use tokentap::wire::grpc::proto::vllm::grpc::engine as vllm;
 use tokentap::wire::grpc::status::status_error;
 use tokentap::wire::{response_decoder, DecodeLimits, DecodeOptions, Dialect, ErrorClass, Signal};
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent};
 
 use crate::common::SimHandle;
 
@@ -456,7 +456,7 @@ async fn sim_grpc_faults_are_grpc_statuses() {
 }
 
 /// Real third-party clients: `scripts/ops/grpc_client.py` drives `tokentap sim` with
-/// `grpcio` (stubs generated from `proto/` at run time) and `tritonclient[grpc]`, directly
+/// `grpcio` (stubs generated from `crates/wire/proto/` at run time) and `tritonclient[grpc]`, directly
 /// and through tokentap, where it also checks what tokentap measured. `scripts/test.sh`
 /// installs the Python packages; without them (outside CI) it says it skipped.
 #[test]

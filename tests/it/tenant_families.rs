@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use tokentap::server::Server;
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 const CHAT: &str = "/v1/chat/completions";
 

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use tokentap::sim::{ModelProfile, SimConfig};
+use tokentap_sim::{ModelProfile, SimConfig};
 
 /// A self-signed certificate for `localhost`, written as PEM files into a fresh directory.
 pub(crate) struct TestCert {

@@ -14,9 +14,9 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
-use tokentap::sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 use tokentap::wire::grpc::framing::frame;
 use tokentap::wire::grpc::proto::sglang::grpc::scheduler as sglang;
+use tokentap_sim::{ModelProfile, SimConfig, TokensPerEvent, UsageMode};
 
 const FAMILY: &str = "tokentap_output_tokens_per_event";
 const GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";

@@ -20,8 +20,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokentap::config::{Config, Overrides};
-use tokentap::sim::{Sim, SimConfig};
 use tokentap::Server;
+use tokentap_sim::{Sim, SimConfig};
 use tokio::sync::watch;
 
 /// The tests that assert on this process's RSS (in `bad_input` and `cardinality`) take
