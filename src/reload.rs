@@ -2,10 +2,11 @@
 //!
 //! What a reload decides is the application's, not a transport's: what it rebuilds (the
 //! tokenizer, always; the upstream client, only when the upstream settings changed), which
-//! changed settings only a restart applies (the warning, [`RESTART_ONLY`]), and the label
-//! policies it swaps into the running metric families. The hyper transport only puts the
-//! result in force ([`Proxy::swap`]): a request sees the old configuration or the new one,
-//! never a mix, and in-flight requests finish under the one they began with.
+//! changed settings only a restart applies (the warning, `RESTART_ONLY`), and the label
+//! policies and objective targets it swaps into the running metric families. The hyper
+//! transport only puts the result in force ([`Proxy::swap`]): a request sees the old
+//! configuration or the new one, never a mix, and in-flight requests finish under the one
+//! they began with.
 //!
 //! [`load_tokenizer`] is here because a reload is one of its three callers: the start
 //! (`Server::bind`) and `tokentap check-config` load what a configuration names the same

@@ -160,7 +160,7 @@ pub enum Signal {
     /// value the event's or body's parse already holds (the table in [`crate`]).
     FinishReason(String),
     /// The cached and reasoning parts of the reported usage (the table in
-    /// [`crate::wire`]). Like `Usage` they are cumulative: a later report replaces an
+    /// [`crate`]). Like `Usage` they are cumulative: a later report replaces an
     /// earlier one part by part (`None` leaves a part as it was), and a decoder reports
     /// them only when they say something its earlier reports did not (a stream that
     /// repeats its usage on every chunk reports them once per change). Boxed: usage comes
