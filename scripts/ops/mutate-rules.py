@@ -138,6 +138,36 @@ MUTATIONS = [
     ("token goodput of every judged request's tokens",
      'rate(tokentap_objective_output_tokens_total{result="met"}[5m])',
      'rate(tokentap_objective_output_tokens_total[5m])'),
+    # Buffered responses (tests/buffered_test.yaml).
+    ("buffered threshold 0.5 -> 0.7", "tokentap:threshold:buffered_ratio\n        expr: vector(0.5)",
+     "tokentap:threshold:buffered_ratio\n        expr: vector(0.7)"),
+    ("buffered threshold 0.5 -> 0.3", "tokentap:threshold:buffered_ratio\n        expr: vector(0.5)",
+     "tokentap:threshold:buffered_ratio\n        expr: vector(0.3)"),
+    ("buffered ratio without the explicit-zero arm",
+     "sum by (model) (rate(tokentap_buffered_responses_total[5m]))\n            or\n"
+     "            0 * sum by (model) (rate(tokentap_requests_total[5m]))",
+     "sum by (model) (rate(tokentap_buffered_responses_total[5m]))"),
+    ("buffered ratio over the completed requests only",
+     "0 * sum by (model) (rate(tokentap_requests_total[5m]))\n          )\n          /\n"
+     "          sum by (model) (rate(tokentap_requests_total[5m]))\n"
+     "      # Stalls",
+     "0 * sum by (model) (rate(tokentap_requests_total[5m]))\n          )\n          /\n"
+     "          sum by (model) (rate(tokentap_requests_total{outcome=\"completed\"}[5m]))\n"
+     "      # Stalls"),
+    ("buffered ratio summed over models", "sum by (model) (rate(tokentap_buffered_responses_total[5m]))",
+     "sum (rate(tokentap_buffered_responses_total[5m]))"),
+    ("buffered alert without the traffic guard",
+     "tokentap:threshold:buffered_ratio\n          and on (model)\n          model:tokentap_requests:rate5m\n"
+     "            >= on () group_left () tokentap:threshold:min_request_rate\n",
+     "tokentap:threshold:buffered_ratio\n"),
+    ("buffered alert fires at exactly the threshold",
+     "ratio_rate5m\n            > on () group_left () tokentap:threshold:buffered_ratio",
+     "ratio_rate5m\n            >= on () group_left () tokentap:threshold:buffered_ratio"),
+    ("buffered alert `for` 15m -> 5m",
+     "tokentap:threshold:min_request_rate\n        for: 15m\n        labels:\n          severity: warning\n"
+     "        annotations:\n          summary: \"{{ $value | humanizePercentage }} of responses of",
+     "tokentap:threshold:min_request_rate\n        for: 5m\n        labels:\n          severity: warning\n"
+     "        annotations:\n          summary: \"{{ $value | humanizePercentage }} of responses of"),
     # The generated SLO groups (deploy/prometheus/slo.yaml via gen-prometheusrule.py).
     ("ITL page at 1.44x instead of 14.4x over 1h",
      'model:tokentap_slo_burn_rate:1h{slo="inter_token_latency"} > 14.4',

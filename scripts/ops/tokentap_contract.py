@@ -72,7 +72,6 @@ NOT_CHARTED = {
     "tokentap_otlp_exports_total",
     "tokentap_otlp_exports_dropped_total",
     "tokentap_task_restarts_total",
-    "tokentap_buffered_responses_total",
     "tokentap_usage_detail_tokens_total",
 }
 
