@@ -512,7 +512,21 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
         Constraint::Length(1),
     ])
     .areas(f.area());
-    let bold = Style::default().add_modifier(Modifier::BOLD);
+    f.render_widget(heading(options, frame, frames), head);
+    f.render_widget(models_table(&listed, frame), models);
+    f.render_widget(streams_table(frame), streams);
+    f.render_widget(
+        Paragraph::new("q quit  w window (10 s, 1 min, 5 min)"),
+        foot,
+    );
+}
+
+fn bold() -> Style {
+    Style::default().add_modifier(Modifier::BOLD)
+}
+
+/// The top line: the address, the window, the frame's time and how many frames came.
+fn heading(options: &TopOptions, frame: Option<&Tick>, frames: u64) -> Paragraph<'static> {
     let at = frame
         .and_then(|t| t.at_ms)
         .map(|ms| {
@@ -525,15 +539,15 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
             )
         })
         .unwrap_or_else(|| "waiting for data".into());
-    f.render_widget(
-        Paragraph::new(Line::from(format!(
-            "tokentap top  {}  window {} s  {}  frames {}",
-            options.addr, options.window, at, frames
-        )))
-        .style(bold),
-        head,
-    );
+    Paragraph::new(Line::from(format!(
+        "tokentap top  {}  window {} s  {}  frames {}",
+        options.addr, options.window, at, frames
+    )))
+    .style(bold())
+}
 
+/// One row per model, over the window.
+fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> {
     let header = Row::new(
         [
             "model",
@@ -550,7 +564,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
         ]
         .map(Cell::from),
     )
-    .style(bold);
+    .style(bold());
     let rows: Vec<Row> = listed
         .iter()
         .map(|m| {
@@ -589,17 +603,16 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
         Constraint::Length(9),
     ];
     let skipped = frame.map_or(0, |t| t.models.skipped);
-    f.render_widget(
-        Table::new(rows, widths).header(header).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(titled("per model, over the window".into(), skipped)),
-        ),
-        models,
-    );
+    Table::new(rows, widths).header(header).block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(titled("per model, over the window".into(), skipped)),
+    )
+}
 
-    // The slowest requests in flight: longest since their last token (or, with none yet,
-    // since their request), then largest gap.
+/// The slowest requests in flight: longest since their last token (or, with none yet,
+/// since their request), then largest gap.
+fn streams_table<'a>(frame: Option<&'a Tick>) -> Table<'a> {
     let mut shown_rows: Vec<&StreamRow> = frame
         .map(|t| t.in_flight.streams.kept.iter().collect())
         .unwrap_or_default();
@@ -628,7 +641,7 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
         ]
         .map(Cell::from),
     )
-    .style(bold);
+    .style(bold());
     let rows: Vec<Row> = shown_rows
         .iter()
         .map(|s| {
@@ -654,19 +667,12 @@ fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) 
         Constraint::Length(12),
         Constraint::Length(17),
     ];
-    f.render_widget(
-        Table::new(rows, widths).header(header).block(
-            Block::default().borders(Borders::ALL).title(titled(
-                format!("slowest requests in flight ({total} now)"),
-                frame.map_or(0, |t| t.in_flight.streams.skipped),
-            )),
-        ),
-        streams,
-    );
-    f.render_widget(
-        Paragraph::new("q quit  w window (10 s, 1 min, 5 min)"),
-        foot,
-    );
+    Table::new(rows, widths)
+        .header(header)
+        .block(Block::default().borders(Borders::ALL).title(titled(
+            format!("slowest requests in flight ({total} now)"),
+            frame.map_or(0, |t| t.in_flight.streams.skipped),
+        )))
 }
 
 #[cfg(test)]
