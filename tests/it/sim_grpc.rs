@@ -230,9 +230,12 @@ fn outputs(signals: &[(Duration, Signal)]) -> Vec<(Duration, u32)> {
 
 /// The first event at TTFT and each next `PER_EVENT` ITLs later: the simulator's
 /// deadlines are absolute, so each event is checked against its own (never early; late
-/// by a scheduling hiccup at most, on a shared machine).
+/// by a scheduling hiccup at most, on a shared machine). The hiccup is noise, not what is
+/// checked: the integration suite runs its tests side by side on two cores, and a message
+/// once came 62.6 ms late there. The late bound says only that the schedule was kept (a
+/// message two and a half events late is not); "never early" is the exact side.
 fn assert_timing(events: &[(Duration, u32)], what: &str) {
-    let slack = Duration::from_millis(60);
+    let slack = Duration::from_millis(150);
     for (i, (at, _)) in events.iter().enumerate() {
         let due = TTFT + ITL * PER_EVENT * i as u32;
         assert!(
