@@ -15,7 +15,7 @@ use prometheus::IntGauge;
 use super::burst::{Burst, Gap};
 use super::itl_sketch::ItlSketch;
 use super::rate_limits::RateLimits;
-use crate::clock::{Stamp, TokenClock};
+use crate::clock::{ItlShare, Stamp, TokenClock};
 use crate::metrics::live::{LiveEntry, LiveStream};
 use crate::metrics::{Metrics, StreamSeries};
 use crate::outcome::{verdict, Outcome, StatusClass};
@@ -355,11 +355,12 @@ impl Recorder {
             &timings.deferred_itl[..]
         };
         for share in deferred {
-            let gap = Gap {
-                gap: Duration::ZERO,
-                itl: Some(*share),
-            };
-            observe_itl(&handles, &mut self.slowest_itl, &mut self.itl_sketch, gap);
+            observe_itl(
+                &handles,
+                &mut self.slowest_itl,
+                &mut self.itl_sketch,
+                *share,
+            );
         }
         let decode = timings.decode.filter(|_| !buffered);
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
@@ -421,23 +422,22 @@ fn observe_gap(
     stall_threshold: Duration,
     gap: Gap,
 ) {
-    observe_itl(handles, slowest, sketch, gap);
+    if let Some(share) = gap.itl {
+        observe_itl(handles, slowest, sketch, share);
+    }
     handles.chunk_gap(gap.gap);
     if gap.gap >= stall_threshold {
         handles.stalls().inc();
     }
 }
 
-/// Observe a gap's ITL share, if it has one.
+/// Observe an ITL share, and keep the request's slowest and its sketch.
 fn observe_itl(
     handles: &StreamSeries,
     slowest: &mut Option<Duration>,
     sketch: &mut Option<ItlSketch>,
-    gap: Gap,
+    share: ItlShare,
 ) {
-    let Some(share) = gap.itl else {
-        return;
-    };
     if share.count > 0 {
         *slowest = (*slowest).max(Some(share.per_token));
     }

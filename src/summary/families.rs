@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::objectives::{self, Measures, Objectives};
+use super::objectives::{Measures, Objectives};
 use super::request::RequestSummary;
 use crate::metrics::{EngineFigures, Metrics, RequestExemplar, RequestFigures, StreamSeries};
 use crate::outcome::Verdict;
@@ -52,13 +52,14 @@ pub(super) fn record(metrics: &Metrics, series: &StreamSeries, summary: &Request
             }
         }
     }
-    let measures = summary.measures();
-    for objective in summary.objectives.iter().flat_map(|o| o.iter()) {
-        let (model, tenant, outcome) = (&summary.model, &summary.tenant, summary.verdict.outcome);
-        if let Some(met) = objective.judge(model, tenant, outcome, &measures) {
-            metrics.count_objective(series, &objective.name, met, summary.output_tokens);
-        }
-    }
+    judge(
+        metrics,
+        series,
+        summary.objectives.as_ref(),
+        summary.verdict,
+        &summary.measures(),
+        summary.output_tokens,
+    );
 }
 
 /// Count a request tokentap answered itself before any exchange (an overload refusal, a
@@ -71,10 +72,30 @@ pub(super) fn refused(
     objectives: Option<&Objectives>,
 ) {
     metrics.count_request(series, verdict);
+    judge(
+        metrics,
+        series,
+        objectives,
+        verdict,
+        &Measures::default(),
+        0,
+    );
+}
+
+/// Judge a request counted in `series` against each objective, and count it met or
+/// missed with its `output_tokens`.
+fn judge(
+    metrics: &Metrics,
+    series: &StreamSeries,
+    objectives: Option<&Objectives>,
+    verdict: Verdict,
+    measures: &Measures,
+    output_tokens: u64,
+) {
     for objective in objectives.iter().flat_map(|o| o.iter()) {
-        let bounds = objective.bounds_for(series.model(), series.tenant());
-        if let Some(met) = objectives::judge(bounds, verdict.outcome, &Measures::default()) {
-            metrics.count_objective(series, &objective.name, met, 0);
+        let (model, tenant) = (series.model(), series.tenant());
+        if let Some(met) = objective.judge(model, tenant, verdict.outcome, measures) {
+            metrics.count_objective(series, &objective.name, met, output_tokens);
         }
     }
 }
