@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokentap::config::{Config, ConfigError, Overrides};
 use tokentap::demo::print_summary;
 use tokentap::server::{ServeError, Server};
+use tokentap::summary::objectives::{Bounds, Objective, Objectives};
 use tokentap_sim::{ModelProfile, RateLimit, Sim, SimConfig, TokensPerEvent, UsageMode};
 
 /// Demo settings (all have defaults that work on a fresh machine).
@@ -90,6 +91,23 @@ pub fn demo_models() -> Vec<ModelProfile> {
     ]
 }
 
+/// One objective, so that the demo's live view and `top` show attainment and its families
+/// goodput: a chat contract, first token within 500 ms and 50 ms per token after it.
+fn demo_objectives() -> Objectives {
+    let ms = |n| Some(Duration::from_millis(n));
+    let bounds = Bounds {
+        ttft: ms(500),
+        tpot: ms(50),
+        ..Bounds::default()
+    };
+    Arc::from([Objective::new(
+        "interactive".into(),
+        bounds,
+        Vec::new(),
+        0.95,
+    )])
+}
+
 const TENANTS: [&str; 3] = ["team-search", "team-chat", "team-batch"];
 
 /// Run the demo until `shutdown` resolves or the duration passes.
@@ -124,13 +142,14 @@ pub async fn run(
     };
     let sim_task = tokio::spawn(sim.run(stopped(sim_stopped)));
 
-    let config = Config::from_overrides(&Overrides {
+    let mut config = Config::from_overrides(&Overrides {
         upstream: Some(format!("http://{sim_addr}")),
         listen: Some(options.listen.to_string()),
         admin: Some(options.admin.to_string()),
         ui_listen: Some(options.ui_listen.to_string()),
         ..Overrides::default()
     })?;
+    config.objectives = Some(demo_objectives());
     let server = Server::bind(config).await?;
     let proxy_addr = server.proxy_addr();
     let admin_addr = server.admin_addr();

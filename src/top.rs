@@ -51,6 +51,8 @@ pub const MAX_MODEL_ROWS: usize = crate::live::window::MAX_MODELS;
 /// Rows of requests in flight kept from a frame: as many as the live view lists. More are
 /// counted, not kept.
 pub const MAX_STREAM_ROWS: usize = crate::live::IN_FLIGHT_SHOWN;
+/// Objectives read per model: as many as the config allows.
+pub const MAX_OBJECTIVE_ROWS: usize = crate::config::MAX_OBJECTIVES;
 /// Characters of one server string kept for display (the label policy's default
 /// `max_value_len` is 128 bytes); a longer one is cut and ends with `…`.
 pub const MAX_TEXT_CHARS: usize = 128;
@@ -225,6 +227,44 @@ struct ModelRow {
     in_flight: Option<u64>,
     ttft: Quantiles,
     itl: Quantiles,
+    objectives: Rows<ObjectiveRow, MAX_OBJECTIVE_ROWS>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ObjectiveRow {
+    objective: Text,
+    met: Option<f64>,
+    missed: Option<f64>,
+}
+
+impl ObjectiveRow {
+    /// The share of judged requests that met it, from the counts (not the server's ratio).
+    fn attainment(&self) -> Option<f64> {
+        let (met, missed) = (self.met.unwrap_or(0.0), self.missed.unwrap_or(0.0));
+        (met >= 0.0 && missed >= 0.0 && met + missed > 0.0).then(|| met / (met + missed))
+    }
+}
+
+/// The model's least-met objective over the window, and how many more were judged:
+/// the one a contract is at risk on.
+fn objectives_cell(m: &ModelRow) -> String {
+    let judged: Vec<(&ObjectiveRow, f64)> = m
+        .objectives
+        .kept
+        .iter()
+        .filter_map(|o| o.attainment().map(|a| (o, a)))
+        .collect();
+    let Some((worst, share)) = judged.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return "–".into();
+    };
+    let more = judged.len() - 1;
+    let more = if more > 0 {
+        format!(" +{more}")
+    } else {
+        String::new()
+    };
+    format!("{} {:.1}%{more}", worst.objective.or(""), 100.0 * share)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -561,6 +601,7 @@ fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> 
             "tok/s",
             "in flight",
             "completed",
+            "least-met objective",
         ]
         .map(Cell::from),
     )
@@ -586,6 +627,7 @@ fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> 
                 } else {
                     "–".into()
                 }),
+                Cell::from(objectives_cell(m)),
             ])
         })
         .collect();
@@ -601,6 +643,7 @@ fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> 
         Constraint::Length(8),
         Constraint::Length(9),
         Constraint::Length(9),
+        Constraint::Length(24),
     ];
     let skipped = frame.map_or(0, |t| t.models.skipped);
     Table::new(rows, widths).header(header).block(
@@ -737,7 +780,8 @@ mod tests {
 
     const HOSTILE: &str = r#"{"at_ms": 1000,
         "models": [{"model": "\u001b]0;pwned\u0007m", "requests": 2,
-                    "outcomes": {"completed": 1}, "in_flight": 1, "ttft": {"p50": 0.1}}],
+                    "outcomes": {"completed": 1}, "in_flight": 1, "ttft": {"p50": 0.1},
+                    "objectives": [{"objective": "\u001b[2Jslo", "met": 1, "missed": 1}]}],
         "in_flight": {"total": 1, "streams": [{"model": "\u009d0;x\u009c",
             "tenant": "\u001b]52;c;cHduZWQ=\u0007", "phase": "\u001b[?1049h",
             "elapsed_s": 1.0}]}}"#;
@@ -778,6 +822,39 @@ mod tests {
                 cell.symbol()
             );
         }
+    }
+
+    #[test]
+    fn the_least_met_objective_is_shown_with_how_many_more() {
+        let row = |objectives: &str| {
+            let tick = tick(&format!(
+                r#"{{"models": [{{"model": "m", "objectives": [{objectives}]}}]}}"#
+            ));
+            objectives_cell(&tick.models.kept[0])
+        };
+        assert_eq!(row(""), "–");
+        assert_eq!(
+            row(r#"{"objective": "chat", "met": 97, "missed": 3},
+                   {"objective": "batch", "met": 5, "missed": 5},
+                   {"objective": "idle", "met": 0, "missed": 0}"#),
+            "batch 50.0% +1"
+        );
+        // Counts a hostile server made negative or absent are not a share.
+        assert_eq!(row(r#"{"objective": "x", "met": -5, "missed": 1}"#), "–");
+        let hostile = tick(HOSTILE);
+        let cell = objectives_cell(&hostile.models.kept[0]);
+        assert_eq!(cell, "�[2Jslo 50.0%");
+        let many: Vec<String> = (0..100)
+            .map(|i| format!(r#"{{"objective": "o{i}", "met": 1}}"#))
+            .collect();
+        let tick = tick(&format!(
+            r#"{{"models": [{{"objectives": [{}]}}]}}"#,
+            many.join(",")
+        ));
+        assert_eq!(
+            tick.models.kept[0].objectives.kept.len(),
+            MAX_OBJECTIVE_ROWS
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ browser is downloaded: Debian's `chromium`):
   2. sends streamed chat traffic to every model, stops, and waits for the ring to tick
      past it; then, over the 5-minute window chosen in the page's selector, each model's
      row shows the requests /metrics counts, and the page's TTFT/ITL p50/p90/p99 are those
-     of /metrics' buckets (summed over tenants) as histogram_quantile reads them;
+     of /metrics' buckets (summed over tenants) as histogram_quantile reads them, and its
+     objectives column shows the attainment /metrics' objective counts give;
   3. injects a regression into one model's ITL (x-sim-itl-ms on its requests) and checks
      that its ITL heatmap's hottest recent bucket moves above 250 ms within seconds while
      the other models' stay below 100 ms, and that its streams show in flight (its ITL
@@ -270,6 +271,9 @@ def main():
             "Array.from(document.querySelectorAll('#models tbody tr')).map(tr => "
             "[tr.dataset.model, tr.querySelector('[data-field=requests]').textContent])")
         rows = dict(rows or [])
+        attainment = dict(browser.eval(
+            "Array.from(document.querySelectorAll('#models tbody tr')).map(tr => "
+            "[tr.dataset.model, tr.querySelector('[data-field=objectives]').textContent])") or [])
         bounds = {"ttft": frame["bounds"]["ttft"], "itl": frame["bounds"]["itl"]}
         for m in models:
             check(m in rows, f"model {m} has a row in the page")
@@ -280,6 +284,12 @@ def main():
                 continue
             check(figures["output_tokens"] == total(metrics, "tokentap_output_tokens_total", model=m),
                   f"{m}: output tokens {figures['output_tokens']} as /metrics")
+            met = total(metrics, "tokentap_objective_requests_total", model=m, result="met")
+            missed = total(metrics, "tokentap_objective_requests_total", model=m, result="missed")
+            shown = f"interactive {100 * met / (met + missed):.1f}%" if met + missed else "–"
+            check(met + missed == want[m] and attainment.get(m) == shown,
+                  f"{m}: the objectives column shows {attainment.get(m)!r}, /metrics' "
+                  f"{int(met)} met and {int(missed)} missed of {int(want[m])} give {shown!r}")
             for key, family in (("ttft", "tokentap_time_to_first_token_seconds"),
                                 ("itl", "tokentap_inter_token_latency_seconds")):
                 counts = buckets(metrics, family + "_bucket", m, bounds[key])

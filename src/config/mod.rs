@@ -29,6 +29,7 @@ use crate::wire::Dialect;
 
 pub use crate::metrics::{Buckets, LabelPolicy, Labels, MetricNames, NativeHistograms};
 pub use issue::ConfigIssue;
+pub use objectives::MAX_OBJECTIVES;
 pub use otlp::{Otlp, OtlpCompression, OtlpLink, OtlpProtocol, OtlpTls, OtlpTraces, TlsFile};
 pub use raw::RawConfig;
 

@@ -193,7 +193,7 @@ pub struct RawUi {
     /// Serve the live view: the page `/ui` (also at `/`), the JSON snapshot
     /// `/api/live/snapshot` and the server-sent events `/api/live/stream` on `ui.listen`,
     /// read-only, with a ring of the last ten minutes per model kept in memory (at most
-    /// about 5.3 MiB). `false`: nothing listens there and no ticker, ring or request tap
+    /// about 7.5 MiB). `false`: nothing listens there and no ticker, ring or request tap
     /// runs. Read at start. Default true.
     pub enabled: Option<bool>,
     /// The live view's listener, `ip:port` like `listen`. It shows model and tenant names

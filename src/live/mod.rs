@@ -78,6 +78,8 @@ pub struct Finished {
     pub output_tokens: u64,
     /// Its tokens reached tokentap in one burst (a buffering hop).
     pub buffered: bool,
+    /// The objectives that judged it, in name order, with whether it met each.
+    pub objectives: Vec<Judged>,
     /// W3C trace id, when the request carried a trace context that was read
     /// (`metrics.exemplars.enabled`).
     pub trace_id: Option<String>,
@@ -100,9 +102,23 @@ impl Finished {
                 .map(|d| d.as_secs_f64()),
             output_tokens: request.output_tokens,
             buffered: request.buffered,
+            objectives: request
+                .judged()
+                .map(|(name, met)| Judged {
+                    objective: Arc::from(name),
+                    met,
+                })
+                .collect(),
             trace_id: request.trace().map(|t| t.trace_id_hex()),
         }
     }
+}
+
+/// One objective's judgement of a finished request.
+#[derive(Clone, Debug, Serialize)]
+pub struct Judged {
+    pub objective: Arc<str>,
+    pub met: bool,
 }
 
 fn unix_ms(at: SystemTime) -> u64 {
@@ -376,8 +392,10 @@ impl Shared {
                 }
             }
         }
-        self.lock_ring()
-            .push(unix_ms(now), window::totals(&snapshot));
+        self.lock_ring().push(
+            unix_ms(now),
+            window::totals(&snapshot, self.metrics.objective_totals()),
+        );
         let (finished, dropped) = {
             let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
             let slowest = std::mem::take(&mut recent.slowest);
@@ -599,6 +617,30 @@ struct ModelFigures {
     itl: Quantiles,
     /// The latest tick's TTFT and ITL bucket counts: the heatmaps' newest column.
     column: Column,
+    /// Each objective that judged the model's requests in the window, in name order.
+    objectives: Vec<Attainment>,
+}
+
+/// One objective's requests over the window: how many met and missed it, and the share
+/// that met it (`None` with none judged).
+#[derive(Serialize)]
+struct Attainment {
+    objective: Arc<str>,
+    met: u64,
+    missed: u64,
+    attainment: Option<f64>,
+}
+
+impl Attainment {
+    fn of(objective: &Arc<str>, [met, missed]: [u64; 2]) -> Attainment {
+        let judged = met + missed;
+        Attainment {
+            objective: objective.clone(),
+            met,
+            missed,
+            attainment: (judged > 0).then(|| met as f64 / judged as f64),
+        }
+    }
 }
 
 impl ModelFigures {
@@ -629,6 +671,11 @@ impl ModelFigures {
             ttft: Quantiles::of(&w.ttft, &bounds.ttft),
             itl: Quantiles::of(&w.itl, &bounds.itl),
             column,
+            objectives: w
+                .objectives
+                .iter()
+                .map(|(name, &counts)| Attainment::of(name, counts))
+                .collect(),
         }
     }
 }

@@ -8,17 +8,24 @@
 //! difference from the previous tick. So the page shows what changed in the last minutes,
 //! not the average since start.
 //!
+//! Per model it also keeps the requests judged against each objective, met and missed
+//! (`tokentap_objective_requests_total`, read with [`Metrics::objective_totals`]).
+//!
 //! Bounded: at most [`MAX_MODELS`] models are kept (the rest are counted in
 //! [`Ring::models_over_cap`]), besides the label policy's own two values, `other` (all
 //! traffic folded past the label cap: never hidden, however many models came first) and
 //! `unknown`; a slot holds an entry only for the models that changed in it, and
 //! [`Ring::bytes`] is the memory the slots hold; its ceiling is
-//! `SLOTS × (MAX_MODELS + 2) × ModelTick` (see [`Ring::max_bytes`]).
+//! `SLOTS × (MAX_MODELS + 2) × ModelTick` (see [`Ring::max_bytes`]), a tick keeping at most
+//! [`OBJECTIVES_PER_TICK`] objectives per model.
+//!
+//! [`Metrics::objective_totals`]: crate::metrics::Metrics::objective_totals
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::metrics::snapshot::{HistogramSnapshot, Snapshot, Values};
+use crate::metrics::ObjectiveTotals;
 use crate::outcome::Outcome;
 
 /// Ticks kept: ten minutes of one-second ticks.
@@ -32,6 +39,13 @@ pub const MAX_MODELS: usize = 32;
 fn is_fold(model: &str) -> bool {
     model == crate::metrics::labels::OTHER || model == crate::metrics::labels::UNKNOWN
 }
+/// Objectives a model's tick keeps: as many as the config allows at once
+/// ([`crate::config::MAX_OBJECTIVES`]); more are judged only in the second of a
+/// reload that renamed them, and that second's extra ones are left out of the view.
+pub const OBJECTIVES_PER_TICK: usize = crate::config::MAX_OBJECTIVES;
+/// Objective names the ring indexes over its life (reloads may rename them); a name first
+/// seen past it is left out of the view.
+pub const OBJECTIVE_NAMES: usize = 64;
 /// The outcomes, in [`Outcome::ALL`]'s order.
 pub const OUTCOMES: usize = Outcome::ALL.len();
 
@@ -87,10 +101,13 @@ pub struct Totals {
     pub output_tokens: u64,
     pub ttft: Buckets,
     pub itl: Buckets,
+    /// Requests judged against each objective: met, missed.
+    pub objectives: BTreeMap<Arc<str>, [u64; 2]>,
 }
 
-/// Every model's totals in `snapshot` (of [`FAMILIES`]), by model, in name order.
-pub fn totals(snapshot: &Snapshot) -> Vec<(Arc<str>, Totals)> {
+/// Every model's totals in `snapshot` (of [`FAMILIES`]) and `objectives`, by model, in
+/// name order.
+pub fn totals(snapshot: &Snapshot, objectives: ObjectiveTotals) -> Vec<(Arc<str>, Totals)> {
     let mut by_model: std::collections::BTreeMap<Arc<str>, Totals> = Default::default();
     let model_of = |labels: &[crate::metrics::snapshot::Label]| {
         labels
@@ -134,6 +151,9 @@ pub fn totals(snapshot: &Snapshot) -> Vec<(Arc<str>, Totals)> {
             _ => {}
         }
     }
+    for (model, judged) in objectives {
+        by_model.entry(model).or_default().objectives = judged;
+    }
     by_model.into_iter().collect()
 }
 
@@ -146,6 +166,10 @@ pub struct ModelTick {
     pub ttft_sum: f64,
     pub itl: Box<[u32]>,
     pub itl_sum: f64,
+    /// Requests judged in the tick, met and missed, by objective (its index in
+    /// [`Ring::objectives`]); only the objectives that judged any, at most
+    /// [`OBJECTIVES_PER_TICK`].
+    pub objectives: Box<[(u8, [u32; 2])]>,
 }
 
 impl ModelTick {
@@ -154,11 +178,13 @@ impl ModelTick {
             && self.output_tokens == 0
             && self.ttft.iter().all(|&n| n == 0)
             && self.itl.iter().all(|&n| n == 0)
+            && self.objectives.is_empty()
     }
 
     /// Heap bytes beside the struct itself.
     fn heap_bytes(&self) -> usize {
         (self.ttft.len() + self.itl.len()) * size_of::<u32>()
+            + self.objectives.len() * size_of::<(u8, [u32; 2])>()
     }
 }
 
@@ -184,6 +210,8 @@ pub struct Ring {
     /// Finite bucket counts of the TTFT and ITL histograms (+1 for `+Inf` in each column).
     ttft_buckets: usize,
     itl_buckets: usize,
+    /// Objective names by index, in order of first sight, at most [`OBJECTIVE_NAMES`].
+    objectives: Vec<Arc<str>>,
 }
 
 fn delta(now: &Buckets, before: &Buckets, width: usize) -> (Box<[u32]>, f64) {
@@ -194,6 +222,42 @@ fn delta(now: &Buckets, before: &Buckets, width: usize) -> (Box<[u32]>, f64) {
         *slot = u32::try_from(a.saturating_sub(b)).unwrap_or(u32::MAX);
     }
     (out.into_boxed_slice(), (now.sum - before.sum).max(0.0))
+}
+
+/// What changed in each objective's counts since `before`, by objective index in
+/// `names` (which gains the names first seen): only
+/// the ones that changed, at most [`OBJECTIVES_PER_TICK`].
+fn objective_deltas(
+    names: &mut Vec<Arc<str>>,
+    now: &BTreeMap<Arc<str>, [u64; 2]>,
+    before: &BTreeMap<Arc<str>, [u64; 2]>,
+) -> Box<[(u8, [u32; 2])]> {
+    let mut out = Vec::new();
+    for (name, counts) in now {
+        let was = before.get(name).copied().unwrap_or_default();
+        let changed = [
+            count_delta(counts[0], was[0]),
+            count_delta(counts[1], was[1]),
+        ];
+        if changed == [0, 0] || out.len() == OBJECTIVES_PER_TICK {
+            continue;
+        }
+        let index = match names.iter().position(|o| o == name) {
+            Some(i) => i,
+            None if names.len() < OBJECTIVE_NAMES => {
+                names.push(name.clone());
+                names.len() - 1
+            }
+            None => continue,
+        };
+        // OBJECTIVE_NAMES fits in a u8.
+        out.push((index as u8, changed));
+    }
+    out.into_boxed_slice()
+}
+
+fn count_delta(now: u64, before: u64) -> u32 {
+    u32::try_from(now.saturating_sub(before)).unwrap_or(u32::MAX)
 }
 
 impl Ring {
@@ -226,12 +290,13 @@ impl Ring {
             let before = &self.previous[index];
             let mut tick = ModelTick::default();
             for (i, n) in tick.requests.iter_mut().enumerate() {
-                *n = u32::try_from(now.requests[i].saturating_sub(before.requests[i]))
-                    .unwrap_or(u32::MAX);
+                *n = count_delta(now.requests[i], before.requests[i]);
             }
             tick.output_tokens = now.output_tokens.saturating_sub(before.output_tokens);
             (tick.ttft, tick.ttft_sum) = delta(&now.ttft, &before.ttft, self.ttft_buckets);
             (tick.itl, tick.itl_sum) = delta(&now.itl, &before.itl, self.itl_buckets);
+            tick.objectives =
+                objective_deltas(&mut self.objectives, &now.objectives, &before.objectives);
             self.previous[index] = now;
             if !tick.is_empty() {
                 slot.models.push((index as u16, tick));
@@ -250,6 +315,11 @@ impl Ring {
 
     pub fn models(&self) -> &[Arc<str>] {
         &self.models
+    }
+
+    /// Objective names by the index a [`ModelTick`] gives them.
+    pub fn objectives(&self) -> &[Arc<str>] {
+        &self.objectives
     }
 
     /// Models kept that are not `other` or `unknown`.
@@ -292,6 +362,14 @@ impl Ring {
                 w.output_tokens += tick.output_tokens;
                 w.ttft.add(&tick.ttft, tick.ttft_sum);
                 w.itl.add(&tick.itl, tick.itl_sum);
+                for (objective, [met, missed]) in &tick.objectives {
+                    let Some(name) = self.objectives.get(usize::from(*objective)) else {
+                        continue;
+                    };
+                    let counts = w.objectives.entry(name.clone()).or_default();
+                    counts[0] += u64::from(*met);
+                    counts[1] += u64::from(*missed);
+                }
             }
         }
         out
@@ -312,9 +390,12 @@ impl Ring {
     }
 
     /// The most the slots can hold, with `buckets` finite bounds in each histogram: every
-    /// slot with every kept model, `other` and `unknown` included.
+    /// slot with every kept model, `other` and `unknown` included, each judged against
+    /// [`OBJECTIVES_PER_TICK`] objectives.
     pub fn max_bytes(buckets: usize) -> usize {
-        let entry = size_of::<(u16, ModelTick)>() + 2 * (buckets + 1) * size_of::<u32>();
+        let entry = size_of::<(u16, ModelTick)>()
+            + 2 * (buckets + 1) * size_of::<u32>()
+            + OBJECTIVES_PER_TICK * size_of::<(u8, [u32; 2])>();
         SLOTS * (size_of::<Slot>() + (MAX_MODELS + 2) * entry)
     }
 }
@@ -329,6 +410,8 @@ pub struct Windowed {
     pub output_tokens: u64,
     pub ttft: Buckets,
     pub itl: Buckets,
+    /// Requests judged against each objective in the window: met, missed.
+    pub objectives: BTreeMap<Arc<str>, [u64; 2]>,
 }
 
 impl Windowed {
@@ -465,10 +548,12 @@ mod tests {
             let models = (0..MAX_MODELS + 5)
                 .map(|i| {
                     let counts = vec![cumulative; buckets + 1];
-                    (
-                        Arc::from(format!("model-{i:02}")),
-                        totals(cumulative, cumulative, &counts, &counts),
-                    )
+                    let mut totals = totals(cumulative, cumulative, &counts, &counts);
+                    for o in 0..OBJECTIVES_PER_TICK {
+                        let name = Arc::from(format!("objective-{o}"));
+                        totals.objectives.insert(name, [cumulative, cumulative]);
+                    }
+                    (Arc::from(format!("model-{i:02}")), totals)
                 })
                 .collect();
             ring.push(tick * 1000, models);
@@ -486,9 +571,9 @@ mod tests {
         let bytes = ring.bytes();
         assert!(bytes <= Ring::max_bytes(buckets), "{bytes}");
         assert!(bytes * 10 >= Ring::max_bytes(buckets) * 9, "{bytes}");
-        // The bound, stated in docs/PERFORMANCE.md: about 5.3 MiB with 20 buckets.
+        // The bound, stated in docs/PERFORMANCE.md: about 7.5 MiB with 20 buckets.
         assert!(
-            Ring::max_bytes(buckets) < 11 << 19,
+            Ring::max_bytes(buckets) < 8 << 20,
             "{}",
             Ring::max_bytes(buckets)
         );
@@ -543,8 +628,8 @@ mod tests {
             b.inter_token_latency_seconds.len(),
             bound / (MAX_MODELS + 2)
         );
-        // docs/PERFORMANCE.md and docs/LIVE.md state "at most about 5.3 MiB".
-        assert!(bound < 11 << 19, "{bound}");
+        // docs/PERFORMANCE.md and docs/LIVE.md state "at most about 7.5 MiB".
+        assert!(bound < 8 << 20, "{bound}");
     }
 
     #[test]
@@ -571,8 +656,12 @@ mod tests {
         a.ttft().observe(0.05);
         a2.ttft().observe(0.3);
         a.observe_itl(Duration::from_millis(20), 4);
+        metrics.count_objective(&a, "chat", true, 7);
+        metrics.count_objective(&a2, "chat", false, 7);
+        metrics.count_objective(&a2, "chat", true, 7);
+        metrics.count_objective(&a, "batch", false, 7);
         let snapshot = metrics.snapshot_of(&FAMILIES);
-        let t = super::totals(&snapshot);
+        let t = super::totals(&snapshot, metrics.objective_totals());
         assert_eq!(t.len(), 2);
         let (model, a) = &t[0];
         assert_eq!(&**model, "a");
@@ -582,5 +671,67 @@ mod tests {
         assert_eq!(a.ttft.count(), 2);
         assert_eq!(a.itl.count(), 4);
         assert_eq!(t[1].1.requests.iter().sum::<u64>(), 1);
+        // Objectives are summed over tenants, met then missed.
+        let judged: Vec<(&str, [u64; 2])> = a.objectives.iter().map(|(o, &n)| (&**o, n)).collect();
+        assert_eq!(judged, [("batch", [0, 1]), ("chat", [2, 1])]);
+        assert!(t[1].1.objectives.is_empty());
+    }
+
+    #[test]
+    fn objectives_are_kept_per_tick_and_added_up_per_window() {
+        let mut ring = Ring::default();
+        let m: Arc<str> = Arc::from("m");
+        let with = |met: u64, missed: u64, other: u64| {
+            let mut t = totals(0, 0, &[0], &[0]);
+            t.objectives.insert(Arc::from("chat"), [met, missed]);
+            if other > 0 {
+                t.objectives.insert(Arc::from("batch"), [other, 0]);
+            }
+            t
+        };
+        ring.push(1000, vec![(m.clone(), with(3, 1, 0))]);
+        ring.push(2000, vec![(m.clone(), with(3, 1, 0))]);
+        ring.push(3000, vec![(m.clone(), with(10, 2, 4))]);
+        // A tick in which nothing was judged keeps no entry at all.
+        assert!(ring.slots()[1].models.is_empty());
+        let last = &ring.slots()[2].models[0].1;
+        let names = ring.objectives();
+        let last: Vec<(&str, [u32; 2])> = last
+            .objectives
+            .iter()
+            .map(|(i, n)| (&*names[usize::from(*i)], *n))
+            .collect();
+        assert_eq!(last, [("batch", [4, 0]), ("chat", [7, 1])]);
+        let w = &ring.window(2)[0];
+        let judged: Vec<(&str, [u64; 2])> = w.objectives.iter().map(|(o, &n)| (&**o, n)).collect();
+        assert_eq!(judged, [("batch", [4, 0]), ("chat", [7, 1])]);
+        assert_eq!(
+            ring.window(60)[0].objectives[&Arc::<str>::from("chat")],
+            [10, 2]
+        );
+    }
+
+    #[test]
+    fn a_tick_keeps_at_most_its_share_of_objectives() {
+        let mut ring = Ring::default();
+        let mut t = totals(0, 0, &[0], &[0]);
+        for i in 0..OBJECTIVES_PER_TICK + 3 {
+            t.objectives.insert(Arc::from(format!("o{i:02}")), [1, 0]);
+        }
+        ring.push(1000, vec![(Arc::from("m"), t)]);
+        assert_eq!(
+            ring.slots()[0].models[0].1.objectives.len(),
+            OBJECTIVES_PER_TICK
+        );
+        // Names are bounded over the ring's life too.
+        for round in 0..(OBJECTIVE_NAMES / OBJECTIVES_PER_TICK + 2) as u64 {
+            let mut t = totals(0, 0, &[0], &[0]);
+            for i in 0..OBJECTIVES_PER_TICK {
+                t.objectives
+                    .insert(Arc::from(format!("r{round}-{i}")), [1, 0]);
+            }
+            ring.push(2000 + round, vec![(Arc::from("m"), t)]);
+        }
+        assert_eq!(ring.objectives().len(), OBJECTIVE_NAMES);
     }
 }

@@ -134,6 +134,18 @@ impl RequestSummary {
         }
     }
 
+    /// Each objective in force that judges this request, by name: met or missed.
+    pub fn judged(&self) -> impl Iterator<Item = (&str, bool)> + '_ {
+        let measures = self.measures();
+        self.objectives
+            .iter()
+            .flat_map(|o| o.iter())
+            .filter_map(move |o| {
+                o.judge(&self.model, &self.tenant, self.verdict.outcome, &measures)
+                    .map(|met| (o.name.as_str(), met))
+            })
+    }
+
     pub fn dialect(&self) -> Dialect {
         self.facts.dialect
     }

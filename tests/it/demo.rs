@@ -55,6 +55,8 @@ fn demo_runs_and_shows_per_model_figures() {
     }
     // Every request is counted by outcome and status under the table.
     assert!(summary.contains("\noutcomes: completed/2xx "), "{summary}");
+    // And judged against the demo's objective.
+    assert!(summary.contains("\nobjectives: interactive "), "{summary}");
 }
 
 const TENANT: &str = "demo-native-quantiles";

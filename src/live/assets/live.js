@@ -60,6 +60,10 @@ function renderModels(frame) {
       .filter(([o, n]) => o !== "completed" && n > 0)
       .map(([o, n]) => o + " " + pct(n, m.requests));
     cell(tr, others.join(", ") || "–", others.length ? "bad" : "").dataset.field = "others";
+    // Each objective's attainment over the window: the share of judged requests that met it.
+    const objectives = (m.objectives || []).map((o) => o.objective + " " + pct(o.met, o.met + o.missed));
+    const missed = (m.objectives || []).some((o) => o.missed > 0);
+    cell(tr, objectives.join(", ") || "–", missed ? "text bad" : "text").dataset.field = "objectives";
     body.appendChild(tr);
   }
 }
@@ -105,11 +109,17 @@ function requestRow(r, withEnded) {
   const tr = document.createElement("tr");
   cell(tr, r.model, "text");
   cell(tr, r.tenant, "text");
-  cell(tr, r.outcome, r.outcome === "completed" ? "text" : "text bad");
+  // A buffered response's tokens reached tokentap in one burst: it did not really stream.
+  const outcome = r.buffered ? r.outcome + " · buffered" : r.outcome;
+  cell(tr, outcome, r.outcome === "completed" && !r.buffered ? "text" : "text bad");
   cell(tr, secs(r.duration_s));
   cell(tr, secs(r.ttft_s));
   cell(tr, secs(r.slowest_gap_s));
   cell(tr, String(r.output_tokens));
+  const missed = (r.objectives || []).filter((o) => !o.met).map((o) => o.objective);
+  const judged = (r.objectives || []).length;
+  cell(tr, judged ? (missed.length ? "missed " + missed.join(", ") : "met") : "–",
+    missed.length ? "text bad" : "text").dataset.field = "objectives";
   if (withEnded) cell(tr, new Date(r.ended_ms).toLocaleTimeString());
   cell(tr, r.trace_id || "–", "text");
   return tr;
