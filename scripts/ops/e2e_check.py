@@ -24,7 +24,9 @@ Sections (each line PASS / FAIL / SKIP):
               Retry-After gauge and, with --rate-limit-rpm, the rate-limit gauges;
               with the traffic's `objectives`, main's judgements: met and missed per
               objective and tenant exactly as the traffic's classes imply, their
-              output tokens, the targets, and every refusal a miss
+              output tokens, the targets, and every refusal a miss; with the traffic's
+              `usage_details`, the cached and reasoning tokens per tenant its usage
+              reported
   dashboard   every panel query and variable query (variables resolved) is valid
               PromQL and returns data
   rules       every recording rule expression returns data and its recorded series
@@ -181,6 +183,7 @@ def main():
         check_semantics(expo, roles, inst, traffic, a.cancels)
         check_refusals(expo, roles, traffic, a.refusals_model, a.rate_limit_rpm)
         check_objectives(expo, roles, traffic, a.refusals_model)
+        check_usage_details(expo, roles, traffic)
     absent_events = {m for m in contract.EVENT_DRIVEN if m not in present}
     if "dashboard" in sections or "rules" in sections:
         check_queries(prom, a, dashboard, rules, sections, absent_events)
@@ -424,6 +427,23 @@ def check_objectives(expo, roles, traffic, refusals_model):
                        for r in ("met", "missed")}
                 ok(got == {"met": 0, "missed": want},
                    f"main: {objective}: the {want} refused or failed requests to {m} are all missed", got)
+
+
+def check_usage_details(expo, roles, traffic):
+    """Main's cached and reasoning tokens: what the usage of the traffic's tagged streams
+    reported, per tenant, and nothing for a tenant that sent none."""
+    details = traffic.get("usage_details")
+    samples = expo.get(roles.get("main"), ([], {}))[0]
+    if not details or not samples:
+        return
+    family = "tokentap_usage_detail_tokens_total"
+    for tenant in traffic["tenants"]:
+        n = details["streams"].get(tenant, 0)
+        want = {"cache_read_input": n * details["cached"], "reasoning_output": n * details["reasoning"],
+                "cache_write_input": 0}
+        got = {kind: total(samples, family, tenant=tenant, kind=kind) for kind in want}
+        ok(got == want, f"main: tenant {tenant}: {n} streams reported {details['cached']} cached input and "
+           f"{details['reasoning']} reasoning output tokens each", got)
 
 
 def check_objective_rules(prom, traffic):

@@ -70,6 +70,13 @@ RATE_LIMIT_STREAMED = 2
 OVERLOADED_STREAMED = 2
 NOT_FOUND = 1
 NOT_SERVED_MODEL = "e2e-no-such-model"
+# Cached and reasoning tokens: DETAIL_STREAMS streams per tenant of DETAIL_TENANTS to the
+# first model, whose usage reports DETAIL_CACHED cached input tokens (of about 37: the
+# body's length / 4) and DETAIL_REASONING reasoning output tokens (of 40).
+DETAIL_TENANTS = ["acme", "globex"]
+DETAIL_STREAMS = 3
+DETAIL_CACHED = 12
+DETAIL_REASONING = 7
 
 # --objectives. The main simulator streams 40 tokens, first after 150 ms, then one every
 # 20 ms (e2e-prometheus.sh): 0.93 s in all. Each class sets the gap with x-sim-itl-ms and
@@ -148,7 +155,7 @@ def loopback(url):
 
 
 def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=False, timeout=30,
-            extra_headers=None, sent_stamps=None, objective_class=None):
+            extra_headers=None, sent_stamps=None, objective_class=None, tag=None):
     """One request; returns what the client saw. With `sent_stamps` (a list), the
     simulator's `sim_sent_unix_ns` of every token-bearing chunk is appended to it."""
     u = urlparse(base)
@@ -166,7 +173,8 @@ def request(base, model, tenant, kind="chat", stream=True, cancel_after_first=Fa
         headers["x-tenant-id"] = tenant
     headers.update(extra_headers or {})
     out = {"model": model, "tenant": tenant, "kind": kind, "stream": stream, "cancel": cancel_after_first,
-           "status": None, "done": False, "events": 0, "error": None, "objective_class": objective_class}
+           "status": None, "done": False, "events": 0, "error": None, "objective_class": objective_class,
+           "tag": tag}
     try:
         conn.request("POST", path, body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
@@ -313,6 +321,10 @@ def main():
                          kind="chat" if i % 3 else "completions", stream=(i % 8 != 7)))
     for i in range(a.cancels):
         jobs.append(dict(model=models[i % len(models)], tenant="acme", kind="chat", stream=True, cancel_after_first=True))
+    details = {"x-sim-cached-tokens": str(DETAIL_CACHED), "x-sim-reasoning-tokens": str(DETAIL_REASONING)}
+    for tenant in DETAIL_TENANTS:
+        jobs += [dict(model=models[0], tenant=tenant, kind="chat", stream=True, extra_headers=details,
+                      tag="usage_details") for _ in range(DETAIL_STREAMS)]
     with cf.ThreadPoolExecutor(max_workers=a.concurrency) as ex:
         futs = [ex.submit(request, a.main, **j) for j in jobs]
         for f in futs:
@@ -374,6 +386,12 @@ def main():
         "engine_queue_ms": ENGINE_QUEUE_MS,
         "models": models,
         "tenants": sorted({r["tenant"] or "unknown" for r in main}),
+        # Per tenant, the streams whose usage reported cached and reasoning tokens.
+        "usage_details": {
+            "model": models[0], "cached": DETAIL_CACHED, "reasoning": DETAIL_REASONING,
+            "streams": {t: sum(1 for r in main if r["tag"] == "usage_details" and r["tenant"] == t and r["done"])
+                        for t in DETAIL_TENANTS},
+        },
     }
     if a.objectives:
         # What tokentap must have judged: every request (warm-up included) on /metrics,

@@ -46,6 +46,8 @@
 //! | `x-sim-fault: status=CODE` | answer `CODE` with an OpenAI-style error body (`Retry-After: 7` on a 429 or 503) |
 //! | `x-sim-itl-ms: N` | N milliseconds between tokens in this response, in place of its model's (TTFT unchanged; 0 to 600000) |
 //! | `x-sim-queue-ms: N` | the engine reports N milliseconds (at most the TTFT) of this response's TTFT as queued, the rest as prefill, where its dialect reports engine timings: Ollama's `load_duration` and `prompt_eval_duration`, TensorRT-LLM's `perf_metrics` (TTFT unchanged; default 0) |
+//! | `x-sim-cached-tokens: N` | the usage reports N of the input tokens (at most all of them) as read from the prompt cache: OpenAI's `prompt_tokens_details.cached_tokens`, the Responses API's `input_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens` (its `input_tokens` the rest), Gemini's `cachedContentTokenCount` (input unchanged; 0 to 1000000) |
+//! | `x-sim-reasoning-tokens: N` | the usage reports N of the output tokens (at most all of them) as reasoning: OpenAI's `completion_tokens_details.reasoning_tokens`, the Responses API's `output_tokens_details.reasoning_tokens` (output unchanged; 0 to 1000000) |
 //!
 //! A value any of these headers cannot read is answered `400` with a message saying why, so a
 //! typo cannot pass for a healthy stream. With [`SimConfig::rate_limit`] the hosted APIs'
@@ -227,6 +229,10 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         Ok(queue) => queue.unwrap_or_default(),
         Err(message) => return bad_request(message),
     };
+    let (cached, reasoning) = match request::requested_usage_details(request.headers()) {
+        Ok(details) => details,
+        Err(message) => return bad_request(message),
+    };
     let coding = request::accepted_coding(&state.config, request.headers());
     let (body, json) = match read_json(request.into_body()).await {
         Ok(read) => read,
@@ -277,6 +283,8 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
     let mut script = script(&state.config, &llm, profile, tokens, n, received_unix_ns);
     script.queue_ns = nanos(queue.min(profile.ttft));
+    script.cached_tokens = cached.min(script.prompt_tokens);
+    script.reasoning_tokens = reasoning.min(u64::from(tokens));
     let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     // A TGI event is one token by its format (its `token` object).
     let per_event = if api == Api::Tgi {
@@ -438,6 +446,8 @@ fn script(
         ttft_ns: nanos(profile.ttft),
         queue_ns: 0,
         itl_ns: nanos(profile.itl),
+        cached_tokens: 0,
+        reasoning_tokens: 0,
     }
 }
 

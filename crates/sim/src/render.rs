@@ -61,6 +61,11 @@ pub(super) struct Script {
     pub(super) ttft_ns: u64,
     pub(super) queue_ns: u64,
     pub(super) itl_ns: u64,
+    /// Of `prompt_tokens`, those the usage reports as read from the prompt cache
+    /// (`x-sim-cached-tokens`).
+    pub(super) cached_tokens: u64,
+    /// Of the output tokens, those the usage reports as reasoning (`x-sim-reasoning-tokens`).
+    pub(super) reasoning_tokens: u64,
 }
 
 const WORDS: [&str; 16] = [
@@ -124,11 +129,20 @@ impl Script {
     }
 
     fn openai_usage(&self, completion: u64) -> Value {
-        json!({
+        let mut usage = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-        })
+        });
+        // The breakdowns only when asked for, as the OpenAI-compatible engines send them.
+        if self.cached_tokens > 0 {
+            usage["prompt_tokens_details"] = json!({"cached_tokens": self.cached_tokens});
+        }
+        if self.reasoning_tokens > 0 {
+            let reasoning = self.reasoning_tokens.min(completion);
+            usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning});
+        }
+        usage
     }
 
     fn continuous_usage(&self, completion: u64) -> Option<Value> {
@@ -170,9 +184,9 @@ impl Script {
             "output": output,
             "usage": usage.map(|n| json!({
                 "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": n,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens.min(n)},
                 "total_tokens": self.prompt_tokens + n,
             })),
         })
@@ -188,14 +202,19 @@ impl Script {
     }
 
     fn anthropic_usage(&self, output: u64) -> Value {
+        // Anthropic's `input_tokens` are the ones not read from the cache.
         json!({
-            "input_tokens": self.prompt_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0, "output_tokens": output,
+            "input_tokens": self.prompt_tokens.saturating_sub(self.cached_tokens),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens, "output_tokens": output,
         })
     }
 
     fn gemini_usage(&self, candidates: Option<u64>) -> Value {
         let mut usage = json!({"promptTokenCount": self.prompt_tokens});
+        if self.cached_tokens > 0 {
+            usage["cachedContentTokenCount"] = self.cached_tokens.into();
+        }
         if let Some(n) = candidates {
             usage["candidatesTokenCount"] = n.into();
         }
@@ -658,6 +677,8 @@ mod tests {
             ttft_ns: 0,
             queue_ns: 0,
             itl_ns: 0,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
         };
         let chunk = script.token(ONE_TOKEN, true);
         let text = std::str::from_utf8(&chunk).unwrap();

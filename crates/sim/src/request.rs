@@ -120,6 +120,29 @@ pub(super) fn requested_queue(headers: &HeaderMap) -> Result<Option<Duration>, S
     whole_millis(headers, "x-sim-queue-ms")
 }
 
+/// The largest `x-sim-cached-tokens` or `x-sim-reasoning-tokens`.
+const MAX_DETAIL_TOKENS: u64 = 1_000_000;
+
+/// The cached input and reasoning output tokens a request asks the usage to report with
+/// `x-sim-cached-tokens` and `x-sim-reasoning-tokens` (0 without them), or the message of
+/// the 400 that answers a bad value.
+pub(super) fn requested_usage_details(headers: &HeaderMap) -> Result<(u64, u64), String> {
+    let count = |name| {
+        header_value(headers, name, |value| {
+            value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n <= MAX_DETAIL_TOKENS)
+                .ok_or_else(|| format!("is not a whole number from 0 to {MAX_DETAIL_TOKENS}"))
+        })
+    };
+    Ok((
+        count("x-sim-cached-tokens")?.unwrap_or(0),
+        count("x-sim-reasoning-tokens")?.unwrap_or(0),
+    ))
+}
+
 /// The header `name` as whole milliseconds from 0 to [`MAX_ITL_MS`].
 fn whole_millis(headers: &HeaderMap, name: &str) -> Result<Option<Duration>, String> {
     header_value(headers, name, |value| {
@@ -221,6 +244,21 @@ mod tests {
                 itl(bad),
                 Err(format!(
                     "x-sim-itl-ms: `{bad}` is not a whole number of milliseconds from 0 to 600000"
+                ))
+            );
+        }
+        let details = |name, v: &str| requested_usage_details(&headers(name, v.as_bytes()));
+        assert_eq!(requested_usage_details(&HeaderMap::new()), Ok((0, 0)));
+        assert_eq!(details("x-sim-cached-tokens", " 12 "), Ok((12, 0)));
+        assert_eq!(
+            details("x-sim-reasoning-tokens", "1000000"),
+            Ok((0, 1_000_000))
+        );
+        for bad in ["-1", "1000001", "1.5", "x", ""] {
+            assert_eq!(
+                details("x-sim-cached-tokens", bad),
+                Err(format!(
+                    "x-sim-cached-tokens: `{bad}` is not a whole number from 0 to 1000000"
                 ))
             );
         }

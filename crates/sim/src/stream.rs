@@ -338,6 +338,8 @@ mod tests {
             ttft_ns: 0,
             queue_ns: 0,
             itl_ns: 0,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
         }
     }
 
