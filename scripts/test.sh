@@ -100,6 +100,9 @@ bash scripts/ops/e2e-fleet.sh
 step "end to end: the live view (/ui, on its own loopback listener) in headless Chromium: every model's figures equal /metrics over the window, an ITL regression shows in its heatmap, models named constructor, __proto__, toString and hasOwnProperty keep the page ticking; screenshot in target/e2e-ui/"
 bash scripts/ops/e2e-ui.sh
 
+step "end to end: buffered responses: the simulator's streams at 1-20 ms per token are not flagged, every one behind nginx with gzip on for event streams is"
+bash scripts/ops/e2e-buffered.sh
+
 step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
 bash scripts/ops/e2e-top.sh
 
