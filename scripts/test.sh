@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started (seconds into the run): where CI's 35 minutes go.
+step() { printf '\n==> [%d s] %s\n' "$SECONDS" "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -101,7 +102,7 @@ step "end to end: the live view (/ui, on its own loopback listener) in headless 
 bash scripts/ops/e2e-ui.sh
 
 step "end to end: buffered responses: the simulator's streams at 1-20 ms per token are not flagged, every one behind nginx with gzip on for event streams is"
-bash scripts/ops/e2e-buffered.sh
+STREAMS=20 bash scripts/ops/e2e-buffered.sh
 
 step "end to end: tokentap top in a tmux pane against the demo: draws every model, refreshes, q exits 0, exits with a message when the server goes away"
 bash scripts/ops/e2e-top.sh

@@ -93,8 +93,9 @@ def main():
         pats = [l.strip() for l in IGNORE.read_text().splitlines() if l.strip() and not l.startswith("#")]
         kept = [p for p in ("Cargo.toml", "Cargo.lock", "src/main.rs") if ignored(p, pats)]
         ok(not kept, "build context keeps Cargo.toml, Cargo.lock, src/", f"ignored: {kept}")
-        dropped = [p for p in (".git/HEAD", "target/release/tokentap") if not ignored(p, pats)]
-        ok(not dropped, "build context drops .git and target/", f"not ignored: {dropped}")
+        dropped = [p for p in (".git/HEAD", "target/release/tokentap", "fuzz/target/x", "fuzz/corpus/x",
+                               "crates/sim/target/x") if not ignored(p, pats)]
+        ok(not dropped, "build context drops .git, every target/ and fuzz/", f"not ignored: {dropped}")
         if shutil.which("cargo"):
             with tempfile.TemporaryDirectory() as ctx:
                 for dirpath, dirnames, filenames in os.walk(ROOT):
