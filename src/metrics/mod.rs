@@ -741,6 +741,12 @@ impl Metrics {
         }
     }
 
+    /// Each model's requests judged against each objective, met and missed, summed over
+    /// tenants: what the live view reads once a tick.
+    pub fn objective_totals(&self) -> ObjectiveTotals {
+        objective_totals::of(&self.objective_requests)
+    }
+
     /// Count a response of `stream`'s model that arrived in one burst.
     pub fn count_buffered(&self, stream: &StreamSeries) {
         self.buffered_responses
