@@ -10,18 +10,19 @@
 //!
 //! Whatever answers at the address is not trusted, and what it sends reaches a terminal:
 //! events are cut by the project's SSE decoder ([`SseDecoder`]), which refuses one larger
-//! than [`MAX_EVENT_BYTES`] instead of buffering it; a `tick` is read into the few figures
-//! drawn, at most [`MAX_MODEL_ROWS`] and [`MAX_STREAM_ROWS`] rows, the rest skipped unread;
-//! every string in it goes through [`shown`] (no control character, so no escape sequence
-//! reaches the terminal) as it is read; and a stream that completes no readable `tick` for
-//! [`NO_TICK`] is taken for gone, whatever else it sends.
+//! than [`MAX_EVENT_BYTES`] instead of buffering it; a `tick` is read into the live view's
+//! own frame type ([`live::Frame`]), whose reading keeps at most [`live::MAX_MODEL_ROWS`] and
+//! [`live::MAX_STREAM_ROWS`] rows, skips the rest and what top does not draw unread, and passes
+//! every string through [`live::shown`] (no control character, so no escape sequence
+//! reaches the terminal); and a stream that completes no readable `tick` for [`NO_TICK`]
+//! is taken for gone, whatever else it sends.
 
-use std::fmt;
 use std::io;
-use std::marker::PhantomData;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::live::frame::{self as live, Attainment, ModelFigures, StreamFigures};
+use crate::wire::sse::{SseDecoder, SseEvent};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
@@ -33,29 +34,18 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::{DefaultTerminal, Frame};
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
-use serde::Deserialize;
 
-use crate::wire::sse::{SseDecoder, SseEvent};
+/// A `tick` frame as top reads it: the live view's own [`live::Frame`], read under its
+/// bounds.
+type Tick = live::Frame;
 
 /// The largest SSE event `top` reads; a larger one ends `top` with a message. A live
-/// view frame lists at most 32 models ([`MAX_MODEL_ROWS`]), 20 requests in flight and 20
+/// view frame lists at most 34 models ([`live::MAX_MODEL_ROWS`]), 20 requests in flight and 20
 /// slowest ones, and a `requests` event at most 100 finished
 /// requests: with label values of the default 128 bytes, every byte escaped in the JSON
 /// (`\u001b`), and the default buckets, either stays under 250 KiB. 1 MiB leaves room for
 /// longer label values and more buckets.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
-/// Model rows kept from a frame: as many as the live view keeps models. More are counted,
-/// not kept.
-pub const MAX_MODEL_ROWS: usize = crate::live::window::MAX_MODELS;
-/// Rows of requests in flight kept from a frame: as many as the live view lists. More are
-/// counted, not kept.
-pub const MAX_STREAM_ROWS: usize = crate::live::IN_FLIGHT_SHOWN;
-/// Objectives read per model: as many as the config allows.
-pub const MAX_OBJECTIVE_ROWS: usize = crate::config::MAX_OBJECTIVES;
-/// Characters of one server string kept for display (the label policy's default
-/// `max_value_len` is 128 bytes); a longer one is cut and ends with `…`.
-pub const MAX_TEXT_CHARS: usize = 128;
 /// A tick comes every second: this long without a readable one and the server is taken
 /// for gone.
 pub const NO_TICK: Duration = Duration::from_secs(3);
@@ -95,165 +85,21 @@ enum Message {
     Gone(String),
 }
 
-/// A server string as `top` draws it: every control character (C0, DEL and C1, which
-/// start or carry every terminal escape sequence, and line breaks) and every character
-/// that reorders or breaks the text around it (bidirectional overrides and isolates, line
-/// and paragraph separators) becomes `�`, and at most [`MAX_TEXT_CHARS`] characters are
-/// kept, the last of them `…` when cut. What is left is printable text.
-pub fn shown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_TEXT_CHARS * 4));
-    for (i, c) in text.chars().enumerate() {
-        if i + 1 == MAX_TEXT_CHARS && text.chars().nth(MAX_TEXT_CHARS).is_some() {
-            out.push('…');
-            break;
-        }
-        let unsafe_char = c.is_control()
-            || matches!(
-                c,
-                '\u{061C}'
-                    | '\u{200E}'
-                    | '\u{200F}'
-                    | '\u{2028}'..='\u{202E}'
-                    | '\u{2066}'..='\u{2069}'
-            );
-        out.push(if unsafe_char { '\u{FFFD}' } else { c });
-    }
-    out
-}
-
-/// A string field of a frame, [`shown`] as it is read; `None` when absent or `null`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Text(Option<String>);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(Text(
-            Option::<TextVisitor>::deserialize(deserializer)?.map(|t| t.0),
-        ))
-    }
-}
-
-/// Reads a string without keeping more of it than [`shown`] does.
-struct TextVisitor(String);
-
-impl<'de> Deserialize<'de> for TextVisitor {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = TextVisitor;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextVisitor, E> {
-                Ok(TextVisitor(shown(v)))
-            }
-        }
-        deserializer.deserialize_str(V)
-    }
-}
-
-impl Text {
-    fn or<'a>(&'a self, missing: &'a str) -> &'a str {
-        self.0.as_deref().unwrap_or(missing)
-    }
-}
-
-/// A list of a frame: its first `N` items kept, the rest skipped unread and counted.
-#[derive(Debug)]
-struct Rows<T, const N: usize> {
-    kept: Vec<T>,
-    skipped: u64,
-}
-
-impl<T, const N: usize> Default for Rows<T, N> {
-    fn default() -> Self {
-        Rows {
-            kept: Vec::new(),
-            skipped: 0,
-        }
-    }
-}
-
-impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Rows<T, N> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V<T, const N: usize>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
-            type Value = Rows<T, N>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a list")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Rows<T, N>, A::Error> {
-                let mut rows = Rows::default();
-                while rows.kept.len() < N {
-                    match seq.next_element()? {
-                        Some(row) => rows.kept.push(row),
-                        None => return Ok(rows),
-                    }
-                }
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    rows.skipped = rows.skipped.saturating_add(1);
-                }
-                Ok(rows)
-            }
-        }
-        deserializer.deserialize_seq(V(PhantomData))
-    }
-}
-
-/// One `tick` frame, as far as `top` draws it; the other fields are skipped unread.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Tick {
-    at_ms: Option<u64>,
-    models: Rows<ModelRow, MAX_MODEL_ROWS>,
-    in_flight: InFlightRows,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct InFlightRows {
-    total: Option<u64>,
-    streams: Rows<StreamRow, MAX_STREAM_ROWS>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ModelRow {
-    model: Text,
-    requests: Option<f64>,
-    requests_per_s: Option<f64>,
-    outcomes: Outcomes,
-    tokens_per_s: Option<f64>,
-    in_flight: Option<u64>,
-    ttft: Quantiles,
-    itl: Quantiles,
-    objectives: Rows<ObjectiveRow, MAX_OBJECTIVE_ROWS>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ObjectiveRow {
-    objective: Text,
-    met: Option<f64>,
-    missed: Option<f64>,
-}
-
-impl ObjectiveRow {
-    /// The share of judged requests that met it, from the counts (not the server's ratio).
-    fn attainment(&self) -> Option<f64> {
-        let (met, missed) = (self.met.unwrap_or(0.0), self.missed.unwrap_or(0.0));
-        (met >= 0.0 && missed >= 0.0 && met + missed > 0.0).then(|| met / (met + missed))
-    }
+/// The share of an objective's judged requests that met it, from the counts (not the
+/// server's ratio).
+fn attainment(o: &Attainment) -> Option<f64> {
+    let judged = o.met.saturating_add(o.missed);
+    (judged > 0).then(|| o.met as f64 / judged as f64)
 }
 
 /// The model's least-met objective over the window, and how many more were judged:
 /// the one a contract is at risk on.
-fn objectives_cell(m: &ModelRow) -> String {
-    let judged: Vec<(&ObjectiveRow, f64)> = m
+fn objectives_cell(m: &ModelFigures) -> String {
+    let judged: Vec<(&Attainment, f64)> = m
         .objectives
         .kept
         .iter()
-        .filter_map(|o| o.attainment().map(|a| (o, a)))
+        .filter_map(|o| attainment(o).map(|a| (o, a)))
         .collect();
     let Some((worst, share)) = judged.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
         return "–".into();
@@ -264,34 +110,7 @@ fn objectives_cell(m: &ModelRow) -> String {
     } else {
         String::new()
     };
-    format!("{} {:.1}%{more}", worst.objective.or(""), 100.0 * share)
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Outcomes {
-    completed: Option<f64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Quantiles {
-    p50: Option<f64>,
-    p90: Option<f64>,
-    p99: Option<f64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct StreamRow {
-    model: Text,
-    tenant: Text,
-    phase: Text,
-    elapsed_s: Option<f64>,
-    tokens: Option<u64>,
-    tokens_per_s: Option<f64>,
-    largest_gap_s: Option<f64>,
-    since_last_event_s: Option<f64>,
+    format!("{} {:.1}%{more}", worst.objective, 100.0 * share)
 }
 
 /// The stream's bytes to frames: SSE events cut by the bounded decoder, `tick` events read
@@ -517,13 +336,9 @@ fn number(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "–".into(), |v| format!("{v:.digits$}"))
 }
 
-fn count(value: Option<u64>) -> String {
-    value.map_or_else(|| "–".into(), |n| n.to_string())
-}
-
 /// What a request in flight waits for, short, from the live API's `phase`.
-fn phase(value: &Text) -> &str {
-    match value.or("") {
+fn phase(value: &str) -> &str {
+    match value {
         "waiting_head" => "await head",
         "waiting_first_token" => "await token",
         other => other,
@@ -540,7 +355,7 @@ fn titled(title: String, skipped: u64) -> String {
 }
 
 fn draw(f: &mut Frame, options: &TopOptions, frame: Option<&Tick>, frames: u64) {
-    let mut listed: Vec<&ModelRow> = frame
+    let mut listed: Vec<&ModelFigures> = frame
         .map(|t| t.models.kept.iter().collect())
         .unwrap_or_default();
     listed.sort_by(|a, b| a.model.cmp(&b.model));
@@ -568,7 +383,8 @@ fn bold() -> Style {
 /// The top line: the address, the window, the frame's time and how many frames came.
 fn heading(options: &TopOptions, frame: Option<&Tick>, frames: u64) -> Paragraph<'static> {
     let at = frame
-        .and_then(|t| t.at_ms)
+        .map(|t| t.at_ms)
+        .filter(|&ms| ms > 0)
         .map(|ms| {
             let secs = ms / 1000;
             format!(
@@ -587,7 +403,7 @@ fn heading(options: &TopOptions, frame: Option<&Tick>, frames: u64) -> Paragraph
 }
 
 /// One row per model, over the window.
-fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> {
+fn models_table<'a>(listed: &[&'a ModelFigures], frame: Option<&Tick>) -> Table<'a> {
     let header = Row::new(
         [
             "model",
@@ -609,21 +425,20 @@ fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> 
     let rows: Vec<Row> = listed
         .iter()
         .map(|m| {
-            let requests = m.requests.unwrap_or(0.0);
-            let completed = m.outcomes.completed.unwrap_or(0.0);
+            let completed = m.outcomes.get("completed").copied().unwrap_or(0);
             Row::new(vec![
-                Cell::from(m.model.or("")),
-                Cell::from(number(m.requests_per_s, 2)),
+                Cell::from(&*m.model),
+                Cell::from(number(Some(m.requests_per_s), 2)),
                 Cell::from(secs(m.ttft.p50)),
                 Cell::from(secs(m.ttft.p90)),
                 Cell::from(secs(m.ttft.p99)),
                 Cell::from(secs(m.itl.p50)),
                 Cell::from(secs(m.itl.p90)),
                 Cell::from(secs(m.itl.p99)),
-                Cell::from(number(m.tokens_per_s, 1)),
-                Cell::from(count(m.in_flight)),
-                Cell::from(if requests > 0.0 {
-                    format!("{:.1}%", 100.0 * completed / requests)
+                Cell::from(number(Some(m.tokens_per_s), 1)),
+                Cell::from(m.in_flight.to_string()),
+                Cell::from(if m.requests > 0 {
+                    format!("{:.1}%", 100.0 * completed as f64 / m.requests as f64)
                 } else {
                     "–".into()
                 }),
@@ -656,12 +471,12 @@ fn models_table<'a>(listed: &[&'a ModelRow], frame: Option<&Tick>) -> Table<'a> 
 /// The slowest requests in flight: longest since their last token (or, with none yet,
 /// since their request), then largest gap.
 fn streams_table<'a>(frame: Option<&'a Tick>) -> Table<'a> {
-    let mut shown_rows: Vec<&StreamRow> = frame
+    let mut shown_rows: Vec<&StreamFigures> = frame
         .map(|t| t.in_flight.streams.kept.iter().collect())
         .unwrap_or_default();
-    let key = |s: &StreamRow| {
+    let key = |s: &StreamFigures| {
         (
-            s.since_last_event_s.unwrap_or(s.elapsed_s.unwrap_or(0.0)),
+            s.since_last_event_s.unwrap_or(s.elapsed_s),
             s.largest_gap_s.unwrap_or(0.0),
         )
     };
@@ -670,7 +485,7 @@ fn streams_table<'a>(frame: Option<&'a Tick>) -> Table<'a> {
             .partial_cmp(&key(a))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
-    let total = frame.and_then(|t| t.in_flight.total).unwrap_or(0);
+    let total = frame.map_or(0, |t| t.in_flight.total);
     let header = Row::new(
         [
             "model",
@@ -689,11 +504,11 @@ fn streams_table<'a>(frame: Option<&'a Tick>) -> Table<'a> {
         .iter()
         .map(|s| {
             Row::new(vec![
-                Cell::from(s.model.or("–")),
-                Cell::from(s.tenant.or("")),
+                Cell::from(s.model.as_deref().unwrap_or("–")),
+                Cell::from(&*s.tenant),
                 Cell::from(phase(&s.phase)),
-                Cell::from(secs(s.elapsed_s)),
-                Cell::from(count(s.tokens)),
+                Cell::from(secs(Some(s.elapsed_s))),
+                Cell::from(s.tokens.to_string()),
                 Cell::from(number(s.tokens_per_s, 1)),
                 Cell::from(secs(s.largest_gap_s)),
                 Cell::from(secs(s.since_last_event_s)),
@@ -731,49 +546,6 @@ mod tests {
         assert_eq!(next_window(10), 60);
     }
 
-    /// Every way a string could drive a terminal, and text that must pass unchanged.
-    #[test]
-    fn shown_leaves_no_control_character() {
-        let cases: &[(&str, &str)] = &[
-            // OSC 0 (title) ended by BEL, OSC 2 ended by ST (ESC \).
-            ("\x1b]0;pwned\x07x", "�]0;pwned�x"),
-            ("\x1b]2;pwned\x1b\\x", "�]2;pwned�\\x"),
-            // OSC 52: a clipboard write.
-            ("\x1b]52;c;cHduZWQ=\x07", "�]52;c;cHduZWQ=�"),
-            // The alternate screen, a clear screen, a cursor move.
-            ("\x1b[?1049h\x1b[2J\x1b[H", "�[?1049h�[2J�[H"),
-            // C1 controls: OSC ... ST, CSI, NEL, and the rest of the C1 range.
-            ("\u{9d}0;pwned\u{9c}", "�0;pwned�"),
-            ("\u{9b}?1049h", "�?1049h"),
-            ("a\u{85}b\u{80}c\u{9f}", "a�b�c�"),
-            // C0: NUL, BS, TAB, LF, CR, DEL.
-            ("a\0b\x08c\td\ne\rf\x7f", "a�b�c�d�e�f�"),
-            // Reordering: bidi overrides, isolates and marks; line and paragraph breaks.
-            ("abc\u{202e}fed", "abc�fed"),
-            ("\u{2066}x\u{2069}\u{200f}\u{061c}", "�x���"),
-            ("a\u{2028}b\u{2029}c", "a�b�c"),
-            // Printable text, wide and combining characters pass unchanged.
-            ("llama-3.1-8b", "llama-3.1-8b"),
-            ("modèle 中文 🦙 e\u{301}", "modèle 中文 🦙 e\u{301}"),
-            ("", ""),
-        ];
-        for (input, want) in cases {
-            assert_eq!(&shown(input), want, "{input:?}");
-            assert!(!shown(input).chars().any(char::is_control), "{input:?}");
-        }
-    }
-
-    #[test]
-    fn shown_keeps_at_most_max_text_chars() {
-        let exact = "é".repeat(MAX_TEXT_CHARS);
-        assert_eq!(shown(&exact), exact);
-        let long = shown(&"é".repeat(MAX_TEXT_CHARS + 1));
-        assert_eq!(long.chars().count(), MAX_TEXT_CHARS);
-        assert!(long.ends_with("é…"), "{long}");
-        let huge = shown(&"\x1b".repeat(1 << 20));
-        assert_eq!(huge.chars().count(), MAX_TEXT_CHARS);
-    }
-
     fn tick(json: &str) -> Tick {
         serde_json::from_str(json).expect("a tick")
     }
@@ -790,13 +562,13 @@ mod tests {
     fn every_string_of_a_frame_is_shown_safely() {
         let tick = tick(HOSTILE);
         let model = &tick.models.kept[0];
-        assert_eq!(model.model.or(""), "�]0;pwned�m");
+        assert_eq!(&*model.model, "�]0;pwned�m");
         let stream = &tick.in_flight.streams.kept[0];
-        for text in [&stream.model, &stream.tenant, &stream.phase] {
-            let text = text.or("missing");
+        let model = stream.model.as_deref().unwrap_or("missing");
+        for text in [model, &*stream.tenant, &*stream.phase] {
             assert!(!text.chars().any(char::is_control), "{text:?}");
         }
-        assert_eq!(stream.phase.or(""), "�[?1049h");
+        assert_eq!(&*stream.phase, "�[?1049h");
     }
 
     /// What reaches the terminal is the cells ratatui draws: none may hold a control
@@ -839,8 +611,10 @@ mod tests {
                    {"objective": "idle", "met": 0, "missed": 0}"#),
             "batch 50.0% +1"
         );
-        // Counts a hostile server made negative or absent are not a share.
-        assert_eq!(row(r#"{"objective": "x", "met": -5, "missed": 1}"#), "–");
+        // Counts absent are no share; a negative count makes the frame unreadable.
+        assert_eq!(row(r#"{"objective": "x"}"#), "–");
+        let negative = r#"{"models": [{"objectives": [{"objective": "x", "met": -5}]}]}"#;
+        assert!(serde_json::from_str::<Tick>(negative).is_err());
         let hostile = tick(HOSTILE);
         let cell = objectives_cell(&hostile.models.kept[0]);
         assert_eq!(cell, "�[2Jslo 50.0%");
@@ -853,7 +627,7 @@ mod tests {
         ));
         assert_eq!(
             tick.models.kept[0].objectives.kept.len(),
-            MAX_OBJECTIVE_ROWS
+            live::MAX_OBJECTIVE_ROWS
         );
     }
 
@@ -870,13 +644,16 @@ mod tests {
             models.join(","),
             streams.join(",")
         ));
-        assert_eq!(tick.models.kept.len(), MAX_MODEL_ROWS);
-        assert_eq!(tick.models.skipped, 1000 - MAX_MODEL_ROWS as u64);
-        assert_eq!(tick.in_flight.streams.kept.len(), MAX_STREAM_ROWS);
-        assert_eq!(tick.in_flight.streams.skipped, 100 - MAX_STREAM_ROWS as u64);
-        // The caps are what the live view sends at most.
-        assert_eq!(MAX_MODEL_ROWS, crate::live::window::MAX_MODELS);
-        assert_eq!(MAX_STREAM_ROWS, crate::live::IN_FLIGHT_SHOWN);
+        assert_eq!(tick.models.kept.len(), live::MAX_MODEL_ROWS);
+        assert_eq!(tick.models.skipped, 1000 - live::MAX_MODEL_ROWS as u64);
+        assert_eq!(tick.in_flight.streams.kept.len(), live::MAX_STREAM_ROWS);
+        assert_eq!(
+            tick.in_flight.streams.skipped,
+            100 - live::MAX_STREAM_ROWS as u64
+        );
+        // The caps are what the live view sends at most: its models, other and unknown.
+        assert_eq!(live::MAX_MODEL_ROWS, crate::live::window::MAX_MODELS + 2);
+        assert_eq!(live::MAX_STREAM_ROWS, crate::live::IN_FLIGHT_SHOWN);
     }
 
     #[test]
@@ -892,13 +669,13 @@ mod tests {
             .expect("read")
             .is_none());
         let tick = reader.feed(b"000}\n\n").expect("read").expect("a tick");
-        assert_eq!(tick.at_ms, Some(1000));
+        assert_eq!(tick.at_ms, 1000);
         // Of several ticks in one frame, the latest; an unreadable one is skipped.
         let tick = reader
             .feed(b"event: tick\ndata: {\"at_ms\": 1}\n\nevent: tick\ndata: {\"at_ms\": 2}\n\nevent: tick\ndata: {\"at_ms\": \"x\"}\n\n")
             .expect("read")
             .expect("a tick");
-        assert_eq!(tick.at_ms, Some(2));
+        assert_eq!(tick.at_ms, 2);
     }
 
     /// A `tick` event whose data line (`data: {...}`) is `len` bytes long.

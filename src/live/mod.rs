@@ -21,9 +21,11 @@
 //! (bounded by the label policy), figures, outcomes and trace ids, as the metrics and the
 //! access log carry them. docs/LIVE.md documents the API.
 
+pub mod frame;
 pub mod page;
 pub mod window;
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -39,6 +41,10 @@ use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::summary::{RequestSummary, Sink, Sinks, TapId};
 use crate::supervise::Supervisor;
+use frame::{
+    Attainment, Bounds, Column, Columns, Finished, Frame, Heatmap, InFlight, Judged, ModelFigures,
+    Quantiles, Rows, StreamFigures,
+};
 use window::{quantile, Ring, Windowed, OUTCOMES};
 
 /// How often the ring takes a tick and frames go out.
@@ -49,7 +55,7 @@ pub const DEFAULT_WINDOW: u64 = 60;
 /// Ticks of TTFT/ITL columns in a snapshot's heatmaps (five minutes).
 pub const HEATMAP_TICKS: usize = 300;
 /// Requests in flight listed in a frame (the longest running first); the total is given.
-pub const IN_FLIGHT_SHOWN: usize = 20;
+pub const IN_FLIGHT_SHOWN: usize = frame::MAX_STREAM_ROWS;
 /// Slowest finished requests kept per tick, and listed in a snapshot.
 pub const SLOWEST_PER_TICK: usize = 5;
 pub const SLOWEST_SHOWN: usize = 20;
@@ -63,35 +69,13 @@ pub const MAX_SUBSCRIBERS: usize = 8;
 /// Frames a subscriber may be behind before it is dropped.
 pub const BACKLOG: usize = 8;
 
-/// A finished request as the live view shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct Finished {
-    pub model: Arc<str>,
-    pub tenant: Arc<str>,
-    pub outcome: &'static str,
-    pub status: Option<u16>,
-    /// When it ended, ms since the Unix epoch.
-    pub ended_ms: u64,
-    pub duration_s: f64,
-    pub ttft_s: Option<f64>,
-    pub slowest_gap_s: Option<f64>,
-    pub output_tokens: u64,
-    /// Its tokens reached tokentap in one burst (a buffering hop).
-    pub buffered: bool,
-    /// The objectives that judged it, in name order, with whether it met each.
-    pub objectives: Vec<Judged>,
-    /// W3C trace id, when the request carried a trace context that was read
-    /// (`metrics.exemplars.enabled`).
-    pub trace_id: Option<String>,
-}
-
 impl Finished {
     fn of(request: &RequestSummary) -> Finished {
         let ended = request.started + request.duration;
         Finished {
             model: request.model.clone(),
             tenant: request.tenant.clone(),
-            outcome: request.verdict.outcome.as_str(),
+            outcome: Cow::Borrowed(request.verdict.outcome.as_str()),
             status: request.http_status,
             ended_ms: unix_ms(ended),
             duration_s: request.duration.as_secs_f64(),
@@ -102,23 +86,18 @@ impl Finished {
                 .map(|d| d.as_secs_f64()),
             output_tokens: request.output_tokens,
             buffered: request.buffered,
-            objectives: request
-                .judged()
-                .map(|(name, met)| Judged {
-                    objective: Arc::from(name),
-                    met,
-                })
-                .collect(),
+            objectives: Rows::from(
+                request
+                    .judged()
+                    .map(|(name, met)| Judged {
+                        objective: Arc::from(name),
+                        met,
+                    })
+                    .collect::<Vec<_>>(),
+            ),
             trace_id: request.trace().map(|t| t.trace_id_hex()),
         }
     }
-}
-
-/// One objective's judgement of a finished request.
-#[derive(Clone, Debug, Serialize)]
-pub struct Judged {
-    pub objective: Arc<str>,
-    pub met: bool,
 }
 
 fn unix_ms(at: SystemTime) -> u64 {
@@ -205,12 +184,6 @@ struct Shared {
     /// Ticks taken and frames serialized, for tests and the bench's note.
     ticks: AtomicU64,
     frames: AtomicU64,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-struct Bounds {
-    ttft: Arc<[f64]>,
-    itl: Arc<[f64]>,
 }
 
 /// The live view's handle: started by the server when `ui.enabled`, stopped with it.
@@ -469,7 +442,8 @@ impl Shared {
                 let in_flight = in_flight.get(&*w.model).copied().unwrap_or(0);
                 ModelFigures::of(&w, &bounds, column, in_flight)
             })
-            .collect();
+            .collect::<Vec<_>>()
+            .into();
         let heatmap = full.then(|| Heatmap::of(&ring, &bounds));
         let at_ms = ring.latest_ms().unwrap_or(0);
         let models_over_cap = ring.models_over_cap();
@@ -491,7 +465,11 @@ impl Shared {
             models,
             in_flight: InFlight {
                 total,
-                streams: streams.iter().map(StreamFigures::of).collect(),
+                streams: streams
+                    .iter()
+                    .map(StreamFigures::of)
+                    .collect::<Vec<_>>()
+                    .into(),
             },
             models_over_cap,
             ring_bytes,
@@ -507,53 +485,13 @@ struct RequestsEvent<'a> {
     dropped: u64,
 }
 
-/// A tick's frame, or the snapshot (with `heatmap` and `ring_bytes`).
-#[derive(Serialize)]
-struct Frame {
-    at_ms: u64,
-    window_s: u64,
-    bounds: Bounds,
-    models: Vec<ModelFigures>,
-    in_flight: InFlight,
-    models_over_cap: usize,
-    /// The ring's memory now (snapshot only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ring_bytes: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    heatmap: Option<Heatmap>,
-    slowest: Vec<Finished>,
-}
-
-#[derive(Serialize)]
-struct InFlight {
-    total: usize,
-    streams: Vec<StreamFigures>,
-}
-
-#[derive(Serialize)]
-struct StreamFigures {
-    /// `None` until the request body (or, for a request that names none, the response)
-    /// names the model.
-    model: Option<Arc<str>>,
-    tenant: Arc<str>,
-    /// What it waits for: `waiting_head`, `waiting_first_token` or `streaming`.
-    phase: &'static str,
-    elapsed_s: f64,
-    tokens: u64,
-    /// Tokens per second from the request head to the latest event.
-    tokens_per_s: Option<f64>,
-    largest_gap_s: Option<f64>,
-    /// Seconds since the latest token-bearing event (a stream stalled right now).
-    since_last_event_s: Option<f64>,
-}
-
 impl StreamFigures {
     fn of(view: &LiveStreamView) -> StreamFigures {
         let last = view.last_event.map(|d| d.as_secs_f64());
         StreamFigures {
             model: view.model.clone(),
             tenant: view.tenant.clone(),
-            phase: view.phase.as_str(),
+            phase: Cow::Borrowed(view.phase.as_str()),
             elapsed_s: view.elapsed.as_secs_f64(),
             tokens: view.tokens,
             tokens_per_s: last.filter(|&s| s > 0.0).map(|s| view.tokens as f64 / s),
@@ -563,12 +501,6 @@ impl StreamFigures {
     }
 }
 
-#[derive(Serialize)]
-struct Column {
-    ttft: Vec<u32>,
-    itl: Vec<u32>,
-}
-
 impl Column {
     fn zeros(bounds: &Bounds) -> Column {
         Column {
@@ -576,15 +508,6 @@ impl Column {
             itl: vec![0; bounds.itl.len() + 1],
         }
     }
-}
-
-#[derive(Serialize)]
-struct Quantiles {
-    count: u64,
-    mean: Option<f64>,
-    p50: Option<f64>,
-    p90: Option<f64>,
-    p99: Option<f64>,
 }
 
 impl Quantiles {
@@ -599,36 +522,6 @@ impl Quantiles {
             p99: q(0.99),
         }
     }
-}
-
-#[derive(Serialize)]
-struct ModelFigures {
-    model: Arc<str>,
-    /// Seconds the window covers (less than asked while the ring fills).
-    covered_s: f64,
-    requests: u64,
-    requests_per_s: f64,
-    /// Requests by outcome (every outcome, zeros included).
-    outcomes: std::collections::BTreeMap<&'static str, u64>,
-    output_tokens: u64,
-    tokens_per_s: f64,
-    in_flight: usize,
-    ttft: Quantiles,
-    itl: Quantiles,
-    /// The latest tick's TTFT and ITL bucket counts: the heatmaps' newest column.
-    column: Column,
-    /// Each objective that judged the model's requests in the window, in name order.
-    objectives: Vec<Attainment>,
-}
-
-/// One objective's requests over the window: how many met and missed it, and the share
-/// that met it (`None` with none judged).
-#[derive(Serialize)]
-struct Attainment {
-    objective: Arc<str>,
-    met: u64,
-    missed: u64,
-    attainment: Option<f64>,
 }
 
 impl Attainment {
@@ -656,7 +549,7 @@ impl ModelFigures {
         let outcomes = Outcome::ALL
             .iter()
             .zip(w.requests)
-            .map(|(o, n)| (o.as_str(), n))
+            .map(|(o, n)| (Cow::Borrowed(o.as_str()), n))
             .collect();
         debug_assert_eq!(w.requests.len(), OUTCOMES);
         ModelFigures {
@@ -671,26 +564,14 @@ impl ModelFigures {
             ttft: Quantiles::of(&w.ttft, &bounds.ttft),
             itl: Quantiles::of(&w.itl, &bounds.itl),
             column,
-            objectives: w
-                .objectives
-                .iter()
-                .map(|(name, &counts)| Attainment::of(name, counts))
-                .collect(),
+            objectives: Rows::from(
+                w.objectives
+                    .iter()
+                    .map(|(name, &counts)| Attainment::of(name, counts))
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
-}
-
-/// Per model, one TTFT and one ITL column of bucket counts per tick, oldest first.
-#[derive(Serialize)]
-struct Heatmap {
-    at_ms: Vec<u64>,
-    models: std::collections::BTreeMap<Arc<str>, Columns>,
-}
-
-#[derive(Serialize)]
-struct Columns {
-    ttft: Vec<Vec<u32>>,
-    itl: Vec<Vec<u32>>,
 }
 
 impl Heatmap {
