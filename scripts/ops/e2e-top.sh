@@ -117,8 +117,11 @@ read -r P_PROXY P_ADMIN P_UI < <(free_ports 3)
 tmux -S "$SOCKET" new-session -d -s demo -x 150 -y 40 \
   "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --ui-listen 127.0.0.1:$P_UI --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
 tmux -S "$SOCKET" set-option -t demo remain-on-exit on >/dev/null
-for _ in $(seq 150); do screen demo | grep -q "${MODELS[2]}" && break; sleep 0.1; done
-screen demo | grep -q "tokentap top" && screen demo | grep -q "${MODELS[2]}"
+# top's heading and a model's table row (the demo's banner, drawn first, names the models
+# and `tokentap top` too).
+top_shows() { screen demo | grep -q "^tokentap top " && screen demo | grep -q "│${MODELS[2]} "; }
+for _ in $(seq 150); do top_shows && break; sleep 0.1; done
+top_shows
 check $? "demo --top shows top with the demo's models"
 tmux -S "$SOCKET" send-keys -t demo q
 wait_status demo 30; check $? "q ends the demo too"
