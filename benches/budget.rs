@@ -474,10 +474,12 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
 }
 
 fn main() {
-    // The access log as `tokentap` logs by default (text, `info`), into a sink.
+    // The access log as `tokentap` logs by default (text, `info`) to a log that is not a
+    // terminal (a container's, a file), so without colours, into a sink.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .with_writer(std::io::sink)
+        .with_ansi(false)
         .init();
     let only: Vec<String> = std::env::args()
         .skip(1)
