@@ -112,7 +112,7 @@ impl Burst {
     /// Inlined for a stream already known to stream or to be buffered (one comparison
     /// per event); the deciding is out of line, so that where the codegen units are cut
     /// does not move the per-event count.
-    #[inline]
+    #[inline(always)]
     pub fn see(&mut self, gap: Gap, mut observe: impl FnMut(Gap)) {
         match self.0 {
             State::Streaming => observe(gap),
