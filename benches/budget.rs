@@ -12,6 +12,15 @@
 //! - per event: (the run with 240 events - the run with 40) / 200, so the head and the
 //!   end cancel and what is left is what one more token event costs, all of it.
 //!
+//! Each stream pauses once, for [`PACE`], before its second token-bearing event: the
+//! burst detector (`observe/burst.rs`) then judges it a stream at its first gap, as it
+//! judges a real engine's, and every later gap is observed live (ITL, inter-chunk gap).
+//! Without the pause the events arrive microseconds apart, a buffered response to the
+//! detector, unless the machine's load stretches a gap past its 1 ms: which path a
+//! stream took, and with it the count, then moved with the load (seen: 200 instructions
+//! per event between runs of the same code). The pause is a fixed cost per request (one
+//! `nanosleep`), so it cancels out of the per-event figures.
+//!
 //! The transports' sans-IO parts are what runs here: the HTTP/1.1 relay's
 //! `ResponseRelay` (one read per event, each event its own chunk, one clock read per
 //! read, the idle clock), and the hyper path's `StreamingBody` (each event one frame,
@@ -37,8 +46,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{
-    chunked, config_from, drain, gateway, in_memory_with, request_parts, response_head,
-    server_metrics, Call, RULES,
+    chunked, config_from, drain, gateway, request_parts, response_head, server_metrics, Call, RULES,
 };
 use criterion::black_box;
 use prost::Message;
@@ -65,6 +73,10 @@ const REQUESTS: usize = 32;
 const WARM_UP: usize = 2;
 
 const IDLE: Duration = Duration::from_secs(120);
+
+/// The pause before each stream's second token-bearing event: longer than the burst
+/// detector's `TOGETHER` (1 ms) whatever the machine does, so every stream is a stream.
+const PACE: Duration = Duration::from_millis(2);
 
 /// The only function callgrind counts (`--toggle-collect`), and after which it dumps.
 #[no_mangle]
@@ -100,7 +112,13 @@ impl Watcher for Relayed {
 
 /// One request relayed over the HTTP/1.1 fast path: `reads` are what the upstream reads
 /// bring (the head, then one event each).
-fn relay_request(gateway: &Gateway<()>, call: &Call<'_>, reads: &[Vec<u8>]) -> usize {
+/// `pause_before`: the read before which the upstream pauses for [`PACE`].
+fn relay_request(
+    gateway: &Gateway<()>,
+    call: &Call<'_>,
+    reads: &[Vec<u8>],
+    pause_before: usize,
+) -> usize {
     let parts = request_parts(call);
     let admitted = gateway
         .begin(RequestHead::of(&parts), Instant::now())
@@ -119,7 +137,10 @@ fn relay_request(gateway: &Gateway<()>, call: &Call<'_>, reads: &[Vec<u8>]) -> u
     let mut pieces = Vec::new();
     let mut out = Vec::with_capacity(4096);
     let mut sent = 0;
-    for read in reads {
+    for (index, read) in reads.iter().enumerate() {
+        if index == pause_before {
+            std::thread::sleep(PACE);
+        }
         let at = Instant::now();
         relayed.at = at;
         idle.data();
@@ -148,6 +169,30 @@ fn relay_request(gateway: &Gateway<()>, call: &Call<'_>, reads: &[Vec<u8>]) -> u
     }
     assert!(relayed.observed > 0, "the bench's request is measured");
     sent
+}
+
+/// `frames` as a response body (then `trailers` if any) that pauses for [`PACE`] before
+/// the frame at `pause_before`.
+fn paced(
+    frames: &[Bytes],
+    trailers: Option<&http::HeaderMap>,
+    pause_before: usize,
+) -> impl http_body::Body<Data = Bytes, Error = std::convert::Infallible> + Unpin {
+    let mut frames: Vec<_> = frames
+        .iter()
+        .cloned()
+        .map(|b| Ok(http_body::Frame::data(b)))
+        .collect();
+    if let Some(trailers) = trailers {
+        frames.push(Ok(http_body::Frame::trailers(trailers.clone())));
+    }
+    let frames = frames.into_iter().enumerate().map(move |(index, frame)| {
+        if index == pause_before {
+            std::thread::sleep(PACE);
+        }
+        frame
+    });
+    http_body_util::StreamBody::new(futures_util::stream::iter(frames))
 }
 
 /// A streamed response as an HTTP/1.1 upstream sends it, one read per event.
@@ -275,6 +320,9 @@ struct Dialect {
     events: fn(usize) -> Vec<Bytes>,
     /// The response's trailers (gRPC's status).
     trailers: Option<http::HeaderMap>,
+    /// The index among `events` of the second token-bearing event (the stream pauses
+    /// before it).
+    second_token: usize,
 }
 
 fn openai_chat() -> Dialect {
@@ -284,6 +332,7 @@ fn openai_chat() -> Dialect {
         content_type: "text/event-stream",
         events: common::sim_frames_n,
         trailers: None,
+        second_token: 2,
     }
 }
 
@@ -294,6 +343,7 @@ fn anthropic() -> Dialect {
         content_type: "text/event-stream",
         events: anthropic_events,
         trailers: None,
+        second_token: 3,
     }
 }
 
@@ -304,6 +354,7 @@ fn responses() -> Dialect {
         content_type: "text/event-stream",
         events: responses_events,
         trailers: None,
+        second_token: 3,
     }
 }
 
@@ -321,6 +372,7 @@ fn sglang_grpc() -> Dialect {
         content_type: "application/grpc",
         events: sglang_messages,
         trailers: Some(trailers),
+        second_token: 1,
     }
 }
 
@@ -422,10 +474,12 @@ fn server(config_text: &str, background: &tokio::runtime::Runtime) -> Server {
 }
 
 fn main() {
-    // The access log as `tokentap` logs by default (text, `info`), into a sink.
+    // The access log as `tokentap` logs by default (text, `info`) to a log that is not a
+    // terminal (a container's, a file), so without colours, into a sink.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .with_writer(std::io::sink)
+        .with_ansi(false)
         .init();
     let only: Vec<String> = std::env::args()
         .skip(1)
@@ -457,11 +511,14 @@ fn main() {
             let reads = chunked_reads(dialect.content_type, &frames);
             let one = || -> usize {
                 match case.path {
-                    Path::Relay => relay_request(&server.gateway, &call, &reads),
+                    // The reads are the head, then one per event.
+                    Path::Relay => {
+                        relay_request(&server.gateway, &call, &reads, dialect.second_token + 1)
+                    }
                     Path::Hyper => {
                         let streaming = response_head(&server.gateway, &call);
                         assert!(streaming.observes(), "the bench's request is measured");
-                        let body = in_memory_with(&frames, dialect.trailers.as_ref());
+                        let body = paced(&frames, dialect.trailers.as_ref(), dialect.second_token);
                         drain(
                             &driver,
                             StreamingBody::new(body, streaming, UpstreamIdle::new(IDLE)),

@@ -108,7 +108,22 @@ impl Default for State {
 impl Burst {
     /// The next event's `gap`: calls `observe` with each gap to observe now, in order (the
     /// held ones first when this gap decides the stream streams).
+    ///
+    /// Inlined for a stream already known to stream or to be buffered (one comparison
+    /// per event); the deciding is out of line, so that where the codegen units are cut
+    /// does not move the per-event count.
+    #[inline(always)]
     pub fn see(&mut self, gap: Gap, mut observe: impl FnMut(Gap)) {
+        match self.0 {
+            State::Streaming => observe(gap),
+            State::Buffered => {}
+            State::Undecided { .. } | State::Suspect(_) => self.decide(gap, observe),
+        }
+    }
+
+    /// [`see`](Self::see) while the stream is not known to stream.
+    #[inline(never)]
+    fn decide(&mut self, gap: Gap, mut observe: impl FnMut(Gap)) {
         let together = gap.gap < TOGETHER;
         match &mut self.0 {
             State::Streaming => observe(gap),

@@ -97,7 +97,7 @@ impl ChunkedReader {
 
     /// Whether the whole body (last chunk and trailers) has been read.
     pub fn is_done(&self) -> bool {
-        self.state == State::Done
+        matches!(self.state, State::Done)
     }
 
     /// Whether the body carried trailer fields (known once it is done).
@@ -128,14 +128,25 @@ impl ChunkedReader {
                 data(at..end);
                 at = end;
                 let left = remaining.saturating_sub(take as u64);
-                self.state = if left == 0 {
-                    State::DataCr
-                } else {
+                self.state = if left != 0 {
                     State::Data { remaining: left }
+                } else if input
+                    .get(at..)
+                    .is_some_and(|rest| rest.starts_with(b"\r\n"))
+                {
+                    // The CRLF after the data, read with it when it came with it (as
+                    // `DataCr` then `DataLf` would leave it).
+                    at = at.saturating_add(2);
+                    State::Size {
+                        value: 0,
+                        digits: 0,
+                    }
+                } else {
+                    State::DataCr
                 };
                 continue;
             }
-            if self.state == State::Done {
+            if matches!(self.state, State::Done) {
                 break;
             }
             let whole = self.whole_framing(rest);
@@ -154,26 +165,27 @@ impl ChunkedReader {
     /// its CRLF. Returns the bytes read, leaving the state exactly where reading them a
     /// byte at a time leaves it; 0 for anything else (extensions, whitespace, a line cut
     /// by the end of `input`, an error), which [`step`](Self::step) then reads.
+    // Matched by pattern rather than compared (`==` on `State` compares the variant, then
+    // its fields): this runs twice per relayed chunk.
+    #[inline]
     fn whole_framing(&mut self, input: &[u8]) -> usize {
-        let mut at = 0;
-        if self.state == State::DataCr {
-            if !input.starts_with(b"\r\n") {
-                return 0;
+        let at = match (self.state, input) {
+            (State::DataCr, [b'\r', b'\n', ..]) => {
+                self.state = State::Size {
+                    value: 0,
+                    digits: 0,
+                };
+                2
             }
-            at = 2;
-            self.state = State::Size {
-                value: 0,
-                digits: 0,
-            };
-        }
-        if self.state
-            != (State::Size {
-                value: 0,
-                digits: 0,
-            })
-        {
-            return at;
-        }
+            (
+                State::Size {
+                    value: 0,
+                    digits: 0,
+                },
+                _,
+            ) => 0,
+            _ => return 0,
+        };
         let line = input.get(at..).unwrap_or_default();
         let (mut value, mut digits) = (0u64, 0usize);
         // One digit past the 16 that fit is enough to leave the line to `step`.
@@ -195,33 +207,41 @@ impl ChunkedReader {
 
     /// One framing byte.
     fn step(&mut self, byte: u8) -> Result<(), ChunkedError> {
-        if matches!(
-            self.state,
-            State::Size { .. }
-                | State::SizeSpace { .. }
-                | State::Extension { .. }
-                | State::SizeLf { .. }
-        ) {
-            self.line_bytes = self.line_bytes.saturating_add(1);
-            if self.line_bytes > MAX_SIZE_LINE {
-                return Err(ChunkedError::SizeLineTooLong);
-            }
-        }
-        if matches!(
-            self.state,
-            State::TrailerStart
-                | State::TrailerName
-                | State::TrailerValue
-                | State::TrailerLf
-                | State::EndLf
-        ) {
-            self.trailer_bytes = self.trailer_bytes.saturating_add(1);
-            if self.trailer_bytes > self.max_trailer_bytes {
-                return Err(ChunkedError::TrailersTooLarge);
-            }
-            self.trailer_section.push(byte);
-        }
         self.state = match self.state {
+            State::Size { .. }
+            | State::SizeSpace { .. }
+            | State::Extension { .. }
+            | State::SizeLf { .. } => self.size_line_step(byte)?,
+            State::DataCr => match byte {
+                b'\r' => State::DataLf,
+                _ => return Err(ChunkedError::MissingDataCrlf),
+            },
+            State::DataLf => match byte {
+                b'\n' => State::Size {
+                    value: 0,
+                    digits: 0,
+                },
+                _ => return Err(ChunkedError::MissingDataCrlf),
+            },
+            State::TrailerStart
+            | State::TrailerName
+            | State::TrailerValue
+            | State::TrailerLf
+            | State::EndLf => self.trailer_step(byte)?,
+            State::Data { .. } | State::Done => self.state,
+        };
+        Ok(())
+    }
+
+    /// One byte of a chunk-size line (its size, whitespace, extensions, CRLF): the state
+    /// after it.
+    #[inline]
+    fn size_line_step(&mut self, byte: u8) -> Result<State, ChunkedError> {
+        self.line_bytes = self.line_bytes.saturating_add(1);
+        if self.line_bytes > MAX_SIZE_LINE {
+            return Err(ChunkedError::SizeLineTooLong);
+        }
+        Ok(match self.state {
             State::Size { value, digits } => match hex_value(byte) {
                 Some(digit) => {
                     if value > u64::MAX >> 4 {
@@ -262,17 +282,20 @@ impl ChunkedReader {
                     State::Data { remaining: value }
                 }
             }
-            State::DataCr => match byte {
-                b'\r' => State::DataLf,
-                _ => return Err(ChunkedError::MissingDataCrlf),
-            },
-            State::DataLf => match byte {
-                b'\n' => State::Size {
-                    value: 0,
-                    digits: 0,
-                },
-                _ => return Err(ChunkedError::MissingDataCrlf),
-            },
+            other => other,
+        })
+    }
+
+    /// One byte of the trailer section (a field line, or the empty line that ends the
+    /// body), kept as it came: the state after it.
+    #[inline]
+    fn trailer_step(&mut self, byte: u8) -> Result<State, ChunkedError> {
+        self.trailer_bytes = self.trailer_bytes.saturating_add(1);
+        if self.trailer_bytes > self.max_trailer_bytes {
+            return Err(ChunkedError::TrailersTooLarge);
+        }
+        self.trailer_section.push(byte);
+        Ok(match self.state {
             State::TrailerStart => match byte {
                 b'\r' => State::EndLf,
                 _ if is_token(byte) => {
@@ -299,15 +322,42 @@ impl ChunkedReader {
                 b'\n' => State::Done,
                 _ => return Err(ChunkedError::InvalidTrailer),
             },
-            State::Data { .. } | State::Done => self.state,
-        };
-        Ok(())
+            other => other,
+        })
     }
 }
 
+/// The value of a hex digit (RFC 9112's `HEXDIG`, either case).
+#[inline]
 fn hex_value(byte: u8) -> Option<u8> {
-    char::from(byte).to_digit(16).map(|digit| digit as u8)
+    HEX_VALUES
+        .get(usize::from(byte))
+        .copied()
+        .filter(|value| *value != NOT_HEX)
 }
+
+/// In [`HEX_VALUES`], a byte that is not a hex digit.
+const NOT_HEX: u8 = 0xff;
+
+/// Each byte's value as a hex digit, or [`NOT_HEX`]: a size line's digits are read
+/// once per relayed chunk, and a lookup is cheaper than three range tests. (Built at
+/// compile time, where an index out of bounds or an overflow fails the build.)
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+static HEX_VALUES: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut digit = 0u8;
+    while digit < 10 {
+        table[(b'0' + digit) as usize] = digit;
+        digit += 1;
+    }
+    let mut letter = 0u8;
+    while letter < 6 {
+        table[(b'a' + letter) as usize] = 10 + letter;
+        table[(b'A' + letter) as usize] = 10 + letter;
+        letter += 1;
+    }
+    table
+};
 
 /// An RFC 9110 `tchar`: what a field name is made of.
 pub(crate) fn is_token(byte: u8) -> bool {

@@ -189,6 +189,9 @@ impl ResponseReader {
                     if reader.is_done() {
                         self.trailer_section = reader.take_trailer_section();
                         self.finish(out);
+                    } else if at >= input.len() {
+                        // The read is used up (the usual end of a read mid-body).
+                        break;
                     }
                 }
                 State::UntilClose => {
@@ -222,6 +225,9 @@ impl ResponseReader {
     }
 
     /// Parse a head at `input[at..]`: its length, or `None` if it is not complete yet.
+    /// Kept out of [`feed`](Self::feed), which runs once per read while this runs once or
+    /// twice per response: inlined, its frame and saved registers cost every read.
+    #[inline(never)]
     fn head(
         &mut self,
         input: &[u8],

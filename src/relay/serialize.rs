@@ -124,12 +124,24 @@ pub fn chunk(data: &[u8], out: &mut Vec<u8>) {
     // Upper-case hex digits, most significant first, without the formatting machinery
     // (this runs once per relayed chunk).
     let len = data.len();
-    let digits = usize::BITS.saturating_sub(len.leading_zeros()).div_ceil(4);
-    for at in (0..digits).rev() {
-        let nibble = len.checked_shr(at.saturating_mul(4)).unwrap_or(0) & 0xf;
-        out.push(b"0123456789ABCDEF".get(nibble).copied().unwrap_or(b'0'));
+    let hex = |shift: u32| {
+        let nibble = len.checked_shr(shift).unwrap_or(0) & 0xf;
+        b"0123456789ABCDEF".get(nibble).copied().unwrap_or(b'0')
+    };
+    // A size line of a fixed length is one small copy; an event's chunk is under 4 KiB.
+    if len < 0x10 {
+        out.extend_from_slice(&[hex(0), b'\r', b'\n']);
+    } else if len < 0x100 {
+        out.extend_from_slice(&[hex(4), hex(0), b'\r', b'\n']);
+    } else if len < 0x1000 {
+        out.extend_from_slice(&[hex(8), hex(4), hex(0), b'\r', b'\n']);
+    } else {
+        let digits = usize::BITS.saturating_sub(len.leading_zeros()).div_ceil(4);
+        for at in (0..digits).rev() {
+            out.push(hex(at.saturating_mul(4)));
+        }
+        out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
