@@ -215,24 +215,13 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
             None => return error_json(StatusCode::NOT_FOUND, "no such route", "not_found"),
         },
     };
-    let bad_request =
-        |message: String| error_json(StatusCode::BAD_REQUEST, &message, "invalid_request_error");
-    let fault = match request::requested_fault(request.headers()) {
-        Ok(fault) => fault,
-        Err(message) => return bad_request(message),
+    let asked = match request::Asked::of(request.headers()) {
+        Ok(asked) => asked,
+        Err(message) => {
+            return error_json(StatusCode::BAD_REQUEST, &message, "invalid_request_error")
+        }
     };
-    let itl = match request::requested_itl(request.headers()) {
-        Ok(itl) => itl,
-        Err(message) => return bad_request(message),
-    };
-    let queue = match request::requested_queue(request.headers()) {
-        Ok(queue) => queue.unwrap_or_default(),
-        Err(message) => return bad_request(message),
-    };
-    let (cached, reasoning) = match request::requested_usage_details(request.headers()) {
-        Ok(details) => details,
-        Err(message) => return bad_request(message),
-    };
+    let fault = asked.fault;
     let coding = request::accepted_coding(&state.config, request.headers());
     let (body, json) = match read_json(request.into_body()).await {
         Ok(read) => read,
@@ -255,7 +244,7 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
         }
     };
     let with_itl;
-    let profile = match itl {
+    let profile = match asked.itl {
         Some(itl) => {
             with_itl = ModelProfile {
                 itl,
@@ -282,9 +271,9 @@ async fn handle(state: Arc<SimState>, request: Request<Incoming>) -> Response<Si
     };
     let n = state.requests.fetch_add(1, Ordering::Relaxed);
     let mut script = script(&state.config, &llm, profile, tokens, n, received_unix_ns);
-    script.queue_ns = nanos(queue.min(profile.ttft));
-    script.cached_tokens = cached.min(script.prompt_tokens);
-    script.reasoning_tokens = reasoning.min(u64::from(tokens));
+    script.queue_ns = nanos(asked.queue.min(profile.ttft));
+    script.cached_tokens = asked.cached_tokens.min(script.prompt_tokens);
+    script.reasoning_tokens = asked.reasoning_tokens.min(u64::from(tokens));
     let rng = SmallRng::seed_from_u64(state.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     // A TGI event is one token by its format (its `token` object).
     let per_event = if api == Api::Tgi {

@@ -95,6 +95,31 @@ pub(super) fn accepted_coding(config: &SimConfig, headers: &HeaderMap) -> Option
         })
 }
 
+/// What a request asks of the simulator with its `x-sim-*` headers.
+#[derive(Debug, Default)]
+pub(super) struct Asked {
+    pub(super) fault: Option<Fault>,
+    /// In place of its model's.
+    pub(super) itl: Option<Duration>,
+    pub(super) queue: Duration,
+    pub(super) cached_tokens: u64,
+    pub(super) reasoning_tokens: u64,
+}
+
+impl Asked {
+    /// Every `x-sim-*` header read, or the message of the 400 that answers the first bad one.
+    pub(super) fn of(headers: &HeaderMap) -> Result<Asked, String> {
+        let (cached_tokens, reasoning_tokens) = requested_usage_details(headers)?;
+        Ok(Asked {
+            fault: requested_fault(headers)?,
+            itl: requested_itl(headers)?,
+            queue: requested_queue(headers)?.unwrap_or_default(),
+            cached_tokens,
+            reasoning_tokens,
+        })
+    }
+}
+
 /// The fault a request asks for with `x-sim-fault`, or the message of the 400 that
 /// answers a value that names none (a typo would otherwise pass for a healthy stream).
 pub(super) fn requested_fault(headers: &HeaderMap) -> Result<Option<Fault>, String> {
