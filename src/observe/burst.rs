@@ -108,6 +108,11 @@ impl Default for State {
 impl Burst {
     /// The next event's `gap`: calls `observe` with each gap to observe now, in order (the
     /// held ones first when this gap decides the stream streams).
+    // Once per token event, from `Recorder::apply`. Inlined always: which of the crate's
+    // codegen units a function lands in moves as modules are added, and when the split of
+    // `metrics` moved it, this was left out of line: ~25 instructions more per event
+    // (scripts/budget.sh, issue 34).
+    #[inline(always)]
     pub fn see(&mut self, gap: Gap, mut observe: impl FnMut(Gap)) {
         let together = gap.gap < TOGETHER;
         match &mut self.0 {
