@@ -680,8 +680,12 @@ mod tests {
                 Done
             ]
         );
-        // vLLM and TensorRT-LLM: the cached count, no reasoning count; the largest a
-        // uint32 holds is read as it is.
+    }
+
+    /// vLLM and TensorRT-LLM: the cached count, no reasoning count; the largest a uint32
+    /// holds is read as it is.
+    #[test]
+    fn cached_tokens_of_vllm_and_trtllm_without_a_reasoning_count() {
         let vllm_body = frame(
             &vllm::GenerateResponse {
                 response: Some(vllm::generate_response::Response::Complete(
