@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
-# formatting, clippy, the API docs without warnings, every Rust test (the integration
-# suite on both HTTP/1.1 paths, and the inject, wire and sim crates), the instruction budget,
+# formatting, the source files' sizes, clippy, the API docs without warnings, every Rust
+# test (the integration suite on both HTTP/1.1 paths, and the inject, wire and sim crates), the instruction budget,
 # the fuzz targets, the checks of the shipped deploy files, `tokentap inject` end to end,
 # and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
@@ -18,6 +18,9 @@ step() { printf '\n==> [%d s] %s\n' "$SECONDS" "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+step "sizes: no source file over 1,000 lines before its tests (functions: clippy's too_many_lines, below)"
+bash scripts/sizes.sh
 
 step "cargo clippy --workspace --all-targets --features inject -- -D warnings"
 # Every target of every crate, with `tokentap inject` (crates/inject, the `inject`

@@ -1147,171 +1147,181 @@ mod tests {
         assert_eq!(get("deployment.environment.name"), Some("prod"));
     }
 
+    /// An endpoint that is valid, for the cases whose fault is elsewhere.
+    const ENDPOINT: (&str, &str) = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+
+    /// Hostile values: the file, the environment, the key or variable the error names,
+    /// and what its message says.
+    type HostileCase = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        &'static str,
+    );
+
+    const HOSTILE_VALUES: &[HostileCase] = &[
+        (
+            "",
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")],
+            "$OTEL_EXPORTER_OTLP_ENDPOINT",
+            "not a URL",
+        ),
+        (
+            "",
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:21")],
+            "$OTEL_EXPORTER_OTLP_ENDPOINT",
+            "not supported",
+        ),
+        (
+            "",
+            &[("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "c:4318")],
+            "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "scheme",
+        ),
+        (
+            "",
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://u:p@c:4318")],
+            "$OTEL_EXPORTER_OTLP_ENDPOINT",
+            "credentials",
+        ),
+        (
+            "",
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:0")],
+            "$OTEL_EXPORTER_OTLP_ENDPOINT",
+            "port",
+        ),
+        (
+            "",
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/x"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            "$OTEL_EXPORTER_OTLP_ENDPOINT",
+            "without a path",
+        ),
+        ("otlp:\n  endpoint: nope\n", &[], "otlp.endpoint", "scheme"),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+            "$OTEL_EXPORTER_OTLP_PROTOCOL",
+            "`http/json` is not supported",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "udp")],
+            "$OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+            "not one of",
+        ),
+        (
+            "otlp:\n  protocol: http/json\n",
+            &[ENDPOINT],
+            "otlp.protocol",
+            "not supported",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_METRIC_EXPORT_INTERVAL", "-5")],
+            "$OTEL_METRIC_EXPORT_INTERVAL",
+            "milliseconds",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_METRIC_EXPORT_INTERVAL", "10s")],
+            "$OTEL_METRIC_EXPORT_INTERVAL",
+            "milliseconds",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_METRIC_EXPORT_INTERVAL", "0")],
+            "$OTEL_METRIC_EXPORT_INTERVAL",
+            "more than zero",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e3")],
+            "$OTEL_EXPORTER_OTLP_TIMEOUT",
+            "milliseconds",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_METRIC_EXPORT_TIMEOUT", "soon")],
+            "$OTEL_METRIC_EXPORT_TIMEOUT",
+            "milliseconds",
+        ),
+        (
+            "otlp:\n  interval: 0s\n",
+            &[ENDPOINT],
+            "otlp.interval",
+            "more than zero",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "api-key")],
+            "$OTEL_EXPORTER_OTLP_HEADERS",
+            "item 1 is not `key=value`",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,=2")],
+            "$OTEL_EXPORTER_OTLP_HEADERS",
+            "item 2 has an empty key",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "bad name=1")],
+            "$OTEL_EXPORTER_OTLP_HEADERS",
+            "not a header name",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "k=secret%zz")],
+            "$OTEL_EXPORTER_OTLP_HEADERS",
+            "percent-encoded",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "k=line%0Abreak")],
+            "$OTEL_EXPORTER_OTLP_HEADERS",
+            "not a valid header value",
+        ),
+        (
+            "otlp:\n  headers:\n    \"a b\": x\n",
+            &[ENDPOINT],
+            "otlp.headers.a b",
+            "not a header name",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_RESOURCE_ATTRIBUTES", "a=1,b")],
+            "$OTEL_RESOURCE_ATTRIBUTES",
+            "item 2",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_RESOURCE_ATTRIBUTES", "a=%FF")],
+            "$OTEL_RESOURCE_ATTRIBUTES",
+            "percent-encoded UTF-8",
+        ),
+        (
+            "",
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_COMPRESSION", "br")],
+            "$OTEL_EXPORTER_OTLP_COMPRESSION",
+            "not one of",
+        ),
+        (
+            "",
+            &[
+                ENDPOINT,
+                ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+            ],
+            "$OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+            "cumulative",
+        ),
+    ];
+
     #[test]
     fn hostile_values_are_errors_naming_the_variable_or_key() {
-        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
-        // (file, environment, the key or variable named, what the message says)
-        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
-        let cases: &[Case] = &[
-            (
-                "",
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url")],
-                "$OTEL_EXPORTER_OTLP_ENDPOINT",
-                "not a URL",
-            ),
-            (
-                "",
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:21")],
-                "$OTEL_EXPORTER_OTLP_ENDPOINT",
-                "not supported",
-            ),
-            (
-                "",
-                &[("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "c:4318")],
-                "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                "scheme",
-            ),
-            (
-                "",
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://u:p@c:4318")],
-                "$OTEL_EXPORTER_OTLP_ENDPOINT",
-                "credentials",
-            ),
-            (
-                "",
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:0")],
-                "$OTEL_EXPORTER_OTLP_ENDPOINT",
-                "port",
-            ),
-            (
-                "",
-                &[
-                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/x"),
-                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-                ],
-                "$OTEL_EXPORTER_OTLP_ENDPOINT",
-                "without a path",
-            ),
-            ("otlp:\n  endpoint: nope\n", &[], "otlp.endpoint", "scheme"),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
-                "$OTEL_EXPORTER_OTLP_PROTOCOL",
-                "`http/json` is not supported",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "udp")],
-                "$OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-                "not one of",
-            ),
-            (
-                "otlp:\n  protocol: http/json\n",
-                &[endpoint],
-                "otlp.protocol",
-                "not supported",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_METRIC_EXPORT_INTERVAL", "-5")],
-                "$OTEL_METRIC_EXPORT_INTERVAL",
-                "milliseconds",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_METRIC_EXPORT_INTERVAL", "10s")],
-                "$OTEL_METRIC_EXPORT_INTERVAL",
-                "milliseconds",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_METRIC_EXPORT_INTERVAL", "0")],
-                "$OTEL_METRIC_EXPORT_INTERVAL",
-                "more than zero",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e3")],
-                "$OTEL_EXPORTER_OTLP_TIMEOUT",
-                "milliseconds",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_METRIC_EXPORT_TIMEOUT", "soon")],
-                "$OTEL_METRIC_EXPORT_TIMEOUT",
-                "milliseconds",
-            ),
-            (
-                "otlp:\n  interval: 0s\n",
-                &[endpoint],
-                "otlp.interval",
-                "more than zero",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "api-key")],
-                "$OTEL_EXPORTER_OTLP_HEADERS",
-                "item 1 is not `key=value`",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,=2")],
-                "$OTEL_EXPORTER_OTLP_HEADERS",
-                "item 2 has an empty key",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "bad name=1")],
-                "$OTEL_EXPORTER_OTLP_HEADERS",
-                "not a header name",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "k=secret%zz")],
-                "$OTEL_EXPORTER_OTLP_HEADERS",
-                "percent-encoded",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "k=line%0Abreak")],
-                "$OTEL_EXPORTER_OTLP_HEADERS",
-                "not a valid header value",
-            ),
-            (
-                "otlp:\n  headers:\n    \"a b\": x\n",
-                &[endpoint],
-                "otlp.headers.a b",
-                "not a header name",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_RESOURCE_ATTRIBUTES", "a=1,b")],
-                "$OTEL_RESOURCE_ATTRIBUTES",
-                "item 2",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_RESOURCE_ATTRIBUTES", "a=%FF")],
-                "$OTEL_RESOURCE_ATTRIBUTES",
-                "percent-encoded UTF-8",
-            ),
-            (
-                "",
-                &[endpoint, ("OTEL_EXPORTER_OTLP_COMPRESSION", "br")],
-                "$OTEL_EXPORTER_OTLP_COMPRESSION",
-                "not one of",
-            ),
-            (
-                "",
-                &[
-                    endpoint,
-                    ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
-                ],
-                "$OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
-                "cumulative",
-            ),
-        ];
-        for (file, env, path, message) in cases {
+        for (file, env, path, message) in HOSTILE_VALUES {
             let issues = load(file, env).expect_err(&format!("{file:?} {env:?} must fail"));
             assert!(
                 issues
@@ -1323,7 +1333,7 @@ mod tests {
         // A secret header value is never echoed.
         let issues = load(
             "",
-            &[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", "k=secret%zz")],
+            &[ENDPOINT, ("OTEL_EXPORTER_OTLP_HEADERS", "k=secret%zz")],
         )
         .unwrap_err();
         assert!(!format!("{issues:?}").contains("secret"), "{issues:?}");
@@ -1331,6 +1341,7 @@ mod tests {
         let issues = load("otlp:\n  protocol: http/json\n", &[]).unwrap_err();
         assert_eq!(issues[0].location.map(|(line, _)| line), Some(3));
     }
+
     fn traces(file: &str, env: &[(&str, &str)]) -> Option<OtlpTraces> {
         load(file, env)
             .unwrap_or_else(|e| panic!("{file:?} {env:?}: {e:?}"))
@@ -1446,122 +1457,140 @@ mod tests {
         .is_none());
     }
 
-    /// (file, environment, the traces URL, protocol, sampler, ratio)
+    /// The variable that turns spans on (`otlp` is the only exporter).
+    const TRACES_ON: (&str, &str) = ("OTEL_TRACES_EXPORTER", "otlp");
+
+    /// Spans settings: the file, the environment, then the traces URL, whether the
+    /// sampler is parent-based, and its ratio.
+    type TracesCase = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        bool,
+        f64,
+    );
+
+    const TRACES_SETTINGS: &[TracesCase] = &[
+        // The generic endpoint gets `v1/traces`; the signal's one is used as written.
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/base/"),
+            ],
+            "https://c:4318/base/v1/traces",
+            true,
+            1.0,
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
+            ],
+            "http://t:9/spans",
+            true,
+            1.0,
+        ),
+        // The file's metrics URL: its `/v1/metrics` becomes `/v1/traces`.
+        (
+            "otlp:\n  endpoint: http://f:4318/x/v1/metrics\n",
+            &[TRACES_ON, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")],
+            "http://f:4318/x/v1/traces",
+            true,
+            1.0,
+        ),
+        // The file's traces key wins over everything.
+        (
+            "otlp:\n  traces:\n    endpoint: http://ft:1/t\n",
+            &[
+                TRACES_ON,
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
+            ],
+            "http://ft:1/t",
+            true,
+            1.0,
+        ),
+        // gRPC: the collector's authority and TraceService's method.
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            "http://c:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            true,
+            1.0,
+        ),
+        (
+            "otlp:\n  protocol: grpc\n  endpoint: http://g:4317\n",
+            &[TRACES_ON],
+            "http://g:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            true,
+            1.0,
+        ),
+        // Samplers.
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ],
+            "http://localhost:4318/v1/traces",
+            false,
+            0.25,
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ],
+            "http://localhost:4318/v1/traces",
+            true,
+            1.0,
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_TRACES_SAMPLER", "always_off"),
+                ("OTEL_TRACES_SAMPLER_ARG", "junk"),
+            ],
+            "http://localhost:4318/v1/traces",
+            false,
+            0.0,
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_TRACES_SAMPLER", "parentbased_always_off")],
+            "http://localhost:4318/v1/traces",
+            true,
+            0.0,
+        ),
+        (
+            "otlp:\n  traces:\n    sampler_ratio: 0.1\n",
+            &[TRACES_ON, ("OTEL_TRACES_SAMPLER", "always_on")],
+            "http://localhost:4318/v1/traces",
+            true,
+            0.1,
+        ),
+        (
+            "otlp:\n  traces:\n    sampler: always_on\n",
+            &[TRACES_ON, ("OTEL_TRACES_SAMPLER", "always_off")],
+            "http://localhost:4318/v1/traces",
+            false,
+            1.0,
+        ),
+    ];
+
     #[test]
     fn traces_settings_follow_the_specification() {
-        let on = ("OTEL_TRACES_EXPORTER", "otlp");
-        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, bool, f64);
-        let cases: &[Case] = &[
-            // The generic endpoint gets `v1/traces`; the signal's one is used as written.
-            (
-                "",
-                &[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/base/")],
-                "https://c:4318/base/v1/traces",
-                true,
-                1.0,
-            ),
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
-                ],
-                "http://t:9/spans",
-                true,
-                1.0,
-            ),
-            // The file's metrics URL: its `/v1/metrics` becomes `/v1/traces`.
-            (
-                "otlp:\n  endpoint: http://f:4318/x/v1/metrics\n",
-                &[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")],
-                "http://f:4318/x/v1/traces",
-                true,
-                1.0,
-            ),
-            // The file's traces key wins over everything.
-            (
-                "otlp:\n  traces:\n    endpoint: http://ft:1/t\n",
-                &[
-                    on,
-                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:9/spans"),
-                ],
-                "http://ft:1/t",
-                true,
-                1.0,
-            ),
-            // gRPC: the collector's authority and TraceService's method.
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-                ],
-                "http://c:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                true,
-                1.0,
-            ),
-            (
-                "otlp:\n  protocol: grpc\n  endpoint: http://g:4317\n",
-                &[on],
-                "http://g:4317/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                true,
-                1.0,
-            ),
-            // Samplers.
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
-                    ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
-                ],
-                "http://localhost:4318/v1/traces",
-                false,
-                0.25,
-            ),
-            (
-                "",
-                &[on, ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")],
-                "http://localhost:4318/v1/traces",
-                true,
-                1.0,
-            ),
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_TRACES_SAMPLER", "always_off"),
-                    ("OTEL_TRACES_SAMPLER_ARG", "junk"),
-                ],
-                "http://localhost:4318/v1/traces",
-                false,
-                0.0,
-            ),
-            (
-                "",
-                &[on, ("OTEL_TRACES_SAMPLER", "parentbased_always_off")],
-                "http://localhost:4318/v1/traces",
-                true,
-                0.0,
-            ),
-            (
-                "otlp:\n  traces:\n    sampler_ratio: 0.1\n",
-                &[on, ("OTEL_TRACES_SAMPLER", "always_on")],
-                "http://localhost:4318/v1/traces",
-                true,
-                0.1,
-            ),
-            (
-                "otlp:\n  traces:\n    sampler: always_on\n",
-                &[on, ("OTEL_TRACES_SAMPLER", "always_off")],
-                "http://localhost:4318/v1/traces",
-                false,
-                1.0,
-            ),
-        ];
-        for (file, env, url, parent_based, ratio) in cases {
+        let on = TRACES_ON;
+        for (file, env, url, parent_based, ratio) in TRACES_SETTINGS {
             let t = traces(file, env).unwrap_or_else(|| panic!("{file:?} {env:?}: off"));
             assert_eq!(t.url.to_string(), *url, "{file:?} {env:?}");
             assert_eq!(
@@ -1617,141 +1646,144 @@ mod tests {
         assert_eq!((t.max_queue_size, t.max_export_batch_size), (8, 8));
     }
 
+    const BAD_TRACES_VALUES: &[HostileCase] = &[
+        (
+            "",
+            &[("OTEL_TRACES_EXPORTER", "zipkin")],
+            "$OTEL_TRACES_EXPORTER",
+            "OTLP only",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_TRACES_SAMPLER", "jaeger_remote")],
+            "$OTEL_TRACES_SAMPLER",
+            "not one of",
+        ),
+        (
+            "otlp:\n  traces:\n    sampler: sometimes\n",
+            &[],
+            "otlp.traces.sampler",
+            "not one of",
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+            ],
+            "$OTEL_TRACES_SAMPLER_ARG",
+            "from 0 to 1",
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "half"),
+            ],
+            "$OTEL_TRACES_SAMPLER_ARG",
+            "from 0 to 1",
+        ),
+        (
+            "otlp:\n  traces:\n    sampler_ratio: -0.1\n",
+            &[],
+            "otlp.traces.sampler_ratio",
+            "from 0 to 1",
+        ),
+        (
+            "otlp:\n  traces:\n    sampler: always_on\n    sampler_ratio: 0.5\n",
+            &[],
+            "otlp.traces.sampler_ratio",
+            "ratio sampler only",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "nope")],
+            "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "scheme",
+        ),
+        (
+            "otlp:\n  traces:\n    endpoint: ftp://x:1\n",
+            &[],
+            "otlp.traces.endpoint",
+            "not supported",
+        ),
+        (
+            "otlp:\n  endpoint: http://c:4318/custom\n",
+            &[TRACES_ON],
+            "otlp.endpoint",
+            "otlp.traces.endpoint",
+        ),
+        (
+            "",
+            &[
+                TRACES_ON,
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+            ],
+            "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "not supported",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k")],
+            "$OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "key=value",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5s")],
+            "$OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "milliseconds",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_BSP_SCHEDULE_DELAY", "0")],
+            "$OTEL_BSP_SCHEDULE_DELAY",
+            "more than zero",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_BSP_EXPORT_TIMEOUT", "x")],
+            "$OTEL_BSP_EXPORT_TIMEOUT",
+            "milliseconds",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_BSP_MAX_QUEUE_SIZE", "0")],
+            "$OTEL_BSP_MAX_QUEUE_SIZE",
+            "from 1 to",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_BSP_MAX_QUEUE_SIZE", "-1")],
+            "$OTEL_BSP_MAX_QUEUE_SIZE",
+            "whole number",
+        ),
+        (
+            "",
+            &[TRACES_ON, ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")],
+            "$OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "more than the queue",
+        ),
+        (
+            "otlp:\n  traces:\n    max_queue_size: 100000000\n",
+            &[],
+            "otlp.traces.max_queue_size",
+            "from 1 to",
+        ),
+        (
+            "otlp:\n  traces:\n    colour: red\n",
+            &[],
+            "otlp.traces",
+            "unknown field",
+        ),
+    ];
+
     #[test]
     fn bad_traces_values_are_errors_naming_the_variable_or_key() {
-        let on = ("OTEL_TRACES_EXPORTER", "otlp");
-        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
-        let cases: &[Case] = &[
-            (
-                "",
-                &[("OTEL_TRACES_EXPORTER", "zipkin")],
-                "$OTEL_TRACES_EXPORTER",
-                "OTLP only",
-            ),
-            (
-                "",
-                &[on, ("OTEL_TRACES_SAMPLER", "jaeger_remote")],
-                "$OTEL_TRACES_SAMPLER",
-                "not one of",
-            ),
-            (
-                "otlp:\n  traces:\n    sampler: sometimes\n",
-                &[],
-                "otlp.traces.sampler",
-                "not one of",
-            ),
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
-                    ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
-                ],
-                "$OTEL_TRACES_SAMPLER_ARG",
-                "from 0 to 1",
-            ),
-            (
-                "",
-                &[
-                    on,
-                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
-                    ("OTEL_TRACES_SAMPLER_ARG", "half"),
-                ],
-                "$OTEL_TRACES_SAMPLER_ARG",
-                "from 0 to 1",
-            ),
-            (
-                "otlp:\n  traces:\n    sampler_ratio: -0.1\n",
-                &[],
-                "otlp.traces.sampler_ratio",
-                "from 0 to 1",
-            ),
-            (
-                "otlp:\n  traces:\n    sampler: always_on\n    sampler_ratio: 0.5\n",
-                &[],
-                "otlp.traces.sampler_ratio",
-                "ratio sampler only",
-            ),
-            (
-                "",
-                &[on, ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "nope")],
-                "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                "scheme",
-            ),
-            (
-                "otlp:\n  traces:\n    endpoint: ftp://x:1\n",
-                &[],
-                "otlp.traces.endpoint",
-                "not supported",
-            ),
-            (
-                "otlp:\n  endpoint: http://c:4318/custom\n",
-                &[on],
-                "otlp.endpoint",
-                "otlp.traces.endpoint",
-            ),
-            (
-                "",
-                &[on, ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")],
-                "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "not supported",
-            ),
-            (
-                "",
-                &[on, ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k")],
-                "$OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-                "key=value",
-            ),
-            (
-                "",
-                &[on, ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5s")],
-                "$OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-                "milliseconds",
-            ),
-            (
-                "",
-                &[on, ("OTEL_BSP_SCHEDULE_DELAY", "0")],
-                "$OTEL_BSP_SCHEDULE_DELAY",
-                "more than zero",
-            ),
-            (
-                "",
-                &[on, ("OTEL_BSP_EXPORT_TIMEOUT", "x")],
-                "$OTEL_BSP_EXPORT_TIMEOUT",
-                "milliseconds",
-            ),
-            (
-                "",
-                &[on, ("OTEL_BSP_MAX_QUEUE_SIZE", "0")],
-                "$OTEL_BSP_MAX_QUEUE_SIZE",
-                "from 1 to",
-            ),
-            (
-                "",
-                &[on, ("OTEL_BSP_MAX_QUEUE_SIZE", "-1")],
-                "$OTEL_BSP_MAX_QUEUE_SIZE",
-                "whole number",
-            ),
-            (
-                "",
-                &[on, ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")],
-                "$OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-                "more than the queue",
-            ),
-            (
-                "otlp:\n  traces:\n    max_queue_size: 100000000\n",
-                &[],
-                "otlp.traces.max_queue_size",
-                "from 1 to",
-            ),
-            (
-                "otlp:\n  traces:\n    colour: red\n",
-                &[],
-                "otlp.traces",
-                "unknown field",
-            ),
-        ];
-        for (file, env, path, message) in cases {
+        let on = TRACES_ON;
+        for (file, env, path, message) in BAD_TRACES_VALUES {
             let issues = load(file, env).expect_err(&format!("{file:?} {env:?} must fail"));
             assert!(
                 issues

@@ -832,122 +832,136 @@ fn metric_names_default_to_tokentap_and_name_the_key_when_wrong() {
     }
 }
 
+/// URLs every URL key refuses, with what the message must say.
+const INVALID_URLS: &[(&str, &str)] = &[
+    (
+        "http://c:99999",
+        "port `99999` of `http://c:99999` is not a port number from 1 to 65535",
+    ),
+    ("http://c:65536/v1", "port `65536`"),
+    ("https://[::1]:70000", "port `70000`"),
+    ("http://c:0", "port `0`"),
+    ("http://c:", "port ``"),
+    ("http://c:4x", "port `4x`"),
+    ("http://:4318", "has no host"),
+    ("http://", "not a URL"),
+    ("c:4318", "no scheme"),
+    ("/v1/metrics", "no scheme"),
+    ("ftp://c:21", "scheme `ftp`"),
+    ("unix://c", "scheme `unix`"),
+    ("http://user:hunter2@c:4318", "credentials"),
+    ("http://token@c", "credentials"),
+    ("user:hunter2@c:4318", "credentials"),
+    ("http://c:4318/a%zz", "two hex digits"),
+    ("http://c:4318/a%4", "two hex digits"),
+    ("http://c%4:4318", "two hex digits"),
+    ("http://c%41:4318", "not a URL"),
+    ("http://c:4318/#top", "fragment"),
+    ("http://c d:4318", "not a URL"),
+    ("http://c,d:4318", "host `c,d`"),
+    ("http://[::g]:4318", "host `[::g]`"),
+    ("not a url", "not a URL"),
+];
+
+/// URLs every URL key accepts.
+const VALID_URLS: &[&str] = &[
+    "http://c",
+    "http://c:1",
+    "https://c:65535/",
+    "http://[::1]:4318",
+    "http://10.0.0.1:8000",
+];
+
+/// A key that holds a URL: the file with the URL at `{url}`, the variable, whether it is
+/// the `--upstream` flag, the key or variable an error names, and its line.
+type UrlKey = (
+    &'static str,
+    Option<&'static str>,
+    bool,
+    &'static str,
+    Option<usize>,
+);
+
+const URL_KEYS: &[UrlKey] = &[
+    (
+        "upstream:\n  url: '{url}'\n",
+        None,
+        false,
+        "upstream.url",
+        Some(2),
+    ),
+    ("upstream: '{url}'\n", None, false, "upstream.url", Some(1)),
+    ("{}\n", None, true, "upstream.url", None),
+    (
+        "upstream: http://a:1\notlp:\n  endpoint: '{url}'\n",
+        None,
+        false,
+        "otlp.endpoint",
+        Some(3),
+    ),
+    (
+        "upstream: http://a:1\notlp:\n  protocol: grpc\n  endpoint: '{url}'\n",
+        None,
+        false,
+        "otlp.endpoint",
+        Some(4),
+    ),
+    (
+        "upstream: http://a:1\notlp:\n  traces:\n    endpoint: '{url}'\n",
+        None,
+        false,
+        "otlp.traces.endpoint",
+        Some(4),
+    ),
+    (
+        "upstream: http://a:1\n",
+        Some("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        false,
+        "$OTEL_EXPORTER_OTLP_ENDPOINT",
+        None,
+    ),
+    (
+        "upstream: http://a:1\n",
+        Some("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        false,
+        "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        None,
+    ),
+    (
+        "upstream: http://a:1\n",
+        Some("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        false,
+        "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        None,
+    ),
+];
+
+/// The config with `url` in `key`.
+fn load_with_url(key: &UrlKey, url: &str) -> Result<Config, ConfigError> {
+    let (file, variable, flag, _, _) = *key;
+    let overrides = Overrides {
+        upstream: flag.then(|| url.to_string()),
+        environment: variable
+            .map(|name| (name.to_string(), url.to_string()))
+            .into_iter()
+            .collect(),
+        ..Overrides::default()
+    };
+    Config::from_yaml(&file.replace("{url}", url), "test.yaml", &overrides)
+}
+
 /// One URL rule: every key, flag and variable that holds a URL refuses the same URLs with
 /// the same message ([`units::parse_http_url`]'s), naming itself and, in the file, its
 /// line; and accepts the same valid ones.
 #[test]
 fn every_url_key_follows_the_one_url_rule() {
-    // (URL, what the message must say)
-    let invalid = [
-        (
-            "http://c:99999",
-            "port `99999` of `http://c:99999` is not a port number from 1 to 65535",
-        ),
-        ("http://c:65536/v1", "port `65536`"),
-        ("https://[::1]:70000", "port `70000`"),
-        ("http://c:0", "port `0`"),
-        ("http://c:", "port ``"),
-        ("http://c:4x", "port `4x`"),
-        ("http://:4318", "has no host"),
-        ("http://", "not a URL"),
-        ("c:4318", "no scheme"),
-        ("/v1/metrics", "no scheme"),
-        ("ftp://c:21", "scheme `ftp`"),
-        ("unix://c", "scheme `unix`"),
-        ("http://user:hunter2@c:4318", "credentials"),
-        ("http://token@c", "credentials"),
-        ("user:hunter2@c:4318", "credentials"),
-        ("http://c:4318/a%zz", "two hex digits"),
-        ("http://c:4318/a%4", "two hex digits"),
-        ("http://c%4:4318", "two hex digits"),
-        ("http://c%41:4318", "not a URL"),
-        ("http://c:4318/#top", "fragment"),
-        ("http://c d:4318", "not a URL"),
-        ("http://c,d:4318", "host `c,d`"),
-        ("http://[::g]:4318", "host `[::g]`"),
-        ("not a url", "not a URL"),
-    ];
-    let valid = [
-        "http://c",
-        "http://c:1",
-        "https://c:65535/",
-        "http://[::1]:4318",
-        "http://10.0.0.1:8000",
-    ];
-    // (file with the URL at `{url}`, variables, flag, the key or variable named, its line)
-    type Key<'a> = (&'a str, Option<&'a str>, bool, &'a str, Option<usize>);
-    let keys: &[Key] = &[
-        (
-            "upstream:\n  url: '{url}'\n",
-            None,
-            false,
-            "upstream.url",
-            Some(2),
-        ),
-        ("upstream: '{url}'\n", None, false, "upstream.url", Some(1)),
-        ("{}\n", None, true, "upstream.url", None),
-        (
-            "upstream: http://a:1\notlp:\n  endpoint: '{url}'\n",
-            None,
-            false,
-            "otlp.endpoint",
-            Some(3),
-        ),
-        (
-            "upstream: http://a:1\notlp:\n  protocol: grpc\n  endpoint: '{url}'\n",
-            None,
-            false,
-            "otlp.endpoint",
-            Some(4),
-        ),
-        (
-            "upstream: http://a:1\notlp:\n  traces:\n    endpoint: '{url}'\n",
-            None,
-            false,
-            "otlp.traces.endpoint",
-            Some(4),
-        ),
-        (
-            "upstream: http://a:1\n",
-            Some("OTEL_EXPORTER_OTLP_ENDPOINT"),
-            false,
-            "$OTEL_EXPORTER_OTLP_ENDPOINT",
-            None,
-        ),
-        (
-            "upstream: http://a:1\n",
-            Some("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
-            false,
-            "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            None,
-        ),
-        (
-            "upstream: http://a:1\n",
-            Some("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            false,
-            "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            None,
-        ),
-    ];
-    let load = |key: &Key, url: &str| {
-        let (file, variable, flag, _, _) = *key;
-        let overrides = Overrides {
-            upstream: flag.then(|| url.to_string()),
-            environment: variable
-                .map(|name| (name.to_string(), url.to_string()))
-                .into_iter()
-                .collect(),
-            ..Overrides::default()
-        };
-        Config::from_yaml(&file.replace("{url}", url), "test.yaml", &overrides)
-    };
-    for (url, says) in invalid {
+    for &(url, says) in INVALID_URLS {
         let rule = units::parse_http_url(url).expect_err(url);
         assert!(rule.contains(says), "{url}: {rule}");
         assert!(!rule.contains("hunter2"), "{url}: {rule}");
-        for key in keys {
+        for key in URL_KEYS {
             let (_, _, _, named, line) = *key;
-            let found = match load(key, url) {
+            let found = match load_with_url(key, url) {
                 Ok(_) => panic!("{named} accepted {url:?}"),
                 Err(err) => err.issues().to_vec(),
             };
@@ -957,9 +971,9 @@ fn every_url_key_follows_the_one_url_rule() {
             assert_eq!(found[0].message, rule, "{named} {url:?}");
         }
     }
-    for url in valid {
-        for key in keys {
-            if let Err(err) = load(key, url) {
+    for &url in VALID_URLS {
+        for key in URL_KEYS {
+            if let Err(err) = load_with_url(key, url) {
                 panic!("{} refused {url:?}: {err}", key.3);
             }
         }

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::metrics::live::LiveStreamView;
+use crate::metrics::in_flight::LiveStreamView;
 use crate::metrics::snapshot::Values;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;

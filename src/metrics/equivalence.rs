@@ -92,123 +92,91 @@ impl Reference {
     fn new(b: &Buckets, tenant_families: &BTreeSet<&'static str>) -> Reference {
         let r = Registry::new();
         let t = tenant_families;
+        let histogram = |name, help, buckets: &[f64]| histogram(&r, t, name, help, buckets);
+        let counter = |name, help, labels: &[&str]| counter(&r, t, name, help, labels);
         Reference {
             tenant_families: tenant_families.clone(),
             ttfb: histogram(
-                &r,
-                t,
                 "tokentap_time_to_first_byte_seconds",
                 "From request head received to upstream response head received.",
                 &b.time_to_first_byte_seconds,
             ),
             ttft: histogram(
-                &r,
-                t,
                 "tokentap_time_to_first_token_seconds",
                 "From request head received to the first token-bearing event (any output, reasoning included).",
                 &b.time_to_first_token_seconds,
             ),
             ttft_content: histogram(
-                &r,
-                t,
                 "tokentap_time_to_first_content_token_seconds",
                 "From request head received to the first event with visible (non-reasoning) output.",
                 &b.time_to_first_token_seconds,
             ),
             itl: histogram(
-                &r,
-                t,
                 "tokentap_inter_token_latency_seconds",
                 "Gap between token-bearing events divided by the event's tokens, observed once per token after the first event.",
                 &b.inter_token_latency_seconds,
             ),
             inter_chunk: histogram(
-                &r,
-                t,
                 "tokentap_inter_chunk_latency_seconds",
                 INTER_CHUNK_HELP,
                 &b.inter_chunk_latency_seconds,
             ),
             tpot: histogram(
-                &r,
-                t,
                 "tokentap_time_per_output_token_seconds",
                 "Per request: (last event - first event) / (output tokens - first event's tokens).",
                 &b.time_per_output_token_seconds,
             ),
             tokens_per_second: histogram(
-                &r,
-                t,
                 "tokentap_output_tokens_per_second",
                 "Per request decode rate: (output tokens - first event's tokens) / (last event - first event).",
                 &b.output_tokens_per_second,
             ),
             tokens_per_event: histogram(
-                &r,
-                t,
                 "tokentap_output_tokens_per_event",
                 "Tokens each token-bearing event carried, observed once per event whose count the wire format gave exactly (token ids, logprobs, cumulative usage, TGI): speculative-decoding acceptance and batching.",
                 &b.output_tokens_per_event,
             ),
             duration: histogram(
-                &r,
-                t,
                 "tokentap_request_duration_seconds",
                 "From request head received to the end of the response (or its failure).",
                 &b.request_duration_seconds,
             ),
             requests: counter(
-                &r,
-                t,
                 "tokentap_requests_total",
                 "Requests on LLM routes by how they ended (outcome) and what the client was told (status).",
                 &["model", "tenant", "outcome", "status"],
             ),
             output_tokens: counter(
-                &r,
-                t,
                 "tokentap_output_tokens_total",
                 "Output tokens: the stream's reported usage when present, else counted per event.",
                 &["model", "tenant"],
             ),
             input_tokens: counter(
-                &r,
-                t,
                 "tokentap_input_tokens_total",
                 "Input (prompt) tokens from reported usage.",
                 &["model", "tenant"],
             ),
             token_counts: counter(
-                &r,
-                t,
                 "tokentap_event_tokens_total",
                 "Output tokens by how their per-event count was known: given by the wire format (exact), an estimate (words and symbols of the event's text, or the configured tokenizer's count of the event's text) apportioned from the N the stream reported (apportioned), or an estimate nothing corrected (estimated).",
                 &["model", "tenant", "accuracy"],
             ),
             stalls: counter(
-                &r,
-                t,
                 "tokentap_stream_stalls_total",
                 "Gaps between token-bearing events at least as long as the configured stall threshold.",
                 &["model", "tenant"],
             ),
             engine_queue: histogram(
-                &r,
-                t,
                 "tokentap_engine_queue_seconds",
                 "Time the engine says the request waited before it started on it (TensorRT-LLM and hosted APIs' queue time, Ollama's load_duration); per request, where the response reported it.",
                 &b.time_to_first_token_seconds,
             ),
             engine_prefill: histogram(
-                &r,
-                t,
                 "tokentap_engine_prefill_seconds",
                 "Time the engine says it spent processing the prompt (prefill); per request, where the response reported it.",
                 &b.time_to_first_token_seconds,
             ),
             ttft_outside_engine: histogram(
-                &r,
-                t,
                 "tokentap_time_to_first_token_outside_engine_seconds",
                 "TTFT minus the engine's own TTFT (its reported first-token time, else its queue plus prefill): time spent outside the engine (network, proxies, the server's request handling); 0 where the engine's is longer. Per streamed request whose response reported it.",
                 &b.time_to_first_token_seconds,
@@ -512,6 +480,122 @@ fn the_default_label_set_is_byte_for_byte_what_the_prometheus_crate_writes() {
     assert!(text.contains(r#"tokentap_requests_total{model="a",outcome="#));
 }
 
+/// One step's live observations of a pair, as its events would make them, on both sides.
+fn observe_events(
+    rng: &mut SmallRng,
+    b: &Buckets,
+    handles: &StreamSeries,
+    reference: &Reference,
+    (m, t): (&str, &str),
+) {
+    let pair = |family: &str| reference.pair(family, m, t);
+    if rng.gen_bool(0.7) {
+        let v = value(rng, &b.time_to_first_byte_seconds);
+        handles.ttfb().observe(v);
+        reference
+            .ttfb
+            .with_label_values(&pair("tokentap_time_to_first_byte_seconds"))
+            .observe(v);
+    }
+    if rng.gen_bool(0.6) {
+        let v = value(rng, &b.time_to_first_token_seconds);
+        handles.ttft().observe(v);
+        reference
+            .ttft
+            .with_label_values(&pair("tokentap_time_to_first_token_seconds"))
+            .observe(v);
+    }
+    if rng.gen_bool(0.3) {
+        let v = value(rng, &b.time_to_first_token_seconds);
+        handles.ttft_content().observe(v);
+        reference
+            .ttft_content
+            .with_label_values(&pair("tokentap_time_to_first_content_token_seconds"))
+            .observe(v);
+    }
+    if rng.gen_bool(0.5) {
+        let v = value(rng, &b.inter_token_latency_seconds);
+        let tokens = rng.gen_range(0..5);
+        handles.observe_itl(seconds(v), tokens);
+        let itl = reference
+            .itl
+            .with_label_values(&pair("tokentap_inter_token_latency_seconds"));
+        for _ in 0..tokens {
+            itl.observe(seconds(v).as_secs_f64());
+        }
+    }
+    if rng.gen_bool(0.4) {
+        let v = value(rng, &b.inter_chunk_latency_seconds);
+        handles.inter_chunk().observe(v);
+        reference
+            .inter_chunk
+            .with_label_values(&pair("tokentap_inter_chunk_latency_seconds"))
+            .observe(v);
+    }
+    if rng.gen_bool(0.4) {
+        // An exact event's token count: a small integer, sometimes past every bound.
+        let v = f64::from(rng.gen_range(1..100u32));
+        handles.tokens_per_event().observe(v);
+        reference
+            .tokens_per_event
+            .with_label_values(&pair("tokentap_output_tokens_per_event"))
+            .observe(v);
+    }
+    if rng.gen_bool(0.1) {
+        handles.stalls().inc();
+        reference
+            .stalls
+            .with_label_values(&pair("tokentap_stream_stalls_total"))
+            .inc();
+    }
+}
+
+/// A finished request's random verdict and figures.
+fn random_request(rng: &mut SmallRng, b: &Buckets) -> (Verdict, RequestFigures) {
+    let verdict = Verdict::ALL[rng.gen_range(0..Verdict::COUNT)];
+    let decode = rng.gen_bool(0.7).then(|| {
+        (
+            seconds(value(rng, &b.time_per_output_token_seconds)),
+            value(rng, &b.output_tokens_per_second),
+        )
+    });
+    let exact = if rng.gen_bool(0.5) {
+        rng.gen_range(0..100)
+    } else {
+        0
+    };
+    let estimated = if rng.gen_bool(0.3) {
+        rng.gen_range(0..100)
+    } else {
+        0
+    };
+    let apportioned = if rng.gen_bool(0.3) {
+        rng.gen_range(0..100)
+    } else {
+        0
+    };
+    let timings = RequestFigures {
+        apportioned_event_tokens: apportioned,
+        duration: seconds(value(rng, &b.request_duration_seconds)),
+        output_tokens: if rng.gen_bool(0.8) {
+            rng.gen_range(0..5000)
+        } else {
+            0
+        },
+        exact_event_tokens: exact,
+        estimated_event_tokens: estimated,
+        input_tokens: match rng.gen_range(0..3) {
+            0 => None,
+            1 => Some(0),
+            _ => Some(rng.gen_range(0..1 << 40)),
+        },
+        tpot: decode.map(|(tpot, _)| tpot),
+        tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
+        exemplar: None,
+    };
+    (verdict, timings)
+}
+
 /// Random observations of every family over many pairs (odd label values among them),
 /// compared with the reference after every few steps; the final text, for the caller's
 /// own checks.
@@ -557,108 +641,9 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
             rng.gen_range(0..pairs.len())
         };
         let (handles, m, t) = &pairs[handles];
-        let pair = |family: &str| reference.pair(family, m, t);
-        if rng.gen_bool(0.7) {
-            let v = value(&mut rng, &b.time_to_first_byte_seconds);
-            handles.ttfb().observe(v);
-            reference
-                .ttfb
-                .with_label_values(&pair("tokentap_time_to_first_byte_seconds"))
-                .observe(v);
-        }
+        observe_events(&mut rng, &b, handles, &reference, (m, t));
         if rng.gen_bool(0.6) {
-            let v = value(&mut rng, &b.time_to_first_token_seconds);
-            handles.ttft().observe(v);
-            reference
-                .ttft
-                .with_label_values(&pair("tokentap_time_to_first_token_seconds"))
-                .observe(v);
-        }
-        if rng.gen_bool(0.3) {
-            let v = value(&mut rng, &b.time_to_first_token_seconds);
-            handles.ttft_content().observe(v);
-            reference
-                .ttft_content
-                .with_label_values(&pair("tokentap_time_to_first_content_token_seconds"))
-                .observe(v);
-        }
-        if rng.gen_bool(0.5) {
-            let v = value(&mut rng, &b.inter_token_latency_seconds);
-            let tokens = rng.gen_range(0..5);
-            handles.observe_itl(seconds(v), tokens);
-            let itl = reference
-                .itl
-                .with_label_values(&pair("tokentap_inter_token_latency_seconds"));
-            for _ in 0..tokens {
-                itl.observe(seconds(v).as_secs_f64());
-            }
-        }
-        if rng.gen_bool(0.4) {
-            let v = value(&mut rng, &b.inter_chunk_latency_seconds);
-            handles.inter_chunk().observe(v);
-            reference
-                .inter_chunk
-                .with_label_values(&pair("tokentap_inter_chunk_latency_seconds"))
-                .observe(v);
-        }
-        if rng.gen_bool(0.4) {
-            // An exact event's token count: a small integer, sometimes past every bound.
-            let v = f64::from(rng.gen_range(1..100u32));
-            handles.tokens_per_event().observe(v);
-            reference
-                .tokens_per_event
-                .with_label_values(&pair("tokentap_output_tokens_per_event"))
-                .observe(v);
-        }
-        if rng.gen_bool(0.1) {
-            handles.stalls().inc();
-            reference
-                .stalls
-                .with_label_values(&pair("tokentap_stream_stalls_total"))
-                .inc();
-        }
-        if rng.gen_bool(0.6) {
-            let verdict = Verdict::ALL[rng.gen_range(0..Verdict::COUNT)];
-            let decode = rng.gen_bool(0.7).then(|| {
-                (
-                    seconds(value(&mut rng, &b.time_per_output_token_seconds)),
-                    value(&mut rng, &b.output_tokens_per_second),
-                )
-            });
-            let exact = if rng.gen_bool(0.5) {
-                rng.gen_range(0..100)
-            } else {
-                0
-            };
-            let estimated = if rng.gen_bool(0.3) {
-                rng.gen_range(0..100)
-            } else {
-                0
-            };
-            let apportioned = if rng.gen_bool(0.3) {
-                rng.gen_range(0..100)
-            } else {
-                0
-            };
-            let timings = RequestFigures {
-                apportioned_event_tokens: apportioned,
-                duration: seconds(value(&mut rng, &b.request_duration_seconds)),
-                output_tokens: if rng.gen_bool(0.8) {
-                    rng.gen_range(0..5000)
-                } else {
-                    0
-                },
-                exact_event_tokens: exact,
-                estimated_event_tokens: estimated,
-                input_tokens: match rng.gen_range(0..3) {
-                    0 => None,
-                    1 => Some(0),
-                    _ => Some(rng.gen_range(0..1 << 40)),
-                },
-                tpot: decode.map(|(tpot, _)| tpot),
-                tokens_per_second: decode.map(|(_, tokens_per_second)| tokens_per_second),
-                exemplar: None,
-            };
+            let (verdict, timings) = random_request(&mut rng, &b);
             metrics.record_request(handles, verdict, timings);
             reference.finish(m, t, verdict, &timings);
         }

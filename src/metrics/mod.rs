@@ -16,6 +16,14 @@
 //! Whatever reads the families as values rather than text (the demo's summary, tests, an
 //! encoder of another format) takes a [`Snapshot`]: every family, the registry's
 //! included, as plain typed data.
+//!
+//! This file holds the types ([`Metrics`], the figures a request is recorded with, a
+//! scrape's [`Exposition`]) and how a `Metrics` is built. What it does is split by job
+//! into child files, each an `impl Metrics` that this file does not name (no module
+//! imports its importer: tests/it/layering.rs): which series a request's labels
+//! lead to, `series_sets`; a finished request's figures recorded on them, `record`; the
+//! small families of the registry, registered, counted and read back, `registry`; one
+//! scrape, as text (whole or in chunks), snapshot or protobuf, `scrape`.
 
 // Values from the network pass here: nothing may panic on them (clippy.toml); the
 // recording path's files also deny indexing and unchecked arithmetic.
@@ -28,42 +36,36 @@ pub mod exemplar;
 mod exposition;
 mod families;
 pub mod gen_ai;
+pub mod in_flight;
 pub mod labels;
-pub mod live;
 pub mod native;
 mod objective_totals;
 pub mod protobuf;
+mod record;
+mod registry;
+mod scrape;
 mod series;
+mod series_sets;
 mod settings;
 pub mod snapshot;
 mod text;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use prometheus::core::Collector;
 use prometheus::proto;
-use prometheus::{
-    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
-};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use crate::outcome::{Outcome, Verdict};
-use crate::wire::Unobservable;
-use exemplar::{Exemplar, TraceContext};
-use exposition::{
-    registry_family_openmetrics, Cursor, Family, Level, Pairs, SetLevel, TextFormat, Writer,
-};
+use exemplar::TraceContext;
+use exposition::{Cursor, Family, Pairs, SetLevel, Writer};
 pub use families::{process_wide, tenant_by_default, tenant_capable};
 use families::{
-    RegistryFamily, RegistryKind, BUFFERED_RESPONSES, BUILD_INFO, CLIENT_CONNECTIONS,
-    CLIENT_CONNECTIONS_LIMIT, CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES,
-    LABEL_OVERFLOW, OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
+    RegistryFamily, RegistryKind, BUFFERED_RESPONSES, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
+    CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW,
+    OBJECTIVE_OUTPUT_TOKENS, OBJECTIVE_REQUESTS, OBJECTIVE_TARGET, OTLP_EXPORTS,
     OTLP_EXPORTS_DROPPED, OVERLOAD_REJECTIONS, PAIR_FAMILIES, PASSTHROUGH, STREAMS_IN_FLIGHT,
     TASK_RESTARTS, UNOBSERVED, UPSTREAM_RATE_LIMIT_LIMIT, UPSTREAM_RATE_LIMIT_REMAINING,
     UPSTREAM_RETRY_AFTER, UPSTREAM_UP, USAGE_DETAIL_TOKENS,
@@ -77,7 +79,6 @@ use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, GenAiSeries, Histogram, SeriesSet, StreamSeries};
 pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
 pub use snapshot::Snapshot;
-use snapshot::{FamilySnapshot, Label, Series, Values};
 
 /// The figures of one finished request that [`Metrics::record_request`] records: plain values,
 /// whatever measured them.
@@ -246,40 +247,6 @@ fn gauge_vec(family: &RegistryFamily) -> IntGaugeVec {
     defined(IntGaugeVec::new(opts(family), family.labels))
 }
 
-/// A family gathered from the prometheus registry, as snapshot values.
-fn registry_snapshot(family: &proto::MetricFamily) -> Option<FamilySnapshot> {
-    let series = |value: fn(&proto::Metric) -> f64| -> Vec<Series<f64>> {
-        family
-            .get_metric()
-            .iter()
-            .map(|metric| Series {
-                labels: metric
-                    .get_label()
-                    .iter()
-                    .map(|label| Label {
-                        name: Cow::Owned(label.name().to_string()),
-                        value: Arc::from(label.value()),
-                    })
-                    .collect(),
-                value: value(metric),
-            })
-            .collect()
-    };
-    let values = match family.get_field_type() {
-        proto::MetricType::COUNTER => Values::Counter(series(|m| m.get_counter().get_value())),
-        proto::MetricType::GAUGE => Values::Gauge(series(|m| m.get_gauge().get_value())),
-        // Counters and gauges are all the registry holds (tokentap's small families and
-        // the process collector's); the snapshot test compares every family with the
-        // text, so one of another type would show there.
-        _ => return None,
-    };
-    Some(FamilySnapshot {
-        name: Cow::Owned(family.name().to_string()),
-        help: Cow::Owned(family.help().to_string()),
-        values,
-    })
-}
-
 impl Metrics {
     /// Build and register every family, with the default `metrics.native_histograms`.
     /// Bucket bounds were validated with the config.
@@ -303,59 +270,15 @@ impl Metrics {
         labels: &Labels,
         names: MetricNames,
     ) -> Arc<Metrics> {
-        let per_pair = |name: &str| labels.tenant_families.contains(name);
-        let level = |name: &str| {
-            if per_pair(name) {
-                SetLevel::Pair
-            } else {
-                SetLevel::Model
-            }
-        };
-        let mut families: Vec<Family> = PAIR_FAMILIES
-            .iter()
-            .filter(|spec| names.exposes(spec.name))
-            .map(|spec| Family::new(spec, buckets, level(spec.name)))
-            .collect();
-        if names.gen_ai() {
-            families.extend(
-                GEN_AI_FAMILIES
-                    .iter()
-                    .map(|spec| Family::new(spec, buckets, SetLevel::GenAi)),
-            );
-        }
-        families.sort_by_key(|f| f.name);
-        let mut tenant_slots = [false; Slot::COUNT];
-        for spec in &PAIR_FAMILIES {
-            tenant_slots[spec.slot as usize] = per_pair(spec.name);
-        }
-        let bounds = Bounds {
-            ttfb: bounds(&buckets.time_to_first_byte_seconds),
-            ttft: bounds(&buckets.time_to_first_token_seconds),
-            itl: bounds(&buckets.inter_token_latency_seconds),
-            inter_chunk: bounds(&buckets.inter_chunk_latency_seconds),
-            tpot: bounds(&buckets.time_per_output_token_seconds),
-            tokens_per_second: bounds(&buckets.output_tokens_per_second),
-            tokens_per_event: bounds(&buckets.output_tokens_per_event),
-            duration: bounds(&buckets.request_duration_seconds),
-            gen_ai: GenAiBounds::default(),
-            native: native
-                .enabled
-                .then(|| NativeSettings::new(native.schema, native.max_buckets)),
-        };
-
         let label_overflow = counter_vec(&LABEL_OVERFLOW);
-        let build_info = gauge_vec(&BUILD_INFO);
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
         let metrics = Metrics {
             registry: Registry::new(),
             process: Registry::new(),
-            bounds,
+            bounds: histogram_bounds(buckets, native),
             protobuf_classic: native.classic,
             sets: RwLock::new(Sets::default()),
-            tenant_slots: TenantSlots(tenant_slots),
-            families,
+            tenant_slots: tenant_slots(labels),
+            families: pair_families(buckets, labels, names),
             streams_in_flight: gauge(&STREAMS_IN_FLIGHT),
             upstream_up: gauge(&UPSTREAM_UP),
             unobserved: counter_vec(&UNOBSERVED),
@@ -391,597 +314,63 @@ impl Metrics {
             last_render_bytes: AtomicUsize::new(0),
             names,
         };
-
-        let collectors: Vec<Box<dyn Collector>> = vec![
-            Box::new(metrics.streams_in_flight.clone()),
-            Box::new(metrics.upstream_up.clone()),
-            Box::new(metrics.unobserved.clone()),
-            Box::new(metrics.decode_errors.clone()),
-            Box::new(metrics.passthrough.clone()),
-            Box::new(metrics.overload_rejections.clone()),
-            Box::new(metrics.client_connections.clone()),
-            Box::new(metrics.client_connections_limit.clone()),
-            Box::new(metrics.client_connection_limit_reached.clone()),
-            Box::new(metrics.otlp_exports.clone()),
-            Box::new(metrics.otlp_exports_dropped.clone()),
-            Box::new(metrics.task_restarts.clone()),
-            Box::new(metrics.objective_requests.clone()),
-            Box::new(metrics.objective_output_tokens.clone()),
-            Box::new(metrics.objective_target.clone()),
-            Box::new(metrics.buffered_responses.clone()),
-            Box::new(metrics.usage_detail_tokens.clone()),
-            Box::new(label_overflow),
-            Box::new(metrics.rate_limit_limit.clone()),
-            Box::new(metrics.rate_limit_remaining.clone()),
-            Box::new(metrics.retry_after.clone()),
-            Box::new(build_info),
-        ];
-        for collector in collectors {
-            defined(metrics.registry.register(collector));
-        }
-        #[cfg(target_os = "linux")]
-        {
-            let process = prometheus::process_collector::ProcessCollector::for_self();
-            // Best effort: a sandbox without /proc still serves tokentap's own metrics.
-            let _ = metrics.process.register(Box::new(process));
-        }
+        metrics.register(label_overflow);
         Arc::new(metrics)
     }
+}
 
-    /// The series of one request, resolved through the label policies: the handles its
-    /// per-event path observes through, its (model, tenant) pair's set and its model's.
-    /// Both exist from here on (TTFB, TTFT, ITL, inter-chunk and stalls series even if
-    /// never observed).
-    pub fn stream(&self, model: Option<&str>, tenant: Option<&str>) -> StreamSeries {
-        let model = self.models.resolve(model);
-        let tenant = self.tenants.resolve(tenant);
-        self.pair(model, tenant)
-    }
-
-    /// The `model` label of a request's model, through the label policy, as
-    /// [`Metrics::stream`] resolves it: for a caller that needs the label before the
-    /// series (the live view's list of requests in flight). Resolving counts an overflow,
-    /// so a label resolved here goes to [`Metrics::stream_of`], not through `stream` again.
-    pub fn model_label(&self, model: Option<&str>) -> Arc<str> {
-        self.models.resolve(model)
-    }
-
-    /// [`Metrics::model_label`] of a `model` too long to be read: `other`, counted in
-    /// `tokentap_label_overflow_total{label="model"}`.
-    pub fn model_label_too_long(&self) -> Arc<str> {
-        self.models.resolve_too_long()
-    }
-
-    /// The `tenant` label of a request's tenant, as [`Metrics::model_label`] for models.
-    pub fn tenant_label(&self, tenant: Option<&str>) -> Arc<str> {
-        self.tenants.resolve(tenant)
-    }
-
-    /// [`Metrics::stream`] of labels already resolved ([`Metrics::model_label`],
-    /// [`Metrics::tenant_label`]).
-    pub fn stream_of(&self, model: Arc<str>, tenant: Arc<str>) -> StreamSeries {
-        self.pair(model, tenant)
-    }
-
-    /// The sets of a pair of (already resolved) label values, created on first use. The
-    /// pair cap bounds the pairs only: a pair past it is (`other`, `other`), while the
-    /// per-model families keep the request's model (the model cap bounds those).
-    fn pair(&self, model: Arc<str>, tenant: Arc<str>) -> StreamSeries {
-        {
-            let sets = self.read_sets();
-            let pair = sets.pairs.get(&*model).and_then(|t| t.get(&*tenant));
-            if let (Some(pair), Some(of_model)) = (pair, sets.models.get(&*model)) {
-                return StreamSeries {
-                    pair: pair.clone(),
-                    model: of_model.clone(),
-                    gen_ai: None,
-                };
-            }
-        }
-        let mut sets = self
-            .sets
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Sets { pairs, models, .. } = &mut *sets;
-        let of_model = models
-            .entry(model.clone())
-            .or_insert_with(|| {
-                Arc::new(SeriesSet::new(
-                    model.clone(),
-                    None,
-                    &self.bounds,
-                    self.tenant_slots,
-                ))
-            })
-            .clone();
-        if let Some(pair) = pairs.get(&*model).and_then(|t| t.get(&*tenant)) {
-            return StreamSeries {
-                pair: pair.clone(),
-                model: of_model,
-                gen_ai: None,
-            };
-        }
-        let (model, tenant) = if self.pair_cap.admit() {
-            (model, tenant)
+/// The per-pair families `names` exposes (and the GenAI ones when it keeps their sets),
+/// sorted by name; each is per pair or per model as `labels.tenant.families` says.
+fn pair_families(buckets: &Buckets, labels: &Labels, names: MetricNames) -> Vec<Family> {
+    let level = |name: &str| {
+        if labels.tenant_families.contains(name) {
+            SetLevel::Pair
         } else {
-            (Arc::from(labels::OTHER), Arc::from(labels::OTHER))
-        };
-        let pair = pairs
-            .entry(model.clone())
-            .or_default()
-            .entry(tenant.clone())
-            .or_insert_with(|| {
-                Arc::new(SeriesSet::new(
-                    model,
-                    Some(tenant),
-                    &self.bounds,
-                    self.tenant_slots,
-                ))
-            })
-            .clone();
-        StreamSeries {
-            pair,
-            model: of_model,
-            gen_ai: None,
+            SetLevel::Model
         }
+    };
+    let mut families: Vec<Family> = PAIR_FAMILIES
+        .iter()
+        .filter(|spec| names.exposes(spec.name))
+        .map(|spec| Family::new(spec, buckets, level(spec.name)))
+        .collect();
+    if names.gen_ai() {
+        families.extend(
+            GEN_AI_FAMILIES
+                .iter()
+                .map(|spec| Family::new(spec, buckets, SetLevel::GenAi)),
+        );
     }
+    families.sort_by_key(|f| f.name);
+    families
+}
 
-    /// Give `stream` its GenAI sets for requests of `operation` to `provider` (names
-    /// from `wire::gen_ai`), when `metrics.names` exposes the GenAI families; `streaming`:
-    /// the request asked for a stream (or did not say). The model is the request's
-    /// per-model label (the pair cap does not fold it).
-    pub fn attach_gen_ai(
-        &self,
-        stream: &mut StreamSeries,
-        operation: &'static str,
-        provider: &'static str,
-        streaming: bool,
-    ) {
-        if !self.names.gen_ai() {
-            return;
-        }
-        let key = |token_type| GenAiKey {
-            error_type: None,
-            operation,
-            provider,
-            model: stream.model.model.clone(),
-            token_type,
-        };
-        stream.gen_ai = Some(GenAiSeries {
-            ok: self.gen_ai_set(key(None), series::OK_SLOTS),
-            input: self.gen_ai_set(key(Some("input")), series::TOKEN_SLOTS),
-            output: self.gen_ai_set(key(Some("output")), series::TOKEN_SLOTS),
-            streaming,
-        });
+/// Which storages a pair's set keeps: those of the families that carry `tenant`
+/// (`labels.tenant.families`); a model's set keeps the others.
+fn tenant_slots(labels: &Labels) -> TenantSlots {
+    let mut tenant_slots = [false; Slot::COUNT];
+    for spec in &PAIR_FAMILIES {
+        tenant_slots[spec.slot as usize] = labels.tenant_families.contains(spec.name);
     }
+    TenantSlots(tenant_slots)
+}
 
-    /// The GenAI set of `key`, created (with the storage of `slots`) on first use.
-    fn gen_ai_set(&self, key: GenAiKey, slots: &[Slot]) -> Arc<SeriesSet> {
-        if let Some(set) = self.read_sets().gen_ai.get(&key) {
-            return set.clone();
-        }
-        let mut sets = self
-            .sets
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        sets.gen_ai
-            .entry(key.clone())
-            .or_insert_with(|| Arc::new(SeriesSet::gen_ai(key, slots, &self.bounds)))
-            .clone()
-    }
-
-    /// Record a finished request's GenAI figures, once, with [`Metrics::record_request`]
-    /// (nothing unless [`Metrics::attach_gen_ai`] gave `stream` its sets): TTFT and TPOT
-    /// of a successful request, the duration under the request's `error.type` (none when
-    /// it completed), and the tokens counted.
-    pub fn record_gen_ai(
-        &self,
-        stream: &StreamSeries,
-        verdict: Verdict,
-        ttft: Option<Duration>,
-        figures: &RequestFigures,
-    ) {
-        let Some(gen_ai) = &stream.gen_ai else {
-            return;
-        };
-        let exemplar = |value: Duration| {
-            figures
-                .exemplar
-                .map(|e| Exemplar::new(e.trace, value.as_secs_f64(), e.at))
-        };
-        let observe = |histogram: Option<&Histogram>, value: Duration| {
-            if let Some(histogram) = histogram {
-                histogram.observe(value.as_secs_f64());
-                if let Some(exemplar) = exemplar(value) {
-                    histogram.exemplar(exemplar);
-                }
-            }
-        };
-        let completed = verdict.outcome == Outcome::Completed;
-        if completed {
-            if let Some(ttft) = ttft {
-                observe(gen_ai.ok.ttft.as_deref(), ttft);
-            }
-            if let Some(tpot) = figures.tpot {
-                observe(gen_ai.ok.tpot.as_deref(), tpot);
-            }
-            observe(gen_ai.ok.duration.as_deref(), figures.duration);
-        } else if let Some(ok) = gen_ai.ok.gen_ai.clone() {
-            // (A GenAI set always has its key.)
-            let key = GenAiKey {
-                error_type: Some(verdict.outcome.as_str()),
-                ..ok
-            };
-            let failed = self.gen_ai_set(key, series::ERROR_SLOTS);
-            observe(failed.duration.as_deref(), figures.duration);
-        }
-        if let (Some(input), Some(usage)) = (figures.input_tokens, &gen_ai.input.token_usage) {
-            usage.observe(input as f64);
-        }
-        if figures.output_tokens > 0 {
-            if let Some(usage) = &gen_ai.output.token_usage {
-                usage.observe(figures.output_tokens as f64);
-            }
-        }
-    }
-
-    fn read_sets(&self) -> RwLockReadGuard<'_, Sets> {
-        self.sets
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Every set, in label order, taken under the lock once per scrape; the encoding
-    /// then runs without it.
-    fn pairs(&self) -> Pairs {
-        let sets = self.read_sets();
-        let mut series = Vec::with_capacity(sets.pairs.values().map(BTreeMap::len).sum());
-        let mut models = Vec::with_capacity(sets.pairs.len());
-        for tenants in sets.pairs.values() {
-            let start = series.len();
-            series.extend(tenants.values().cloned());
-            models.push(start..series.len());
-        }
-        let pairs = Level { series, models };
-        let one_each = |series: Vec<Arc<SeriesSet>>| {
-            let models = (0..series.len()).map(|i| i..i + 1).collect();
-            Level { series, models }
-        };
-        Pairs {
-            pairs,
-            models: one_each(sets.models.values().cloned().collect()),
-            gen_ai: one_each(sets.gen_ai.values().cloned().collect()),
-        }
-    }
-
-    /// Apply new label policies (config reload). Which families carry `tenant` is fixed
-    /// when the families are built: `labels.tenant.families` takes effect at a restart.
-    pub fn set_label_policies(&self, labels: &Labels) {
-        self.models.set_policy(labels.model.clone());
-        self.tenants.set_policy(labels.tenant.clone());
-        self.pair_cap.set_max(labels.max_pairs);
-    }
-
-    /// Count a response that is forwarded but not measured.
-    pub fn unobserved(&self, reason: Unobservable) {
-        self.unobserved.with_label_values(&[reason.as_str()]).inc();
-    }
-
-    /// Count skipped (undecodable) events of a dialect.
-    pub fn decode_errors(&self, dialect: &str, count: u64) {
-        if count > 0 {
-            self.decode_errors
-                .with_label_values(&[dialect])
-                .inc_by(count);
-        }
-    }
-
-    /// Count a request refused by the in-flight limit.
-    pub fn overload_rejection(&self) {
-        self.overload_rejections.inc();
-    }
-
-    /// Count a time the proxy port stopped accepting at `limits.max_connections`.
-    pub fn client_connection_limit_reached(&self) {
-        self.client_connection_limit_reached.inc();
-    }
-
-    /// Count a finished OTLP export of `signal` (`metrics`, ...): `success` or `failed`.
-    pub fn otlp_export(&self, signal: &str, result: &str) {
-        self.otlp_exports.with_label_values(&[result, signal]).inc();
-    }
-
-    /// Count an OTLP export of `signal` never sent, and why (`replaced`, `shutdown`).
-    pub fn otlp_export_dropped(&self, signal: &str, reason: &str) {
-        self.otlp_exports_dropped
-            .with_label_values(&[reason, signal])
-            .inc();
-    }
-
-    /// The counter of OTLP exports of `signal` never sent for `reason`, to count without
-    /// a label lookup (the span queue's drops, in the request path).
-    pub fn otlp_export_dropped_counter(&self, signal: &str, reason: &str) -> IntCounter {
-        self.otlp_exports_dropped
-            .with_label_values(&[reason, signal])
-    }
-
-    /// Count a background task (`supervise`'s name for it) that failed and is restarted.
-    pub fn task_restart(&self, task: &str) {
-        self.task_restarts.with_label_values(&[task]).inc();
-    }
-
-    /// Count a request of `stream` judged against `objective`: met or missed, with its
-    /// output tokens.
-    pub fn count_objective(
-        &self,
-        stream: &StreamSeries,
-        objective: &str,
-        met: bool,
-        output_tokens: u64,
-    ) {
-        let result = if met { "met" } else { "missed" };
-        // In the family's label order (the registry writes label names sorted).
-        let labels = [&**stream.model(), objective, result, &**stream.tenant()];
-        self.objective_requests.with_label_values(&labels).inc();
-        if output_tokens > 0 {
-            self.objective_output_tokens
-                .with_label_values(&labels)
-                .inc_by(output_tokens);
-        }
-    }
-
-    /// Each objective's target, replacing those set before (at start and on reload: an
-    /// objective no longer configured leaves `tokentap_objective_target`).
-    pub fn set_objective_targets<'a>(&self, targets: impl IntoIterator<Item = (&'a str, f64)>) {
-        self.objective_target.reset();
-        for (objective, target) in targets {
-            self.objective_target
-                .with_label_values(&[objective])
-                .set(target);
-        }
-    }
-
-    /// Each model's requests judged against each objective, met and missed, summed over
-    /// tenants: what the live view reads once a tick.
-    pub fn objective_totals(&self) -> ObjectiveTotals {
-        objective_totals::of(&self.objective_requests)
-    }
-
-    /// Count a response of `stream`'s model that arrived in one burst.
-    pub fn count_buffered(&self, stream: &StreamSeries) {
-        self.buffered_responses
-            .with_label_values(&[&**stream.model()])
-            .inc();
-    }
-
-    /// Count `tokens` of a usage part (`kind`: `cache_read_input`, `cache_write_input`,
-    /// `reasoning_output`) of a request of `stream`.
-    pub fn count_usage_detail(&self, stream: &StreamSeries, kind: &str, tokens: u64) {
-        self.usage_detail_tokens
-            .with_label_values(&[kind, &**stream.model(), &**stream.tenant()])
-            .inc_by(tokens);
-    }
-
-    /// Count a request on a non-LLM route.
-    pub fn passthrough(&self) {
-        self.passthrough.inc();
-    }
-
-    /// The latest quota an upstream reported for `stream`'s model: `resource`'s `limit`
-    /// and what `remaining` of it (each only where reported). A value past `i64::MAX`
-    /// shows as `i64::MAX`.
-    pub fn upstream_quota(
-        &self,
-        stream: &StreamSeries,
-        resource: &str,
-        limit: Option<u64>,
-        remaining: Option<u64>,
-    ) {
-        let labels = [&**stream.model(), resource];
-        let set = |gauges: &IntGaugeVec, n: u64| {
-            gauges
-                .with_label_values(&labels)
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        };
-        if let Some(n) = limit {
-            set(&self.rate_limit_limit, n);
-        }
-        if let Some(n) = remaining {
-            set(&self.rate_limit_remaining, n);
-        }
-    }
-
-    /// The latest wait an upstream asked a refused client of `stream`'s model for.
-    pub fn upstream_retry_after(&self, stream: &StreamSeries, wait: Duration) {
-        self.retry_after
-            .with_label_values(&[&**stream.model()])
-            .set(wait.as_secs_f64());
-    }
-
-    /// Count a request tokentap answered itself before it was measured (refused at
-    /// admission, or a head it could not read): the counter only, no figures.
-    pub fn count_request(&self, stream: &StreamSeries, verdict: Verdict) {
-        stream.requests(verdict).inc();
-    }
-
-    /// Record the per-request figures of a finished request on its series (exactly once
-    /// per request).
-    pub fn record_request(&self, stream: &StreamSeries, verdict: Verdict, figures: RequestFigures) {
-        stream.requests(verdict).inc();
-        stream.duration().observe(figures.duration.as_secs_f64());
-        if figures.output_tokens > 0 {
-            stream.output_tokens().inc_by(figures.output_tokens);
-        }
-        if let Some(input) = figures.input_tokens.filter(|n| *n > 0) {
-            stream.input_tokens().inc_by(input);
-        }
-        // Indexed like `series::ACCURACY`.
-        for (counter, count) in stream.event_tokens().iter().zip([
-            figures.apportioned_event_tokens,
-            figures.estimated_event_tokens,
-            figures.exact_event_tokens,
-        ]) {
-            if count > 0 {
-                counter.inc_by(count);
-            }
-        }
-        if let Some(tpot) = figures.tpot {
-            stream.tpot().observe(tpot.as_secs_f64());
-        }
-        if let Some(tokens_per_second) = figures.tokens_per_second {
-            stream.tokens_per_second().observe(tokens_per_second);
-        }
-        if let Some(exemplar) = figures.exemplar {
-            let of =
-                |value: Duration| Exemplar::new(exemplar.trace, value.as_secs_f64(), exemplar.at);
-            stream.duration().exemplar(of(figures.duration));
-            if let Some(ttft) = exemplar.ttft {
-                stream.ttft().exemplar(of(ttft));
-            }
-            if let Some(itl) = exemplar.slowest_itl {
-                stream.itl().exemplar(of(itl));
-            }
-            if let Some(tpot) = figures.tpot {
-                stream.tpot().exemplar(of(tpot));
-            }
-        }
-    }
-
-    /// Record what the engine reported of a finished request's time, each figure only
-    /// where it was reported (once per request, with [`Metrics::record_request`]).
-    pub fn record_engine_timings(&self, stream: &StreamSeries, figures: EngineFigures) {
-        if let Some(queue) = figures.queue {
-            stream.engine_queue().observe(queue.as_secs_f64());
-        }
-        if let Some(prefill) = figures.prefill {
-            stream.engine_prefill().observe(prefill.as_secs_f64());
-        }
-        if let Some(outside) = figures.ttft_outside_engine {
-            stream.ttft_outside_engine().observe(outside.as_secs_f64());
-        }
-    }
-
-    /// The Prometheus text exposition of every family, sorted by family name, in one
-    /// buffer (tests, the demo's summary, benches). `/metrics` streams the same text as
-    /// [`Metrics::exposition`] chunks instead.
-    pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.render_into(&mut out);
-        out
-    }
-
-    /// [`Metrics::render`], appended to `out`.
-    pub fn render_into(&self, out: &mut Vec<u8>) {
-        self.render_format_into(out, TextFormat::Prometheus);
-    }
-
-    /// The OpenMetrics text exposition (1.0.0) of every family, in one buffer: the
-    /// families of [`Metrics::render`] with OpenMetrics' headers, the histograms' bucket
-    /// exemplars, and `# EOF`. `/metrics` streams it as
-    /// [`Metrics::openmetrics_exposition`] chunks instead.
-    pub fn render_openmetrics(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.render_format_into(&mut out, TextFormat::OpenMetrics);
-        out
-    }
-
-    fn render_format_into(&self, out: &mut Vec<u8>, format: TextFormat) {
-        let mut render = Render::new(self, format);
-        // One allocation: with many label pairs the text is megabytes, and growing a
-        // buffer would copy it over and over.
-        let level = |sets: &[Arc<SeriesSet>]| {
-            let label_bytes: usize = sets.iter().map(|p| p.labels().len()).sum();
-            (sets.len(), label_bytes)
-        };
-        let estimate: usize = self
-            .families
-            .iter()
-            .map(|f| {
-                let (sets, label_bytes) = level(&render.pairs.level(f.level).series);
-                f.estimate(sets, label_bytes)
-            })
-            .sum();
-        let previous = self.last_render_bytes.load(Ordering::Relaxed);
-        out.reserve(estimate.max(previous + (previous >> 4)) + (64 << 10));
-        let start = out.len();
-        render.fill(self, out, usize::MAX);
-        self.last_render_bytes
-            .store(out.len() - start, Ordering::Relaxed);
-    }
-
-    /// The text of [`Metrics::render`] as `Bytes` chunks of about [`CHUNK_BYTES`], each
-    /// rendered only when it is asked for (what `/metrics` serves). The pairs are listed
-    /// once, here; their values are read as each chunk is rendered.
-    pub fn exposition(self: &Arc<Self>) -> Exposition {
-        Exposition {
-            render: Some(Render::new(self, TextFormat::Prometheus)),
-            metrics: self.clone(),
-        }
-    }
-
-    /// The text of [`Metrics::render_openmetrics`] as chunks, like [`Metrics::exposition`].
-    pub fn openmetrics_exposition(self: &Arc<Self>) -> Exposition {
-        Exposition {
-            render: Some(Render::new(self, TextFormat::OpenMetrics)),
-            metrics: self.clone(),
-        }
-    }
-
-    /// Every family's series as they are now, typed: the same families, series and
-    /// order as [`Metrics::render`]'s text.
-    pub fn snapshot(&self) -> Snapshot {
-        let pairs = self.pairs();
-        // The per-pair counters are read before the registry's gauges, for the reason
-        // `Render` gives: no request is both counted and in flight.
-        let mut families: Vec<FamilySnapshot> = self
-            .families
-            .iter()
-            .filter_map(|f| f.snapshot(&pairs))
-            .collect();
-        let small = self
-            .process
-            .gather()
-            .into_iter()
-            .chain(self.registry.gather());
-        families.extend(small.filter_map(|mf| registry_snapshot(&mf)));
-        families.sort_by(|a, b| a.name.cmp(&b.name));
-        Snapshot { families }
-    }
-
-    /// The per-pair and per-model families called `names` (those with series), as
-    /// [`Metrics::snapshot`] reads them, and nothing else: what the live view's ticker
-    /// reads each second, without the registry's families or the process collector.
-    pub fn snapshot_of(&self, names: &[&str]) -> Snapshot {
-        let pairs = self.pairs();
-        let mut families: Vec<FamilySnapshot> = self
-            .families
-            .iter()
-            .filter(|f| names.contains(&f.name))
-            .filter_map(|f| f.snapshot(&pairs))
-            .collect();
-        families.sort_by(|a, b| a.name.cmp(&b.name));
-        Snapshot { families }
-    }
-
-    /// The Prometheus protobuf exposition of [`Metrics::snapshot`] (see [`protobuf`]):
-    /// histograms with their native buckets, and their classic ones unless
-    /// `metrics.native_histograms.classic` is false. Built whole: per series it is a
-    /// fraction of the text's size.
-    pub fn protobuf(&self) -> Vec<u8> {
-        protobuf::encode(&self.snapshot(), self.protobuf_classic)
-    }
-
-    /// The small families of both registries, sorted by name.
-    fn small_families(&self) -> Vec<proto::MetricFamily> {
-        let mut families = self.process.gather();
-        families.extend(self.registry.gather());
-        families.sort_by(|a, b| a.name().cmp(b.name()));
-        families
-    }
-
-    /// Distinct `model` and `tenant` values admitted so far.
-    pub fn admitted_labels(&self) -> (usize, usize) {
-        (self.models.admitted(), self.tenants.admitted())
+/// Every histogram's bucket bounds (`metrics.buckets`) and the native histograms'
+/// settings (`metrics.native_histograms`), both validated with the config.
+fn histogram_bounds(buckets: &Buckets, native: &NativeHistograms) -> Bounds {
+    Bounds {
+        ttfb: bounds(&buckets.time_to_first_byte_seconds),
+        ttft: bounds(&buckets.time_to_first_token_seconds),
+        itl: bounds(&buckets.inter_token_latency_seconds),
+        inter_chunk: bounds(&buckets.inter_chunk_latency_seconds),
+        tpot: bounds(&buckets.time_per_output_token_seconds),
+        tokens_per_second: bounds(&buckets.output_tokens_per_second),
+        tokens_per_event: bounds(&buckets.output_tokens_per_event),
+        duration: bounds(&buckets.request_duration_seconds),
+        gen_ai: GenAiBounds::default(),
+        native: native
+            .enabled
+            .then(|| NativeSettings::new(native.schema, native.max_buckets)),
     }
 }
 
@@ -1006,31 +395,6 @@ pub struct Exposition {
     render: Option<Render>,
 }
 
-impl Exposition {
-    /// The next chunk, or `None` at the end of the text (never an empty chunk).
-    pub fn next_chunk(&mut self) -> Option<Bytes> {
-        let render = self.render.as_mut()?;
-        let mut out = Vec::with_capacity(CHUNK_CAPACITY);
-        if render.fill(&self.metrics, &mut out, CHUNK_BYTES) {
-            self.render = None;
-        }
-        (!out.is_empty()).then(|| Bytes::from(out))
-    }
-
-    /// Whether every chunk has been returned.
-    pub fn is_complete(&self) -> bool {
-        self.render.is_none()
-    }
-}
-
-impl Iterator for Exposition {
-    type Item = Bytes;
-
-    fn next(&mut self) -> Option<Bytes> {
-        self.next_chunk()
-    }
-}
-
 /// One scrape's progress through the families: the small registry families (gathered
 /// whole) and the per-pair ones (written a part at a time), merged in name order.
 ///
@@ -1052,89 +416,15 @@ struct Render {
     writer: Writer,
 }
 
-impl Render {
-    fn new(metrics: &Metrics, format: TextFormat) -> Render {
-        Render {
-            small: metrics.small_families().into_iter().peekable(),
-            small_stale: false,
-            pairs: metrics.pairs(),
-            family: 0,
-            cursor: Cursor::default(),
-            writer: Writer::new(format),
-        }
-    }
-
-    /// Append text to `out` until it holds `limit` bytes or more (see
-    /// [`Family::render_part`]) or the exposition is complete; true if it is (the
-    /// OpenMetrics text then ends with its `# EOF`).
-    fn fill(&mut self, metrics: &Metrics, out: &mut Vec<u8>, limit: usize) -> bool {
-        let complete = self.fill_families(metrics, out, limit);
-        if complete && self.writer.format == TextFormat::OpenMetrics {
-            out.extend_from_slice(b"# EOF\n");
-        }
-        complete
-    }
-
-    fn fill_families(&mut self, metrics: &Metrics, out: &mut Vec<u8>, limit: usize) -> bool {
-        let encoder = TextEncoder::new();
-        while out.len() < limit {
-            let family = metrics.families.get(self.family);
-            let small_next =
-                (self.small.peek()).is_some_and(|mf| family.is_none_or(|f| mf.name() < f.name));
-            if small_next && self.small_stale {
-                self.regather(metrics);
-            }
-            let next = self
-                .small
-                .next_if(|mf| family.is_none_or(|f| mf.name() < f.name));
-            if let Some(mf) = next {
-                match self.writer.format {
-                    // Encoding into a Vec cannot fail for a gathered (non-empty) family.
-                    TextFormat::Prometheus => {
-                        let _ = encoder.encode(std::slice::from_ref(&mf), out);
-                    }
-                    TextFormat::OpenMetrics => registry_family_openmetrics(&mf, out),
-                }
-                continue;
-            }
-            let Some(family) = family else {
-                return true;
-            };
-            let writer = &mut self.writer;
-            if family.render_part(&self.pairs, &mut self.cursor, out, limit, writer) {
-                self.family += 1;
-                self.cursor = Cursor::default();
-                self.small_stale = true;
-            }
-        }
-        self.small.peek().is_none() && self.family == metrics.families.len()
-    }
-
-    /// Gather the registry again, keeping the families after the per-pair ones already
-    /// written: those whose names sort after the last per-pair family written. Called
-    /// only when a registry family is to be written next, so a scrape gathers once per
-    /// run of registry families between per-pair ones.
-    fn regather(&mut self, metrics: &Metrics) {
-        let written = self
-            .family
-            .checked_sub(1)
-            .and_then(|i| metrics.families.get(i))
-            .map(|f| f.name);
-        let families: Vec<proto::MetricFamily> = metrics
-            .registry
-            .gather()
-            .into_iter()
-            .filter(|mf| written.is_none_or(|name| mf.name() > name))
-            .collect();
-        self.small = families.into_iter().peekable();
-        self.small_stale = false;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    use bytes::Bytes;
+
+    use crate::outcome::Verdict;
+    use crate::wire::Unobservable;
 
     /// Many label pairs over every kind of family (and one family with no series at all),
     /// with the process collector's lines left out: they change from one read to the next.

@@ -50,7 +50,7 @@ use http::{header, HeaderMap, Method, StatusCode, Uri};
 
 use crate::config::Config;
 use crate::metrics::exemplar::TraceContext;
-use crate::metrics::live::LiveStream;
+use crate::metrics::in_flight::LiveStream;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::prefetch;
@@ -820,7 +820,7 @@ fn guarded(metrics: &Metrics, work: impl FnOnce()) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::live::Phase;
+    use crate::metrics::in_flight::Phase;
 
     #[test]
     fn a_request_is_listed_from_its_head_until_it_ends_however_it_ends() {

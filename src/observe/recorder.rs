@@ -16,7 +16,7 @@ use super::burst::{Burst, Gap};
 use super::itl_sketch::ItlSketch;
 use super::rate_limits::RateLimits;
 use crate::clock::{ItlShare, Stamp, TokenClock};
-use crate::metrics::live::{LiveEntry, LiveStream};
+use crate::metrics::in_flight::{LiveEntry, LiveStream};
 use crate::metrics::{Metrics, StreamSeries};
 use crate::outcome::{verdict, Outcome, StatusClass};
 use crate::summary::objectives::Objectives;
@@ -450,7 +450,7 @@ fn observe_itl(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::live::Phase;
+    use crate::metrics::in_flight::Phase;
     use crate::metrics::snapshot::{HistogramSnapshot, Values};
     use crate::wire::OutputKind;
 

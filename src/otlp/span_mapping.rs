@@ -55,6 +55,42 @@ pub fn span(request: &RequestSummary, server: Option<&Server>) -> Option<Span> {
         Some(model) => format!("{} {model}", request.gen_ai_operation()),
         None => request.gen_ai_operation().to_string(),
     };
+    let mut attributes = attributes(request, model, server);
+    let status = match request.verdict.outcome {
+        Outcome::Completed => None,
+        failed => {
+            attributes.push(string("error.type", failed.as_str()));
+            Some(Status {
+                message: String::new(),
+                code: StatusCode::Error as i32,
+            })
+        }
+    };
+    let start = unix_nanos(request.started);
+    let flags = SAMPLED | HAS_IS_REMOTE | if parent.is_some() { IS_REMOTE } else { 0 };
+    Some(Span {
+        trace_id: own.trace_id.to_vec(),
+        span_id: own.span_id.to_vec(),
+        trace_state: request.facts.trace_state.clone().unwrap_or_default(),
+        parent_span_id: parent.map(|p| p.span_id.to_vec()).unwrap_or_default(),
+        flags,
+        name,
+        kind: SpanKind::Client as i32,
+        start_time_unix_nano: start,
+        end_time_unix_nano: start.saturating_add(saturating_nanos(request.duration)),
+        attributes,
+        status,
+        ..Default::default()
+    })
+}
+
+/// The span's attributes, but `error.type`: the GenAI ones where known, the upstream's
+/// address, the status, and tokentap's own figures.
+fn attributes(
+    request: &RequestSummary,
+    model: Option<&str>,
+    server: Option<&Server>,
+) -> Vec<KeyValue> {
     let mut attributes = Vec::with_capacity(24);
     let mut text = |key: &'static str, value: &str| attributes.push(string(key, value));
     text("gen_ai.operation.name", request.gen_ai_operation());
@@ -74,6 +110,33 @@ pub fn span(request: &RequestSummary, server: Option<&Server>) -> Option<Span> {
         attributes.push(string("server.address", &server.address));
         attributes.push(int("server.port", i64::from(server.port)));
     }
+    push_usage(request, &mut attributes);
+    let mut seconds = |key: &'static str, value: Option<Duration>| {
+        if let Some(value) = value {
+            attributes.push(double(key, value.as_secs_f64()));
+        }
+    };
+    seconds("gen_ai.response.time_to_first_chunk", request.ttft);
+    seconds("tokentap.ttfb", request.ttfb);
+    seconds("tokentap.itl.p50", request.itl_p50);
+    seconds("tokentap.itl.max", request.slowest_itl);
+    seconds("tokentap.tpot", request.tpot);
+    if let Some(status) = request.http_status {
+        attributes.push(int("http.response.status_code", i64::from(status)));
+    }
+    if let Some(status) = request.grpc_status {
+        attributes.push(int("rpc.grpc.status_code", i64::from(status)));
+    }
+    if let Some(stream) = request.stream() {
+        attributes.push(kv("tokentap.stream", any_value::Value::BoolValue(stream)));
+    }
+    attributes.push(int("tokentap.events", saturate(request.events)));
+    attributes
+}
+
+/// The GenAI usage attributes: tokens in and out, the cached parts of the input, and the
+/// finish reasons.
+fn push_usage(request: &RequestSummary, attributes: &mut Vec<KeyValue>) {
     if let Some(tokens) = request.input_tokens {
         attributes.push(int("gen_ai.usage.input_tokens", saturate(tokens)));
     }
@@ -111,52 +174,6 @@ pub fn span(request: &RequestSummary, server: Option<&Server>) -> Option<Span> {
             any_value::Value::ArrayValue(ArrayValue { values }),
         ));
     }
-    let mut seconds = |key: &'static str, value: Option<Duration>| {
-        if let Some(value) = value {
-            attributes.push(double(key, value.as_secs_f64()));
-        }
-    };
-    seconds("gen_ai.response.time_to_first_chunk", request.ttft);
-    seconds("tokentap.ttfb", request.ttfb);
-    seconds("tokentap.itl.p50", request.itl_p50);
-    seconds("tokentap.itl.max", request.slowest_itl);
-    seconds("tokentap.tpot", request.tpot);
-    if let Some(status) = request.http_status {
-        attributes.push(int("http.response.status_code", i64::from(status)));
-    }
-    if let Some(status) = request.grpc_status {
-        attributes.push(int("rpc.grpc.status_code", i64::from(status)));
-    }
-    if let Some(stream) = request.stream() {
-        attributes.push(kv("tokentap.stream", any_value::Value::BoolValue(stream)));
-    }
-    attributes.push(int("tokentap.events", saturate(request.events)));
-    let status = match request.verdict.outcome {
-        Outcome::Completed => None,
-        failed => {
-            attributes.push(string("error.type", failed.as_str()));
-            Some(Status {
-                message: String::new(),
-                code: StatusCode::Error as i32,
-            })
-        }
-    };
-    let start = unix_nanos(request.started);
-    let flags = SAMPLED | HAS_IS_REMOTE | if parent.is_some() { IS_REMOTE } else { 0 };
-    Some(Span {
-        trace_id: own.trace_id.to_vec(),
-        span_id: own.span_id.to_vec(),
-        trace_state: request.facts.trace_state.clone().unwrap_or_default(),
-        parent_span_id: parent.map(|p| p.span_id.to_vec()).unwrap_or_default(),
-        flags,
-        name,
-        kind: SpanKind::Client as i32,
-        start_time_unix_nano: start,
-        end_time_unix_nano: start.saturating_add(saturating_nanos(request.duration)),
-        attributes,
-        status,
-        ..Default::default()
-    })
 }
 
 /// `spans` as one export request from `resource`.

@@ -123,7 +123,7 @@ fn every_table_row_agrees_with_hyper() {
     let runtime = runtime();
     let mut disagreements = Vec::new();
     for (input, expected) in table() {
-        check(input.as_bytes(), &expected);
+        check(input.as_bytes(), expected);
         let saw = runtime.block_on(through_hyper(&config, input.as_bytes()));
         if let Err(err) = agrees(input.as_bytes(), &saw) {
             disagreements.push(err);
@@ -246,7 +246,7 @@ fn head() -> impl Strategy<Value = Vec<u8>> {
 /// A table head with one byte replaced, inserted or removed.
 fn mutated() -> impl Strategy<Value = Vec<u8>> {
     let rows: Vec<Vec<u8>> = table()
-        .into_iter()
+        .iter()
         .map(|(input, _)| input.as_bytes().to_vec())
         .filter(|input| !input.is_empty())
         .collect();

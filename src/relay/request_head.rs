@@ -475,10 +475,10 @@ pub(crate) mod tests {
     }
 
     /// Each hostile (and each ordinary) head, and what the fast path does with it.
-    pub(crate) fn table() -> Vec<(&'static str, Expect)> {
+    const HEADS: &[(&str, Expect)] = {
         use Expect::*;
         use RequestFraming::*;
-        vec![
+        &[
             (
                 "GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n",
                 Forward(Empty, "GET /v1/models HTTP/1.1\r\nHost: up.example:8000\r\n\r\n", true),
@@ -632,6 +632,11 @@ pub(crate) mod tests {
                 ToHyper(HandOff::ConnectionNamesFraming),
             ),
         ]
+    };
+
+    /// [`HEADS`], for the tests here and in `hyper_agrees`.
+    pub(crate) fn table() -> &'static [(&'static str, Expect)] {
+        HEADS
     }
 
     pub(crate) fn check(input: &[u8], expected: &Expect) {
@@ -661,7 +666,7 @@ pub(crate) mod tests {
     #[test]
     fn each_head_is_decided_as_the_table_says() {
         for (input, expected) in table() {
-            check(input.as_bytes(), &expected);
+            check(input.as_bytes(), expected);
         }
     }
 

@@ -355,176 +355,179 @@ mod tests {
         (String::from_utf8_lossy(&out).into_owned(), seen.0, last)
     }
 
-    #[test]
-    fn each_read_gives_the_client_bytes_the_observer_calls_and_the_next_step() {
-        let cases = [
-            case(
-                "a Content-Length body, relayed as it came",
-                &[Some(
-                    "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
-                )],
+    /// Responses read by the relay, each with what the client, the observer and the
+    /// next step must get.
+    const RESPONSES: &[Case] = &[
+        case(
+            "a Content-Length body, relayed as it came",
+            &[Some(
                 "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
-                &["head 200", "data hello"],
-                "ended, reuse true",
-            ),
-            case(
-                "a head split across reads is carried",
-                &[
-                    Some("HTTP/1.1 200 OK\r\nContent-Le"),
-                    Some("ngth: 2\r\n\r\nhi"),
-                ],
-                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
-                &["head 200", "data hi"],
-                "ended, reuse true",
-            ),
-            case(
-                "a chunked body is re-chunked, one chunk per piece of data",
-                &[
-                    Some("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nd"),
-                    Some("e\r\n0\r\n\r\n"),
-                ],
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
-                 3\r\nabc\r\n1\r\nd\r\n1\r\ne\r\n0\r\n\r\n",
-                &["head 200", "data abc", "data d", "data e"],
-                "ended, reuse true",
-            ),
-            case(
-                "a body delimited by the upstream's close is chunked for the client",
-                &[Some("HTTP/1.1 200 OK\r\n\r\nsome"), None],
-                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nsome\r\n0\r\n\r\n",
-                &["head 200", "data some"],
-                "ended, reuse false",
-            ),
-            case(
-                "bytes after a whole response: the connection is not reused",
-                &[Some("HTTP/1.1 204 No Content\r\n\r\nstray")],
-                "HTTP/1.1 204 No Content\r\n\r\n",
-                &["head 204"],
-                "ended, reuse false",
-            ),
-            case(
-                "an interim 100 is not relayed",
+            )],
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
+            &["head 200", "data hello"],
+            "ended, reuse true",
+        ),
+        case(
+            "a head split across reads is carried",
+            &[
+                Some("HTTP/1.1 200 OK\r\nContent-Le"),
+                Some("ngth: 2\r\n\r\nhi"),
+            ],
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+            &["head 200", "data hi"],
+            "ended, reuse true",
+        ),
+        case(
+            "a chunked body is re-chunked, one chunk per piece of data",
+            &[
+                Some("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nd"),
+                Some("e\r\n0\r\n\r\n"),
+            ],
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+             3\r\nabc\r\n1\r\nd\r\n1\r\ne\r\n0\r\n\r\n",
+            &["head 200", "data abc", "data d", "data e"],
+            "ended, reuse true",
+        ),
+        case(
+            "a body delimited by the upstream's close is chunked for the client",
+            &[Some("HTTP/1.1 200 OK\r\n\r\nsome"), None],
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nsome\r\n0\r\n\r\n",
+            &["head 200", "data some"],
+            "ended, reuse false",
+        ),
+        case(
+            "bytes after a whole response: the connection is not reused",
+            &[Some("HTTP/1.1 204 No Content\r\n\r\nstray")],
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            &["head 204"],
+            "ended, reuse false",
+        ),
+        case(
+            "an interim 100 is not relayed",
+            &[Some(
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            )],
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            &["head 200"],
+            "ended, reuse true",
+        ),
+        case(
+            "closed before a head",
+            &[Some("HTTP/1.1 200"), None],
+            "",
+            &[],
+            "no head: upstream request failed: connection closed before message completed",
+        ),
+        case(
+            "an unsolicited 101",
+            &[Some(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+            )],
+            "",
+            &[],
+            "no head: upstream answered 101 Switching Protocols to a request that asked \
+             for no upgrade",
+        ),
+        case(
+            "a transfer coding other than chunked, named",
+            &[Some(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            )],
+            "",
+            &[],
+            "no head: upstream response: unsupported transfer coding \"gzip\" \
+             (only chunked can be forwarded)",
+        ),
+        case(
+            "a break mid-body relays what came before it",
+            &[Some(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nzz\r\n",
+            )],
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n",
+            &["head 200", "data a"],
+            "broken: chunked body: invalid chunk size",
+        ),
+        case(
+            "the upstream closes mid-body",
+            &[
+                Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc"),
+                None,
+            ],
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
+            &["head 200", "data abc"],
+            "broken: upstream closed the connection before the end of the body",
+        ),
+        case(
+            "a body still coming",
+            &[Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")],
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
+            &["head 200", "data abc"],
+            "more, carry 0",
+        ),
+        Case {
+            keep_client: false,
+            ..case(
+                "a closing client's head says so, after the fields the upstream sent",
                 &[Some(
-                    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                    "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\n\r\n",
                 )],
-                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
                 &["head 200"],
                 "ended, reuse true",
-            ),
-            case(
-                "closed before a head",
-                &[Some("HTTP/1.1 200"), None],
-                "",
-                &[],
-                "no head: upstream request failed: connection closed before message completed",
-            ),
-            case(
-                "an unsolicited 101",
-                &[Some(
-                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
-                )],
-                "",
-                &[],
-                "no head: upstream answered 101 Switching Protocols to a request that asked \
-                 for no upgrade",
-            ),
-            case(
-                "a transfer coding other than chunked, named",
-                &[Some(
-                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                )],
-                "",
-                &[],
-                "no head: upstream response: unsupported transfer coding \"gzip\" \
-                 (only chunked can be forwarded)",
-            ),
-            case(
-                "a break mid-body relays what came before it",
-                &[Some(
-                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nzz\r\n",
-                )],
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n",
-                &["head 200", "data a"],
-                "broken: chunked body: invalid chunk size",
-            ),
-            case(
-                "the upstream closes mid-body",
-                &[
-                    Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc"),
-                    None,
-                ],
-                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
-                &["head 200", "data abc"],
-                "broken: upstream closed the connection before the end of the body",
-            ),
-            case(
-                "a body still coming",
-                &[Some("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")],
-                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
-                &["head 200", "data abc"],
-                "more, carry 0",
-            ),
-            Case {
-                keep_client: false,
-                ..case(
-                    "a closing client's head says so, after the fields the upstream sent",
-                    &[Some(
-                        "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\n\r\n",
-                    )],
-                    "HTTP/1.1 200 OK\r\nX-A: b\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
-                    &["head 200"],
-                    "ended, reuse true",
-                )
-            },
-            Case {
-                shutting_down: true,
-                ..case(
-                    "a head that passes while the server drains closes the client",
-                    &[Some("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")],
-                    "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
-                    &["head 200"],
-                    "ended, reuse true",
-                )
-            },
-            Case {
-                head_request: true,
-                ..case(
-                    "the response to HEAD has no body whatever its length says",
-                    &[Some("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n")],
-                    "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n",
-                    &["head 200"],
-                    "ended, reuse true",
-                )
-            },
-            Case {
-                takes_trailers: true,
-                ..case(
-                    "declared trailers reach a client that asked for them",
-                    &[Some(
-                        "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
-                         1\r\na\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n",
-                    )],
-                    "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
-                     1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
-                    &["head 200", "data a", "trailers x-t: 1\r\nx-u: 2\r\n\r\n"],
-                    "ended, reuse true",
-                )
-            },
-            case(
-                "trailers are dropped for a client that did not ask",
+            )
+        },
+        Case {
+            shutting_down: true,
+            ..case(
+                "a head that passes while the server drains closes the client",
+                &[Some("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")],
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nconnection: close\r\n\r\n",
+                &["head 200"],
+                "ended, reuse true",
+            )
+        },
+        Case {
+            head_request: true,
+            ..case(
+                "the response to HEAD has no body whatever its length says",
+                &[Some("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n")],
+                "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n",
+                &["head 200"],
+                "ended, reuse true",
+            )
+        },
+        Case {
+            takes_trailers: true,
+            ..case(
+                "declared trailers reach a client that asked for them",
                 &[Some(
                     "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
-                     1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
+                     1\r\na\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n",
                 )],
                 "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
-                 1\r\na\r\n0\r\n\r\n",
-                // The observer reads them all the same (a gRPC call's status is there).
-                &["head 200", "data a", "trailers x-t: 1\r\n\r\n"],
+                 1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
+                &["head 200", "data a", "trailers x-t: 1\r\nx-u: 2\r\n\r\n"],
                 "ended, reuse true",
-            ),
-        ];
+            )
+        },
+        case(
+            "trailers are dropped for a client that did not ask",
+            &[Some(
+                "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 1\r\na\r\n0\r\nx-t: 1\r\n\r\n",
+            )],
+            "HTTP/1.1 200 OK\r\nTrailer: x-t\r\nTransfer-Encoding: chunked\r\n\r\n\
+             1\r\na\r\n0\r\n\r\n",
+            // The observer reads them all the same (a gRPC call's status is there).
+            &["head 200", "data a", "trailers x-t: 1\r\n\r\n"],
+            "ended, reuse true",
+        ),
+    ];
+
+    #[test]
+    fn each_read_gives_the_client_bytes_the_observer_calls_and_the_next_step() {
         let mut failures = Vec::new();
-        for case in &cases {
+        for case in RESPONSES {
             let (client, seen, step) = run(case);
             if client != case.client || seen != case.seen || step != case.step {
                 failures.push(format!(

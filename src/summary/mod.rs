@@ -34,7 +34,7 @@ pub use request::RequestSummary;
 use spans::Spans;
 pub use taps::{Sink, TapId, Taps};
 
-use crate::metrics::live::LiveStreams;
+use crate::metrics::in_flight::LiveStreams;
 use crate::metrics::{Metrics, StreamSeries};
 use crate::outcome::Verdict;
 use objectives::Objectives;

@@ -786,6 +786,61 @@ async fn idle_keep_alive_connections_are_closed_by_the_header_read_timeout() {
     assert!(took < Duration::from_secs(3), "closed after {took:?}");
 }
 
+/// The connection preface of an HTTP/2 client.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// An HTTP/2 frame: its 9-byte header, then `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// 4 KiB of bytes that mean nothing, the same each run.
+fn h2_noise() -> Vec<u8> {
+    (0u32..4096)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// What an HTTP/2 client sends that no server can read, by name.
+fn h2_garbage(noise: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    let settings = h2_frame(4, 0, 0, &[]);
+    vec![
+        ("preface then noise", [H2_PREFACE, noise].concat()),
+        (
+            "garbage HPACK",
+            [
+                H2_PREFACE,
+                &settings,
+                &h2_frame(1, 0x4 | 0x1, 1, &[0xff, 0xff, 0xff, 0xff, 0x7f, 0x00, 0x13]),
+            ]
+            .concat(),
+        ),
+        (
+            "DATA on an idle stream",
+            [H2_PREFACE, &settings, &h2_frame(0, 0x1, 7, b"hello")].concat(),
+        ),
+        (
+            "a 16 MiB frame",
+            [
+                H2_PREFACE,
+                &settings,
+                &[0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1],
+                &noise[..64],
+            ]
+            .concat(),
+        ),
+        ("HTTP/1 noise", noise.to_vec()),
+        (
+            "half a preface",
+            [&H2_PREFACE[..10], &noise[..100]].concat(),
+        ),
+    ]
+}
+
 /// HTTP/2 clients sending garbage: after the preface, random bytes; a SETTINGS frame
 /// followed by a HEADERS frame whose HPACK block is garbage; DATA on a stream that was
 /// never opened; a frame header announcing 16 MiB; and a plain HTTP/1 connection that
@@ -803,48 +858,9 @@ async fn http2_garbage_closes_the_connection_and_nothing_else() {
     })
     .await;
     let proxy = Proxy::start(&sim.url(), "").await;
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-        let len = payload.len() as u32;
-        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-        out.extend_from_slice(&stream.to_be_bytes());
-        out.extend_from_slice(payload);
-        out
-    };
-    let settings = frame(4, 0, 0, &[]);
-    let noise: Vec<u8> = (0u32..4096)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("preface then noise", [PREFACE, &noise].concat()),
-        (
-            "garbage HPACK",
-            [
-                PREFACE,
-                &settings,
-                &frame(1, 0x4 | 0x1, 1, &[0xff, 0xff, 0xff, 0xff, 0x7f, 0x00, 0x13]),
-            ]
-            .concat(),
-        ),
-        (
-            "DATA on an idle stream",
-            [PREFACE, &settings, &frame(0, 0x1, 7, b"hello")].concat(),
-        ),
-        (
-            "a 16 MiB frame",
-            [
-                PREFACE,
-                &settings,
-                &[0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1],
-                &noise[..64],
-            ]
-            .concat(),
-        ),
-        ("HTTP/1 noise", noise.clone()),
-        ("half a preface", [&PREFACE[..10], &noise[..100]].concat()),
-    ];
+    let noise = h2_noise();
     let mut refused = 0;
-    for (name, bytes) in cases {
+    for (name, bytes) in h2_garbage(&noise) {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
         // The server may close before all of it is written.
         let _ = stream.write_all(&bytes).await;
@@ -855,7 +871,7 @@ async fn http2_garbage_closes_the_connection_and_nothing_else() {
             "{name}: {:?}",
             String::from_utf8_lossy(&answer)
         );
-        if bytes.starts_with(PREFACE) && closed_for_a_protocol_error(&answer) {
+        if bytes.starts_with(H2_PREFACE) && closed_for_a_protocol_error(&answer) {
             refused += 1;
         }
     }
@@ -868,7 +884,7 @@ async fn http2_garbage_closes_the_connection_and_nothing_else() {
     let mut attackers = Vec::new();
     for i in 0..50usize {
         let addr = proxy.addr;
-        let bytes = [PREFACE, &noise[i..i + 512]].concat();
+        let bytes = [H2_PREFACE, &noise[i..i + 512]].concat();
         attackers.push(tokio::spawn(async move {
             let mut stream = TcpStream::connect(addr).await.unwrap();
             let _ = stream.write_all(&bytes).await;

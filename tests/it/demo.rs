@@ -93,6 +93,30 @@ fn exact_quantile(values: &mut [f64], q: f64) -> f64 {
     values[rank.clamp(1, values.len()) - 1]
 }
 
+/// `streams` streams through `url`, 100 at a time (a burst of hundreds of connects would
+/// overflow a listen backlog and put a SYN retransmit, 1 s, into some TTFTs): the gaps
+/// between the simulator's sends, of every stream.
+async fn streams_in_waves(url: &str, streams: usize) -> Vec<f64> {
+    const WAVE: usize = 100;
+    let mut gaps = Vec::new();
+    for _ in 0..streams / WAVE {
+        let wave: Vec<_> = (0..WAVE)
+            .map(|_| tokio::spawn(sent_gaps(url.to_string())))
+            .collect();
+        for stream in wave {
+            gaps.extend(stream.await.expect("stream task"));
+        }
+    }
+    gaps
+}
+
+/// The smallest and the largest of `values`.
+fn range(values: &[f64]) -> (f64, f64) {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(0.0, f64::max);
+    (min, max)
+}
+
 /// The demo's summary reads the native histograms: with the simulator's uniform +-30%
 /// jitter (as in the demo's profiles), its TTFT and ITL p50/p99 lie within 5% of the
 /// exact quantiles of the values tokentap observed. Exact TTFTs are tokentap's own, from
@@ -134,19 +158,8 @@ async fn summary_quantiles_from_native_histograms_match_the_streams() {
         let _ = stopped.wait_for(|stop| *stop).await;
     }));
 
-    // 200 streams, 100 at a time: a burst of hundreds of connects would overflow a
-    // listen backlog and put a SYN retransmit (1 s) into some TTFTs.
     const STREAMS: usize = 200;
-    const WAVE: usize = 100;
-    let mut gaps = Vec::new();
-    for _ in 0..STREAMS / WAVE {
-        let wave: Vec<_> = (0..WAVE)
-            .map(|_| tokio::spawn(sent_gaps(url.clone())))
-            .collect();
-        for stream in wave {
-            gaps.extend(stream.await.expect("stream task"));
-        }
-    }
+    let mut gaps = streams_in_waves(&url, STREAMS).await;
     assert_eq!(gaps.len(), STREAMS * 5);
     let lines = common::access_log::wait_for_lines("tenant", TENANT, STREAMS).await;
     let mut ttfts: Vec<f64> = lines
@@ -157,11 +170,6 @@ async fn summary_quantiles_from_native_histograms_match_the_streams() {
     assert_eq!(ttfts.len(), STREAMS);
     // The simulator drew what its profile says, give or take its timers' lateness (a
     // late send shortens the gap after it).
-    let range = |values: &[f64]| {
-        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = values.iter().copied().fold(0.0, f64::max);
-        (min, max)
-    };
     let (min, max) = range(&ttfts);
     assert!(min >= 0.1435 && max < 1.0, "TTFTs from {min} s to {max} s");
     let (min, max) = range(&gaps);

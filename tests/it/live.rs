@@ -128,6 +128,113 @@ fn model<'a>(snapshot: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|m| m["model"] == name)
 }
 
+/// Wait until `tenant`'s request to the model `name` is listed in flight with a token.
+async fn wait_listed_in_flight(proxy: &Proxy, name: &str, tenant: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = snapshot(proxy.live(), 60).await;
+        let shown = snap["in_flight"]["streams"].as_array().unwrap().clone();
+        if let Some(s) = shown.iter().find(|s| s["tenant"] == tenant) {
+            if s["tokens"].as_u64().unwrap() >= 1 {
+                assert_eq!(s["model"], name);
+                assert!(s["elapsed_s"].as_f64().unwrap() > 0.0);
+                assert_eq!(model(&snap, name).expect("listed")["in_flight"], 1);
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never in flight: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The snapshot over the last minute once its window counts `requests`.
+async fn window_counting(proxy: &Proxy, requests: u64) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = snapshot(proxy.live(), 60).await;
+        let counted: u64 = snap["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["requests"].as_u64().unwrap())
+            .sum();
+        if counted == requests {
+            return snap;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ring lags: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `name`'s figures in the snapshot are `/metrics`' over the same window: requests,
+/// outcomes, tokens, the TTFT and ITL quantiles from the windowed buckets, the heatmap.
+fn assert_model_is_metrics(snap: &Value, metrics: &common::Metrics, name: &str) {
+    let ttft_bounds = bounds(snap, "ttft");
+    let itl_bounds = bounds(snap, "itl");
+    let m = model(snap, name).unwrap_or_else(|| panic!("{name} listed: {snap}"));
+    let labels = [("model", name)];
+    assert_eq!(
+        m["requests"].as_f64().unwrap(),
+        metrics.sum("tokentap_requests_total", &labels),
+        "{name}"
+    );
+    assert_eq!(
+        m["outcomes"]["completed"].as_f64().unwrap(),
+        metrics.sum(
+            "tokentap_requests_total",
+            &[("model", name), ("outcome", "completed")]
+        )
+    );
+    assert_eq!(
+        m["output_tokens"].as_f64().unwrap(),
+        metrics.sum("tokentap_output_tokens_total", &labels)
+    );
+    for (family, key, bounds) in [
+        ("tokentap_time_to_first_token_seconds", "ttft", &ttft_bounds),
+        ("tokentap_inter_token_latency_seconds", "itl", &itl_bounds),
+    ] {
+        let counts = buckets(metrics, &format!("{family}_bucket"), name, bounds);
+        let figures = &m[key];
+        assert_eq!(
+            figures["count"].as_u64().unwrap(),
+            counts.iter().sum::<u64>(),
+            "{name} {key}"
+        );
+        for (q, field) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
+            let want = quantile(q, bounds, &counts).expect("observations");
+            let got = figures[field].as_f64().unwrap();
+            assert!(
+                (got - want).abs() < 1e-9,
+                "{name} {key} {field}: {got} vs {want}"
+            );
+        }
+        let mean = metrics.mean(family, &labels);
+        assert!((figures["mean"].as_f64().unwrap() - mean).abs() < 1e-9);
+    }
+    let heat = &snap["heatmap"]["models"][name]["itl"];
+    let columns = heat.as_array().expect("heatmap columns");
+    assert_eq!(
+        columns.len(),
+        snap["heatmap"]["at_ms"].as_array().unwrap().len()
+    );
+    let heat_total: u64 = columns
+        .iter()
+        .flat_map(|c| c.as_array().unwrap())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        heat_total,
+        m["itl"]["count"].as_u64().unwrap(),
+        "{name} heatmap"
+    );
+}
+
 #[tokio::test]
 async fn the_snapshot_matches_metrics_over_the_same_window() {
     let sim = SimHandle::start(sim_config()).await;
@@ -174,24 +281,7 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
     }
 
     // The long stream is listed in flight with its tokens so far.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let snap = snapshot(proxy.live(), 60).await;
-        let shown = snap["in_flight"]["streams"].as_array().unwrap().clone();
-        if let Some(s) = shown.iter().find(|s| s["tenant"] == "patient") {
-            if s["tokens"].as_u64().unwrap() >= 1 {
-                assert_eq!(s["model"], "slow");
-                assert!(s["elapsed_s"].as_f64().unwrap() > 0.0);
-                assert_eq!(model(&snap, "slow").expect("slow listed")["in_flight"], 1);
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never in flight: {snap}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_listed_in_flight(&proxy, "slow", "patient").await;
     long.await.expect("the long stream ends");
 
     // Once the ring has ticked past the last request, the window holds all of it.
@@ -200,83 +290,9 @@ async fn the_snapshot_matches_metrics_over_the_same_window() {
             m.sum("tokentap_requests_total", &[]) == 11.0
         })
         .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let snap = loop {
-        let snap = snapshot(proxy.live(), 60).await;
-        let counted: u64 = snap["models"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["requests"].as_u64().unwrap())
-            .sum();
-        if counted == 11 {
-            break snap;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the ring lags: {snap}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let ttft_bounds = bounds(&snap, "ttft");
-    let itl_bounds = bounds(&snap, "itl");
+    let snap = window_counting(&proxy, 11).await;
     for name in ["fast", "slow"] {
-        let m = model(&snap, name).unwrap_or_else(|| panic!("{name} listed: {snap}"));
-        let labels = [("model", name)];
-        assert_eq!(
-            m["requests"].as_f64().unwrap(),
-            metrics.sum("tokentap_requests_total", &labels),
-            "{name}"
-        );
-        assert_eq!(
-            m["outcomes"]["completed"].as_f64().unwrap(),
-            metrics.sum(
-                "tokentap_requests_total",
-                &[("model", name), ("outcome", "completed")]
-            )
-        );
-        assert_eq!(
-            m["output_tokens"].as_f64().unwrap(),
-            metrics.sum("tokentap_output_tokens_total", &labels)
-        );
-        for (family, key, bounds) in [
-            ("tokentap_time_to_first_token_seconds", "ttft", &ttft_bounds),
-            ("tokentap_inter_token_latency_seconds", "itl", &itl_bounds),
-        ] {
-            let counts = buckets(&metrics, &format!("{family}_bucket"), name, bounds);
-            let figures = &m[key];
-            assert_eq!(
-                figures["count"].as_u64().unwrap(),
-                counts.iter().sum::<u64>(),
-                "{name} {key}"
-            );
-            for (q, field) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
-                let want = quantile(q, bounds, &counts).expect("observations");
-                let got = figures[field].as_f64().unwrap();
-                assert!(
-                    (got - want).abs() < 1e-9,
-                    "{name} {key} {field}: {got} vs {want}"
-                );
-            }
-            let mean = metrics.mean(family, &labels);
-            assert!((figures["mean"].as_f64().unwrap() - mean).abs() < 1e-9);
-        }
-        let heat = &snap["heatmap"]["models"][name]["itl"];
-        let columns = heat.as_array().expect("heatmap columns");
-        assert_eq!(
-            columns.len(),
-            snap["heatmap"]["at_ms"].as_array().unwrap().len()
-        );
-        let heat_total: u64 = columns
-            .iter()
-            .flat_map(|c| c.as_array().unwrap())
-            .map(|n| n.as_u64().unwrap())
-            .sum();
-        assert_eq!(
-            heat_total,
-            m["itl"]["count"].as_u64().unwrap(),
-            "{name} heatmap"
-        );
+        assert_model_is_metrics(&snap, &metrics, name);
     }
     // The slow ITL of the traced request puts it among the slowest, with its trace id.
     let slowest = snap["slowest"].as_array().expect("slowest");

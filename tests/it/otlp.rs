@@ -432,6 +432,106 @@ async fn stop(mut proxy: Proxy) {
     proxy.task.take().unwrap().await.unwrap().unwrap();
 }
 
+/// A config's flags for a test on loopback, with `environment` as the variables.
+fn overrides(upstream: &str, environment: Vec<(&str, String)>) -> tokentap::config::Overrides {
+    tokentap::config::Overrides {
+        upstream: Some(upstream.to_string()),
+        listen: Some("127.0.0.1:0".into()),
+        admin: Some("127.0.0.1:0".into()),
+        ui_listen: Some("127.0.0.1:0".into()),
+        environment: environment
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The OpenTelemetry variables name the CA and the client's files: an export succeeds.
+async fn exports_with_the_variables_files(upstream: &str, endpoint: &str, pki: &Pki) {
+    let env = vec![
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.to_string()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "100".into()),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("ca.pem")),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            pki.path("client.pem"),
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", pki.path("client-key.pem")),
+    ];
+    let config =
+        tokentap::config::Config::from_yaml("{}", "test", &overrides(upstream, env)).unwrap();
+    let server = tokentap::server::Server::bind(config).await.expect("bind");
+    let admin = server.admin_addr();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(server.run(async move {
+        let mut stopped = stopped;
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    common::wait_for_metrics(admin, "an export with the variables' files", |m| {
+        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
+    })
+    .await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+}
+
+/// A file that cannot be used is named by the key or variable that named it, at start.
+async fn unusable_files_are_named_at_start(upstream: &str, base: &str, pki: &Pki, port: u16) {
+    for (key, yaml_or_env) in [
+        (
+            "otlp.ca_file",
+            Ok(format!("{base}  ca_file: {}\n", pki.path("missing.pem"))),
+        ),
+        (
+            "otlp.client_key",
+            Ok(format!(
+                "{base}  client_certificate: {}\n  client_key: {}\n",
+                pki.path("client.pem"),
+                pki.path("ca.pem")
+            )),
+        ),
+        (
+            "otlp.client_certificate",
+            Ok(format!(
+                "{base}  client_certificate: {}\n  client_key: {}\n",
+                pki.path("client-key.pem"),
+                pki.path("client-key.pem")
+            )),
+        ),
+        (
+            "$OTEL_EXPORTER_OTLP_CERTIFICATE",
+            Err(("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("client-key.pem"))),
+        ),
+    ] {
+        let config = match yaml_or_env {
+            Ok(yaml) => {
+                tokentap::config::Config::from_yaml(&yaml, "test", &overrides(upstream, vec![]))
+            }
+            Err((name, value)) => tokentap::config::Config::from_yaml(
+                "{}",
+                "test",
+                &overrides(
+                    upstream,
+                    vec![
+                        (
+                            "OTEL_EXPORTER_OTLP_ENDPOINT",
+                            format!("https://localhost:{port}"),
+                        ),
+                        (name, value),
+                    ],
+                ),
+            ),
+        }
+        .expect("valid config: the files are read at start");
+        let err = match tokentap::server::Server::bind(config).await {
+            Ok(_) => panic!("{key}: started"),
+            Err(err) => err.to_string(),
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
+
 /// A collector behind TLS with a private CA and mutual TLS: with `otlp.ca_file` and the
 /// client certificate and key the exports arrive; without the CA, or without the client
 /// certificate, each export fails (counted, no request held up); the same files from the
@@ -489,91 +589,9 @@ async fn a_tls_collector_is_verified_by_the_configured_ca_and_given_the_client_c
     }
 
     // The OpenTelemetry variables name the same files.
-    let overrides = |environment: Vec<(&str, String)>| tokentap::config::Overrides {
-        upstream: Some(sim.url()),
-        listen: Some("127.0.0.1:0".into()),
-        admin: Some("127.0.0.1:0".into()),
-        ui_listen: Some("127.0.0.1:0".into()),
-        environment: environment
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-        ..Default::default()
-    };
-    let env = vec![
-        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.clone()),
-        ("OTEL_METRIC_EXPORT_INTERVAL", "100".into()),
-        ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("ca.pem")),
-        (
-            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-            pki.path("client.pem"),
-        ),
-        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", pki.path("client-key.pem")),
-    ];
-    let config =
-        tokentap::config::Config::from_yaml("{}", "test", &overrides(env.clone())).unwrap();
-    let server = tokentap::server::Server::bind(config).await.expect("bind");
-    let admin = server.admin_addr();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(server.run(async move {
-        let mut stopped = stopped;
-        let _ = stopped.wait_for(|s| *s).await;
-    }));
-    common::wait_for_metrics(admin, "an export with the variables' files", |m| {
-        m.sum("tokentap_otlp_exports_total", &[("result", "success")]) >= 1.0
-    })
-    .await;
-    let _ = stop.send(true);
-    task.await.unwrap().unwrap();
-
+    exports_with_the_variables_files(&sim.url(), &endpoint, &pki).await;
     // A file that cannot be used is named by what named it, at start.
-    for (key, yaml_or_env) in [
-        (
-            "otlp.ca_file",
-            Ok(format!("{base}  ca_file: {}\n", pki.path("missing.pem"))),
-        ),
-        (
-            "otlp.client_key",
-            Ok(format!(
-                "{base}  client_certificate: {}\n  client_key: {}\n",
-                pki.path("client.pem"),
-                pki.path("ca.pem")
-            )),
-        ),
-        (
-            "otlp.client_certificate",
-            Ok(format!(
-                "{base}  client_certificate: {}\n  client_key: {}\n",
-                pki.path("client-key.pem"),
-                pki.path("client-key.pem")
-            )),
-        ),
-        (
-            "$OTEL_EXPORTER_OTLP_CERTIFICATE",
-            Err(("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.path("client-key.pem"))),
-        ),
-    ] {
-        let config = match yaml_or_env {
-            Ok(yaml) => tokentap::config::Config::from_yaml(&yaml, "test", &overrides(vec![])),
-            Err((name, value)) => tokentap::config::Config::from_yaml(
-                "{}",
-                "test",
-                &overrides(vec![
-                    (
-                        "OTEL_EXPORTER_OTLP_ENDPOINT",
-                        format!("https://localhost:{}", collector.port()),
-                    ),
-                    (name, value),
-                ]),
-            ),
-        }
-        .expect("valid config: the files are read at start");
-        let err = match tokentap::server::Server::bind(config).await {
-            Ok(_) => panic!("{key}: started"),
-            Err(err) => err.to_string(),
-        };
-        assert!(err.contains(key), "{key}: {err}");
-    }
+    unusable_files_are_named_at_start(&sim.url(), &base, &pki, collector.port()).await;
 }
 
 /// The push and the live view start with the server: a reload that changes `otlp` or

@@ -175,6 +175,55 @@ fn model_of(span: &Span) -> String {
     text(&attributes(span), "gen_ai.request.model")
 }
 
+/// A completed chat span of the simulator's: its name, kind and status, and the GenAI,
+/// server and tokentap attributes of what it streamed; never a header, prompt or content.
+fn assert_completed_chat_span(span: &Span, upstream_port: u16) {
+    assert_eq!(span.name, "chat traced");
+    assert_eq!(span.kind, SpanKind::Client as i32);
+    assert!(span.status.is_none(), "completed: status unset");
+    let duration = (span.end_time_unix_nano - span.start_time_unix_nano) as f64 / 1e9;
+    let a = attributes(span);
+    assert_eq!(text(&a, "gen_ai.operation.name"), "chat");
+    assert_eq!(text(&a, "gen_ai.provider.name"), "openai");
+    assert_eq!(text(&a, "gen_ai.response.model"), "traced");
+    assert_eq!(
+        int(&a, "gen_ai.usage.output_tokens"),
+        8,
+        "the simulator's 8 tokens"
+    );
+    assert!(int(&a, "gen_ai.usage.input_tokens") > 0);
+    let ttft = double(&a, "gen_ai.response.time_to_first_chunk");
+    assert!(
+        (0.015..duration).contains(&ttft),
+        "ttft {ttft} of {duration}"
+    );
+    let p50 = double(&a, "tokentap.itl.p50");
+    let max = double(&a, "tokentap.itl.max");
+    assert!(
+        (0.0..0.5).contains(&p50) && p50 > 0.0 && p50 <= max,
+        "itl p50 {p50} max {max}"
+    );
+    assert!(double(&a, "tokentap.ttfb") <= ttft);
+    assert_eq!(
+        finish_reasons(&a),
+        ["length"],
+        "the simulator ends at its token count"
+    );
+    assert_eq!(text(&a, "tokentap.outcome"), "completed");
+    assert_eq!(text(&a, "tokentap.status_class"), "2xx");
+    assert_eq!(text(&a, "tokentap.tenant"), "t");
+    assert_eq!(text(&a, "tokentap.output_tokens.counting"), "apportioned");
+    assert_eq!(text(&a, "server.address"), "127.0.0.1");
+    assert_eq!(int(&a, "server.port"), i64::from(upstream_port));
+    assert_eq!(int(&a, "http.response.status_code"), 200);
+    for key in a.keys() {
+        assert!(
+            !key.contains("header") && !key.contains("prompt") && !key.contains("content"),
+            "{key}"
+        );
+    }
+}
+
 /// A traced request's span is its `traceparent`'s child, an untraced one's a new root;
 /// the attributes say what the simulator streamed; the exemplars name the span.
 #[tokio::test]
@@ -232,51 +281,7 @@ async fn spans_are_children_of_the_sent_traceparent_with_the_genai_attributes() 
     assert_eq!(root.trace_id.len(), 16);
     assert_eq!(root.span_id.len(), 8);
 
-    let span = traced[0];
-    assert_eq!(span.name, "chat traced");
-    assert_eq!(span.kind, SpanKind::Client as i32);
-    assert!(span.status.is_none(), "completed: status unset");
-    let duration = (span.end_time_unix_nano - span.start_time_unix_nano) as f64 / 1e9;
-    let a = attributes(span);
-    assert_eq!(text(&a, "gen_ai.operation.name"), "chat");
-    assert_eq!(text(&a, "gen_ai.provider.name"), "openai");
-    assert_eq!(text(&a, "gen_ai.response.model"), "traced");
-    assert_eq!(
-        int(&a, "gen_ai.usage.output_tokens"),
-        8,
-        "the simulator's 8 tokens"
-    );
-    assert!(int(&a, "gen_ai.usage.input_tokens") > 0);
-    let ttft = double(&a, "gen_ai.response.time_to_first_chunk");
-    assert!(
-        (0.015..duration).contains(&ttft),
-        "ttft {ttft} of {duration}"
-    );
-    let p50 = double(&a, "tokentap.itl.p50");
-    let max = double(&a, "tokentap.itl.max");
-    assert!(
-        (0.0..0.5).contains(&p50) && p50 > 0.0 && p50 <= max,
-        "itl p50 {p50} max {max}"
-    );
-    assert!(double(&a, "tokentap.ttfb") <= ttft);
-    assert_eq!(
-        finish_reasons(&a),
-        ["length"],
-        "the simulator ends at its token count"
-    );
-    assert_eq!(text(&a, "tokentap.outcome"), "completed");
-    assert_eq!(text(&a, "tokentap.status_class"), "2xx");
-    assert_eq!(text(&a, "tokentap.tenant"), "t");
-    assert_eq!(text(&a, "tokentap.output_tokens.counting"), "apportioned");
-    assert_eq!(text(&a, "server.address"), "127.0.0.1");
-    assert_eq!(int(&a, "server.port"), i64::from(sim.addr.port()));
-    assert_eq!(int(&a, "http.response.status_code"), 200);
-    for key in a.keys() {
-        assert!(
-            !key.contains("header") && !key.contains("prompt") && !key.contains("content"),
-            "{key}"
-        );
-    }
+    assert_completed_chat_span(traced[0], sim.addr.port());
 
     // The exemplars of the traced requests name their exported spans, not the client's.
     let (_, body) = proxy.scrape_as(Some(OPENMETRICS)).await;

@@ -408,6 +408,117 @@ fn documents(fx: &Fixture) -> Vec<serde_json::Value> {
     }
 }
 
+/// What a usage fixture's last usage must decode to, from that payload (read with the
+/// `n` it is given): [in, out, cache read, cache write, reasoning].
+type ExpectUsage =
+    fn(&serde_json::Value, &dyn Fn(&serde_json::Value, &str) -> u64) -> [Option<u64>; 5];
+
+/// The usage fixtures with cached and reasoning counts: the fixture, the pointer that
+/// finds its last usage, and what it must decode to.
+const USAGE_FIXTURES: &[(&str, &str, ExpectUsage)] = &[
+    (
+        "openai/chat_openai_cached_reasoning.sse",
+        "/usage/prompt_tokens",
+        |u, n| {
+            [
+                Some(n(u, "/usage/prompt_tokens")),
+                Some(n(u, "/usage/completion_tokens")),
+                Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                None,
+                Some(n(u, "/usage/completion_tokens_details/reasoning_tokens")),
+            ]
+        },
+    ),
+    (
+        "openai/chat_sglang_cache_report.sse",
+        "/usage/prompt_tokens",
+        |u, n| {
+            [
+                Some(n(u, "/usage/prompt_tokens")),
+                Some(n(u, "/usage/completion_tokens")),
+                Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                None,
+                Some(n(u, "/usage/reasoning_tokens")),
+            ]
+        },
+    ),
+    (
+        "openai/chat_vllm_prefix_cache_nonstream.json",
+        "/usage/prompt_tokens",
+        |u, n| {
+            [
+                Some(n(u, "/usage/prompt_tokens")),
+                Some(n(u, "/usage/completion_tokens")),
+                Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
+                None,
+                None,
+            ]
+        },
+    ),
+    (
+        "responses/stream_cached_reasoning.sse",
+        "/response/usage/input_tokens",
+        |u, n| {
+            [
+                Some(n(u, "/response/usage/input_tokens")),
+                Some(n(u, "/response/usage/output_tokens")),
+                Some(n(u, "/response/usage/input_tokens_details/cached_tokens")),
+                None,
+                Some(n(
+                    u,
+                    "/response/usage/output_tokens_details/reasoning_tokens",
+                )),
+            ]
+        },
+    ),
+    (
+        "anthropic/stream_prompt_cache.sse",
+        "/usage/output_tokens",
+        |u, n| {
+            [
+                Some(
+                    n(u, "/usage/input_tokens")
+                        + n(u, "/usage/cache_creation_input_tokens")
+                        + n(u, "/usage/cache_read_input_tokens"),
+                ),
+                Some(n(u, "/usage/output_tokens")),
+                Some(n(u, "/usage/cache_read_input_tokens")),
+                Some(n(u, "/usage/cache_creation_input_tokens")),
+                None,
+            ]
+        },
+    ),
+    (
+        "gemini/stream_cached_thinking.sse",
+        "/usageMetadata/promptTokenCount",
+        |u, n| {
+            [
+                Some(n(u, "/usageMetadata/promptTokenCount")),
+                Some(
+                    n(u, "/usageMetadata/candidatesTokenCount")
+                        + n(u, "/usageMetadata/thoughtsTokenCount"),
+                ),
+                Some(n(u, "/usageMetadata/cachedContentTokenCount")),
+                None,
+                Some(n(u, "/usageMetadata/thoughtsTokenCount")),
+            ]
+        },
+    ),
+    (
+        "ollama/chat_prompt_cache.ndjson",
+        "/prompt_eval_count",
+        |u, n| {
+            [
+                Some(n(u, "/prompt_eval_count")),
+                Some(n(u, "/eval_count")),
+                Some(n(u, "/prompt_eval_cached_count")),
+                None,
+                None,
+            ]
+        },
+    ),
+];
+
 /// The usage fixtures that carry cached and reasoning counts: the decoder reports exactly
 /// the counts the payload states (read here with serde_json, apart from the decoders),
 /// and input and output keep their meaning: Anthropic's input is its three input counts
@@ -420,113 +531,8 @@ fn cached_and_reasoning_counts_are_what_the_payload_states() {
             .and_then(serde_json::Value::as_u64)
             .unwrap_or_else(|| panic!("{path} in {v}"))
     };
-    type Expect =
-        fn(&serde_json::Value, &dyn Fn(&serde_json::Value, &str) -> u64) -> [Option<u64>; 5];
-    let cases: [(&str, &str, Expect); 7] = [
-        (
-            "openai/chat_openai_cached_reasoning.sse",
-            "/usage/prompt_tokens",
-            |u, n| {
-                [
-                    Some(n(u, "/usage/prompt_tokens")),
-                    Some(n(u, "/usage/completion_tokens")),
-                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
-                    None,
-                    Some(n(u, "/usage/completion_tokens_details/reasoning_tokens")),
-                ]
-            },
-        ),
-        (
-            "openai/chat_sglang_cache_report.sse",
-            "/usage/prompt_tokens",
-            |u, n| {
-                [
-                    Some(n(u, "/usage/prompt_tokens")),
-                    Some(n(u, "/usage/completion_tokens")),
-                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
-                    None,
-                    Some(n(u, "/usage/reasoning_tokens")),
-                ]
-            },
-        ),
-        (
-            "openai/chat_vllm_prefix_cache_nonstream.json",
-            "/usage/prompt_tokens",
-            |u, n| {
-                [
-                    Some(n(u, "/usage/prompt_tokens")),
-                    Some(n(u, "/usage/completion_tokens")),
-                    Some(n(u, "/usage/prompt_tokens_details/cached_tokens")),
-                    None,
-                    None,
-                ]
-            },
-        ),
-        (
-            "responses/stream_cached_reasoning.sse",
-            "/response/usage/input_tokens",
-            |u, n| {
-                [
-                    Some(n(u, "/response/usage/input_tokens")),
-                    Some(n(u, "/response/usage/output_tokens")),
-                    Some(n(u, "/response/usage/input_tokens_details/cached_tokens")),
-                    None,
-                    Some(n(
-                        u,
-                        "/response/usage/output_tokens_details/reasoning_tokens",
-                    )),
-                ]
-            },
-        ),
-        (
-            "anthropic/stream_prompt_cache.sse",
-            "/usage/output_tokens",
-            |u, n| {
-                [
-                    Some(
-                        n(u, "/usage/input_tokens")
-                            + n(u, "/usage/cache_creation_input_tokens")
-                            + n(u, "/usage/cache_read_input_tokens"),
-                    ),
-                    Some(n(u, "/usage/output_tokens")),
-                    Some(n(u, "/usage/cache_read_input_tokens")),
-                    Some(n(u, "/usage/cache_creation_input_tokens")),
-                    None,
-                ]
-            },
-        ),
-        (
-            "gemini/stream_cached_thinking.sse",
-            "/usageMetadata/promptTokenCount",
-            |u, n| {
-                [
-                    Some(n(u, "/usageMetadata/promptTokenCount")),
-                    Some(
-                        n(u, "/usageMetadata/candidatesTokenCount")
-                            + n(u, "/usageMetadata/thoughtsTokenCount"),
-                    ),
-                    Some(n(u, "/usageMetadata/cachedContentTokenCount")),
-                    None,
-                    Some(n(u, "/usageMetadata/thoughtsTokenCount")),
-                ]
-            },
-        ),
-        (
-            "ollama/chat_prompt_cache.ndjson",
-            "/prompt_eval_count",
-            |u, n| {
-                [
-                    Some(n(u, "/prompt_eval_count")),
-                    Some(n(u, "/eval_count")),
-                    Some(n(u, "/prompt_eval_cached_count")),
-                    None,
-                    None,
-                ]
-            },
-        ),
-    ];
     let all = fixtures();
-    for (name, has, expect) in cases {
+    for &(name, has, expect) in USAGE_FIXTURES {
         let fx = all
             .iter()
             .find(|fx| fx.name == name)

@@ -71,6 +71,30 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
         return Err(Error::TooLarge);
     }
     let json_out = text.trim_start().starts_with(['{', '[']);
+    let (originals, mut docs) = parse_documents(text)?;
+    let slots = slots_of(&docs);
+
+    let mut report = Report::default();
+    // Whatever injection did to Services and pools before is undone first.
+    for slot in &slots {
+        if let Some(obj) = at(&mut docs, *slot) {
+            if is_service(obj) || is_inference_pool(obj) {
+                restore_targets(obj);
+            }
+        }
+    }
+
+    let mut injected = change_workloads(&mut docs, &slots, options, mode, &mut report)?;
+    if mode == Mode::Inject {
+        rewire(&mut docs, &slots, &mut injected, &mut report.notes);
+    }
+    report.output = write_documents(&docs, &originals, json_out)?;
+    Ok(report)
+}
+
+/// Every document of `text` that is not empty, as read (to keep its key order) and as
+/// JSON (to change).
+fn parse_documents(text: &str) -> Result<(Vec<serde_yaml::Value>, Vec<Value>), Error> {
     let mut originals = Vec::new();
     let mut docs = Vec::new();
     for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -87,6 +111,11 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
         docs.push(j);
     }
 
+    Ok((originals, docs))
+}
+
+/// Where every object is: each document, or each item of a `List` document.
+fn slots_of(docs: &[Value]) -> Vec<Slot> {
     let mut slots = Vec::new();
     for (doc, v) in docs.iter().enumerate() {
         let is_list = kind(v).is_some_and(|k| k.ends_with("List"));
@@ -98,20 +127,23 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
         }
     }
 
-    let mut report = Report::default();
-    // Whatever injection did to Services and pools before is undone first.
-    for slot in &slots {
-        if let Some(obj) = at(&mut docs, *slot) {
-            if is_service(obj) || is_inference_pool(obj) {
-                restore_targets(obj);
-            }
-        }
-    }
+    slots
+}
 
+/// Inject (or uninject) every workload's pod template in place, naming the workloads
+/// changed in `report`; the workloads injected, or every refusal when any is refused
+/// (then nothing is written).
+fn change_workloads(
+    docs: &mut [Value],
+    slots: &[Slot],
+    options: &Options,
+    mode: Mode,
+    report: &mut Report,
+) -> Result<Vec<Injected>, Error> {
     let mut refused = Vec::new();
     let mut injected = Vec::new();
-    for slot in &slots {
-        let Some(obj) = at(&mut docs, *slot) else {
+    for slot in slots {
+        let Some(obj) = at(docs, *slot) else {
             continue;
         };
         let Some(pointer) = template_pointer(obj) else {
@@ -159,44 +191,55 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
     if !refused.is_empty() {
         return Err(Error::Refused(refused));
     }
+    Ok(injected)
+}
 
-    if mode == Mode::Inject {
-        let mut services = HashMap::new();
-        for slot in &slots {
-            let Some(obj) = at(&mut docs, *slot) else {
-                continue;
-            };
-            if is_service(obj) {
-                services.insert(
-                    (namespace(obj), name(obj).unwrap_or_default().to_string()),
-                    (),
-                );
-                rewire_service(obj, &mut injected, &mut report.notes);
-            } else if is_inference_pool(obj) {
-                rewire_pool(obj, &injected, &mut report.notes);
-            }
-        }
-        for slot in &slots {
-            if let Some(obj) = at(&mut docs, *slot) {
-                check_routes(obj, &services, &injected, &mut report.notes);
-            }
-        }
-        for i in injected.iter().filter(|i| !i.served) {
-            report.notes.push(outside_service_note(i));
-        }
-        for i in injected
-            .iter()
-            .filter(|i| i.wiring.metrics_port_name != "metrics")
-        {
-            report.notes.push(format!(
-                "note: {}: the pod already has a port named `metrics`, so tokentap's admin port is `{}`: a PodMonitor that scrapes port `metrics` (deploy/kubernetes/overlays/sidecar) must name `{}` for these pods",
-                i.workload,
-                shown(&i.wiring.metrics_port_name),
-                shown(&i.wiring.metrics_port_name)
-            ));
+/// Move the Services and InferencePools in the input that reach an injected engine to
+/// tokentap's port, and note what must be done outside the input: routes to Services
+/// that are not in it, workloads no Service serves, and a renamed metrics port.
+fn rewire(docs: &mut [Value], slots: &[Slot], injected: &mut [Injected], notes: &mut Vec<String>) {
+    let mut services = HashMap::new();
+    for slot in slots {
+        let Some(obj) = at(docs, *slot) else {
+            continue;
+        };
+        if is_service(obj) {
+            services.insert(
+                (namespace(obj), name(obj).unwrap_or_default().to_string()),
+                (),
+            );
+            rewire_service(obj, injected, notes);
+        } else if is_inference_pool(obj) {
+            rewire_pool(obj, injected, notes);
         }
     }
+    for slot in slots {
+        if let Some(obj) = at(docs, *slot) {
+            check_routes(obj, &services, injected, notes);
+        }
+    }
+    for i in injected.iter().filter(|i| !i.served) {
+        notes.push(outside_service_note(i));
+    }
+    for i in injected
+        .iter()
+        .filter(|i| i.wiring.metrics_port_name != "metrics")
+    {
+        notes.push(format!(
+            "note: {}: the pod already has a port named `metrics`, so tokentap's admin port is `{}`: a PodMonitor that scrapes port `metrics` (deploy/kubernetes/overlays/sidecar) must name `{}` for these pods",
+            i.workload,
+            shown(&i.wiring.metrics_port_name),
+            shown(&i.wiring.metrics_port_name)
+        ));
+    }
+}
 
+/// The documents written back, in the input's format (JSON or YAML) and key order.
+fn write_documents(
+    docs: &[Value],
+    originals: &[serde_yaml::Value],
+    json_out: bool,
+) -> Result<String, Error> {
     let mut out = String::new();
     for (index, doc) in docs.iter().enumerate() {
         let y = ordered(doc, originals.get(index));
@@ -218,8 +261,7 @@ pub fn run(text: &str, options: &Options, mode: Mode) -> Result<Report, Error> {
             out.push_str(&text);
         }
     }
-    report.output = out;
-    Ok(report)
+    Ok(out)
 }
 
 fn shown_long(v: &str) -> String {

@@ -146,11 +146,56 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
     });
     let original_name = declared.and_then(|p| p.name.clone());
 
-    // Every port of the pod, by number and by name.
     let all: Vec<&Container> = containers.iter().chain(inits.iter()).collect();
+    let mut names = pod_port_names(&all, &settings, engine_port, workload)?;
+    let (rename, http_name, metrics_name) = tokentap_port_names(
+        &mut names,
+        original_name.as_ref(),
+        engine_name.as_ref(),
+        workload,
+    )?;
+    let drain = drain_seconds(&spec, workload)?;
+
+    if settings.config_map.is_some()
+        && spec
+            .volumes
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v.name == CONFIG_VOLUME)
+    {
+        return Err(Refusal::Malformed {
+            what: format!("{workload}: a volume is already named {CONFIG_VOLUME}"),
+        });
+    }
+
+    let hash = settings.hash(engine_port, drain);
+    let sidecar = sidecar(&settings, engine_port, &http_name, &metrics_name, drain);
+
+    let out = write_injection(template, &settings, hash, rename.as_ref(), &sidecar);
+    Ok(Injection::Injected {
+        template: out,
+        wiring: Wiring {
+            engine_port,
+            engine_port_name: original_name,
+            http_port: settings.http_port,
+            http_port_name: http_name,
+            metrics_port_name: metrics_name,
+        },
+    })
+}
+
+/// Every port name in the pod, after checking that tokentap's ports are free: none is
+/// the engine's port or a port of another container.
+fn pod_port_names(
+    all: &[&Container],
+    settings: &Settings,
+    engine_port: u16,
+    workload: &str,
+) -> Result<BTreeSet<String>, Refusal> {
     let mut numbers = BTreeMap::new();
     let mut names = BTreeSet::new();
-    for c in &all {
+    for c in all {
         for p in c.ports.as_deref().unwrap_or_default() {
             numbers.insert(p.container_port, c.name.clone());
             if let Some(n) = &p.name {
@@ -186,8 +231,19 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
         }
     }
 
-    // Names: the engine's port name moves to tokentap, the engine's port is renamed.
-    let rename = match (&original_name, &engine_name) {
+    Ok(names)
+}
+
+/// The port names after injection: the engine's port name moves to tokentap (its port
+/// is renamed, [`Rename`]), tokentap's proxy and admin ports take free names. `names`
+/// gains the names taken.
+fn tokentap_port_names(
+    names: &mut BTreeSet<String>,
+    original_name: Option<&String>,
+    engine_name: Option<&String>,
+    workload: &str,
+) -> Result<(Option<Rename>, String, String), Refusal> {
+    let rename = match (original_name, engine_name) {
         (Some(original), Some(container)) => {
             let renamed = ["engine", "engine-port", "tt-engine"]
                 .into_iter()
@@ -205,17 +261,24 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
         }
         _ => None,
     };
-    let http_name = match &original_name {
+    let http_name = match original_name {
         Some(n) => n.clone(),
-        None => free_name(&names, &["http", "tokentap", "tt-http"], workload)?,
+        None => free_name(names, &["http", "tokentap", "tt-http"], workload)?,
     };
     names.insert(http_name.clone());
     let metrics_name = free_name(
-        &names,
+        names,
         &["metrics", "tt-metrics", "tokentap-admin"],
         workload,
     )?;
 
+    Ok((rename, http_name, metrics_name))
+}
+
+/// tokentap's drain, in seconds: inside the pod's grace period, after the engine's
+/// preStop and tokentap's own.
+fn drain_seconds(spec: &PodSpec, workload: &str) -> Result<u32, Refusal> {
+    let containers = &spec.containers;
     // Shutdown: the engine's preStop, then tokentap's preStop and drain, inside the grace.
     let grace = spec
         .termination_grace_period_seconds
@@ -241,24 +304,19 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
     // Half of what is left for tokentap's drain (the engine drains through it first),
     // at most the shipped 30 s.
     let drain = (available / 2).clamp(1, MAX_DRAIN);
-    let drain_u32 = u32::try_from(drain).unwrap_or(30);
+    Ok(u32::try_from(drain).unwrap_or(30))
+}
 
-    if settings.config_map.is_some()
-        && spec
-            .volumes
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|v| v.name == CONFIG_VOLUME)
-    {
-        return Err(Refusal::Malformed {
-            what: format!("{workload}: a volume is already named {CONFIG_VOLUME}"),
-        });
-    }
-
-    let hash = settings.hash(engine_port, drain_u32);
-    let sidecar = sidecar(&settings, engine_port, &http_name, &metrics_name, drain_u32);
-
+/// The template with tokentap in it (changed as JSON, keeping what the types do not
+/// know): the settings' hash and the port rename in its annotations, the engine's port
+/// renamed, the sidecar among its init containers and the ConfigMap's volume.
+fn write_injection(
+    template: Value,
+    settings: &Settings,
+    hash: String,
+    rename: Option<&Rename>,
+    sidecar: &Container,
+) -> Value {
     // Now change the template (as JSON, keeping what the types do not know).
     let mut out = template;
     let root = object(&mut out);
@@ -271,7 +329,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
             .or_insert_with(|| Value::Object(Map::new())),
     );
     ann.insert(settings::SETTINGS_HASH.to_string(), Value::String(hash));
-    if let Some(r) = &rename {
+    if let Some(r) = rename {
         ann.insert(
             settings::ENGINE_PORT_RENAME.to_string(),
             Value::String(serde_json::to_string(r).unwrap_or_default()),
@@ -281,7 +339,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
         root.entry("spec")
             .or_insert_with(|| Value::Object(Map::new())),
     );
-    if let Some(r) = &rename {
+    if let Some(r) = rename {
         rename_port(spec_obj, &r.container, &r.original, &r.renamed);
     }
     let inits = spec_obj
@@ -291,7 +349,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
         *inits = Value::Array(Vec::new());
     }
     if let Value::Array(list) = inits {
-        list.push(serde_json::to_value(&sidecar).unwrap_or(Value::Null));
+        list.push(serde_json::to_value(sidecar).unwrap_or(Value::Null));
     }
     if let Some(cm) = &settings.config_map {
         let volume = Volume {
@@ -309,16 +367,7 @@ pub fn inject(template: &Value, options: &Options, workload: &str) -> Result<Inj
             list.push(serde_json::to_value(&volume).unwrap_or(Value::Null));
         }
     }
-    Ok(Injection::Injected {
-        template: out,
-        wiring: Wiring {
-            engine_port,
-            engine_port_name: original_name,
-            http_port: settings.http_port,
-            http_port_name: http_name,
-            metrics_port_name: metrics_name,
-        },
-    })
+    out
 }
 
 fn free_name(
@@ -436,25 +485,6 @@ fn sidecar(
     metrics_name: &str,
     drain: u32,
 ) -> Container {
-    let mut args = vec![];
-    if s.config_map.is_some() {
-        args.push("--config".to_string());
-        args.push(format!("{CONFIG_DIR}/tokentap.yaml"));
-    }
-    args.extend([
-        format!("--upstream=http://127.0.0.1:{engine_port}"),
-        format!("--listen=0.0.0.0:{}", s.http_port),
-        format!("--admin=0.0.0.0:{}", s.metrics_port),
-        format!("--ui-listen={}:{}", settings::UI_HOST, s.ui_port),
-    ]);
-    if let Some(header) = &s.tenant_header {
-        args.push(format!("--tenant-header={header}"));
-    }
-    if s.config_map.is_none() {
-        // With a ConfigMap these come from it (its drain_timeout must fit the grace).
-        args.push("--log-format=json".to_string());
-        args.push(format!("--drain-timeout={drain}s"));
-    }
     let field = |name: &str, path: &str| EnvVar {
         name: name.to_string(),
         value_from: Some(EnvVarSource {
@@ -488,7 +518,7 @@ fn sidecar(
         image: Some(s.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         restart_policy: Some("Always".to_string()),
-        args: Some(args),
+        args: Some(sidecar_args(s, engine_port, drain)),
         env: Some(vec![
             field("K8S_POD_NAME", "metadata.name"),
             field("K8S_POD_UID", "metadata.uid"),
@@ -527,22 +557,7 @@ fn sidecar(
             limits: Some(quantities(&s.cpu_limit, &s.memory_limit)),
             ..Default::default()
         }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(65532),
-            run_as_group: Some(65532),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Default::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(restricted_security_context()),
         volume_mounts: s.config_map.as_ref().map(|_| {
             vec![VolumeMount {
                 name: CONFIG_VOLUME.to_string(),
@@ -550,6 +565,50 @@ fn sidecar(
                 read_only: Some(true),
                 ..Default::default()
             }]
+        }),
+        ..Default::default()
+    }
+}
+
+/// tokentap's command line in the sidecar.
+fn sidecar_args(s: &Settings, engine_port: u16, drain: u32) -> Vec<String> {
+    let mut args = vec![];
+    if s.config_map.is_some() {
+        args.push("--config".to_string());
+        args.push(format!("{CONFIG_DIR}/tokentap.yaml"));
+    }
+    args.extend([
+        format!("--upstream=http://127.0.0.1:{engine_port}"),
+        format!("--listen=0.0.0.0:{}", s.http_port),
+        format!("--admin=0.0.0.0:{}", s.metrics_port),
+        format!("--ui-listen={}:{}", settings::UI_HOST, s.ui_port),
+    ]);
+    if let Some(header) = &s.tenant_header {
+        args.push(format!("--tenant-header={header}"));
+    }
+    if s.config_map.is_none() {
+        // With a ConfigMap these come from it (its drain_timeout must fit the grace).
+        args.push("--log-format=json".to_string());
+        args.push(format!("--drain-timeout={drain}s"));
+    }
+    args
+}
+
+/// The sidecar's security context: Kubernetes' `restricted` Pod Security Standard.
+fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -7,8 +7,8 @@
 
 use super::compress;
 use super::frame::{ArrayStream, GrpcStream, Handler, JsonBody, NdjsonStream, SseStream};
+use super::grpc::engines::{Engine, Generate};
 use super::grpc::framing::MessageEncoding;
-use super::grpc::smg::{Engine, Smg};
 use super::grpc::triton::StreamInfer;
 use super::tokenize::Tokenizer;
 use super::types::{DecodeError, DecodeLimits, Decoder, Dialect, Framing};
@@ -60,9 +60,9 @@ pub fn decoder(dialect: Dialect, framing: Framing, options: DecodeOptions<'_>) -
         Dialect::Tgi => framed(tgi::Tgi::new(options.skip_special_tokens), framing, o),
         Dialect::Triton => framed(triton::Triton::new(tokenizer), framing, o),
         // Token ids, exact: no tokenizer either.
-        Dialect::SglangGrpc => framed(Smg::new(Engine::Sglang), framing, o),
-        Dialect::VllmGrpc => framed(Smg::new(Engine::Vllm), framing, o),
-        Dialect::TrtllmGrpc => framed(Smg::new(Engine::Trtllm), framing, o),
+        Dialect::SglangGrpc => framed(Generate::new(Engine::Sglang), framing, o),
+        Dialect::VllmGrpc => framed(Generate::new(Engine::Vllm), framing, o),
+        Dialect::TrtllmGrpc => framed(Generate::new(Engine::Trtllm), framing, o),
         Dialect::TritonGrpc => framed(StreamInfer::new(tokenizer), framing, o),
     }
 }

@@ -9,51 +9,20 @@ use anyhow::Context;
 
 use crate::cli::FidelityArgs;
 
+/// What the client saw of one request.
+struct Seen {
+    ttft: Option<f64>,
+    itl: Option<f64>,
+    tokens: u64,
+}
+
 pub(crate) fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
-    struct Seen {
-        ttft: Option<f64>,
-        itl: Option<f64>,
-        tokens: u64,
-    }
-    let mut client: HashMap<String, Seen> = HashMap::new();
-    let mut sim_ttft_diff = Vec::new();
-    let file = std::fs::File::open(&args.client)
-        .with_context(|| format!("cannot open {}", args.client.display()))?;
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line?;
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        let Some(tenant) = v["tenant"].as_str() else {
-            continue;
-        };
-        if let (Some(seen), Some(sim)) = (v["ttft_ms"].as_f64(), v["sim_ttft_ms"].as_f64()) {
-            sim_ttft_diff.push((seen - sim).abs());
-        }
-        client.insert(
-            tenant.to_string(),
-            Seen {
-                ttft: v["ttft_ms"].as_f64(),
-                itl: v["mean_itl_ms"].as_f64(),
-                tokens: v["usage_tokens"]
-                    .as_u64()
-                    .unwrap_or(v["tokens"].as_u64().unwrap_or(0)),
-            },
-        );
-    }
+    let (mut client, mut sim_ttft_diff) = read_client(&args.client)?;
     let client_total = client.len();
-    let q = |v: &mut Vec<f64>, q: f64| -> f64 {
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        (v[idx] * 1e4).round() / 1e4
-    };
     let sim_vs_client = serde_json::json!({
-        "p50": q(&mut sim_ttft_diff, 0.5),
-        "p99": q(&mut sim_ttft_diff, 0.99),
-        "max": q(&mut sim_ttft_diff, 1.0),
+        "p50": quantile(&mut sim_ttft_diff, 0.5),
+        "p99": quantile(&mut sim_ttft_diff, 0.99),
+        "max": quantile(&mut sim_ttft_diff, 1.0),
     });
     let Some(access) = &args.access else {
         let out = serde_json::json!({
@@ -105,13 +74,55 @@ pub(crate) fn fidelity(args: &FidelityArgs) -> anyhow::Result<()> {
         "client_requests": client_total,
         "paired": paired,
         "unpaired": client_total as u64 - paired,
-        "ttft_abs_diff_ms": {"p50": q(&mut ttft_diff, 0.5), "p99": q(&mut ttft_diff, 0.99), "max": q(&mut ttft_diff, 1.0)},
-        "ttft_signed_diff_ms_p50": q(&mut ttft_signed, 0.5),
-        "mean_itl_abs_diff_ms": {"p50": q(&mut itl_diff, 0.5), "p99": q(&mut itl_diff, 0.99), "max": q(&mut itl_diff, 1.0)},
+        "ttft_abs_diff_ms": {"p50": quantile(&mut ttft_diff, 0.5), "p99": quantile(&mut ttft_diff, 0.99), "max": quantile(&mut ttft_diff, 1.0)},
+        "ttft_signed_diff_ms_p50": quantile(&mut ttft_signed, 0.5),
+        "mean_itl_abs_diff_ms": {"p50": quantile(&mut itl_diff, 0.5), "p99": quantile(&mut itl_diff, 0.99), "max": quantile(&mut itl_diff, 1.0)},
         "token_mismatches": mismatches,
         "event_count_mismatches": counted_mismatches,
         "sim_ttft_abs_diff_ms": sim_vs_client,
     });
     println!("{out}");
     Ok(())
+}
+
+/// The client's log: what it saw of each request, by its tenant, and how far the
+/// simulator's own TTFT was from the client's (absolute, in ms).
+fn read_client(path: &std::path::Path) -> anyhow::Result<(HashMap<String, Seen>, Vec<f64>)> {
+    let mut client: HashMap<String, Seen> = HashMap::new();
+    let mut sim_ttft_diff = Vec::new();
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let Some(tenant) = v["tenant"].as_str() else {
+            continue;
+        };
+        if let (Some(seen), Some(sim)) = (v["ttft_ms"].as_f64(), v["sim_ttft_ms"].as_f64()) {
+            sim_ttft_diff.push((seen - sim).abs());
+        }
+        client.insert(
+            tenant.to_string(),
+            Seen {
+                ttft: v["ttft_ms"].as_f64(),
+                itl: v["mean_itl_ms"].as_f64(),
+                tokens: v["usage_tokens"]
+                    .as_u64()
+                    .unwrap_or(v["tokens"].as_u64().unwrap_or(0)),
+            },
+        );
+    }
+    Ok((client, sim_ttft_diff))
+}
+
+/// The `q` quantile of `v` (sorted here), rounded to 4 decimals; NaN when empty.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    (v[idx] * 1e4).round() / 1e4
 }

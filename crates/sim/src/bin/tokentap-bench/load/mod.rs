@@ -17,7 +17,7 @@ use tokentap_sim::unix_ns;
 use crate::cli::RunArgs;
 use crate::hist::Hist;
 use crate::runtime;
-use conn::{connect_h2, Sender};
+use conn::{connect_h2, H2Sender, Sender};
 use stream::{hold_slot, stream_slot};
 
 #[derive(Default)]
@@ -117,60 +117,14 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result<()> {
     let start = Instant::now();
-    let (window_start, window_end, end) = if args.requests > 0 && !args.hold {
-        // Count mode: everything recorded; `--duration` bounds the whole run.
-        (start, start + args.duration, start + args.duration)
-    } else {
-        let ws = start + args.warmup;
-        (ws, ws + args.duration, ws + args.duration)
-    };
-    let shared = Arc::new(Shared {
-        run_id: unix_ns() % 1_000_000_007,
-        uri,
-        authority,
-        window_start,
-        window_end,
-        end,
-        issued: AtomicU64::new(0),
-        completed: AtomicU64::new(0),
-        events: AtomicU64::new(0),
-        events_all: AtomicU64::new(0),
-        token_events: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        latency: Hist::new(),
-        ttft: Hist::new(),
-        itl: Hist::new(),
-        errors: Errors::default(),
-        open: AtomicUsize::new(0),
-        open_max: AtomicUsize::new(0),
-        established: AtomicUsize::new(0),
-        ready: AtomicUsize::new(0),
-        all_ready: AtomicBool::new(false),
-        log: Mutex::new(Vec::new()),
-        stamp: memmem::Finder::new(b"\"sim_sent_unix_ns\":"),
-        received: memmem::Finder::new(b"\"sim_received_unix_ns\":"),
-        content: memmem::Finder::new(b"\"content\":\""),
-        completion: memmem::Finder::new(b"\"completion_tokens\":"),
-        args,
-    });
+    let shared = Arc::new(Shared::new(args, uri, authority, start));
 
     let n = shared.args.concurrency;
-    let mut h2_senders = Vec::new();
-    if shared.args.http2 {
-        let conns = shared.args.h2_connections.clamp(1, n);
-        for _ in 0..conns {
-            match connect_h2(&shared).await {
-                Ok(sender) => h2_senders.push(sender),
-                Err(err) => {
-                    shared.errors.connect.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("tokentap-bench: h2 connect failed: {err:#}");
-                }
-            }
-        }
-        if h2_senders.is_empty() {
-            bail!("no h2c connection could be opened to {}", shared.args.url);
-        }
-    }
+    let h2_senders = if shared.args.http2 {
+        open_h2(&shared).await?
+    } else {
+        Vec::new()
+    };
 
     let mut tasks = Vec::with_capacity(n);
     for slot in 0..n {
@@ -188,25 +142,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         }));
     }
     if let Some(path) = shared.args.ready_file.clone() {
-        let watcher = shared.clone();
-        tokio::spawn(async move {
-            loop {
-                if watcher.ready.load(Ordering::Relaxed) >= watcher.args.concurrency {
-                    watcher.all_ready.store(true, Ordering::Relaxed);
-                    let _ = std::fs::write(&path, b"ready\n");
-                    eprintln!(
-                        "tokentap-bench: all {} streams open{}",
-                        watcher.args.concurrency,
-                        match watcher.args.ready_after_events {
-                            0 => String::new(),
-                            n => format!(", {n} token events each"),
-                        }
-                    );
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
+        tokio::spawn(announce_ready(shared.clone(), path));
     }
     for task in tasks {
         let _ = task.await;
@@ -214,20 +150,118 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
     let finished = Instant::now();
 
     if let Some(path) = &shared.args.requests_log {
-        let lines = shared.log.lock().map(|l| l.join("\n")).unwrap_or_default();
-        std::fs::write(
-            path,
-            if lines.is_empty() {
-                lines
-            } else {
-                lines + "\n"
-            },
-        )
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        write_requests_log(&shared, path)?;
     }
+    let summary = summary(&shared, finished.duration_since(start));
+    println!("{summary}");
+    Ok(())
+}
 
+impl Shared {
+    /// A run of `args` that starts at `start`: its recording window and its end, and
+    /// every count at zero.
+    fn new(args: RunArgs, uri: Uri, authority: String, start: Instant) -> Shared {
+        let (window_start, window_end, end) = if args.requests > 0 && !args.hold {
+            // Count mode: everything recorded; `--duration` bounds the whole run.
+            (start, start + args.duration, start + args.duration)
+        } else {
+            let ws = start + args.warmup;
+            (ws, ws + args.duration, ws + args.duration)
+        };
+        Shared {
+            run_id: unix_ns() % 1_000_000_007,
+            uri,
+            authority,
+            window_start,
+            window_end,
+            end,
+            issued: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            events_all: AtomicU64::new(0),
+            token_events: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            latency: Hist::new(),
+            ttft: Hist::new(),
+            itl: Hist::new(),
+            errors: Errors::default(),
+            open: AtomicUsize::new(0),
+            open_max: AtomicUsize::new(0),
+            established: AtomicUsize::new(0),
+            ready: AtomicUsize::new(0),
+            all_ready: AtomicBool::new(false),
+            log: Mutex::new(Vec::new()),
+            stamp: memmem::Finder::new(b"\"sim_sent_unix_ns\":"),
+            received: memmem::Finder::new(b"\"sim_received_unix_ns\":"),
+            content: memmem::Finder::new(b"\"content\":\""),
+            completion: memmem::Finder::new(b"\"completion_tokens\":"),
+            args,
+        }
+    }
+}
+
+/// `--http2`: the h2c connections the streams share (`--h2-connections`, at most one per
+/// stream); an error when none could be opened.
+async fn open_h2(shared: &Shared) -> anyhow::Result<Vec<H2Sender>> {
+    let n = shared.args.concurrency;
+    let mut h2_senders = Vec::new();
+    let conns = shared.args.h2_connections.clamp(1, n);
+    for _ in 0..conns {
+        match connect_h2(shared).await {
+            Ok(sender) => h2_senders.push(sender),
+            Err(err) => {
+                shared.errors.connect.fetch_add(1, Ordering::Relaxed);
+                eprintln!("tokentap-bench: h2 connect failed: {err:#}");
+            }
+        }
+    }
+    if h2_senders.is_empty() {
+        bail!("no h2c connection could be opened to {}", shared.args.url);
+    }
+    Ok(h2_senders)
+}
+
+/// `--ready-file`: written (and said on stderr) once every stream is open (and has its
+/// `--ready-after-events`).
+async fn announce_ready(watcher: Arc<Shared>, path: std::path::PathBuf) {
+    loop {
+        if watcher.ready.load(Ordering::Relaxed) >= watcher.args.concurrency {
+            watcher.all_ready.store(true, Ordering::Relaxed);
+            let _ = std::fs::write(&path, b"ready\n");
+            eprintln!(
+                "tokentap-bench: all {} streams open{}",
+                watcher.args.concurrency,
+                match watcher.args.ready_after_events {
+                    0 => String::new(),
+                    n => format!(", {n} token events each"),
+                }
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--requests-log`: one line per request recorded.
+fn write_requests_log(shared: &Shared, path: &std::path::Path) -> anyhow::Result<()> {
+    let lines = shared.log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    std::fs::write(
+        path,
+        if lines.is_empty() {
+            lines
+        } else {
+            lines + "\n"
+        },
+    )
+    .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// The JSON summary line `scripts/bench.sh` parses; `elapsed`: the run's whole length.
+fn summary(shared: &Shared, elapsed: Duration) -> serde_json::Value {
+    let n = shared.args.concurrency;
     let window = if shared.args.requests > 0 && !shared.args.hold {
-        finished.duration_since(start)
+        elapsed
     } else {
         shared.args.duration
     }
@@ -236,7 +270,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
     let e = &shared.errors;
     let events = shared.events.load(Ordering::Relaxed);
     let completed = shared.completed.load(Ordering::Relaxed);
-    let summary = serde_json::json!({
+    serde_json::json!({
         "label": shared.args.label,
         "mode": if shared.args.hold { "hold" } else { "stream" },
         "url": shared.args.url,
@@ -267,9 +301,7 @@ async fn run_async(args: RunArgs, uri: Uri, authority: String) -> anyhow::Result
         "open_max": shared.open_max.load(Ordering::Relaxed),
         "all_open": shared.all_ready.load(Ordering::Relaxed)
             || shared.established.load(Ordering::Relaxed) >= n,
-    });
-    println!("{summary}");
-    Ok(())
+    })
 }
 
 /// Raise the soft open-files limit to the hard limit (10,000 streams need > 10,000 fds).

@@ -1,8 +1,9 @@
-//! The `Generate` RPC of the engine services the SGLang Model Gateway (`smg`) drives:
-//! SGLang's `sglang.grpc.scheduler.SglangScheduler`, vLLM's `vllm.grpc.engine.VllmEngine`
-//! and TensorRT-LLM's `trtllm.TrtllmService`. The three protos differ in field numbers and
-//! names, not in shape, so one set of rules reads them all ([`Engine`] says whose message
-//! it is).
+//! The engines' own decoders: the `Generate` RPC of SGLang's
+//! `sglang.grpc.scheduler.SglangScheduler`, vLLM's `vllm.grpc.engine.VllmEngine` and
+//! TensorRT-LLM's `trtllm.TrtllmService`, the engine services a router such as the SGLang
+//! Model Gateway (`smg`, whose proto the three share in shape) drives. The three protos
+//! differ in field numbers and names, not in shape, so one set of rules reads them all
+//! ([`Engine`] says whose message it is; [`Generate`] is the state of one response stream).
 //!
 //! The router sends token ids and gets token ids back: each response message is a
 //! `GenerateResponse` holding either a `chunk` (`GenerateStreamChunk`: the token ids
@@ -161,7 +162,7 @@ impl Engine {
 
 /// State for one `Generate` response stream.
 #[derive(Clone, Debug)]
-pub(crate) struct Smg {
+pub(crate) struct Generate {
     engine: Engine,
     /// The input count was reported (from a chunk).
     input_sent: bool,
@@ -173,9 +174,9 @@ pub(crate) struct Smg {
     details: TokenDetails,
 }
 
-impl Smg {
+impl Generate {
     pub(crate) fn new(engine: Engine) -> Self {
-        Smg {
+        Generate {
             engine,
             input_sent: false,
             completed: 0,
@@ -292,7 +293,7 @@ impl Smg {
     }
 }
 
-impl Handler for Smg {
+impl Handler for Generate {
     fn event(&mut self, _name: &str, data: &[u8], out: &mut Vec<Signal>) {
         self.message(data, true, out);
     }
@@ -368,7 +369,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 tokens(3),
                 usage(Some(12), None),
@@ -387,7 +388,7 @@ mod tests {
     fn a_call_without_streaming_is_one_complete_with_no_output_event() {
         let body = sglang_complete(&[1, 2, 3, 4], 7, 4, "length");
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 usage(Some(7), Some(4)),
                 details(0, Some(0)),
@@ -409,7 +410,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 tokens(1),
                 usage(Some(5), Some(2)),
@@ -458,7 +459,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Vllm), &vllm_body),
+            grpc(Generate::new(Engine::Vllm), &vllm_body),
             vec![
                 tokens(2),
                 usage(Some(4), None),
@@ -499,7 +500,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Trtllm), &trtllm_body),
+            grpc(Generate::new(Engine::Trtllm), &trtllm_body),
             vec![
                 tokens(4),
                 usage(Some(8), None),
@@ -541,7 +542,7 @@ mod tests {
     #[test]
     fn trtllm_perf_metrics_are_engine_timings() {
         let signals = grpc(
-            Smg::new(Engine::Trtllm),
+            Generate::new(Engine::Trtllm),
             &trtllm_complete(perf(1_700_000_000.0, 1_700_000_000.25, 1_700_000_000.5)),
         );
         let [Usage { .. }, Signal::FinishReason(_), Signal::EngineTimings(t), Done] =
@@ -571,7 +572,7 @@ mod tests {
             (perf(f64::MIN_POSITIVE, f64::MAX, f64::MAX), None),
         ];
         for (perf, queue_ms) in cases {
-            let signals = grpc(Smg::new(Engine::Trtllm), &trtllm_complete(perf));
+            let signals = grpc(Generate::new(Engine::Trtllm), &trtllm_complete(perf));
             let timings = signals.iter().find_map(|s| match s {
                 Signal::EngineTimings(t) => Some(*t),
                 _ => None,
@@ -641,7 +642,7 @@ mod tests {
         ]
         .concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 tokens(1),
                 tokens(1),
@@ -661,7 +662,7 @@ mod tests {
         // A complete that states no prompt states no cache either (proto3's 0).
         let body = complete(0, 0, 0, 0);
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 usage(None, Some(5)),
                 Signal::FinishReason("stop".into()),
@@ -671,7 +672,7 @@ mod tests {
         // A stated prompt with no cache hit is a 0, and so is SGLang's reasoning.
         let body = complete(7, 0, 0, 0);
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 usage(Some(7), Some(5)),
                 details(0, Some(0)),
@@ -679,8 +680,12 @@ mod tests {
                 Done
             ]
         );
-        // vLLM and TensorRT-LLM: the cached count, no reasoning count; the largest a
-        // uint32 holds is read as it is.
+    }
+
+    /// vLLM and TensorRT-LLM: the cached count, no reasoning count; the largest a uint32
+    /// holds is read as it is.
+    #[test]
+    fn cached_tokens_of_vllm_and_trtllm_without_a_reasoning_count() {
         let vllm_body = frame(
             &vllm::GenerateResponse {
                 response: Some(vllm::generate_response::Response::Complete(
@@ -696,7 +701,7 @@ mod tests {
             .encode_to_vec(),
         );
         assert_eq!(
-            grpc(Smg::new(Engine::Vllm), &vllm_body),
+            grpc(Generate::new(Engine::Vllm), &vllm_body),
             vec![
                 usage(Some(u64::from(u32::MAX)), Some(1)),
                 details(u64::from(u32::MAX), None),
@@ -719,7 +724,7 @@ mod tests {
             .encode_to_vec(),
         );
         assert_eq!(
-            grpc(Smg::new(Engine::Trtllm), &trtllm_body),
+            grpc(Generate::new(Engine::Trtllm), &trtllm_body),
             vec![tokens(2), usage(Some(30), None), details(24, None)]
         );
     }
@@ -728,7 +733,7 @@ mod tests {
     fn abort_is_an_error_and_garbage_is_malformed() {
         let body = [frame(b"\xff\xff\xff"), sglang_complete(&[], 3, 0, "abort")].concat();
         assert_eq!(
-            grpc(Smg::new(Engine::Sglang), &body),
+            grpc(Generate::new(Engine::Sglang), &body),
             vec![
                 Malformed,
                 usage(Some(3), None),
