@@ -154,7 +154,11 @@ def get(port, path, **params):
 slow_trace, slow_span = traceparent()
 sent.add(slow_trace)
 # Head first, body 1.5 s later: the upstream answers only once the body is in, and TTFT
-# counts from the head, so this request's TTFT is above 1.5 s.
+# counts from the head, so this request's TTFT is about 1.5 s (the simulator's own TTFT,
+# at most 156 ms, has passed by then, so its first token follows the body at once).
+# Counted from the body instead it would be under 160 ms. The client starts its 1.5 s
+# when its head is sent, tokentap its clock when it has read the head: on a loaded
+# machine that is a few ms later, so the check leaves 100 ms.
 payload = body("slow")
 head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{proxy}\r\n"
         f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
@@ -182,7 +186,8 @@ deadline = time.time() + 10
 while time.time() < deadline and access_ttft("e2e-slow") is None:
     time.sleep(0.1)
 slow_ttft = access_ttft("e2e-slow")
-check(slow_ttft is not None and slow_ttft > 1500, f"the slow request's TTFT is {slow_ttft} ms")
+check(slow_ttft is not None and slow_ttft > 1400,
+      f"the slow request's TTFT, counted from its head, is {slow_ttft} ms (over 1400)")
 
 # 5. What each Prometheus stored.
 def exemplars(port):
