@@ -115,6 +115,16 @@ pub async fn run(
     options: DemoOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DemoError> {
+    run_reporting(options, shutdown, |_| {}).await
+}
+
+/// [`run`], telling `bound` the live view's address once tokentap is bound (`None` with
+/// the live view off), so a caller given port 0 learns the port.
+pub async fn run_reporting(
+    options: DemoOptions,
+    shutdown: impl Future<Output = ()>,
+    bound: impl FnOnce(Option<SocketAddr>),
+) -> Result<(), DemoError> {
     let sim = Sim::bind(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         SimConfig {
@@ -154,6 +164,7 @@ pub async fn run(
     let proxy_addr = server.proxy_addr();
     let admin_addr = server.admin_addr();
     let ui_addr = server.ui_addr();
+    bound(ui_addr);
     let metrics = server.metrics();
     let server_task = tokio::spawn(server.run(stopped(proxy_stopped)));
 

@@ -393,18 +393,24 @@ fn demo_with_top(args: DemoArgs) -> ExitCode {
         ..Default::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let demo = runtime.spawn(demo_cmd::run(options, async {
-        let _ = stopped.await;
-    }));
-    // The live view answers once the demo's tokentap is bound.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(args.ui_listen).is_err() {
-        if demo.is_finished() || std::time::Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let code = top(&args.ui_listen.to_string(), 60);
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let demo = runtime.spawn(demo_cmd::run_reporting(
+        options,
+        async {
+            let _ = stopped.await;
+        },
+        move |ui| {
+            let _ = bound_tx.send(ui);
+        },
+    ));
+    // The live view's bound address (the port, when --ui-listen asked for port 0), once
+    // the demo's tokentap is bound; if the demo failed first, top says it cannot connect.
+    let ui = bound_rx
+        .recv_timeout(Duration::from_secs(30))
+        .ok()
+        .flatten()
+        .unwrap_or(args.ui_listen);
+    let code = top(&ui.to_string(), 60);
     let _ = stop.send(());
     match runtime.block_on(demo) {
         Ok(Ok(())) => code,

@@ -112,10 +112,10 @@ wait_status gone 15; check $? "top exits when the server goes away"
 grep -q "went away" "$TMP/gone.err"; check $? "and says so: $(head -c 200 "$TMP/gone.err")"
 ! screen gone | grep -q "slowest requests in flight"; check $? "the terminal is given back after the server left"
 
-# 3. `tokentap demo --top`: the demo with top instead of its table; q ends both.
-read -r P_PROXY P_ADMIN P_UI < <(free_ports 3)
+# 3. `tokentap demo --top`: the demo with top instead of its table; q ends both. Every
+# port 0: top is pointed at the port the live view was given.
 tmux -S "$SOCKET" new-session -d -s demo -x 150 -y 40 \
-  "'$BIN' demo --top --listen 127.0.0.1:$P_PROXY --admin 127.0.0.1:$P_ADMIN --ui-listen 127.0.0.1:$P_UI --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
+  "'$BIN' demo --top --listen 127.0.0.1:0 --admin 127.0.0.1:0 --ui-listen 127.0.0.1:0 --duration 120s 2>'$TMP/demo.err'; echo \$? >'$TMP/demo.status'"
 tmux -S "$SOCKET" set-option -t demo remain-on-exit on >/dev/null
 # top's heading and a model's table row (the demo's banner, drawn first, names the models
 # and `tokentap top` too).
