@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
 use crate::metrics::snapshot::{HistogramSnapshot, Series, Values};
-use crate::metrics::{Metrics, Snapshot};
+use crate::metrics::{Metrics, ObjectiveTotals, Snapshot};
 
 /// The demo's figures for one (model, tenant) pair, from tokentap's own histograms.
 ///
@@ -152,9 +152,8 @@ pub fn print_summary(metrics: &Metrics, sent: u64) {
     if rows.is_empty() {
         out.push_str("(waiting for the first streams to finish...)\n");
     } else {
-        let snapshot = metrics.snapshot();
-        out.push_str(&render_verdicts(&snapshot));
-        out.push_str(&render_objectives(&snapshot));
+        out.push_str(&render_verdicts(&metrics.snapshot()));
+        out.push_str(&render_objectives(&metrics.objective_totals()));
     }
     print!("{out}");
     let _ = std::io::stdout().flush();
@@ -187,20 +186,13 @@ pub fn render_verdicts(snapshot: &Snapshot) -> String {
 
 /// Each objective's attainment so far, over every model and tenant, in one line under the
 /// outcomes: `objectives: interactive 96.2% met (152 of 158 judged)`; empty without any.
-pub fn render_objectives(snapshot: &Snapshot) -> String {
-    let mut counts: BTreeMap<String, [u64; 2]> = BTreeMap::new();
-    for family in &snapshot.families {
-        if let ("tokentap_objective_requests_total", Values::Counter(series)) =
-            (&*family.name, &family.values)
-        {
-            for s in series {
-                let (Some(objective), Some(result)) = (s.label("objective"), s.label("result"))
-                else {
-                    continue;
-                };
-                let count = counts.entry(objective.to_string()).or_default();
-                count[usize::from(result != "met")] += s.value as u64;
-            }
+pub fn render_objectives(totals: &ObjectiveTotals) -> String {
+    let mut counts: BTreeMap<&str, [u64; 2]> = BTreeMap::new();
+    for by_objective in totals.values() {
+        for (objective, [met, missed]) in by_objective {
+            let count = counts.entry(objective).or_default();
+            count[0] = count[0].saturating_add(*met);
+            count[1] = count[1].saturating_add(*missed);
         }
     }
     let parts: Vec<String> = counts
@@ -285,7 +277,7 @@ mod tests {
         })
         .expect("flag-only config is valid");
         let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
-        assert_eq!(render_objectives(&metrics.snapshot()), "");
+        assert_eq!(render_objectives(&metrics.objective_totals()), "");
         let (a, b) = (
             metrics.stream(Some("a"), Some("t1")),
             metrics.stream(Some("b"), None),
@@ -295,7 +287,7 @@ mod tests {
         }
         metrics.count_objective(&a, "batch", false, 10);
         assert_eq!(
-            render_objectives(&metrics.snapshot()),
+            render_objectives(&metrics.objective_totals()),
             "objectives: batch 0.0% met (0 of 1 judged), interactive 75.0% met (3 of 4 judged)\n"
         );
     }
