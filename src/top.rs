@@ -85,13 +85,6 @@ enum Message {
     Gone(String),
 }
 
-/// The share of an objective's judged requests that met it, from the counts (not the
-/// server's ratio).
-fn attainment(o: &Attainment) -> Option<f64> {
-    let judged = o.met.saturating_add(o.missed);
-    (judged > 0).then(|| o.met as f64 / judged as f64)
-}
-
 /// The model's least-met objective over the window, and how many more were judged:
 /// the one a contract is at risk on.
 fn objectives_cell(m: &ModelFigures) -> String {
@@ -99,7 +92,8 @@ fn objectives_cell(m: &ModelFigures) -> String {
         .objectives
         .kept
         .iter()
-        .filter_map(|o| attainment(o).map(|a| (o, a)))
+        // From the counts read, not the server's ratio.
+        .filter_map(|o| Attainment::share(o.met, o.missed).map(|a| (o, a)))
         .collect();
     let Some((worst, share)) = judged.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
         return "–".into();

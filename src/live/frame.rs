@@ -333,6 +333,16 @@ pub struct Attainment {
     pub attainment: Option<f64>,
 }
 
+impl Attainment {
+    /// The share of `met + missed` judged requests that met the objective; `None` with
+    /// none judged. The server fills `attainment` with it, and a reader that does not
+    /// trust the server's ratio computes it again from the counts it read.
+    pub fn share(met: u64, missed: u64) -> Option<f64> {
+        let judged = met.saturating_add(missed);
+        (judged > 0).then(|| met as f64 / judged as f64)
+    }
+}
+
 /// Per model, one TTFT and one ITL column of bucket counts per tick, oldest first.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Heatmap {

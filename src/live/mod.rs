@@ -526,12 +526,11 @@ impl Quantiles {
 
 impl Attainment {
     fn of(objective: &Arc<str>, [met, missed]: [u64; 2]) -> Attainment {
-        let judged = met + missed;
         Attainment {
             objective: objective.clone(),
             met,
             missed,
-            attainment: (judged > 0).then(|| met as f64 / judged as f64),
+            attainment: Attainment::share(met, missed),
         }
     }
 }
