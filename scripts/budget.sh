@@ -118,7 +118,10 @@ for line in sys.stdin:
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-for run in $(seq 1 "$runs"); do
+# The runs go side by side (a count does not depend on the load; the bench's pause only
+# grows under it), so the check takes the time of about one run per core.
+count() {
+    local run=$1
     mkdir -p "$out/$run"
     # Counted only inside `budget_measure`, a dump after each call (one measured run each).
     # The simulated caches are fixed (32 KiB L1s, 8 MiB LL), not read from the host, so
@@ -128,7 +131,15 @@ for run in $(seq 1 "$runs"); do
         --toggle-collect=budget_measure --dump-after=budget_measure \
         --callgrind-out-file="$out/$run/callgrind.out" \
         "$bin" ${filters[@]+"${filters[@]}"} >"$out/$run/measures" 2>"$out/$run/valgrind.log" \
-        || { cat "$out/$run/valgrind.log" >&2; exit 2; }
+        || { cat "$out/$run/valgrind.log" >&2; return 2; }
+}
+counting=()
+for run in $(seq 1 "$runs"); do
+    count "$run" &
+    counting+=($!)
+done
+for pid in "${counting[@]}"; do
+    wait "$pid" || exit 2
 done
 
 python3 - "$out" "$runs" "$update" <<'EOF'

@@ -179,21 +179,22 @@ printf '%s' '{"metadata":{"name":"p","labels":{"app":"x"}},"spec":{"containers":
     seed_file fuzz/corpus/inject_admission pod.json 1
 
 # --- run ------------------------------------------------------------------------------
-passed=0
-failed=0
-printf '\n%-28s %8s %12s %10s %8s %10s  %s\n' target seconds executions exec/s corpus bytes result
-for target in "${targets[@]}"; do
-    dict=fuzz/dicts/wire.dict
+# One target per core at a time (libFuzzer is one process per target here): each still
+# gets its whole time budget, and the run takes about the budget times the targets over
+# the cores. Each target's line is printed in the list's order.
+fuzz_one() { # target -> "line" in $results/<target>, exit status ok or not
+    local target=$1 dict=fuzz/dicts/wire.dict
     [ "$target" = request_scanner ] && dict=fuzz/dicts/request.dict
     [ "$target" = fast_path ] && dict=fuzz/dicts/http.dict
     [ "$target" = inject_admission ] && dict=fuzz/dicts/inject.dict
     mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
-    log="/tmp/tokentap-fuzz-$target.log"
+    local log="/tmp/tokentap-fuzz-$target.log"
+    local start status took execs files bytes rate result scratch
     start=$(date +%s)
     # The binaries built above (`cargo fuzz run` would rebuild, and could pick up a
     # half-edited tree mid-run). With --jobs > 1 libFuzzer writes fuzz-N.log files into
     # its working directory: run it in a scratch one.
-    parallel=()
+    local parallel=()
     [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
     scratch=$(mktemp -d)
     (
@@ -201,7 +202,7 @@ for target in "${targets[@]}"; do
             ASAN_OPTIONS="detect_odr_violation=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
                 "$root/$bindir/$target" "$root/fuzz/corpus/$target" \
                 -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-                -dict="$root/$dict" -print_final_stats=1 "${parallel[@]}" \
+                -dict="$root/$dict" -print_final_stats=1 ${parallel[@]+"${parallel[@]}"} \
                 -artifact_prefix="$root/fuzz/artifacts/$target/"
     ) >"$log" 2>&1
     status=$?
@@ -214,16 +215,40 @@ for target in "${targets[@]}"; do
     rate=$((execs / (seconds > 0 ? seconds : 1)))
     if [ "$status" -eq 0 ] && ! grep -q -E '^==[0-9]+==ERROR|panicked at|deadly signal' "$log"; then
         result=ok
-        passed=$((passed + 1))
     else
         result="FAILED (see $log)"
-        failed=$((failed + 1))
     fi
-    printf '%-28s %8s %12s %10s %8s %10s  %s\n' "$target" "$took" "$execs" "$rate" "$files" "$bytes" "$result"
-    if [ "$result" != ok ]; then
-        grep -E 'panicked at|ERROR|SUMMARY|Test unit written' "$log" | head -5 | sed 's/^/    /'
-    fi
+    {
+        printf '%-28s %8s %12s %10s %8s %10s  %s\n' "$target" "$took" "$execs" "$rate" "$files" "$bytes" "$result"
+        if [ "$result" != ok ]; then
+            grep -E 'panicked at|ERROR|SUMMARY|Test unit written' "$log" | head -5 | sed 's/^/    /'
+        fi
+    } >"$results/$target"
+    [ "$result" = ok ]
+}
+
+cores=$(nproc 2>/dev/null || echo 1)
+side_by_side=$((cores / jobs > 0 ? cores / jobs : 1))
+results=$(mktemp -d)
+passed=0
+failed=0
+printf '\n%-28s %8s %12s %10s %8s %10s  %s\n' target seconds executions exec/s corpus bytes result
+running=()
+finish() { # wait for the oldest running target, print its line and count it
+    if wait "${running[0]}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    cat "$results/${names[0]}"
+    running=("${running[@]:1}")
+    names=("${names[@]:1}")
+}
+names=()
+for target in "${targets[@]}"; do
+    [ "${#running[@]}" -ge "$side_by_side" ] && finish
+    fuzz_one "$target" &
+    running+=($!)
+    names+=("$target")
 done
+while [ "${#running[@]}" -gt 0 ]; do finish; done
+rm -rf "$results"
 echo
 echo "fuzz: ${passed} passed, ${failed} failed"
 [ "$failed" -eq 0 ]
