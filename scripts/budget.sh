@@ -14,7 +14,12 @@
 #                                      serving requests from the simulator, for the relay,
 #                                      hyper's HTTP/1.1 and h2c: what the benches leave out
 #                                      (sockets, hyper's HTTP, the runtime), printed, not
-#                                      held to a budget (threads make it less exact)
+#                                      held to a budget (threads make it less exact), with
+#                                      the simulated cache misses (I1: the code's footprint)
+#     --streams N                      ... with N streams at once (default 4; 1000 is the
+#                                      A/B's load: whose code and data stay in cache)
+#     --binary PATH                    ... of another build (e.g. an older commit's)
+#     relay hyper h2c                  ... only these paths (default: all three)
 #
 # A change that has to cost more raises the budget in the same commit (--update); a
 # change that saves lowers it (the script says when it can). How a change's cost is
@@ -26,6 +31,8 @@ update=0
 process=0
 runs=3
 build=1
+streams=4
+binary=
 filters=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -33,6 +40,8 @@ while [ $# -gt 0 ]; do
         --runs) runs="$2"; shift ;;
         --no-build) build=0 ;;
         --process) process=1 ;;
+        --streams) streams="$2"; shift ;;
+        --binary) binary="$2"; shift ;;
         -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
@@ -49,26 +58,39 @@ fi
 if [ "$process" = 1 ]; then
     # A whole process: tokentap under callgrind behind the simulator, tokentap-bench as
     # the client (both outside valgrind). The counters are zeroed after a warm-up, then
-    # dumped after R requests of 40 tokens and again after R of 240: per request = the
-    # first / R, per token event = (the second - the first) / (200 R).
-    [ "$build" = 1 ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
-    tt=target/release/tokentap
+    # dumped after R requests of S tokens and again after R of L: per request = the first
+    # / R, per token event = (the second - the first) / ((L - S) R). The caches are
+    # simulated as in the benches (32 KiB L1s, 8 MiB LL). With many streams the
+    # simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
+    # that tokentap under valgrind, on a busy machine too, keeps up and reads each event
+    # alone, as it does at full speed; a count far under the benches' says it did not.
+    [ "$build" = 1 ] && [ -z "$binary" ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
+    [ "$build" = 1 ] && [ -n "$binary" ] && cargo build --release -p tokentap-sim --bin tokentap-bench >&2
+    tt=${binary:-target/release/tokentap}
     bench=target/release/tokentap-bench
-    requests=${BUDGET_PROCESS_REQUESTS:-40}
+    if [ "$streams" -le 16 ]; then
+        requests=${BUDGET_PROCESS_REQUESTS:-40} short=40 long=240 itl=2
+    else
+        requests=$streams short=10 long=30 itl=$((streams * 6 / 10))
+    fi
     out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
     pids=()
     cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$out"; }
     trap cleanup EXIT
     port=${BUDGET_PROCESS_PORT:-19870}
-    "$tt" sim --listen "127.0.0.1:$port" --ttft 5ms --itl 2ms --tokens 240 >"$out/sim.log" 2>&1 &
+    target/release/tokentap sim --listen "127.0.0.1:$port" --ttft 5ms --itl "${itl}ms" --tokens "$long" >"$out/sim.log" 2>&1 &
     pids+=($!)
     printf 'proxy:\n  http1_fast_path: false\n' >"$out/hyper.yaml"
     printf '{}\n' >"$out/relay.yaml"
-    for path in relay hyper h2c; do
+    echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens:"
+    paths=(relay hyper h2c)
+    [ ${#filters[@]} -gt 0 ] && paths=("${filters[@]}")
+    for path in "${paths[@]}"; do
         config="$out/relay.yaml"; client=()
         [ "$path" = hyper ] && config="$out/hyper.yaml"
         [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
-        valgrind --tool=callgrind --callgrind-out-file="$out/$path.out" \
+        valgrind --tool=callgrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=8388608,16,64 \
+            --callgrind-out-file="$out/$path.out" \
             "$tt" --upstream "http://127.0.0.1:$port" --listen "127.0.0.1:$((port + 1))" \
             --admin "127.0.0.1:$((port + 2))" --config "$config" >"$out/$path.log" 2>&1 &
         vg=$!
@@ -78,26 +100,37 @@ if [ "$process" = 1 ]; then
             sleep 0.5
         done
         load() {
-            "$bench" run --url "http://127.0.0.1:$((port + 1))" -c 4 --requests "$requests" \
-                --max-tokens "$1" --timeout 120s ${client[@]+"${client[@]}"} >/dev/null
+            "$bench" run --url "http://127.0.0.1:$((port + 1))" -c "$streams" --requests "$requests" \
+                --max-tokens "$1" --timeout 300s --duration 600s ${client[@]+"${client[@]}"} >/dev/null
         }
-        load 40
+        load "$short"
         callgrind_control -z "$vg" >/dev/null 2>&1
-        load 40
+        load "$short"
         callgrind_control -d "$vg" >/dev/null 2>&1
-        load 240
+        load "$long"
         callgrind_control -d "$vg" >/dev/null 2>&1
         kill "$vg"; wait "$vg" 2>/dev/null || true
-        python3 - "$out" "$path" "$requests" <<'EOF2'
+        python3 - "$out" "$path" "$requests" "$short" "$long" <<'EOF2'
 import glob, sys
-out, path, requests = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def total(f):
+out, path = sys.argv[1], sys.argv[2]
+requests, short, long_ = (int(v) for v in sys.argv[3:6])
+def totals(f):
+    names = values = None
     for line in open(f):
-        if line.startswith("totals:") or line.startswith("summary:"):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            names = line.split()[1:]
+        elif line.startswith("totals:") or line.startswith("summary:"):
+            values = [int(v) for v in line.split()[1:]]
+    values += [0] * (len(names) - len(values))
+    return dict(zip(names, values))
 dumps = sorted(glob.glob(f"{out}/{path}.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
-a, b = total(dumps[0]), total(dumps[1])
-print(f"process/{path}: {a / requests:12.0f} instructions per request (40 token events), {(b - a) / (200 * requests):8.0f} per token event")
+a, b = totals(dumps[0]), totals(dumps[1])
+def figures(d, n):
+    d1 = d["D1mr"] + d["D1mw"]
+    ll = d["ILmr"] + d["DLmr"] + d["DLmw"]
+    return f"{d['Ir'] / n:10.0f} Ir {d['I1mr'] / n:8.1f} I1 {d1 / n:8.1f} D1 {ll / n:7.1f} LL misses"
+print(f"process/{path}: per request ({short} token events) {figures(a, requests)}")
+print(f"process/{path}: per token event {' ' * (len(str(short)) + 15)}{figures({k: b[k] - a[k] for k in a}, (long_ - short) * requests)}")
 EOF2
     done
     exit 0
