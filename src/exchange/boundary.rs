@@ -25,11 +25,14 @@ use crate::supervise::panic_message;
 
 /// Run `work` (a transport's send, up to the response head); a panic in it is the
 /// exchange's [`UpstreamFault::Internal`].
-pub async fn unwound<F: Future>(work: F) -> Result<F::Output, ExchangeError> {
-    AssertUnwindSafe(work)
-        .catch_unwind()
-        .await
-        .map_err(|panic| UpstreamFault::Internal(panic_message(&*panic).to_string()).into())
+///
+/// Not an `async fn`: its future would hold `work` twice (as the argument and as the
+/// local it is moved into when first polled), which doubled the size of every
+/// connection's future and copied the whole exchange's state once more per request.
+pub fn unwound<F: Future>(work: F) -> impl Future<Output = Result<F::Output, ExchangeError>> {
+    AssertUnwindSafe(work).catch_unwind().map(|caught| {
+        caught.map_err(|panic| UpstreamFault::Internal(panic_message(&*panic).to_string()).into())
+    })
 }
 
 #[cfg(test)]

@@ -478,78 +478,91 @@ struct ResponseLoop<'a> {
     head_deadline: tokio::time::Instant,
 }
 
-impl ResponseLoop<'_> {
-    async fn run(mut self, closing: &watch::Receiver<bool>) -> ResponseEnd {
-        // Bytes read but not yet consumed (the start of a head), and what the client did
-        // not take at once: the stream's own, usually empty. Reads and writes otherwise go
-        // through the worker's buffers (`scratch`).
-        let mut carry: Vec<u8> = Vec::new();
-        let mut unsent: Vec<u8> = Vec::new();
-        let mut watch_client = true;
-        // One timer for the whole response: the head deadline until the head is in, then
-        // the idle deadline. It is re-armed only when it fires early (the upstream was not
-        // idle that long), not on every read: arming a timer per read costs more than the
-        // rest of a read's bookkeeping.
-        let timer = tokio::time::sleep_until(self.head_deadline);
-        tokio::pin!(timer);
-        // The client's watch waits in its socket's reader slot ([`client_watch`]): once
-        // armed it stays armed, and the socket's news wakes this task. Looking at it again
-        // on every event would touch the client socket's state, a cold cache line with
-        // many streams, for nothing. So it is looked at when it is not armed yet, when
-        // the task woke and the upstream had nothing (the client, or the timer, woke it),
-        // and every `CLIENT_LOOK_EVERY` reads besides, should a wake ever go astray.
-        let mut client_armed = false;
-        let mut reads_since_look = 0u32;
-        loop {
-            let hot = hot_lines(&self.relay, &self.observed);
-            let wake = {
-                let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry, hot));
-                let client = &*self.client;
-                let mut woken = false;
-                let look_anyway = reads_since_look >= CLIENT_LOOK_EVERY;
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready((read, buffers)) = read.as_mut().poll(cx) {
-                        return Poll::Ready(Wake::Read(read, buffers));
-                    }
-                    if watch_client && (!client_armed || woken || look_anyway) {
-                        reads_since_look = 0;
-                        match client_watch::poll_activity(client, cx) {
-                            Poll::Ready(Activity::Left) => return Poll::Ready(Wake::ClientLeft),
-                            Poll::Ready(Activity::Sent) => return Poll::Ready(Wake::ClientSent),
-                            Poll::Pending => client_armed = true,
+impl<'a> ResponseLoop<'a> {
+    /// Not an `async fn`: that would keep `self` twice in the future (the argument, and
+    /// the local it is moved into when first polled), about 1.4 KiB more per connection
+    /// and a copy of it per response; the block keeps it once.
+    #[allow(clippy::manual_async_fn)]
+    fn run<'c>(
+        mut self,
+        closing: &'c watch::Receiver<bool>,
+    ) -> impl Future<Output = ResponseEnd> + use<'a, 'c> {
+        async move {
+            // Bytes read but not yet consumed (the start of a head), and what the client did
+            // not take at once: the stream's own, usually empty. Reads and writes otherwise go
+            // through the worker's buffers (`scratch`).
+            let mut carry: Vec<u8> = Vec::new();
+            let mut unsent: Vec<u8> = Vec::new();
+            let mut watch_client = true;
+            // One timer for the whole response: the head deadline until the head is in, then
+            // the idle deadline. It is re-armed only when it fires early (the upstream was not
+            // idle that long), not on every read: arming a timer per read costs more than the
+            // rest of a read's bookkeeping.
+            let timer = tokio::time::sleep_until(self.head_deadline);
+            tokio::pin!(timer);
+            // The client's watch waits in its socket's reader slot ([`client_watch`]): once
+            // armed it stays armed, and the socket's news wakes this task. Looking at it again
+            // on every event would touch the client socket's state, a cold cache line with
+            // many streams, for nothing. So it is looked at when it is not armed yet, when
+            // the task woke and the upstream had nothing (the client, or the timer, woke it),
+            // and every `CLIENT_LOOK_EVERY` reads besides, should a wake ever go astray.
+            let mut client_armed = false;
+            let mut reads_since_look = 0u32;
+            loop {
+                let hot = hot_lines(&self.relay, &self.observed);
+                let wake = {
+                    let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry, hot));
+                    let client = &*self.client;
+                    let mut woken = false;
+                    let look_anyway = reads_since_look >= CLIENT_LOOK_EVERY;
+                    std::future::poll_fn(|cx| {
+                        if let Poll::Ready((read, buffers)) = read.as_mut().poll(cx) {
+                            return Poll::Ready(Wake::Read(read, buffers));
+                        }
+                        if watch_client && (!client_armed || woken || look_anyway) {
+                            reads_since_look = 0;
+                            match client_watch::poll_activity(client, cx) {
+                                Poll::Ready(Activity::Left) => {
+                                    return Poll::Ready(Wake::ClientLeft)
+                                }
+                                Poll::Ready(Activity::Sent) => {
+                                    return Poll::Ready(Wake::ClientSent)
+                                }
+                                Poll::Pending => client_armed = true,
+                            }
+                        }
+                        woken = true;
+                        if timer.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Wake::Timer);
+                        }
+                        Poll::Pending
+                    })
+                    .await
+                };
+                reads_since_look = reads_since_look.saturating_add(1);
+                match wake {
+                    Wake::Read(read, buffers) => {
+                        let had_head = self.relay.has_head();
+                        let fed = self.relay_read(read, buffers, closing, &mut carry, &mut unsent);
+                        match fed.await {
+                            After::Wait(deadline) if !had_head && self.relay.has_head() => {
+                                timer.as_mut().reset(deadline);
+                            }
+                            After::Wait(_) => {}
+                            After::Ended { reuse_upstream } => return self.ended(reuse_upstream),
+                            After::Done(end) => return end,
                         }
                     }
-                    woken = true;
-                    if timer.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Wake::Timer);
+                    Wake::ClientSent => watch_client = false,
+                    Wake::ClientLeft => {
+                        self.observed.client_left();
+                        return ResponseEnd::closed();
                     }
-                    Poll::Pending
-                })
-                .await
-            };
-            reads_since_look = reads_since_look.saturating_add(1);
-            match wake {
-                Wake::Read(read, buffers) => {
-                    let had_head = self.relay.has_head();
-                    let fed = self.relay_read(read, buffers, closing, &mut carry, &mut unsent);
-                    match fed.await {
-                        After::Wait(deadline) if !had_head && self.relay.has_head() => {
-                            timer.as_mut().reset(deadline);
-                        }
-                        After::Wait(_) => {}
-                        After::Ended { reuse_upstream } => return self.ended(reuse_upstream),
-                        After::Done(end) => return end,
-                    }
+                    Wake::Timer => match self.timer_fired() {
+                        Ok(deadline) => timer.as_mut().reset(deadline),
+                        Err(answer) => return self.answer(answer).await,
+                    },
                 }
-                Wake::ClientSent => watch_client = false,
-                Wake::ClientLeft => {
-                    self.observed.client_left();
-                    return ResponseEnd::closed();
-                }
-                Wake::Timer => match self.timer_fired() {
-                    Ok(deadline) => timer.as_mut().reset(deadline),
-                    Err(answer) => return self.answer(answer).await,
-                },
             }
         }
     }
