@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (`.ci/run` calls exactly this).
 # Installs what the checks need when it is missing (idempotent), then runs:
 # formatting, the source files' sizes, clippy, the API docs without warnings, every Rust
-# test (the integration suite on both HTTP/1.1 paths, and the inject, wire and sim crates), the instruction budget,
+# test (the integration suite on both HTTP/1.1 paths, and the inject, wire, metrics and sim crates), the instruction budget,
 # the fuzz targets, the checks of the shipped deploy files, `tokentap inject` end to end,
 # and an
 # end-to-end run of tokentap under a real Prometheus of each kind (classic and native)
@@ -54,10 +54,12 @@ TOKENTAP_IT_FAST_PATH=0 cargo test --test it 2>&1 | tee -a /tmp/tokentap-cargo-t
 # `tokentap inject`'s own crate: fixtures against their expected outputs, the webhook's
 # patch against the CLI, hostile reviews and manifests on a proptest budget.
 cargo test -p tokentap-inject 2>&1 | tee -a /tmp/tokentap-cargo-test.log
-# The decoders' and the simulator's own crates (crates/wire, crates/sim): their unit tests
-# (each decoder's rules, the simulator's dialects and timing, tokentap-bench's flags).
-cargo test -p tokentap-wire -p tokentap-sim --all-targets 2>&1 | tee -a /tmp/tokentap-cargo-test.log
-cargo test -p tokentap-wire -p tokentap-sim --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+# The decoders', the metric store's and the simulator's own crates (crates/wire,
+# crates/metrics, crates/sim): their unit tests (each decoder's rules, the families, the
+# expositions against the prometheus crate's, the outcome's verdict rules, the
+# simulator's dialects and timing, tokentap-bench's flags).
+cargo test -p tokentap-wire -p tokentap-metrics -p tokentap-sim --all-targets 2>&1 | tee -a /tmp/tokentap-cargo-test.log
+cargo test -p tokentap-wire -p tokentap-metrics -p tokentap-sim --doc 2>&1 | tee -a /tmp/tokentap-cargo-test.log
 
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/tokentap-cargo-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' /tmp/tokentap-cargo-test.log | awk '{s+=$1} END {print s+0}')

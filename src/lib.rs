@@ -20,13 +20,14 @@
 //! - [`exchange`]: the request policy both transports call: admission, the configuration
 //!   in force, tokentap's answers, the idle timeout;
 //! - [`outcome`]: how a request ended, and every rule that decides it: the outcome and
-//!   status labels, the answers and outcomes of failures, how a body's end is counted, the
-//!   verdict on HTTP and gRPC responses;
+//!   status labels and the verdict on HTTP and gRPC responses (the metrics crate's,
+//!   re-exported), the answers and outcomes of failures and how a body's end is counted
+//!   (`outcome::answer`, here);
 //! - [`observe`]: the one entry point into observation, called by the exchange policy:
 //!   what is measured, the request scan, the response observer, the outcome recorded once;
 //! - [`wire`]: sans-IO decoders from bytes to token signals;
 //! - [`clock`]: the measurement semantics (no I/O, no clock reads);
-//! - [`metrics`]: the metric families and bounded labels;
+//! - [`metrics`]: the metric families and bounded labels (crates/metrics);
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, and the live view's endpoints;
 //! - [`live`]: the live view: a ring of the last minutes per model, the page and its API;
 //! - [`otlp`]: the same series pushed to an OpenTelemetry collector, off the request path;
@@ -47,7 +48,6 @@ pub mod exchange;
 pub mod idle_pool;
 pub mod intermediary;
 pub mod live;
-pub mod metrics;
 pub mod observe;
 pub mod otlp;
 pub mod outcome;
@@ -64,10 +64,17 @@ pub mod worker_slot;
 
 #[cfg(test)]
 mod doc_table;
+#[cfg(test)]
+mod metrics_contract;
 
 /// The sans-IO decoders: a crate of their own (crates/wire), so that the compiler keeps
 /// them from importing anything of the proxy; `crate::wire::...` paths read as before.
 pub use tokentap_wire as wire;
+
+/// The metric store and its renderers: a crate of their own (crates/metrics), so that the
+/// compiler keeps them from importing anything of the proxy; `crate::metrics::...` paths
+/// read as before.
+pub use tokentap_metrics as metrics;
 
 pub use config::Config;
 pub use server::{ServeError, Server};

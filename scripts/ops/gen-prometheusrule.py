@@ -16,7 +16,7 @@ it and from deploy/prometheus/slo.yaml, so that they never drift:
     scripts/ops/gen-prometheusrule.py --check --slo OTHER.yaml   # objectives from elsewhere
 
 Each objective's threshold must be a bound of its histogram's classic bucket layout,
-read from src/metrics/buckets.rs: the classic arm of the rules counts the events
+read from crates/metrics/src/buckets.rs: the classic arm of the rules counts the events
 under the threshold with the `le` bucket at that bound, which is exact only there.
 
 Needs PyYAML.
@@ -34,7 +34,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "deploy/prometheus/rules.yaml"
 SLO = ROOT / "deploy/prometheus/slo.yaml"
-BUCKETS = ROOT / "src/metrics/buckets.rs"
+BUCKETS = ROOT / "crates/metrics/src/buckets.rs"
 DST = ROOT / "deploy/kubernetes/components/prometheus-rules/prometheusrule.yaml"
 
 HEADER = """\
@@ -45,7 +45,7 @@ BEGIN = "  # BEGIN GENERATED SLO GROUPS"
 END = "  # END GENERATED SLO GROUPS"
 
 # The histograms an objective may be set on: the classic bucket layout that holds its
-# threshold (a constant of src/metrics/buckets.rs), what one observation is, and what
+# threshold (a constant of crates/metrics/src/buckets.rs), what one observation is, and what
 # to look at when its objective burns.
 HISTOGRAMS = {
     "tokentap_inter_token_latency_seconds": {
@@ -210,7 +210,7 @@ def render_slo(s):
     ticket = [(long, short, number(factor(s, long, share)), number(decimal.Decimal(share) * 100))
               for long, short, share in TICKET]
     lines = [
-        comment(f"{goal}: {t} s is a bound of {h['buckets']} (src/metrics/buckets.rs), so the "
+        comment(f"{goal}: {t} s is a bound of {h['buckets']} (crates/metrics/src/buckets.rs), so the "
                 f"classic `le` bucket counts exactly the {h['events']} under it."),
         f"  - name: tokentap.slo.{name}",
         "    rules:",

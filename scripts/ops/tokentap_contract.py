@@ -2,7 +2,7 @@
 
 One list, used by scripts/ops/check-grafana.py (static checks) and
 scripts/ops/e2e-prometheus.sh (against the real /metrics exposition). The binary's
-own table of families (src/metrics/families.rs) is checked against this file by
+own table of families (crates/metrics/src/families.rs) is checked against this file by
 `cargo test` (the_ops_contract_is_this_table), so the two cannot drift: a family
 renamed or added there fails that test until it is changed here too, and then the
 checks show every dashboard or rule to fix.
@@ -107,7 +107,7 @@ EVENT_DRIVEN = {
 PROCESS_METRICS = {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}
 
 # `metrics.names: gen_ai` or `both`: the OpenTelemetry GenAI semantic conventions'
-# families (src/metrics/families.rs GEN_AI_FAMILIES), name -> (type, labels); a series
+# families (crates/metrics/src/families.rs GEN_AI_FAMILIES), name -> (type, labels); a series
 # has the labels of its attributes it carries (error_type only on failed requests'
 # durations). GEN_AI_REPLACES: what `gen_ai` leaves out of the tokentap_ families.
 GEN_AI_METRICS = {

@@ -38,11 +38,9 @@ pub(super) const fn default_max_in_flight() -> usize {
 pub(super) const fn default_header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }
-/// Sized for a sidecar: what its engine serves (a few models, LoRA adapters included)
-/// times the tenants that call it, with room to spare. Each pair costs 48 series (about
-/// 3.8 KB of `/metrics`), so the worst a hostile client can make of the default caps is
-/// about 12,000 series (docs/METRICS.md, "Cardinality").
-pub(super) const DEFAULT_MAX_PAIRS: usize = 250;
+/// The label bounds' defaults are the metric crate's (`metrics::Labels::default`), where
+/// their cost in series is stated.
+pub(super) use crate::metrics::DEFAULT_MAX_PAIRS;
 pub(super) const fn default_request_body_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -59,18 +57,17 @@ pub(super) const fn default_max_headers() -> usize {
 pub(super) const fn default_max_header_bytes() -> usize {
     64 << 10
 }
-/// A model costs 137 series (about 9.7 KB of `/metrics`) with its first pair.
 pub(super) const fn default_model_max_values() -> usize {
-    32
+    crate::metrics::DEFAULT_MODEL_MAX_VALUES
 }
 pub(super) const fn default_tenant_max_values() -> usize {
-    200
+    crate::metrics::DEFAULT_TENANT_MAX_VALUES
 }
 pub(super) const fn label_max_values_ceiling() -> usize {
     100_000
 }
 pub(super) const fn default_label_max_value_len() -> usize {
-    128
+    crate::metrics::DEFAULT_MAX_VALUE_LEN
 }
 pub(super) const fn default_stall_threshold() -> Duration {
     Duration::from_secs(5)

@@ -10,10 +10,6 @@ use super::locate::locate;
 use super::raw::*;
 use super::units::{HumanDuration, Number};
 use super::*;
-use crate::metrics::buckets::{
-    DURATION_BUCKETS, INTER_CHUNK_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_EVENT_BUCKETS,
-    TOKENS_PER_SECOND_BUCKETS,
-};
 use crate::wire::tokenize::TokenizerSource;
 use crate::wire::Dialect;
 
@@ -246,54 +242,55 @@ fn metric_names(issues: &mut Issues<'_>, raw: Option<&str>) -> MetricNames {
 
 impl RawBuckets {
     fn validate(self, issues: &mut Issues<'_>) -> Buckets {
+        let defaults = Buckets::default();
         Buckets {
             time_to_first_byte_seconds: buckets(
                 issues,
                 "metrics.buckets.time_to_first_byte_seconds",
                 self.time_to_first_byte_seconds,
-                LATENCY_BUCKETS,
+                &defaults.time_to_first_byte_seconds,
             ),
             time_to_first_token_seconds: buckets(
                 issues,
                 "metrics.buckets.time_to_first_token_seconds",
                 self.time_to_first_token_seconds,
-                LATENCY_BUCKETS,
+                &defaults.time_to_first_token_seconds,
             ),
             inter_token_latency_seconds: buckets(
                 issues,
                 "metrics.buckets.inter_token_latency_seconds",
                 self.inter_token_latency_seconds,
-                ITL_BUCKETS,
+                &defaults.inter_token_latency_seconds,
             ),
             inter_chunk_latency_seconds: buckets(
                 issues,
                 "metrics.buckets.inter_chunk_latency_seconds",
                 self.inter_chunk_latency_seconds,
-                INTER_CHUNK_BUCKETS,
+                &defaults.inter_chunk_latency_seconds,
             ),
             time_per_output_token_seconds: buckets(
                 issues,
                 "metrics.buckets.time_per_output_token_seconds",
                 self.time_per_output_token_seconds,
-                ITL_BUCKETS,
+                &defaults.time_per_output_token_seconds,
             ),
             output_tokens_per_second: buckets(
                 issues,
                 "metrics.buckets.output_tokens_per_second",
                 self.output_tokens_per_second,
-                TOKENS_PER_SECOND_BUCKETS,
+                &defaults.output_tokens_per_second,
             ),
             output_tokens_per_event: buckets(
                 issues,
                 "metrics.buckets.output_tokens_per_event",
                 self.output_tokens_per_event,
-                TOKENS_PER_EVENT_BUCKETS,
+                &defaults.output_tokens_per_event,
             ),
             request_duration_seconds: buckets(
                 issues,
                 "metrics.buckets.request_duration_seconds",
                 self.request_duration_seconds,
-                DURATION_BUCKETS,
+                &defaults.request_duration_seconds,
             ),
         }
     }

@@ -78,6 +78,13 @@ mod tests {
     use std::time::Duration;
 
     use crate::intermediary::{HostError, UnsupportedTransferCoding};
+    use crate::outcome::verdict::verdict;
+    use crate::outcome::{StatusClass, Verdict};
+    use crate::wire::ErrorClass;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
 
     #[test]
     fn each_fault_has_one_answer_and_one_outcome() {
@@ -160,6 +167,84 @@ mod tests {
                 code,
                 "{status}"
             );
+        }
+    }
+
+    /// Every end a transport reports, with every status it can come with, has a listed
+    /// verdict (`Verdict::new` asserts so in tests, the verdict rules' `debug_assert`).
+    /// Here, not beside the rules in the metrics crate, because the ends are the
+    /// exchange policy's fault types: the failures before a head with
+    /// tokentap's answer (or none), the body ends with any upstream status.
+    #[test]
+    fn every_end_with_every_status_it_can_have_gets_a_listed_verdict() {
+        let faults: Vec<ExchangeError> = vec![
+            UpstreamFault::Connect("refused".into()).into(),
+            UpstreamFault::HeadTimeout(ms(1)).into(),
+            UpstreamFault::Request("reset".into()).into(),
+            UpstreamFault::UnsolicitedSwitch.into(),
+            ClientFault::MalformedBody("x".into()).into(),
+            ClientFault::BodyTimeout(ms(1)).into(),
+            ClientFault::InvalidHost(HostError::Missing).into(),
+            ClientFault::RequestCoding(UnsupportedTransferCoding("gzip".into())).into(),
+            // `ClientFault::ConnectMethod` is answered (`405`) but never counted: no route
+            // measures a `CONNECT` (`inspect::routed_dialect`).
+        ];
+        let mut sent = Vec::new();
+        for fault in &faults {
+            let status = StatusClass::tokentap(fault.status().expect("answered"));
+            assert!(!status.is_upstream());
+            let v = verdict(fault.outcome(), status, None, None);
+            assert_eq!(v.outcome, fault.outcome(), "{fault}");
+            assert_eq!(v.status, status, "{fault}");
+            sent.push(v);
+        }
+        // The refusals before any exchange: at the in-flight limit, and the request heads
+        // a transport cannot read (`Gateway::unreadable_head`).
+        sent.push(verdict(
+            Outcome::Overloaded,
+            StatusClass::tokentap(StatusCode::SERVICE_UNAVAILABLE),
+            None,
+            None,
+        ));
+        for code in [400, 414, 431] {
+            let status = StatusClass::tokentap(StatusCode::from_u16(code).unwrap());
+            sent.push(verdict(Outcome::ClientError, status, None, None));
+        }
+        // Each of tokentap's own statuses is one it sends: the set lists no other.
+        for class in StatusClass::ALL {
+            if class != StatusClass::None && !class.is_upstream() {
+                assert!(
+                    sent.iter().any(|v| v.status == class),
+                    "{class:?} never sent"
+                );
+            }
+        }
+        assert_eq!(
+            verdict(Outcome::Cancelled, StatusClass::None, None, None),
+            Verdict::new(Outcome::Cancelled, StatusClass::None)
+        );
+        for code in 100..=599 {
+            let status = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
+            for end in [
+                BodyEnd::Clean,
+                BodyEnd::UpstreamIdle,
+                BodyEnd::UpstreamBroken,
+                BodyEnd::ClientGone,
+            ] {
+                for stream_error in [None, Some(ErrorClass::Other)] {
+                    let v = verdict(end.outcome(), status, stream_error, None);
+                    assert_eq!(v.status, status, "{code} {end:?}");
+                }
+                for class in [ErrorClass::RateLimited, ErrorClass::Overloaded] {
+                    verdict(end.outcome(), status, Some(class), None);
+                }
+                // Any gRPC status with any end and any status: a listed verdict.
+                for grpc in 0..=17 {
+                    for stream_error in [None, Some(ErrorClass::RateLimited)] {
+                        verdict(end.outcome(), status, stream_error, Some(grpc));
+                    }
+                }
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! thresholds and recording rules it reads, README keeps its two commands, and every
 //! relative link between the repository's Markdown files resolves, file and `#anchor`.
 //! (The metric families and the (outcome, status) pairs of docs/METRICS.md are checked
-//! beside their tables in the library: `metrics::families` and `outcome`.)
+//! in the library, `metrics_contract`, against the metrics crate's tables.)
 //!
 //! Each check reads the code's own view where it can: the parser is asked which keys it
 //! accepts (its "unknown field, expected one of" answer), the binary's `--help` which flags

@@ -2,6 +2,11 @@
 //! from an explicit registry, and per-pair handles resolved once per request so the token
 //! path only touches atomics.
 //!
+//! A crate of its own (issue 34), so that the compiler keeps it from the proxy: it
+//! depends on the wire crate's types and on no async runtime, HTTP stack or module of the
+//! proxy, which re-exports it as `tokentap::metrics`. The outcome vocabulary its request
+//! counter is labelled with is here too ([`outcome`], re-exported as `tokentap::outcome`).
+//!
 //! Names, labels and base units (`families`, the contract as a table) are shared with the
 //! dashboards, the alert rules and docs/METRICS.md; change them only together.
 //!
@@ -40,6 +45,7 @@ pub mod in_flight;
 pub mod labels;
 pub mod native;
 mod objective_totals;
+pub mod outcome;
 pub mod protobuf;
 mod record;
 mod registry;
@@ -61,7 +67,7 @@ use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opt
 
 use exemplar::TraceContext;
 use exposition::{Cursor, Family, Pairs, SetLevel, Writer};
-pub use families::{process_wide, tenant_by_default, tenant_capable};
+pub use families::{contract, gen_ai_contract, process_wide, tenant_by_default, tenant_capable};
 use families::{
     RegistryFamily, RegistryKind, BUFFERED_RESPONSES, CLIENT_CONNECTIONS, CLIENT_CONNECTIONS_LIMIT,
     CLIENT_CONNECTION_LIMIT_REACHED, DECODE_ERRORS, GEN_AI_FAMILIES, LABEL_OVERFLOW,
@@ -77,7 +83,10 @@ use native::NativeSettings;
 pub use objective_totals::ObjectiveTotals;
 use series::{Bounds, Slot, TenantSlots};
 pub use series::{Counter, GenAiSeries, Histogram, SeriesSet, StreamSeries};
-pub use settings::{Buckets, LabelPolicy, Labels, NativeHistograms};
+pub use settings::{
+    Buckets, LabelPolicy, Labels, NativeHistograms, DEFAULT_MAX_PAIRS, DEFAULT_MAX_VALUE_LEN,
+    DEFAULT_MODEL_MAX_VALUES, DEFAULT_TENANT_MAX_VALUES,
+};
 pub use snapshot::Snapshot;
 
 /// The figures of one finished request that [`Metrics::record_request`] records: plain values,
@@ -424,17 +433,12 @@ mod tests {
     use bytes::Bytes;
 
     use crate::outcome::Verdict;
-    use crate::wire::Unobservable;
+    use tokentap_wire::Unobservable;
 
     /// Many label pairs over every kind of family (and one family with no series at all),
     /// with the process collector's lines left out: they change from one read to the next.
     fn populated() -> Arc<Metrics> {
-        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
-        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        let metrics = Metrics::new(&Buckets::default(), &Labels::default());
         for m in 0..7u32 {
             for t in 0..9u32 {
                 let (model, tenant) = (format!("model-{m}"), format!("tenant \"{t}\""));
@@ -554,14 +558,10 @@ mod tests {
     /// read after the counter was written, not when the scrape began.
     #[test]
     fn a_scrape_reads_the_in_flight_gauge_after_the_request_counter() {
-        let mut config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
-        config.labels.model.max_values = Some(4000);
-        config.labels.max_pairs = 4000;
-        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        let mut labels = Labels::default();
+        labels.model.max_values = Some(4000);
+        labels.max_pairs = 4000;
+        let metrics = Metrics::new(&Buckets::default(), &labels);
         // Enough models that the per-model families between the two span whole chunks.
         for m in 0..500 {
             let stream = metrics.stream(Some(&format!("model-{m}")), None);
@@ -595,13 +595,11 @@ mod tests {
     /// a request with no labels is `unknown` in both.
     #[test]
     fn the_pair_cap_folds_the_tenant_families_and_the_model_families_keep_the_model() {
-        let mut config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
-        config.labels.max_pairs = 2;
-        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        let labels = Labels {
+            max_pairs: 2,
+            ..Labels::default()
+        };
+        let metrics = Metrics::new(&Buckets::default(), &labels);
         for (model, tenant) in [(Some("a"), Some("x")), (None, None), (Some("b"), Some("y"))] {
             let stream = metrics.stream(model, tenant);
             metrics.record_request(&stream, Verdict::COMPLETED, RequestFigures::default());

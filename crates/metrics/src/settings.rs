@@ -8,10 +8,27 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use super::buckets::{
+    DURATION_BUCKETS, INTER_CHUNK_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TOKENS_PER_EVENT_BUCKETS,
+    TOKENS_PER_SECOND_BUCKETS,
+};
 use super::native::{schema_for_factor, DEFAULT_FACTOR, DEFAULT_MAX_BUCKETS};
 
+/// Sized for a sidecar: what its engine serves (a few models, LoRA adapters included)
+/// times the tenants that call it, with room to spare. Each pair costs 48 series (about
+/// 3.8 KB of `/metrics`), so the worst a hostile client can make of the default caps is
+/// about 12,000 series (docs/METRICS.md, "Cardinality").
+pub const DEFAULT_MAX_PAIRS: usize = 250;
+/// `labels.model.max_values`: a model costs 137 series (about 9.7 KB of `/metrics`) with
+/// its first pair.
+pub const DEFAULT_MODEL_MAX_VALUES: usize = 32;
+/// `labels.tenant.max_values`.
+pub const DEFAULT_TENANT_MAX_VALUES: usize = 200;
+/// `labels.*.max_value_len`.
+pub const DEFAULT_MAX_VALUE_LEN: usize = 128;
+
 /// How the `model` and `tenant` labels are bounded (`labels` in the config file).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Labels {
     pub model: LabelPolicy,
     pub tenant: LabelPolicy,
@@ -36,6 +53,30 @@ pub struct LabelPolicy {
     pub max_value_len: usize,
 }
 
+impl Default for Labels {
+    /// What an unwritten `labels` section means (the config fills in what is written).
+    fn default() -> Labels {
+        Labels {
+            model: LabelPolicy::bounded(DEFAULT_MODEL_MAX_VALUES),
+            tenant: LabelPolicy::bounded(DEFAULT_TENANT_MAX_VALUES),
+            max_pairs: DEFAULT_MAX_PAIRS,
+            tenant_families: Labels::default_tenant_families(),
+        }
+    }
+}
+
+impl LabelPolicy {
+    /// At most `max_values` values, no allow list, no aliases, the default length.
+    pub fn bounded(max_values: usize) -> LabelPolicy {
+        LabelPolicy {
+            max_values: Some(max_values),
+            allow: None,
+            aliases: HashMap::new(),
+            max_value_len: DEFAULT_MAX_VALUE_LEN,
+        }
+    }
+}
+
 /// Histogram buckets, per histogram.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Buckets {
@@ -47,6 +88,23 @@ pub struct Buckets {
     pub output_tokens_per_second: Vec<f64>,
     pub output_tokens_per_event: Vec<f64>,
     pub request_duration_seconds: Vec<f64>,
+}
+
+impl Default for Buckets {
+    /// What an unwritten `metrics.buckets` means: the contract's bounds
+    /// ([`super::buckets`]), on which the dashboards and alert thresholds are drawn.
+    fn default() -> Buckets {
+        Buckets {
+            time_to_first_byte_seconds: LATENCY_BUCKETS.to_vec(),
+            time_to_first_token_seconds: LATENCY_BUCKETS.to_vec(),
+            inter_token_latency_seconds: ITL_BUCKETS.to_vec(),
+            inter_chunk_latency_seconds: INTER_CHUNK_BUCKETS.to_vec(),
+            time_per_output_token_seconds: ITL_BUCKETS.to_vec(),
+            output_tokens_per_second: TOKENS_PER_SECOND_BUCKETS.to_vec(),
+            output_tokens_per_event: TOKENS_PER_EVENT_BUCKETS.to_vec(),
+            request_duration_seconds: DURATION_BUCKETS.to_vec(),
+        }
+    }
 }
 
 /// `metrics.native_histograms`: the native buckets kept beside each classic histogram.

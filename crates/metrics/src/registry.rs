@@ -15,7 +15,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGaugeVec};
 use super::families::BUILD_INFO;
 use super::snapshot::{FamilySnapshot, Label, Series, Values};
 use super::{defined, gauge_vec, Metrics, StreamSeries};
-use crate::wire::Unobservable;
+use tokentap_wire::Unobservable;
 
 /// A family gathered from the prometheus registry, as snapshot values.
 pub(super) fn registry_snapshot(family: &proto::MetricFamily) -> Option<FamilySnapshot> {

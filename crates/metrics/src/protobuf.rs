@@ -508,7 +508,7 @@ mod tests {
         };
         let timestamp = e.timestamp.as_ref().expect("a timestamp");
         ExemplarSnapshot {
-            trace: crate::metrics::snapshot::TraceContext {
+            trace: crate::snapshot::TraceContext {
                 trace_id: label("trace_id").try_into().expect("16 bytes"),
                 span_id: label("span_id").try_into().expect("8 bytes"),
             },
@@ -630,15 +630,10 @@ mod tests {
     /// collector's families aside: they change from one read to the next).
     #[test]
     fn a_scrape_decodes_back_to_the_metrics_snapshot() {
-        use crate::metrics::{Metrics, RequestFigures};
         use crate::outcome::Verdict;
+        use crate::{Metrics, RequestFigures};
         use std::time::Duration;
-        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
-        let metrics = Metrics::new(&config.metrics.buckets, &config.labels);
+        let metrics = Metrics::new(&crate::Buckets::default(), &crate::Labels::default());
         for (m, t) in [("a", "x"), ("a", "y"), ("b", "x")] {
             let stream = metrics.stream(Some(m), Some(t));
             for i in 0..50u32 {
@@ -717,7 +712,7 @@ mod tests {
     #[test]
     fn an_exemplar_above_every_bound_gets_an_explicit_inf_bucket() {
         let above = ExemplarSnapshot {
-            trace: crate::metrics::exemplar::TraceContext {
+            trace: crate::exemplar::TraceContext {
                 trace_id: [0xab; 16],
                 span_id: [0x01; 8],
             },

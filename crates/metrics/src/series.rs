@@ -584,7 +584,7 @@ mod tests {
             ),
             schema in super::super::native::MIN_SCHEMA..=super::super::native::MAX_SCHEMA,
         ) {
-            let bounds: Arc<[f64]> = Arc::from(crate::metrics::buckets::LATENCY_BUCKETS);
+            let bounds: Arc<[f64]> = Arc::from(crate::buckets::LATENCY_BUCKETS);
             let h = Histogram::new(&bounds, Some(&NativeSettings::new(schema, 160)));
             for v in &values {
                 h.observe(*v);

@@ -396,7 +396,6 @@ pub(super) enum RegistryKind {
 
 impl RegistryKind {
     /// The `# TYPE` of the family.
-    #[cfg(test)]
     pub const fn type_name(self) -> &'static str {
         match self {
             RegistryKind::Counter => "counter",
@@ -613,9 +612,9 @@ pub fn process_wide() -> impl Iterator<Item = &'static str> {
 }
 
 /// `(name, type, labels)` of every family tokentap defines (the process collector's
-/// `process_*` families aside), with the labels of the default `labels.tenant.families`.
-#[cfg(test)]
-pub(super) fn contract() -> impl Iterator<Item = (&'static str, &'static str, Vec<&'static str>)> {
+/// `process_*` families and the GenAI ones, [`gen_ai_contract`], aside), with the labels
+/// of the default `labels.tenant.families`: what docs/METRICS.md and the ops scripts list.
+pub fn contract() -> impl Iterator<Item = (&'static str, &'static str, Vec<&'static str>)> {
     PAIR_FAMILIES
         .iter()
         .map(|f| {
@@ -634,6 +633,13 @@ pub(super) fn contract() -> impl Iterator<Item = (&'static str, &'static str, Ve
         )
 }
 
+/// `(name, type, labels)` of the GenAI families (`metrics.names`: `gen_ai` or `both`).
+pub fn gen_ai_contract() -> impl Iterator<Item = (&'static str, &'static str, Vec<&'static str>)> {
+    GEN_AI_FAMILIES
+        .iter()
+        .map(|f| (f.name, f.kind.type_name(), f.labels.to_vec()))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
@@ -642,7 +648,7 @@ mod tests {
     use crate::outcome::{Outcome, StatusClass, Verdict};
 
     /// The ops scripts' statement of the contract.
-    const OPS_CONTRACT: &str = include_str!("../../scripts/ops/tokentap_contract.py");
+    const OPS_CONTRACT: &str = include_str!("../../../scripts/ops/tokentap_contract.py");
 
     /// The text between `NAME = <open>` and the matching `close`, in the Python source.
     fn python_value(name: &str, open: char, close: char) -> &'static str {
@@ -688,14 +694,10 @@ mod tests {
             .collect()
     }
 
+    /// What an unwritten `metrics.buckets` means (the config takes these: its test
+    /// `flag_only_settings_are_the_metric_crates_defaults`).
     fn defaults() -> Buckets {
-        crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid")
-        .metrics
-        .buckets
+        Buckets::default()
     }
 
     /// `scripts/ops/tokentap_contract.py` lists exactly the families of this table, each
@@ -741,92 +743,6 @@ mod tests {
         assert_eq!(python_strings("STATUSES", '(', ')'), statuses);
     }
 
-    /// The rows of docs/METRICS.md's `| metric | type | labels | ...` tables:
-    /// name -> (type, labels).
-    fn documented_families(doc: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
-        let mut rows = BTreeMap::new();
-        for line in crate::doc_table::rows(doc, "| metric | type | labels |") {
-            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
-            let spans = |cell: &str| -> Vec<String> {
-                crate::doc_table::code_spans(cell)
-                    .map(str::to_string)
-                    .collect()
-            };
-            let name = spans(cells[0]).first().cloned().unwrap_or_default();
-            let labels = spans(cells[2]).into_iter().collect();
-            let twice = rows.insert(name.clone(), (cells[1].to_string(), labels));
-            assert!(twice.is_none(), "docs/METRICS.md: {name} has two rows");
-        }
-        rows
-    }
-
-    /// docs/METRICS.md lists every family `/metrics` can serve (the contract's, the GenAI
-    /// names' and the process collector's), each with its type and its labels under the
-    /// default `labels.tenant.families`, and no family `/metrics` cannot serve.
-    #[test]
-    fn docs_metrics_lists_every_family() {
-        const DOC: &str = include_str!("../../docs/METRICS.md");
-        /// Served by the process collector only where the process has an address-space
-        /// limit.
-        const SOMETIMES: &[&str] = &["process_virtual_memory_max_bytes"];
-        let set = |labels: &[&str]| labels.iter().map(|l| l.to_string()).collect();
-        let mut served: BTreeMap<String, (String, BTreeSet<String>)> = contract()
-            .map(|(name, kind, labels)| (name.to_string(), (kind.to_string(), set(&labels))))
-            .collect();
-        for f in &GEN_AI_FAMILIES {
-            served.insert(
-                f.name.to_string(),
-                (f.kind.type_name().to_string(), set(f.labels)),
-            );
-        }
-        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
-        let metrics = crate::metrics::Metrics::new(&config.metrics.buckets, &config.labels);
-        let text = String::from_utf8(metrics.render()).unwrap();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("# TYPE process_") else {
-                continue;
-            };
-            let (name, kind) = rest.split_once(' ').unwrap();
-            served.insert(
-                format!("process_{name}"),
-                (kind.to_string(), BTreeSet::new()),
-            );
-        }
-        let mut documented = documented_families(DOC);
-        for name in SOMETIMES {
-            if !served.contains_key(*name) {
-                documented.remove(*name);
-            }
-        }
-        let missing: Vec<_> = served
-            .keys()
-            .filter(|n| !documented.contains_key(*n))
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "docs/METRICS.md misses these families: {missing:?}"
-        );
-        let unknown: Vec<_> = documented
-            .keys()
-            .filter(|n| !served.contains_key(*n))
-            .collect();
-        assert!(
-            unknown.is_empty(),
-            "docs/METRICS.md lists families /metrics cannot serve: {unknown:?}"
-        );
-        for (name, (kind, labels)) in &served {
-            assert_eq!(
-                &documented[name],
-                &(kind.clone(), labels.clone()),
-                "docs/METRICS.md: {name}'s type and labels (left) against the code's (right)"
-            );
-        }
-    }
-
     /// The GenAI families and what `gen_ai` replaces are the ops contract's too.
     #[test]
     fn the_ops_contract_has_the_gen_ai_families() {
@@ -861,7 +777,7 @@ mod tests {
     /// families it names.
     #[test]
     fn each_family_reads_its_own_slot() {
-        use crate::metrics::series::{Bounds, TenantSlots};
+        use crate::series::{Bounds, TenantSlots};
         use std::sync::Arc;
         let one: Arc<[f64]> = Arc::from(vec![1.0]);
         let bounds = Bounds {
@@ -873,7 +789,7 @@ mod tests {
             tokens_per_second: one.clone(),
             tokens_per_event: one.clone(),
             duration: one,
-            gen_ai: crate::metrics::gen_ai::GenAiBounds::default(),
+            gen_ai: crate::gen_ai::GenAiBounds::default(),
             native: None,
         };
         let kept = |family: &PairFamily, set: &SeriesSet| match family.kind {

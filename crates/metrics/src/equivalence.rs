@@ -668,7 +668,7 @@ fn same_as_the_prometheus_crate(tenant_families: &BTreeSet<&'static str>) -> Str
     // The small families keep their place in the name order.
     metrics.passthrough();
     metrics.overload_rejection();
-    metrics.unobserved(crate::wire::Unobservable::ContentType);
+    metrics.unobserved(tokentap_wire::Unobservable::ContentType);
     metrics.decode_errors("openai_chat", 3);
     metrics.streams_in_flight.set(2);
     metrics.upstream_up.set(1);

@@ -213,22 +213,17 @@ pub fn otel_attribute(label: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::exemplar::TraceContext;
-    use crate::metrics::families::{family_names, GEN_AI_FAMILIES};
-    use crate::metrics::{Metrics, NativeHistograms, RequestExemplar, RequestFigures};
+    use crate::exemplar::TraceContext;
+    use crate::families::{family_names, GEN_AI_FAMILIES};
     use crate::outcome::{Outcome, StatusClass, Verdict};
+    use crate::{Metrics, NativeHistograms, RequestExemplar, RequestFigures};
     use std::time::{Duration, SystemTime};
 
     fn metrics(names: MetricNames) -> std::sync::Arc<Metrics> {
-        let config = crate::config::Config::from_overrides(&crate::config::Overrides {
-            upstream: Some("http://127.0.0.1:9".to_string()),
-            ..Default::default()
-        })
-        .expect("flag-only config is valid");
         Metrics::with_names(
-            &config.metrics.buckets,
+            &crate::Buckets::default(),
             &NativeHistograms::default(),
-            &config.labels,
+            &crate::Labels::default(),
             names,
         )
     }

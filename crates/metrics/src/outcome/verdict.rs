@@ -4,7 +4,7 @@
 //! listed (outcome, status) pair. The recorder calls [`verdict`] once per request.
 
 use super::{Outcome, StatusClass, Verdict};
-use crate::wire::{Dialect, ErrorClass};
+use tokentap_wire::{Dialect, ErrorClass};
 
 /// The verdict on a request the transport saw end as `end`, with `status` the class of
 /// what the client was told, `stream_error` the class of the first error the stream
@@ -108,93 +108,9 @@ pub fn read_grpc_status(value: &[u8]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use http::StatusCode;
 
     use super::*;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    /// Every end a transport reports, with every status it can come with, has a listed
-    /// verdict (`Verdict::new` asserts so in tests): the failures before a head with
-    /// tokentap's answer (or none), the body ends with any upstream status.
-    #[test]
-    fn every_end_with_every_status_it_can_have_gets_a_listed_verdict() {
-        use crate::exchange::{BodyEnd, ClientFault, ExchangeError, UpstreamFault};
-        use crate::intermediary::{HostError, UnsupportedTransferCoding};
-        let faults: Vec<ExchangeError> = vec![
-            UpstreamFault::Connect("refused".into()).into(),
-            UpstreamFault::HeadTimeout(ms(1)).into(),
-            UpstreamFault::Request("reset".into()).into(),
-            UpstreamFault::UnsolicitedSwitch.into(),
-            ClientFault::MalformedBody("x".into()).into(),
-            ClientFault::BodyTimeout(ms(1)).into(),
-            ClientFault::InvalidHost(HostError::Missing).into(),
-            ClientFault::RequestCoding(UnsupportedTransferCoding("gzip".into())).into(),
-            // `ClientFault::ConnectMethod` is answered (`405`) but never counted: no route
-            // measures a `CONNECT` (`inspect::routed_dialect`).
-        ];
-        let mut sent = Vec::new();
-        for fault in &faults {
-            let status = StatusClass::tokentap(fault.status().expect("answered"));
-            assert!(!status.is_upstream());
-            let v = verdict(fault.outcome(), status, None, None);
-            assert_eq!(v.outcome, fault.outcome(), "{fault}");
-            assert_eq!(v.status, status, "{fault}");
-            sent.push(v);
-        }
-        // The refusals before any exchange: at the in-flight limit, and the request heads
-        // a transport cannot read (`Gateway::unreadable_head`).
-        sent.push(verdict(
-            Outcome::Overloaded,
-            StatusClass::tokentap(StatusCode::SERVICE_UNAVAILABLE),
-            None,
-            None,
-        ));
-        for code in [400, 414, 431] {
-            let status = StatusClass::tokentap(StatusCode::from_u16(code).unwrap());
-            sent.push(verdict(Outcome::ClientError, status, None, None));
-        }
-        // Each of tokentap's own statuses is one it sends: the set lists no other.
-        for class in StatusClass::ALL {
-            if class != StatusClass::None && !class.is_upstream() {
-                assert!(
-                    sent.iter().any(|v| v.status == class),
-                    "{class:?} never sent"
-                );
-            }
-        }
-        assert_eq!(
-            verdict(Outcome::Cancelled, StatusClass::None, None, None),
-            Verdict::new(Outcome::Cancelled, StatusClass::None)
-        );
-        for code in 100..=599 {
-            let status = StatusClass::upstream(StatusCode::from_u16(code).unwrap());
-            for end in [
-                BodyEnd::Clean,
-                BodyEnd::UpstreamIdle,
-                BodyEnd::UpstreamBroken,
-                BodyEnd::ClientGone,
-            ] {
-                for stream_error in [None, Some(ErrorClass::Other)] {
-                    let v = verdict(end.outcome(), status, stream_error, None);
-                    assert_eq!(v.status, status, "{code} {end:?}");
-                }
-                for class in [ErrorClass::RateLimited, ErrorClass::Overloaded] {
-                    verdict(end.outcome(), status, Some(class), None);
-                }
-                // Any gRPC status with any end and any status: a listed verdict.
-                for grpc in 0..=17 {
-                    for stream_error in [None, Some(ErrorClass::RateLimited)] {
-                        verdict(end.outcome(), status, stream_error, Some(grpc));
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn a_clean_body_is_judged_by_its_status_and_its_stream() {
