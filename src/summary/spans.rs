@@ -147,15 +147,7 @@ fn nonzero<const N: usize>(rng: &mut impl Rng) -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    struct Collect(Mutex<Vec<String>>);
-
-    impl Sink for Collect {
-        fn finished(&self, request: &RequestSummary) {
-            self.0.lock().unwrap().push(request.model.to_string());
-        }
-    }
+    use crate::summary::taps::tests::Models;
 
     fn request(model: &str) -> RequestSummary {
         super::super::request::example(model)
@@ -210,7 +202,7 @@ mod tests {
         };
         assert!(!spans.on());
         assert_eq!(spans.decide(Some((parent, true))), None, "off");
-        let tap = Arc::new(Collect(Mutex::default()));
+        let tap = Arc::new(Models::default());
         let always = Sampler {
             parent_based: true,
             ratio: 1.0,

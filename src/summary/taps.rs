@@ -55,13 +55,15 @@ impl Taps {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    struct Collect(Mutex<Vec<String>>);
+    /// A sink that keeps the model of each request it hears (the sinks' tests share it).
+    #[derive(Default)]
+    pub(in crate::summary) struct Models(pub(in crate::summary) Mutex<Vec<String>>);
 
-    impl Sink for Collect {
+    impl Sink for Models {
         fn finished(&self, request: &RequestSummary) {
             self.0.lock().unwrap().push(request.model.to_string());
         }
@@ -71,8 +73,8 @@ mod tests {
     fn taps_hear_each_request_until_removed() {
         let taps = Taps::default();
         assert!(!taps.any());
-        let first = Arc::new(Collect(Mutex::default()));
-        let second = Arc::new(Collect(Mutex::default()));
+        let first = Arc::new(Models::default());
+        let second = Arc::new(Models::default());
         let first_id = taps.add(first.clone());
         taps.add(second.clone());
         assert!(taps.any());
