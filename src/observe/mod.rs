@@ -39,7 +39,7 @@ pub mod itl_sketch;
 pub mod rate_limits;
 mod recorder;
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -659,17 +659,24 @@ struct Observing {
 thread_local! {
     /// What one feed of a decoder found: the worker's, not each stream's, because it is
     /// empty between feeds, and a buffer per stream would be one more cold cache line
-    /// touched per event when a worker carries many streams.
-    static SIGNALS: Cell<Vec<Signal>> = const { Cell::new(Vec::new()) };
+    /// touched per event when a worker carries many streams. Borrowed in place (taking
+    /// the vector out and putting it back moved it twice per feed).
+    static SIGNALS: RefCell<Vec<Signal>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Run `work` on the worker's (empty) signal buffer.
 fn with_signals<R>(work: impl FnOnce(&mut Vec<Signal>) -> R) -> R {
-    let mut signals = SIGNALS.take();
-    let result = work(&mut signals);
-    signals.clear();
-    SIGNALS.set(signals);
-    result
+    SIGNALS.with(|signals| match signals.try_borrow_mut() {
+        Ok(mut signals) => {
+            // A feed that panicked left its signals behind.
+            signals.clear();
+            let result = work(&mut signals);
+            signals.clear();
+            result
+        }
+        // In use further up this thread's stack.
+        Err(_) => work(&mut Vec::new()),
+    })
 }
 
 impl ResponseObserver {

@@ -19,16 +19,23 @@ pub(crate) type SelectTexts = fn(&serde_json::Value, &mut dyn FnMut(&str));
 /// later delta may still join; see [`TokenStream`]), or `None` when the event holds no
 /// text. Without one, `shape`: the [`estimate_tokens`](super::text_estimate::estimate_tokens)
 /// of the event's output texts, which the decoder summed as it parsed them, at least 1
-/// (the event carried output, if only whitespace).
+/// (the event carried output, if only whitespace). Inlined for the estimate (every event
+/// without a tokenizer); the tokenizer's count is out of line.
+#[inline]
 pub(crate) fn count_event(
     tokens: Option<&mut TokenStream>,
     data: &[u8],
     select: SelectTexts,
     shape: u64,
 ) -> Option<u64> {
-    let Some(tokens) = tokens else {
-        return Some(shape.max(1));
-    };
+    match tokens {
+        None => Some(shape.max(1)),
+        Some(tokens) => tokenized(tokens, data, select),
+    }
+}
+
+#[inline(never)]
+fn tokenized(tokens: &mut TokenStream, data: &[u8], select: SelectTexts) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_slice(data).ok()?;
     let mut total = 0u64;
     let mut any_text = false;

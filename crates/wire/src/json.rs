@@ -371,11 +371,18 @@ impl<'de> Deserialize<'de> for Reason {
 pub(crate) struct Reasons(Vec<String>);
 
 impl Reasons {
+    /// Inlined for the `None` of every chunk but a stream's last.
+    #[inline]
     pub(crate) fn add(&mut self, reason: Reason) {
         if let Some(reason) = reason.0 {
-            if !self.0.contains(&reason) {
-                self.0.push(reason);
-            }
+            self.insert(reason);
+        }
+    }
+
+    #[inline(never)]
+    fn insert(&mut self, reason: String) {
+        if !self.0.contains(&reason) {
+            self.0.push(reason);
         }
     }
 

@@ -312,7 +312,9 @@ fn reported_details(usage: Option<&Usage>, timings: Option<&Timings>) -> TokenDe
 
 /// The engine's queue and prefill as the chunk or body reports them: Groq's `usage` or
 /// `x_groq.usage`, else Cerebras' `time_info` (seconds); a prefill from llama.cpp's
-/// `timings.prompt_ms` where no hosted report gives one.
+/// `timings.prompt_ms` where no hosted report gives one. Inlined for the chunk that
+/// reports none (every chunk but a stream's last); the reading is out of line.
+#[inline]
 fn reported_timings(
     usage: Option<&Usage>,
     timings: Option<&Timings>,
@@ -324,6 +326,16 @@ fn reported_timings(
     if usage.is_none() && groq.is_none() && cerebras.is_none() && timings.is_none() {
         return None;
     }
+    read_timings(usage, timings, groq, cerebras)
+}
+
+#[inline(never)]
+fn read_timings(
+    usage: Option<&Usage>,
+    timings: Option<&Timings>,
+    groq: Option<&Usage>,
+    cerebras: Option<&Usage>,
+) -> Option<Signal> {
     let first = |of: fn(&Usage) -> &Float| {
         [usage, groq, cerebras]
             .into_iter()
@@ -668,6 +680,7 @@ struct Choices {
 impl Fold for Choices {
     type Item = Choice;
 
+    #[inline]
     fn add(&mut self, choice: Choice) {
         if let Some(kind) = choice.delta.and_then(|d| d.kind) {
             if self

@@ -240,7 +240,11 @@ impl SseDecoder {
             }
             b"event" => {
                 self.event.clear();
-                self.event.push_str(&String::from_utf8_lossy(value));
+                // Checked whole first: the lossy walk goes a character at a time.
+                match std::str::from_utf8(value) {
+                    Ok(name) => self.event.push_str(name),
+                    Err(_) => self.event.push_str(&String::from_utf8_lossy(value)),
+                }
             }
             // An id containing NUL is ignored.
             b"id" if memchr(0, value).is_none() => {
@@ -344,6 +348,22 @@ mod tests {
         );
         assert_eq!(decode(b"data: a\r\rdata: b\r\rdata: c\r\r"), want);
         assert_eq!(decode(b"data: a\r\n\ndata: b\n\r\ndata: c\r\r\n"), want);
+    }
+
+    #[test]
+    fn event_names_as_text_invalid_utf8_replaced() {
+        let named = |event: &str, data: &str| Ev {
+            event: event.to_owned(),
+            ..ev(data)
+        };
+        assert_eq!(
+            decode("event: content_block_delta\ndata: a\n\nevent: réponse\ndata: b\n\n".as_bytes()),
+            vec![named("content_block_delta", "a"), named("réponse", "b")]
+        );
+        assert_eq!(
+            decode(b"event: bad\xff\xfe name\ndata: c\n\n"),
+            vec![named("bad\u{FFFD}\u{FFFD} name", "c")]
+        );
     }
 
     #[test]

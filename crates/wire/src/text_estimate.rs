@@ -14,11 +14,15 @@
 /// English words are one token each in the usual vocabularies, so on English prose this
 /// is close; long or rare words and code are undercounted. Once N is reported only the
 /// proportions between events matter.
+#[inline]
 pub(crate) fn estimate_tokens(text: &str) -> u64 {
     estimate_ascii(text.as_bytes()).unwrap_or_else(|| estimate_chars(text))
 }
 
-/// The rule, a character at a time.
+/// The rule, a character at a time. Out of line: inlined, its registers were saved and
+/// restored on every call of the ASCII path.
+#[cold]
+#[inline(never)]
 fn estimate_chars(text: &str) -> u64 {
     let mut count = 0u64;
     let mut in_word = false;
