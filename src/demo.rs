@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
+use crate::live::frame::Attainment;
 use crate::metrics::snapshot::{HistogramSnapshot, Series, Values};
 use crate::metrics::{Metrics, ObjectiveTotals, Snapshot};
 
@@ -197,11 +198,12 @@ pub fn render_objectives(totals: &ObjectiveTotals) -> String {
     }
     let parts: Vec<String> = counts
         .iter()
-        .filter(|(_, [met, missed])| met + missed > 0)
-        .map(|(objective, [met, missed])| {
-            let judged = met + missed;
-            let share = 100.0 * *met as f64 / judged as f64;
-            format!("{objective} {share:.1}% met ({met} of {judged} judged)")
+        .filter_map(|(objective, &[met, missed])| {
+            let share = 100.0 * Attainment::share(met, missed)?;
+            let judged = met.saturating_add(missed);
+            Some(format!(
+                "{objective} {share:.1}% met ({met} of {judged} judged)"
+            ))
         })
         .collect();
     if parts.is_empty() {
