@@ -18,7 +18,13 @@
 #                                      the simulated cache misses (I1: the code's footprint)
 #     --streams N                      ... with N streams at once (default 4; 1000 is the
 #                                      A/B's load: whose code and data stay in cache)
-#     --binary PATH                    ... of another build (e.g. an older commit's)
+#     --binary PATH                    ... of another build (e.g. an older commit's, or
+#                                      target/release/examples/relay_floor for `relay`)
+#     --i1 KIB                         ... with an L1 instruction cache of KIB KiB
+#                                      (default 32; this machine's cores have 64)
+#     --lines N                        ... and the code run per event and per request,
+#                                      in cache lines, with the N functions that run the
+#                                      most per event (scripts/bench/callgrind_process.py)
 #     relay hyper h2c                  ... only these paths (default: all three)
 #
 # A change that has to cost more raises the budget in the same commit (--update); a
@@ -33,6 +39,8 @@ runs=3
 build=1
 streams=4
 binary=
+i1=32
+lines=0
 filters=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -42,7 +50,9 @@ while [ $# -gt 0 ]; do
         --process) process=1 ;;
         --streams) streams="$2"; shift ;;
         --binary) binary="$2"; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --i1) i1="$2"; shift ;;
+        --lines) lines="$2"; shift ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
     esac
@@ -60,7 +70,9 @@ if [ "$process" = 1 ]; then
     # the client (both outside valgrind). The counters are zeroed after a warm-up, then
     # dumped after R requests of S tokens and again after R of L: per request = the first
     # / R, per token event = (the second - the first) / ((L - S) R). The caches are
-    # simulated as in the benches (32 KiB L1s, 8 MiB LL). With many streams the
+    # simulated as in the benches (32 KiB L1s, 8 MiB LL; --i1 sets the L1i's size, to
+    # see where an event's code stops fitting: docs/PERFORMANCE.md, "The instruction
+    # cache's cliff"). With many streams the
     # simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
     # that tokentap under valgrind, on a busy machine too, keeps up and reads each event
     # alone, as it does at full speed; a count far under the benches' says it did not.
@@ -80,23 +92,34 @@ if [ "$process" = 1 ]; then
     port=${BUDGET_PROCESS_PORT:-19870}
     target/release/tokentap sim --listen "127.0.0.1:$port" --ttft 5ms --itl "${itl}ms" --tokens "$long" >"$out/sim.log" 2>&1 &
     pids+=($!)
-    printf 'proxy:\n  http1_fast_path: false\n' >"$out/hyper.yaml"
-    printf '{}\n' >"$out/relay.yaml"
-    echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens:"
+    # Everything the process needs is in its config, so that the floor relay, which reads
+    # only `listen` and `upstream.url`, runs the same way.
+    for path in relay hyper h2c; do
+        printf 'listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nupstream:\n  url: http://127.0.0.1:%d\n' \
+            $((port + 1)) $((port + 2)) "$port" >"$out/$path.yaml"
+    done
+    printf 'proxy:\n  http1_fast_path: false\n' >>"$out/hyper.yaml"
+    # 64 sets of 64-byte lines, as the L1s of x86 cores have; the size sets the ways.
+    i1_ways=$((i1 / 4))
+    if [ "$i1_ways" -lt 1 ] || [ $((i1 % 4)) != 0 ]; then
+        echo "budget.sh: --i1 takes a multiple of 4 KiB" >&2; exit 2
+    fi
+    dump_instr=()
+    [ "$lines" -gt 0 ] && dump_instr=(--dump-instr=yes)
+    echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens, ${i1} KiB L1i:"
     paths=(relay hyper h2c)
     [ ${#filters[@]} -gt 0 ] && paths=("${filters[@]}")
     for path in "${paths[@]}"; do
-        config="$out/relay.yaml"; client=()
-        [ "$path" = hyper ] && config="$out/hyper.yaml"
+        client=()
         [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
-        valgrind --tool=callgrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=8388608,16,64 \
+        valgrind --tool=callgrind --cache-sim=yes --I1=$((i1 * 1024)),"$i1_ways",64 \
+            --D1=32768,8,64 --LL=8388608,16,64 ${dump_instr[@]+"${dump_instr[@]}"} \
             --callgrind-out-file="$out/$path.out" \
-            "$tt" --upstream "http://127.0.0.1:$port" --listen "127.0.0.1:$((port + 1))" \
-            --admin "127.0.0.1:$((port + 2))" --config "$config" >"$out/$path.log" 2>&1 &
+            "$tt" --config "$out/$path.yaml" >"$out/$path.log" 2>&1 &
         vg=$!
         pids+=("$vg")
         for _ in $(seq 1 120); do
-            curl -fsS "http://127.0.0.1:$((port + 2))/readyz" >/dev/null 2>&1 && break
+            (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null && break
             sleep 0.5
         done
         load() {
@@ -110,28 +133,10 @@ if [ "$process" = 1 ]; then
         load "$long"
         callgrind_control -d "$vg" >/dev/null 2>&1
         kill "$vg"; wait "$vg" 2>/dev/null || true
-        python3 - "$out" "$path" "$requests" "$short" "$long" <<'EOF2'
-import glob, sys
-out, path = sys.argv[1], sys.argv[2]
-requests, short, long_ = (int(v) for v in sys.argv[3:6])
-def totals(f):
-    names = values = None
-    for line in open(f):
-        if line.startswith("events:"):
-            names = line.split()[1:]
-        elif line.startswith("totals:") or line.startswith("summary:"):
-            values = [int(v) for v in line.split()[1:]]
-    values += [0] * (len(names) - len(values))
-    return dict(zip(names, values))
-dumps = sorted(glob.glob(f"{out}/{path}.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
-a, b = totals(dumps[0]), totals(dumps[1])
-def figures(d, n):
-    d1 = d["D1mr"] + d["D1mw"]
-    ll = d["ILmr"] + d["DLmr"] + d["DLmw"]
-    return f"{d['Ir'] / n:10.0f} Ir {d['I1mr'] / n:8.1f} I1 {d1 / n:8.1f} D1 {ll / n:7.1f} LL misses"
-print(f"process/{path}: per request ({short} token events) {figures(a, requests)}")
-print(f"process/{path}: per token event {' ' * (len(str(short)) + 15)}{figures({k: b[k] - a[k] for k in a}, (long_ - short) * requests)}")
-EOF2
+        lines_arg=()
+        [ "$lines" -gt 0 ] && lines_arg=(--lines "$lines")
+        python3 scripts/bench/callgrind_process.py "$out" "$path" "$requests" "$short" "$long" \
+            ${lines_arg[@]+"${lines_arg[@]}"}
     done
     exit 0
 fi
