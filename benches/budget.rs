@@ -480,6 +480,7 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .with_writer(std::io::sink)
         .with_ansi(false)
+        .fmt_fields(tokentap::log_fields::PlainFields)
         .init();
     let only: Vec<String> = std::env::args()
         .skip(1)

@@ -48,6 +48,7 @@ pub mod exchange;
 pub mod idle_pool;
 pub mod intermediary;
 pub mod live;
+pub mod log_fields;
 pub mod observe;
 pub mod otlp;
 pub mod outcome;

@@ -635,6 +635,7 @@ fn init_logs(format: LogFormat, level: &str) {
     };
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.init(),
+        // tracing-subscriber's text fields, written for less (src/log_fields.rs).
+        LogFormat::Text => builder.fmt_fields(tokentap::log_fields::PlainFields).init(),
     }
 }
