@@ -52,18 +52,31 @@ impl PlainVisitor<'_> {
             && !name.starts_with("r#")
     }
 
-    /// `name=` after the separating space, as the default writes it without colours.
-    fn name(&mut self, field: &Field) {
-        if self.is_empty {
-            self.is_empty = false;
-        } else if let Err(err) = self.writer.write_char(' ') {
-            self.result = Err(err);
+    /// One field: `name=value` after the separating space, as the default writes it
+    /// without colours, with `value` writing the value; or, for a field this visitor does
+    /// not write itself, `default` recording it with tracing-subscriber's own visitor.
+    fn record(
+        &mut self,
+        field: &Field,
+        value: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
+        default: impl FnOnce(&mut DefaultVisitor<'_>, &Field),
+    ) {
+        if self.result.is_err() {
             return;
         }
-        self.result = self
-            .writer
-            .write_str(field.name())
-            .and_then(|()| self.writer.write_char('='));
+        if !self.plain(field) {
+            return self.delegate(field, default);
+        }
+        let space = if self.is_empty {
+            Ok(())
+        } else {
+            self.writer.write_char(' ')
+        };
+        self.is_empty = false;
+        self.result = space
+            .and_then(|()| self.writer.write_str(field.name()))
+            .and_then(|()| self.writer.write_char('='))
+            .and_then(|()| value(&mut self.writer));
     }
 
     /// Hand the field to tracing-subscriber's own visitor, with what was written so far.
@@ -81,75 +94,49 @@ impl PlainVisitor<'_> {
 
 impl Visit for PlainVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.result.is_err() {
-            return;
-        }
-        if !self.plain(field) {
-            return self.delegate(field, |v, f| v.record_str(f, value));
-        }
-        self.name(field);
-        if self.result.is_ok() {
-            self.result = write!(self.writer, "{value:?}");
-        }
+        self.record(
+            field,
+            |w| write!(w, "{value:?}"),
+            |v, f| v.record_str(f, value),
+        );
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.result.is_err() {
-            return;
-        }
-        if !self.plain(field) {
-            return self.delegate(field, |v, f| v.record_u64(f, value));
-        }
-        self.name(field);
-        if self.result.is_ok() {
-            self.result = self.writer.write_str(itoa::Buffer::new().format(value));
-        }
+        self.record(
+            field,
+            |w| w.write_str(itoa::Buffer::new().format(value)),
+            |v, f| v.record_u64(f, value),
+        );
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.result.is_err() {
-            return;
-        }
-        if !self.plain(field) {
-            return self.delegate(field, |v, f| v.record_i64(f, value));
-        }
-        self.name(field);
-        if self.result.is_ok() {
-            self.result = self.writer.write_str(itoa::Buffer::new().format(value));
-        }
+        self.record(
+            field,
+            |w| w.write_str(itoa::Buffer::new().format(value)),
+            |v, f| v.record_i64(f, value),
+        );
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.result.is_err() {
-            return;
-        }
-        if !self.plain(field) {
-            return self.delegate(field, |v, f| v.record_bool(f, value));
-        }
-        self.name(field);
-        if self.result.is_ok() {
-            self.result = self.writer.write_str(if value { "true" } else { "false" });
-        }
+        self.record(
+            field,
+            |w| w.write_str(if value { "true" } else { "false" }),
+            |v, f| v.record_bool(f, value),
+        );
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if self.result.is_err() {
-            return;
+        if self.result.is_ok() {
+            self.delegate(field, |v, f| v.record_error(f, value));
         }
-        self.delegate(field, |v, f| v.record_error(f, value));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.result.is_err() {
-            return;
-        }
-        if !self.plain(field) {
-            return self.delegate(field, |v, f| v.record_debug(f, value));
-        }
-        self.name(field);
-        if self.result.is_ok() {
-            self.result = write!(self.writer, "{value:?}");
-        }
+        self.record(
+            field,
+            |w| write!(w, "{value:?}"),
+            |v, f| v.record_debug(f, value),
+        );
     }
 }
 
