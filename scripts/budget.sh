@@ -183,6 +183,9 @@ done
 python3 - "$out" "$runs" "$update" <<'EOF'
 import os, re, sys, tomllib
 
+sys.path.insert(0, "scripts/bench")
+from callgrind_process import totals
+
 out, runs, update = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 BUDGET = "benches/budget.toml"
 
@@ -195,17 +198,8 @@ def counts(run_dir):
             measures.append((int(m[1]), m[2], int(m[3]), int(m[4])))
     found = {}
     for index, case, events, requests in measures:
-        path = os.path.join(run_dir, f"callgrind.out.{index}")
-        names = values = None
-        for line in open(path):
-            if line.startswith("events:"):
-                names = line.split()[1:]
-            elif line.startswith("totals:") or line.startswith("summary:"):
-                values = [int(v) for v in line.split()[1:]]
-        if names is None or values is None:
-            sys.exit(f"budget.sh: no totals in {path}")
-        values += [0] * (len(names) - len(values))
-        found[(case, events)] = {n: v / requests for n, v in zip(names, values)}
+        counted = totals(os.path.join(run_dir, f"callgrind.out.{index}"))
+        found[(case, events)] = {n: v / requests for n, v in counted.items()}
     return found
 
 def derived(found):

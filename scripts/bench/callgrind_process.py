@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The figures of `budget.sh --process`, read from its two callgrind dumps.
+"""The figures of `budget.sh --process`, read from its two callgrind dumps (and the
+dump reader, `totals`, that the benches' part of `budget.sh` uses too).
 
 The counters were zeroed after a warm-up, dumped after R requests of S token events
 (`PATH.out.1`) and again after R requests of L (`PATH.out.2`). Per request = the first
