@@ -32,12 +32,21 @@
 #
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
 # --yaml NAME=FILE, --no-ui NAME, --viewer NAME, --ports BASE (default 18000: the simulator's
-# port; nginx BASE+82, targets from BASE+310).
-# Prints one line per run: target, CPU per event (utime+stime / events, and each alone),
-# latency p50/p99.
+# port; nginx BASE+82, targets from BASE+310), --duration SECONDS (of each run's measured
+# window, default 6).
+# Prints one line per run: target, CPU per event and its user and system parts, latency
+# p50/p99.
+#
+# The total is exact: the nanoseconds the scheduler ran the process's threads
+# (/proc/PID/task/TID/schedstat, thread by thread, so a thread that starts in the run counts
+# whole). The user/system split is not: a kernel with tick accounting (CONFIG_TICK_CPU_ACCOUNTING,
+# as this machine's, HZ=250) charges each whole tick to the mode it lands in, so the split
+# is a sample of the ticks that hit the process, printed with each line ("split by N
+# ticks": a few dozen per run at 100 streams). How far that carries: docs/PERFORMANCE.md,
+# "How a change's cost is judged".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
+C=1000 ROUNDS=3 DURATION=6 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
@@ -47,6 +56,7 @@ while [ $# -gt 0 ]; do
         --no-ui) NO_UI+=("$2"); shift ;;
         --viewer) VIEWERS+=("$2"); shift ;;
         --ports) BASE=$2; shift ;;
+        --duration) DURATION=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
         *=*) TARGETS+=("$1") ;;
@@ -115,23 +125,38 @@ done
 
 # User and system clock ticks of the processes in $1, as "user sys".
 ticks() { local u=0 s=0 p; for p in $1; do read -r pu ps < <(awk '{print $14, $15}' "/proc/$p/stat"); u=$((u + pu)); s=$((s + ps)); done; echo "$u $s"; }
+# Nanoseconds on a CPU of each thread of the processes in $1, as "TID:NS,TID:NS...".
+ran_ns() {
+    local p t ns _
+    for p in $1; do
+        for t in /proc/"$p"/task/*; do
+            read -r ns _ < "$t/schedstat" 2>/dev/null && printf '%s:%s,' "${t##*/}" "$ns"
+        done
+    done
+}
 for r in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
-        t0=$(ticks "${PID[$name]}")
-        out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration 6s \
+        t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
+        out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
             --warmup 2s --ramp 1s --max-tokens 40 --label "ab/$name/r$r" 2>/dev/null | tail -1)
-        t1=$(ticks "${PID[$name]}")
-        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" <<'PY'
-import json, os, sys
+        t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
+        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" <<'PY'
+import json, sys
 name, t0, t1, out, c, r = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
+def threads(arg):
+    return {tid: int(ns) for tid, ns in (p.split(":") for p in arg.split(",") if p)}
+before, after = threads(sys.argv[7]), threads(sys.argv[8])
+# A thread gone before the end loses its last part; one born in the run counts whole.
+ran_us = sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e3
 events = out["events_all"]
-def per_event(ticks):
-    return ticks / os.sysconf("SC_CLK_TCK") / events * 1e6 if events else float("nan")
-user, sys_ = (per_event(int(b) - int(a)) for a, b in zip(t0, t1))
+u, k = (int(b) - int(a) for a, b in zip(t0, t1))
+user_share = u / (u + k) if u + k else float("nan")
+how = f"split by {u + k} ticks"
+total = ran_us / events if events else float("nan")
 lat = out["latency_us"]
-print(f"c{c} r{r} {name:10s} cpu/event {user + sys_:6.2f} us (user {user:5.2f} sys {sys_:5.2f})  "
+print(f"c{c} r{r} {name:10s} cpu/event {total:6.2f} us (user {total * user_share:5.2f} sys {total * (1 - user_share):5.2f})  "
       f"latency p50 {lat['p50']:7.0f} p99 {lat['p99']:8.0f} us  "
-      f"events/s {out['events_per_s']:.0f} errors {out['errors']}", flush=True)
+      f"events/s {out['events_per_s']:.0f} errors {out['errors']}  {how}", flush=True)
 PY
     done
 done
