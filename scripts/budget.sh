@@ -16,6 +16,7 @@
 #                                      (sockets, hyper's HTTP, the runtime), printed, not
 #                                      held to a budget (threads make it less exact), with
 #                                      the simulated cache misses (I1: the code's footprint)
+#                                      and branch mispredictions
 #     --streams N                      ... with N streams at once (default 4; 1000 is the
 #                                      A/B's load: whose code and data stay in cache)
 #     --binary PATH                    ... of another build (e.g. an older commit's, or
@@ -72,8 +73,8 @@ if [ "$process" = 1 ]; then
     # / R, per token event = (the second - the first) / ((L - S) R). The caches are
     # simulated as in the benches (32 KiB L1s, 8 MiB LL; --i1 sets the L1i's size, to
     # see where an event's code stops fitting: docs/PERFORMANCE.md, "The instruction
-    # cache's cliff"). With many streams the
-    # simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
+    # cache's cliff"), and so are the branch predictors (mispredictions per event). With
+    # many streams the simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
     # that tokentap under valgrind, on a busy machine too, keeps up and reads each event
     # alone, as it does at full speed; a count far under the benches' says it did not.
     [ "$build" = 1 ] && [ -z "$binary" ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
@@ -112,7 +113,7 @@ if [ "$process" = 1 ]; then
     for path in "${paths[@]}"; do
         client=()
         [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
-        valgrind --tool=callgrind --cache-sim=yes --I1=$((i1 * 1024)),"$i1_ways",64 \
+        valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes --I1=$((i1 * 1024)),"$i1_ways",64 \
             --D1=32768,8,64 --LL=8388608,16,64 ${dump_instr[@]+"${dump_instr[@]}"} \
             --callgrind-out-file="$out/$path.out" \
             "$tt" --config "$out/$path.yaml" >"$out/$path.log" 2>&1 &

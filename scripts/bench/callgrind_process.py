@@ -40,7 +40,11 @@ def totals(path):
 def figures(d, n):
     d1 = d["D1mr"] + d["D1mw"]
     ll = d["ILmr"] + d["DLmr"] + d["DLmw"]
-    return f"{d['Ir'] / n:10.0f} Ir {d['I1mr'] / n:8.1f} I1 {d1 / n:8.1f} D1 {ll / n:7.1f} LL misses"
+    text = f"{d['Ir'] / n:10.0f} Ir {d['I1mr'] / n:8.1f} I1 {d1 / n:8.1f} D1 {ll / n:7.1f} LL misses"
+    if "Bcm" in d:
+        # Conditional and indirect branches the simulated predictor got wrong.
+        text += f" {d['Bcm'] / n:7.1f} cond {d['Bim'] / n:6.1f} indirect mispredicted"
+    return text
 
 
 def executions(path):
