@@ -32,17 +32,26 @@ impl Lines {
         }
     }
 
-    /// Add every cache line `value` lies in.
+    /// Add every cache line `value` lies in, as many as there is room for. It runs per
+    /// event, so it is a plain loop: with `(first..=last).step_by(LINE)`, and the list
+    /// returned by value through each layer, listing cost ~460 instructions per event in
+    /// a whole process (`budget.sh --process`), now ~210.
     pub fn value<T: ?Sized>(&mut self, value: &T) {
         let len = std::mem::size_of_val(value);
         if len == 0 {
             return;
         }
         let start = std::ptr::from_ref(value).cast::<u8>() as usize;
-        let first = start & !(LINE - 1);
-        let last = (start + len - 1) & !(LINE - 1);
-        for line in (first..=last).step_by(LINE) {
-            self.push(line);
+        // A value lies inside the address space, so its end does not wrap.
+        let end = start.saturating_add(len);
+        let mut line = start & !(LINE - 1);
+        while line < end {
+            let Some(slot) = self.at.get_mut(self.len) else {
+                return;
+            };
+            *slot = line;
+            self.len += 1;
+            line += LINE;
         }
     }
 

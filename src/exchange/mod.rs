@@ -317,11 +317,10 @@ impl Streaming {
     }
 
     /// The memory [`data`](Self::data) touches first (see [`ResponseObserver::hot_lines`]).
-    pub fn hot_lines(&self) -> prefetch::Lines {
-        self.observer
-            .as_ref()
-            .map(ResponseObserver::hot_lines)
-            .unwrap_or_default()
+    pub fn hot_lines(&self, lines: &mut prefetch::Lines) {
+        if let Some(observer) = self.observer.as_ref() {
+            observer.hot_lines(lines);
+        }
     }
 
     /// The body ended at `at` as `end` says: record it and give the permit back. Later

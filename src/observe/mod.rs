@@ -713,16 +713,14 @@ impl ResponseObserver {
     /// The memory [`data`](Self::data) touches first: what a transport that knows data
     /// is ready prefetches before the read that fetches the data, so the read's time
     /// covers the memory's.
-    pub fn hot_lines(&self) -> prefetch::Lines {
-        let mut lines = prefetch::Lines::default();
+    pub fn hot_lines(&self, lines: &mut prefetch::Lines) {
         if let Some(observing) = self.observing.as_ref() {
             lines.value(observing);
             if let Some(decoder) = observing.decoder.as_deref() {
                 lines.value(decoder);
             }
-            observing.recorder.hot_lines(&mut lines);
+            observing.recorder.hot_lines(lines);
         }
-        lines
     }
 
     /// The response's trailers passed (forwarded unchanged): a gRPC call's status is there.

@@ -754,11 +754,10 @@ fn read_upstream<'a>(
 
 /// The memory a read's bytes meet first: the response reader's state and the observer's.
 fn hot_lines(relay: &ResponseRelay, observed: &Observed) -> crate::prefetch::Lines {
-    let mut lines = observed
-        .streaming
-        .as_ref()
-        .map(Streaming::hot_lines)
-        .unwrap_or_default();
+    let mut lines = crate::prefetch::Lines::default();
+    if let Some(streaming) = observed.streaming.as_ref() {
+        streaming.hot_lines(&mut lines);
+    }
     lines.value(relay.reader());
     lines
 }
