@@ -33,7 +33,8 @@
 # Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
 # --yaml NAME=FILE, --no-ui NAME, --viewer NAME, --ports BASE (default 18000: the simulator's
 # port; nginx BASE+82, targets from BASE+310), --duration SECONDS (of each run's measured
-# window, default 6).
+# window, default 6), --tokens N (per stream, default 40: with many more, a run's window
+# holds few requests' starts and ends, and the CPU per event is the per-event work alone).
 # Prints one line per run: target, CPU per event and its user and system parts, latency
 # p50/p99.
 #
@@ -46,7 +47,7 @@
 # "How a change's cost is judged".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 DURATION=6 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
+C=1000 ROUNDS=3 DURATION=6 TOKENS=40 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
@@ -57,6 +58,7 @@ while [ $# -gt 0 ]; do
         --viewer) VIEWERS+=("$2"); shift ;;
         --ports) BASE=$2; shift ;;
         --duration) DURATION=$2; shift ;;
+        --tokens) TOKENS=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
         *=*) TARGETS+=("$1") ;;
@@ -77,7 +79,7 @@ trap cleanup EXIT
 
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "ab.sh: port $1 never opened" >&2; exit 1; }
 
-"$SIM_BIN" sim --listen "127.0.0.1:$BASE" --stamp --ttft 50ms --itl 50ms --tokens 40 \
+"$SIM_BIN" sim --listen "127.0.0.1:$BASE" --stamp --ttft 50ms --itl 50ms --tokens "$TOKENS" \
     --models sim-model > "$RUN/sim.log" 2>&1 &
 PIDS_ALL+=($!)
 declare -A PID PORT
@@ -138,7 +140,7 @@ for r in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
         t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
         out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
-            --warmup 2s --ramp 1s --max-tokens 40 --label "ab/$name/r$r" 2>/dev/null | tail -1)
+            --warmup 2s --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
         t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
         python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" <<'PY'
 import json, sys
