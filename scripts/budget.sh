@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
         --binary) binary="$2"; shift ;;
         --i1) i1="$2"; shift ;;
         --lines) lines="$2"; shift ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
     esac
@@ -74,9 +74,10 @@ if [ "$process" = 1 ]; then
     # simulated as in the benches (32 KiB L1s, 8 MiB LL; --i1 sets the L1i's size, to
     # see where an event's code stops fitting: docs/PERFORMANCE.md, "The instruction
     # cache's cliff"), and so are the branch predictors (mispredictions per event). With
-    # many streams the simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
-    # that tokentap under valgrind, on a busy machine too, keeps up and reads each event
-    # alone, as it does at full speed; a count far under the benches' says it did not.
+    # many streams the simulator's tokens come slowly enough (0.6 ms per stream between a
+    # stream's tokens) that tokentap under valgrind, on a busy machine too, keeps up and
+    # reads each event alone, as it does at full speed; a count far under the benches'
+    # says it did not.
     [ "$build" = 1 ] && [ -z "$binary" ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
     [ "$build" = 1 ] && [ -n "$binary" ] && cargo build --release -p tokentap-sim --bin tokentap-bench >&2
     tt=${binary:-target/release/tokentap}

@@ -25,11 +25,14 @@ impl Lines {
         self.push(address as usize);
     }
 
-    fn push(&mut self, address: usize) {
-        if let Some(slot) = self.at.get_mut(self.len) {
-            *slot = address;
-            self.len += 1;
-        }
+    /// List `address`; false when the list is full (and it is not listed).
+    fn push(&mut self, address: usize) -> bool {
+        let Some(slot) = self.at.get_mut(self.len) else {
+            return false;
+        };
+        *slot = address;
+        self.len += 1;
+        true
     }
 
     /// Add every cache line `value` lies in, as many as there is room for. It runs per
@@ -45,12 +48,7 @@ impl Lines {
         // A value lies inside the address space, so its end does not wrap.
         let end = start.saturating_add(len);
         let mut line = start & !(LINE - 1);
-        while line < end {
-            let Some(slot) = self.at.get_mut(self.len) else {
-                return;
-            };
-            *slot = line;
-            self.len += 1;
+        while line < end && self.push(line) {
             line += LINE;
         }
     }
