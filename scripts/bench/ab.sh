@@ -132,7 +132,7 @@ ran_ns() {
     local p t ns _
     for p in $1; do
         for t in /proc/"$p"/task/*; do
-            read -r ns _ < "$t/schedstat" 2>/dev/null && printf '%s:%s,' "${t##*/}" "$ns"
+            { read -r ns _ < "$t/schedstat"; } 2>/dev/null && printf '%s:%s,' "${t##*/}" "$ns"
         done
     done
 }
