@@ -6,9 +6,9 @@
 //! request is registered once, when its observation starts at the request head
 //! (`observe::start`, which the exchange policy calls for either transport): a lock on
 //! one of [`SHARDS`] shards, picked by a counter, so concurrent registrations on different
-//! workers rarely meet. Its response head and its token-bearing events are noted with
-//! relaxed atomics on the request's own [`LiveStream`]: no lock and no shared line per
-//! event. The entry leaves the registry when the request is recorded, however it ends
+//! workers rarely meet. Its response head and its token-bearing events are noted by its
+//! recorder, the one writer, with relaxed loads and stores on the request's own
+//! [`LiveStream`]: no lock, no locked instruction and no shared line per event. The entry leaves the registry when the request is recorded, however it ends
 //! (its [`LiveEntry`] is dropped).
 //!
 //! The tenant label is known at registration (the head says it); the model label is set
@@ -90,13 +90,20 @@ impl LiveStream {
 
     /// A token-bearing event at `at` with `tokens` tokens, `gap` after the previous one
     /// (none for the first).
+    ///
+    /// The request's recorder is the one writer, so the counters are loaded and stored,
+    /// not updated by read-modify-write: that would be a locked instruction per counter
+    /// per event, guarding against a second writer there is not.
     pub fn event(&self, at: Instant, tokens: u64, gap: Option<Duration>) {
-        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        let total = self.tokens.load(Ordering::Relaxed).saturating_add(tokens);
+        self.tokens.store(total, Ordering::Relaxed);
         let since = at.saturating_duration_since(self.started).as_nanos() as u64;
         self.last_event_ns.store(since.max(1), Ordering::Relaxed);
         if let Some(gap) = gap {
-            self.largest_gap_ns
-                .fetch_max(gap.as_nanos() as u64, Ordering::Relaxed);
+            let gap = gap.as_nanos() as u64;
+            if gap > self.largest_gap_ns.load(Ordering::Relaxed) {
+                self.largest_gap_ns.store(gap, Ordering::Relaxed);
+            }
         }
     }
 
