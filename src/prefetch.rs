@@ -10,12 +10,16 @@
 /// The cache line size the lines are counted in.
 const LINE: usize = 64;
 
+/// The most lines one list holds: what a streamed event's state spans, 20 lines for an
+/// OpenAI chat stream with the live view on (a test in `observe` keeps it within).
+pub const CAPACITY: usize = 24;
+
 /// Addresses to prefetch later, kept as plain numbers: taken from state before an
 /// `await`, fetched after it. An address that went stale meanwhile costs a wasted hint,
 /// nothing else, since a prefetch reads nothing the program sees.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Lines {
-    at: [usize; 16],
+    at: [usize; CAPACITY],
     len: usize,
 }
 
@@ -62,6 +66,15 @@ impl Lines {
         self.len == 0
     }
 
+    /// Whether the line holding `address` is listed.
+    #[cfg(test)]
+    pub fn holds<T: ?Sized>(&self, address: *const T) -> bool {
+        let line = address.cast::<u8>() as usize & !(LINE - 1);
+        self.at[..self.len]
+            .iter()
+            .any(|&at| at & !(LINE - 1) == line)
+    }
+
     /// Start loading every listed line.
     pub fn fetch(&self) {
         for &address in &self.at[..self.len] {
@@ -102,7 +115,7 @@ mod tests {
         lines.value(&aligned.0[..0]);
         assert_eq!(lines.len(), 2, "nothing for nothing");
         lines.value(&[0u64; 200]);
-        assert_eq!(lines.len(), 16, "capped");
+        assert_eq!(lines.len(), CAPACITY, "capped");
         lines.fetch();
         // A dangling address is a hint like any other.
         let mut stale = Lines::default();

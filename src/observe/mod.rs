@@ -715,7 +715,7 @@ impl ResponseObserver {
     /// covers the memory's.
     pub fn hot_lines(&self, lines: &mut prefetch::Lines) {
         if let Some(observing) = self.observing.as_ref() {
-            lines.value(observing);
+            lines.value(&observing.decoder);
             if let Some(decoder) = observing.decoder.as_deref() {
                 lines.value(decoder);
             }
@@ -827,8 +827,8 @@ mod tests {
     use super::*;
     use crate::metrics::in_flight::Phase;
 
-    #[test]
-    fn a_request_is_listed_from_its_head_until_it_ends_however_it_ends() {
+    /// A flag-only config, and its sinks with the live list on.
+    fn live_sinks() -> (Arc<Config>, Arc<Sinks>, Arc<ServedModels>) {
         let config = Arc::new(
             Config::from_overrides(&crate::config::Overrides {
                 upstream: Some("http://127.0.0.1:9".to_string()),
@@ -838,7 +838,52 @@ mod tests {
         );
         let sinks = Sinks::new(Metrics::new(&config.metrics.buckets, &config.labels));
         sinks.in_flight.enable();
-        let served = Arc::new(ServedModels::default());
+        (config, sinks, Arc::new(ServedModels::default()))
+    }
+
+    #[test]
+    fn an_events_prefetch_list_holds_its_state_and_leaves_room_for_the_reader() {
+        let (config, sinks, served) = live_sinks();
+        let (method, uri) = (Method::POST, Uri::from_static("/v1/chat/completions"));
+        let headers = HeaderMap::new();
+        let head = RequestHead {
+            method: &method,
+            uri: &uri,
+            headers: &headers,
+        };
+        let (_, pending) = start(head, Instant::now(), &config, None, &sinks, &served);
+        let mut response = HeaderMap::new();
+        response.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        let mut observer = pending
+            .response(Instant::now(), StatusCode::OK, &response)
+            .expect("a measured route is observed");
+        let event = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        observer.data(Instant::now(), event);
+        let mut lines = prefetch::Lines::default();
+        observer.hot_lines(&mut lines);
+        let observing = observer.observing.as_ref().unwrap();
+        let decoder = observing.decoder.as_deref().unwrap();
+        assert!(
+            lines.holds(std::ptr::from_ref(decoder)),
+            "the decoder's state"
+        );
+        let live = observing.recorder.live_stream().unwrap();
+        assert!(lines.holds(Arc::as_ptr(live)), "the live entry's counters");
+        // The relay lists its response reader too: N bytes lie in at most N / 64 lines,
+        // rounded up, plus one where they start inside a line.
+        let reader = std::mem::size_of::<crate::relay::response::ResponseReader>();
+        let reader = reader.div_ceil(64) + 1;
+        assert!(
+            lines.len() + reader <= prefetch::CAPACITY,
+            "{} lines listed, {reader} more for the reader, {} fit",
+            lines.len(),
+            prefetch::CAPACITY
+        );
+    }
+
+    #[test]
+    fn a_request_is_listed_from_its_head_until_it_ends_however_it_ends() {
+        let (config, sinks, served) = live_sinks();
         let (method, uri) = (Method::POST, Uri::from_static("/v1/chat/completions"));
         let mut headers = HeaderMap::new();
         headers.insert("x-tenant-id", "t".parse().unwrap());

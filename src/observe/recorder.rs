@@ -45,14 +45,13 @@ impl Drop for InFlight {
 /// Measurement state of one LLM request.
 pub struct Recorder {
     sinks: Arc<Sinks>,
-    clock: TokenClock,
+    /// What each token-bearing event reads and writes, kept apart from the rest.
+    per_event: PerEvent,
     facts: Arc<RequestFacts>,
     response_model: Option<String>,
-    handles: Option<StreamSeries>,
     /// The status the client was told, and whether tokentap (not the upstream) said it.
     status: Option<StatusCode>,
     answered_by_tokentap: bool,
-    stall_threshold: Duration,
     /// The class of the first error the stream itself reported.
     stream_error: Option<ErrorClass>,
     /// The stream's own end marker (`[DONE]`, `message_stop`, ...) was seen.
@@ -67,20 +66,31 @@ pub struct Recorder {
     /// The rate limits the response head reported, recorded with the outcome (when the
     /// model that labels them is known for sure).
     rate_limits: Option<Box<RateLimits>>,
-    /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
-    slowest_itl: Option<Duration>,
-    /// Every per-token ITL value, sketched for the median: kept only for a request that
-    /// gets a span.
-    itl_sketch: Option<ItlSketch>,
     /// The finish reasons the stream named, each once.
     finish_reasons: Vec<String>,
     /// What the engine reported of its own time, recorded with the outcome.
     engine: EngineTimings,
     /// The objectives in force when the request began, judged at its end.
     objectives: Option<Objectives>,
+    in_flight: InFlight,
+}
+
+/// The part of a [`Recorder`] that [`Recorder::apply`] reads and writes for each
+/// token-bearing event, in one place: with a thousand streams a stream's state is out of
+/// the caches when its next event comes, so an event's work waits on each cache line it
+/// touches. Together they are a few contiguous lines, which the relay prefetches before
+/// its read ([`Recorder::hot_lines`]); the rest of the recorder is read once per request.
+struct PerEvent {
+    clock: TokenClock,
+    handles: Option<StreamSeries>,
+    stall_threshold: Duration,
+    /// The largest per-token value observed into ITL so far: the ITL exemplar's value.
+    slowest_itl: Option<Duration>,
+    /// Every per-token ITL value, sketched for the median: kept only for a request that
+    /// gets a span.
+    itl_sketch: Option<ItlSketch>,
     /// Whether the response arrives in one burst, and its first gaps while that is open.
     burst: Burst,
-    in_flight: InFlight,
     /// The request's entry in the live view's list of requests in flight, from its head
     /// to its record, while the live view is on.
     live: Option<LiveEntry>,
@@ -105,27 +115,29 @@ impl Recorder {
         };
         Recorder {
             sinks,
-            clock: TokenClock::new(t_req),
+            per_event: PerEvent {
+                clock: TokenClock::new(t_req),
+                handles: None,
+                stall_threshold,
+                slowest_itl: None,
+                itl_sketch,
+                burst: Burst::default(),
+                live,
+            },
             facts,
             response_model: None,
-            handles: None,
             status: None,
             answered_by_tokentap: false,
-            stall_threshold,
             stream_error: None,
             end_marker: false,
             malformed: 0,
             grpc_status: None,
             whole_body: false,
             rate_limits: None,
-            slowest_itl: None,
-            itl_sketch,
             finish_reasons: Vec::new(),
             engine: EngineTimings::default(),
             objectives,
-            burst: Burst::default(),
             in_flight,
-            live,
         }
     }
 
@@ -141,9 +153,9 @@ impl Recorder {
 
     /// The upstream response head arrived at `at`.
     pub fn response_head(&mut self, at: Instant, status: StatusCode) {
-        self.clock.response_head(at);
+        self.per_event.clock.response_head(at);
         self.status = Some(status);
-        if let Some(entry) = &self.live {
+        if let Some(entry) = &self.per_event.live {
             entry.stream().response_head(at);
         }
     }
@@ -151,7 +163,7 @@ impl Recorder {
     /// The request's entry in the live view's list, while the live view is on: the
     /// request scan names its model there as soon as the body says it.
     pub fn live_stream(&self) -> Option<&Arc<LiveStream>> {
-        self.live.as_ref().map(LiveEntry::stream)
+        self.per_event.live.as_ref().map(LiveEntry::stream)
     }
 
     /// The rate limits the upstream reported in its response head.
@@ -190,8 +202,8 @@ impl Recorder {
                     exact,
                     kind,
                 } => {
-                    let content_pending = !self.clock.has_content();
-                    let stamp = self.clock.output(at, *tokens, *exact, *kind);
+                    let content_pending = !self.per_event.clock.has_content();
+                    let stamp = self.per_event.clock.output(at, *tokens, *exact, *kind);
                     let handles = self.handles();
                     if *exact {
                         // As the clock reads it: an exact 0 is one token.
@@ -203,7 +215,7 @@ impl Recorder {
                         Stamp::First { .. } => None,
                         Stamp::Next { gap, .. } => Some(gap),
                     };
-                    if let Some(entry) = &self.live {
+                    if let Some(entry) = &self.per_event.live {
                         entry.stream().event(at, u64::from((*tokens).max(1)), gap);
                     }
                     match stamp {
@@ -211,7 +223,7 @@ impl Recorder {
                         Stamp::Next { gap, itl } => self.gap(Gap { gap, itl }),
                     }
                     if content_pending {
-                        if let Some(ttft_content) = self.clock.ttft_content() {
+                        if let Some(ttft_content) = self.per_event.clock.ttft_content() {
                             self.handles()
                                 .ttft_content()
                                 .observe(ttft_content.as_secs_f64());
@@ -221,7 +233,7 @@ impl Recorder {
                 Signal::Usage {
                     input_tokens,
                     output_tokens,
-                } => self.clock.usage(*input_tokens, *output_tokens),
+                } => self.per_event.clock.usage(*input_tokens, *output_tokens),
                 Signal::Model(model) => {
                     if self.response_model.is_none() {
                         self.response_model = Some(model.clone());
@@ -232,9 +244,9 @@ impl Recorder {
                 }
                 Signal::Malformed => self.malformed = self.malformed.saturating_add(1),
                 Signal::Done => self.end_marker = true,
-                Signal::TrailingTokens(tokens) => self.clock.trailing_tokens(*tokens),
+                Signal::TrailingTokens(tokens) => self.per_event.clock.trailing_tokens(*tokens),
                 Signal::EngineTimings(timings) => self.engine.merge(*timings),
-                Signal::TokenDetails(details) => self.clock.token_details(**details),
+                Signal::TokenDetails(details) => self.per_event.clock.token_details(**details),
                 Signal::FinishReason(reason) => {
                     // Each reason once; a stream of many choices names a few at most.
                     if self.finish_reasons.len() < MAX_FINISH_REASONS
@@ -251,28 +263,41 @@ impl Recorder {
     /// held until the stream shows it streams, or (buffered) never.
     fn gap(&mut self, gap: Gap) {
         self.handles();
-        let Some(handles) = &self.handles else {
+        let PerEvent {
+            handles: Some(handles),
+            slowest_itl,
+            itl_sketch,
+            stall_threshold,
+            burst,
+            ..
+        } = &mut self.per_event
+        else {
             return;
         };
-        let (slowest, sketch) = (&mut self.slowest_itl, &mut self.itl_sketch);
-        let stall_threshold = self.stall_threshold;
-        self.burst.see(gap, |gap| {
-            observe_gap(handles, slowest, sketch, stall_threshold, gap);
+        burst.see(gap, |gap| {
+            observe_gap(handles, slowest_itl, itl_sketch, *stall_threshold, gap);
         });
     }
 
-    /// Add what [`apply`](Self::apply) writes per event outside the recorder itself.
+    /// Add the memory [`apply`](Self::apply) touches per token-bearing event: its
+    /// [`PerEvent`] state, the live entry's counters (an allocation of their own) and the
+    /// clock's next buffered slot.
     pub fn hot_lines(&self, lines: &mut crate::prefetch::Lines) {
-        self.clock.hot_lines(lines);
+        let per_event = &self.per_event;
+        lines.value(per_event);
+        if let Some(live) = &per_event.live {
+            lines.value(&**live.stream());
+        }
+        per_event.clock.hot_lines(lines);
     }
 
     /// The request's metric handles, resolved on first use.
     fn handles(&mut self) -> &StreamSeries {
-        match self.handles {
+        match self.per_event.handles {
             Some(ref handles) => handles,
             None => {
                 let handles = self.resolve_handles();
-                self.handles.insert(handles)
+                self.per_event.handles.insert(handles)
             }
         }
     }
@@ -281,7 +306,7 @@ impl Recorder {
     fn resolve_handles(&mut self) -> StreamSeries {
         // Each label is resolved once: the live entry's, where there is one, were
         // resolved at registration and (the model) by the request scan.
-        let (model, tenant) = match &self.live {
+        let (model, tenant) = match &self.per_event.live {
             Some(entry) => (
                 entry.stream().model_or_init(|| self.model_label()).clone(),
                 entry.stream().tenant.clone(),
@@ -302,7 +327,7 @@ impl Recorder {
             gen_ai::provider_name(dialect),
             self.facts.stream.get() != Some(&false),
         );
-        if let Some(ttfb) = self.clock.ttfb() {
+        if let Some(ttfb) = self.per_event.clock.ttfb() {
             handles.ttfb().observe(ttfb.as_secs_f64());
         }
         handles
@@ -338,15 +363,20 @@ impl Recorder {
         };
         let grpc_code = verdict::grpc_code(self.facts.dialect, self.whole_body, self.grpc_status);
         let verdict = verdict::verdict(end, status, self.stream_error, grpc_code);
-        let timings = self.clock.timings(at);
-        let handles = match self.handles.take() {
+        let timings = self.per_event.clock.timings(at);
+        let handles = match self.per_event.handles.take() {
             Some(handles) => handles,
             None => self.resolve_handles(),
         };
-        let (slowest, sketch) = (&mut self.slowest_itl, &mut self.itl_sketch);
-        let stall_threshold = self.stall_threshold;
-        let buffered = self.burst.end(|gap| {
-            observe_gap(&handles, slowest, sketch, stall_threshold, gap);
+        let PerEvent {
+            slowest_itl,
+            itl_sketch,
+            stall_threshold,
+            burst,
+            ..
+        } = &mut self.per_event;
+        let buffered = burst.end(|gap| {
+            observe_gap(&handles, slowest_itl, itl_sketch, *stall_threshold, gap);
         });
         // A buffered response's gaps are the hop's, not the engine's: none is observed.
         let deferred = if buffered {
@@ -357,8 +387,8 @@ impl Recorder {
         for share in deferred {
             observe_itl(
                 &handles,
-                &mut self.slowest_itl,
-                &mut self.itl_sketch,
+                &mut self.per_event.slowest_itl,
+                &mut self.per_event.itl_sketch,
                 *share,
             );
         }
@@ -366,7 +396,7 @@ impl Recorder {
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape
         // that sees the request counted never sees it in flight too.
         drop(self.in_flight);
-        drop(self.live.take());
+        drop(self.per_event.live.take());
         let summary = RequestSummary {
             facts: self.facts,
             model: handles.model().clone(),
@@ -383,14 +413,15 @@ impl Recorder {
             ttfb: timings.ttfb,
             ttft: timings.ttft,
             mean_itl: timings.mean_itl.filter(|_| !buffered),
-            slowest_itl: self.slowest_itl,
+            slowest_itl: self.per_event.slowest_itl,
             // A bucket's midpoint can lie past the largest value in it: never more than
             // the largest seen.
             itl_p50: self
+                .per_event
                 .itl_sketch
                 .as_ref()
                 .and_then(|s| s.quantile(0.5))
-                .map(|p50| p50.min(self.slowest_itl.unwrap_or(p50))),
+                .map(|p50| p50.min(self.per_event.slowest_itl.unwrap_or(p50))),
             slowest_gap: timings.slowest_gap.filter(|_| !buffered),
             tpot: decode.map(|d| d.tpot),
             tokens_per_second: decode.map(|d| d.tokens_per_second),

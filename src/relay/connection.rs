@@ -752,13 +752,14 @@ fn read_upstream<'a>(
     })
 }
 
-/// The memory a read's bytes meet first: the response reader's state and the observer's.
+/// The memory a read's bytes meet: the response reader's state first, then the
+/// observer's.
 fn hot_lines(relay: &ResponseRelay, observed: &Observed) -> crate::prefetch::Lines {
     let mut lines = crate::prefetch::Lines::default();
+    lines.value(relay.reader());
     if let Some(streaming) = observed.streaming.as_ref() {
         streaming.hot_lines(&mut lines);
     }
-    lines.value(relay.reader());
     lines
 }
 
