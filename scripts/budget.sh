@@ -23,6 +23,10 @@
 #                                      target/release/examples/relay_floor for `relay`)
 #     --i1 KIB                         ... with an L1 instruction cache of KIB KiB
 #                                      (default 32; this machine's cores have 64)
+#     --ll MIB                         ... with a last-level cache of MIB MiB, a power of
+#                                      two (default 8, which holds every stream's
+#                                      state; 2 is this machine's L2 per core, where
+#                                      1,000 streams' state meets memory)
 #     --lines N                        ... and the code run per event and per request,
 #                                      in cache lines, with the N functions that run the
 #                                      most per event (scripts/bench/callgrind_process.py)
@@ -41,6 +45,7 @@ build=1
 streams=4
 binary=
 i1=32
+ll=8
 lines=0
 filters=()
 while [ $# -gt 0 ]; do
@@ -52,6 +57,7 @@ while [ $# -gt 0 ]; do
         --streams) streams="$2"; shift ;;
         --binary) binary="$2"; shift ;;
         --i1) i1="$2"; shift ;;
+        --ll) ll="$2"; shift ;;
         --lines) lines="$2"; shift ;;
         -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
@@ -73,7 +79,9 @@ if [ "$process" = 1 ]; then
     # / R, per token event = (the second - the first) / ((L - S) R). The caches are
     # simulated as in the benches (32 KiB L1s, 8 MiB LL; --i1 sets the L1i's size, to
     # see where an event's code stops fitting: docs/PERFORMANCE.md, "The instruction
-    # cache's cliff"), and so are the branch predictors (mispredictions per event). With
+    # cache's cliff"; --ll the LL's, to count the lines an event reads from memory when
+    # the streams' state does not all fit, which callgrind counts before any prefetch),
+    # and so are the branch predictors (mispredictions per event). With
     # many streams the simulator's tokens come slowly enough (0.6 ms per stream between a
     # stream's tokens) that tokentap under valgrind, on a busy machine too, keeps up and
     # reads each event alone, as it does at full speed; a count far under the benches'
@@ -106,16 +114,20 @@ if [ "$process" = 1 ]; then
     if [ "$i1_ways" -lt 1 ] || [ $((i1 % 4)) != 0 ]; then
         echo "budget.sh: --i1 takes a multiple of 4 KiB" >&2; exit 2
     fi
+    # 16 ways; valgrind wants a power of two of sets.
+    if [ "$ll" -lt 1 ] || [ $((ll & (ll - 1))) != 0 ]; then
+        echo "budget.sh: --ll takes a power of two of MiB" >&2; exit 2
+    fi
     dump_instr=()
     [ "$lines" -gt 0 ] && dump_instr=(--dump-instr=yes)
-    echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens, ${i1} KiB L1i:"
+    echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens, ${i1} KiB L1i, ${ll} MiB LL:"
     paths=(relay hyper h2c)
     [ ${#filters[@]} -gt 0 ] && paths=("${filters[@]}")
     for path in "${paths[@]}"; do
         client=()
         [ "$path" = h2c ] && client=(--http2 --h2-connections 1)
         valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes --I1=$((i1 * 1024)),"$i1_ways",64 \
-            --D1=32768,8,64 --LL=8388608,16,64 ${dump_instr[@]+"${dump_instr[@]}"} \
+            --D1=32768,8,64 --LL=$((ll * 1048576)),16,64 ${dump_instr[@]+"${dump_instr[@]}"} \
             --callgrind-out-file="$out/$path.out" \
             "$tt" --config "$out/$path.yaml" >"$out/$path.log" 2>&1 &
         vg=$!
