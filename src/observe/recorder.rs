@@ -385,12 +385,7 @@ impl Recorder {
             &timings.deferred_itl[..]
         };
         for share in deferred {
-            observe_itl(
-                &handles,
-                &mut self.per_event.slowest_itl,
-                &mut self.per_event.itl_sketch,
-                *share,
-            );
+            observe_itl(&handles, slowest_itl, itl_sketch, *share);
         }
         let decode = timings.decode.filter(|_| !buffered);
         // The stream leaves `tokentap_streams_in_flight` before it is counted, so a scrape

@@ -8,8 +8,9 @@
 //! one of [`SHARDS`] shards, picked by a counter, so concurrent registrations on different
 //! workers rarely meet. Its response head and its token-bearing events are noted by its
 //! recorder, the one writer, with relaxed loads and stores on the request's own
-//! [`LiveStream`]: no lock, no locked instruction and no shared line per event. The entry leaves the registry when the request is recorded, however it ends
-//! (its [`LiveEntry`] is dropped).
+//! [`LiveStream`]: no lock, no locked instruction and no shared line per event. The entry
+//! leaves the registry when the request is recorded, however it ends (its [`LiveEntry`]
+//! is dropped).
 //!
 //! The tenant label is known at registration (the head says it); the model label is set
 //! once, when the request body names the model, or, for a request that names none, when
