@@ -66,6 +66,17 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+# The simulated caches of --process, checked before anything is built: 64 sets of
+# 64-byte lines in the L1i, as the L1s of x86 cores have (the size sets the ways), and 16
+# ways in the LL, whose sets valgrind wants a power of two of.
+i1_ways=$((i1 / 4))
+if [ "$i1_ways" -lt 1 ] || [ $((i1 % 4)) != 0 ]; then
+    echo "budget.sh: --i1 takes a multiple of 4 KiB" >&2; exit 2
+fi
+if [ "$ll" -lt 1 ] || [ $((ll & (ll - 1))) != 0 ]; then
+    echo "budget.sh: --ll takes a power of two of MiB" >&2; exit 2
+fi
+
 if ! command -v valgrind >/dev/null; then
     apt-get update -qq >/dev/null 2>&1
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null 2>&1 \
@@ -81,11 +92,10 @@ if [ "$process" = 1 ]; then
     # see where an event's code stops fitting: docs/PERFORMANCE.md, "The instruction
     # cache's cliff"; --ll the LL's, to count the lines an event reads from memory when
     # the streams' state does not all fit, which callgrind counts before any prefetch),
-    # and so are the branch predictors (mispredictions per event). With
-    # many streams the simulator's tokens come slowly enough (0.6 ms per stream between a
-    # stream's tokens) that tokentap under valgrind, on a busy machine too, keeps up and
-    # reads each event alone, as it does at full speed; a count far under the benches'
-    # says it did not.
+    # and so are the branch predictors (mispredictions per event). With many streams the
+    # simulator's tokens come slowly enough (0.6 ms per stream between a stream's tokens)
+    # that tokentap under valgrind, on a busy machine too, keeps up and reads each event
+    # alone, as it does at full speed; a count far under the benches' says it did not.
     [ "$build" = 1 ] && [ -z "$binary" ] && cargo build --release -p tokentap -p tokentap-sim --bin tokentap --bin tokentap-bench >&2
     [ "$build" = 1 ] && [ -n "$binary" ] && cargo build --release -p tokentap-sim --bin tokentap-bench >&2
     tt=${binary:-target/release/tokentap}
@@ -109,15 +119,6 @@ if [ "$process" = 1 ]; then
             $((port + 1)) $((port + 2)) "$port" >"$out/$path.yaml"
     done
     printf 'proxy:\n  http1_fast_path: false\n' >>"$out/hyper.yaml"
-    # 64 sets of 64-byte lines, as the L1s of x86 cores have; the size sets the ways.
-    i1_ways=$((i1 / 4))
-    if [ "$i1_ways" -lt 1 ] || [ $((i1 % 4)) != 0 ]; then
-        echo "budget.sh: --i1 takes a multiple of 4 KiB" >&2; exit 2
-    fi
-    # 16 ways; valgrind wants a power of two of sets.
-    if [ "$ll" -lt 1 ] || [ $((ll & (ll - 1))) != 0 ]; then
-        echo "budget.sh: --ll takes a power of two of MiB" >&2; exit 2
-    fi
     dump_instr=()
     [ "$lines" -gt 0 ] && dump_instr=(--dump-instr=yes)
     echo "$tt, $streams streams at once, $requests requests of $short and of $long tokens, ${i1} KiB L1i, ${ll} MiB LL:"
