@@ -30,6 +30,10 @@
 #     --lines N                        ... and the code run per event and per request,
 #                                      in cache lines, with the N functions that run the
 #                                      most per event (scripts/bench/callgrind_process.py)
+#     --keep DIR                       ... and keep the callgrind dumps in DIR (PATH.out.1
+#                                      after the short requests, PATH.out.2 after the
+#                                      long), to read by function and source line with
+#                                      callgrind_annotate, with valgrind's logs
 #     relay hyper h2c                  ... only these paths (default: all three)
 #
 # A change that has to cost more raises the budget in the same commit (--update); a
@@ -47,6 +51,7 @@ binary=
 i1=32
 ll=8
 lines=0
+keep=
 filters=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
         --i1) i1="$2"; shift ;;
         --ll) ll="$2"; shift ;;
         --lines) lines="$2"; shift ;;
+        --keep) keep="$2"; shift ;;
         -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
@@ -107,7 +113,13 @@ if [ "$process" = 1 ]; then
     fi
     out=$(mktemp -d "${TMPDIR:-/tmp}/tokentap-budget.XXXXXX")
     pids=()
-    cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$out"; }
+    cleanup() {
+        for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+        if [ -n "$keep" ]; then
+            mkdir -p "$keep" && cp "$out"/*.out.* "$out"/*.log "$keep"/ 2>/dev/null || true
+        fi
+        rm -rf "$out"
+    }
     trap cleanup EXIT
     port=${BUDGET_PROCESS_PORT:-19870}
     target/release/tokentap sim --listen "127.0.0.1:$port" --ttft 5ms --itl "${itl}ms" --tokens "$long" >"$out/sim.log" 2>&1 &
