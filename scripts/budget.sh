@@ -207,13 +207,14 @@ for pid in "${counting[@]}"; do
     wait "$pid" || exit 2
 done
 
-python3 - "$out" "$runs" "$update" <<'EOF'
+python3 - "$out" "$runs" "$update" "${#filters[@]}" <<'EOF'
 import os, re, sys, tomllib
 
 sys.path.insert(0, "scripts/bench")
 from callgrind_process import totals
 
 out, runs, update = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+filtered = sys.argv[4] != "0"
 BUDGET = "benches/budget.toml"
 
 def counts(run_dir):
@@ -247,6 +248,10 @@ figures = {
     name: {event: sorted(r[name][event] for r in all_runs)[runs // 2] for event in f}
     for name, f in all_runs[0].items()
 }
+# A filter that names no case would otherwise read as "within budget".
+if not figures:
+    print("budget.sh: no bench case matched " + ("the filters" if filtered else "(none ran)"), file=sys.stderr)
+    sys.exit(2)
 
 def misses(f):
     d1 = f.get("D1mr", 0) + f.get("D1mw", 0)
@@ -264,6 +269,8 @@ if runs > 1:
 budget = tomllib.load(open(BUDGET, "rb")) if os.path.exists(BUDGET) else {}
 tolerances = budget.get("tolerance", {})
 entries = budget.get("bench", {})
+# A bench that is budgeted but no longer runs would otherwise pass unseen.
+unmeasured = [] if filtered else [n for n in entries if n not in figures]
 
 def tolerance(name):
     """The tolerance of a per-event or per-request figure."""
@@ -313,6 +320,9 @@ if unsaid:
 if over:
     print("OVER BUDGET: " + ", ".join(over))
     print("A change that has to cost this raises the budget in the same commit (--update) and says why.")
+    sys.exit(1)
+if unmeasured:
+    print("budgeted but not measured (remove the entry with the bench, or bring the bench back): " + ", ".join(unmeasured))
     sys.exit(1)
 if unsaid:
     sys.exit(1)
