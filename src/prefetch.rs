@@ -8,7 +8,7 @@
 //! what a program computes, and it is a no-op where the target has no such instruction.
 
 /// The cache line size the lines are counted in.
-const LINE: usize = 64;
+pub const LINE: usize = 64;
 
 /// The most lines one list holds: what a streamed event's state spans, 20 lines for an
 /// OpenAI chat stream with the live view on (a test in `observe` keeps it within).

@@ -869,10 +869,10 @@ mod tests {
         );
         let live = observing.recorder.live_stream().unwrap();
         assert!(lines.holds(Arc::as_ptr(live)), "the live entry's counters");
-        // The relay lists its response reader too: N bytes lie in at most N / 64 lines,
+        // The relay lists its response reader too: N bytes lie in at most N / LINE lines,
         // rounded up, plus one where they start inside a line.
         let reader = std::mem::size_of::<crate::relay::response::ResponseReader>();
-        let reader = reader.div_ceil(64) + 1;
+        let reader = reader.div_ceil(prefetch::LINE) + 1;
         assert!(
             lines.len() + reader <= prefetch::CAPACITY,
             "{} lines listed, {reader} more for the reader, {} fit",
