@@ -3,16 +3,19 @@
 //! With a thousand streams on a worker, a stream's state has left the caches by the time
 //! its next event comes (the kernel's work for the other streams' reads and writes sees
 //! to that), and each of its cache lines is a wait on memory when the event is observed.
-//! The relay knows an event is coming before the read that fetches it; prefetching the
-//! state then lets the read's own time cover those waits. A hint only: it never changes
-//! what a program computes, and it is a no-op where the target has no such instruction.
+//! The relay lists that state before it waits for the next event ([`for_next_poll`]), and
+//! the task's outermost future fetches it as the poll starts ([`TaskLines`]), so the
+//! waits overlap instead of following each other. A hint only: it never changes what a
+//! program computes, and it is a no-op where the target has no such instruction.
+
+use std::cell::RefCell;
 
 /// The cache line size the lines are counted in.
 pub const LINE: usize = 64;
 
-/// The most lines one list holds: what a streamed event's state spans, 20 lines for an
-/// OpenAI chat stream with the live view on (a test in `observe` keeps it within).
-pub const CAPACITY: usize = 24;
+/// The most lines one list holds: what a streamed event's state spans, 26 for an OpenAI
+/// chat stream over the relay with the live view on (a test in `observe` keeps it within).
+pub const CAPACITY: usize = 32;
 
 /// Addresses to prefetch later, kept as plain numbers: taken from state before an
 /// `await`, fetched after it. An address that went stale meanwhile costs a wasted hint,
@@ -24,6 +27,11 @@ pub struct Lines {
 }
 
 impl Lines {
+    const EMPTY: Lines = Lines {
+        at: [0; CAPACITY],
+        len: 0,
+    };
+
     /// Add the cache line holding `address` (not dereferenced); past the capacity, none.
     pub fn address<T>(&mut self, address: *const T) {
         self.push(address as usize);
@@ -83,6 +91,59 @@ impl Lines {
     }
 }
 
+thread_local! {
+    /// What the task being polled lists for its next poll. Const-initialised: reaching
+    /// it is a plain thread-local access, with no first-use check.
+    static NEXT: RefCell<Lines> = const { RefCell::new(Lines::EMPTY) };
+}
+
+/// List, for the task being polled, the lines its next poll will want first: called just
+/// before it waits. A task whose outermost future is not a [`TaskLines`] lists for
+/// nothing (the next poll of a task that is clears the list first).
+pub fn for_next_poll(list: impl FnOnce(&mut Lines)) {
+    let _ = NEXT.try_with(|next| {
+        if let Ok(mut next) = next.try_borrow_mut() {
+            list(&mut next);
+        }
+    });
+}
+
+/// A task's list, kept in its outermost future between two polls.
+///
+/// A task's state lies in several futures nested inside each other, and a poll reads
+/// each level's state before it knows which level to go down to: with many tasks, each
+/// of those reads is a wait on memory, one after another. The poll's first step fetches
+/// what the last poll listed ([`for_next_poll`]), so that the levels' lines and the
+/// state the innermost one then works on come in together.
+#[derive(Debug, Default)]
+pub struct TaskLines(Lines);
+
+impl TaskLines {
+    /// Fetch what the last poll listed, then run this one, keeping what it lists.
+    #[inline]
+    pub fn around<R>(&mut self, poll: impl FnOnce() -> R) -> R {
+        self.0.fetch();
+        let _ = NEXT.try_with(|next| {
+            if let Ok(mut next) = next.try_borrow_mut() {
+                next.len = 0;
+            }
+        });
+        let polled = poll();
+        let _ = NEXT.try_with(|next| {
+            if let Ok(next) = next.try_borrow() {
+                self.0 = *next;
+            }
+        });
+        polled
+    }
+
+    /// The lines the last poll listed.
+    #[cfg(test)]
+    pub fn listed(&self) -> &Lines {
+        &self.0
+    }
+}
+
 #[inline]
 fn prefetch(address: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -114,12 +175,35 @@ mod tests {
         assert_eq!(lines.len(), 2, "two bytes across a line's end");
         lines.value(&aligned.0[..0]);
         assert_eq!(lines.len(), 2, "nothing for nothing");
-        lines.value(&[0u64; 200]);
+        lines.value(&[0u64; 400]);
         assert_eq!(lines.len(), CAPACITY, "capped");
         lines.fetch();
         // A dangling address is a hint like any other.
         let mut stale = Lines::default();
         stale.address(std::ptr::dangling::<u8>());
         stale.fetch();
+    }
+
+    #[test]
+    fn a_task_keeps_what_its_poll_listed_and_only_that() {
+        let state = Aligned([0; 130]);
+        let mut task = TaskLines::default();
+        task.around(|| for_next_poll(|lines| lines.value(&state.0[..8])));
+        assert_eq!(task.listed().len(), 1, "what the poll listed is kept");
+        assert!(task.listed().holds(&state.0[0]));
+        // The next poll lists something else: the first list is not carried over.
+        task.around(|| for_next_poll(|lines| lines.value(&state.0[64..72])));
+        assert_eq!(task.listed().len(), 1);
+        assert!(task.listed().holds(&state.0[64]) && !task.listed().holds(&state.0[0]));
+        // A poll that lists nothing leaves nothing, nor does another task's list leak in.
+        let mut other = TaskLines::default();
+        other.around(|| for_next_poll(|lines| lines.value(&state)));
+        assert_eq!(other.listed().len(), 3);
+        task.around(|| ());
+        assert!(task.listed().is_empty());
+        // Listing outside any task's poll is harmless, and the next poll starts empty.
+        for_next_poll(|lines| lines.value(&state));
+        task.around(|| ());
+        assert!(task.listed().is_empty());
     }
 }

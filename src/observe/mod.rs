@@ -710,9 +710,9 @@ impl ResponseObserver {
         }
     }
 
-    /// The memory [`data`](Self::data) touches first: what a transport that knows data
-    /// is ready prefetches before the read that fetches the data, so the read's time
-    /// covers the memory's.
+    /// The memory [`data`](Self::data) touches first: what a transport lists for the
+    /// poll that brings the next data ([`prefetch::for_next_poll`]), so that the memory
+    /// comes in as the poll starts.
     pub fn hot_lines(&self, lines: &mut prefetch::Lines) {
         if let Some(observing) = self.observing.as_ref() {
             lines.value(&observing.decoder);
@@ -842,7 +842,7 @@ mod tests {
     }
 
     #[test]
-    fn an_events_prefetch_list_holds_its_state_and_leaves_room_for_the_reader() {
+    fn an_events_prefetch_list_holds_its_state_and_leaves_room_for_the_relay() {
         let (config, sinks, served) = live_sinks();
         let (method, uri) = (Method::POST, Uri::from_static("/v1/chat/completions"));
         let headers = HeaderMap::new();
@@ -869,13 +869,14 @@ mod tests {
         );
         let live = observing.recorder.live_stream().unwrap();
         assert!(lines.holds(Arc::as_ptr(live)), "the live entry's counters");
-        // The relay lists its response reader too: N bytes lie in at most N / LINE lines,
-        // rounded up, plus one where they start inside a line.
+        // The relay lists its loop's own lines and its response reader too: N bytes lie
+        // in at most N / LINE lines, rounded up, plus one where they start inside a line.
         let reader = std::mem::size_of::<crate::relay::response::ResponseReader>();
         let reader = reader.div_ceil(prefetch::LINE) + 1;
+        let relay = crate::relay::connection::LOOP_LINES + reader;
         assert!(
-            lines.len() + reader <= prefetch::CAPACITY,
-            "{} lines listed, {reader} more for the reader, {} fit",
+            lines.len() + relay <= prefetch::CAPACITY,
+            "{} lines listed, {relay} more for the relay, {} fit",
             lines.len(),
             prefetch::CAPACITY
         );

@@ -78,8 +78,9 @@ pub struct Recorder {
 /// The part of a [`Recorder`] that [`Recorder::apply`] reads and writes for each
 /// token-bearing event, in one place: with a thousand streams a stream's state is out of
 /// the caches when its next event comes, so an event's work waits on each cache line it
-/// touches. Together they are a few contiguous lines, which the relay prefetches before
-/// its read ([`Recorder::hot_lines`]); the rest of the recorder is read once per request.
+/// touches. Together they are a few contiguous lines, which the relay lists for the poll
+/// that brings the next event ([`Recorder::hot_lines`]); the rest of the recorder is read
+/// once per request.
 struct PerEvent {
     clock: TokenClock,
     handles: Option<StreamSeries>,

@@ -453,6 +453,10 @@ enum Wake {
     Timer,
 }
 
+/// The lines the response loop lists of its own state for the next event, before the
+/// reader's and the observer's.
+pub(crate) const LOOP_LINES: usize = 6;
+
 /// Reads after which the response loop looks at the client's watch even though nothing
 /// woke it (a backstop: the armed watch wakes the loop by itself).
 const CLIENT_LOOK_EVERY: u32 = 64;
@@ -509,9 +513,25 @@ impl<'a> ResponseLoop<'a> {
             let mut client_armed = false;
             let mut reads_since_look = 0u32;
             loop {
-                let hot = hot_lines(&self.relay, &self.observed);
                 let wake = {
-                    let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry, hot));
+                    // Listed for the poll that the next event brings (`prefetch`): the
+                    // loop's own state on the way to the read, then what reads and
+                    // observes the event.
+                    crate::prefetch::for_next_poll(|lines| {
+                        let own: [*const u8; LOOP_LINES] = [
+                            std::ptr::from_ref(&reads_since_look).cast(),
+                            std::ptr::from_ref(&carry).cast(),
+                            std::ptr::from_ref(&*timer).cast(),
+                            std::ptr::from_ref(&self.upstream).cast(),
+                            std::ptr::from_ref(&*self.client).cast(),
+                            std::ptr::from_ref(closing).cast(),
+                        ];
+                        for address in own {
+                            lines.address(address);
+                        }
+                        hot_lines(&self.relay, &self.observed, lines);
+                    });
+                    let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry));
                     let client = &*self.client;
                     let mut woken = false;
                     let look_anyway = reads_since_look >= CLIENT_LOOK_EVERY;
@@ -727,15 +747,11 @@ fn send_now_or_keep(client: &TcpStream, out: &[u8], unsent: &mut Vec<u8>) -> Res
 fn read_upstream<'a>(
     upstream: &'a mut TcpStream,
     carry: &'a [u8],
-    hot_lines: crate::prefetch::Lines,
 ) -> impl Future<Output = (io::Result<usize>, scratch::Buffers)> + 'a {
     std::future::poll_fn(move |cx| {
         if let Err(err) = std::task::ready!(upstream.poll_read_ready(cx)) {
             return Poll::Ready((Err(err), scratch::take()));
         }
-        // Data is there: the state that reads and observes it can be on its way while the
-        // read runs.
-        hot_lines.fetch();
         let mut buffers = scratch::take();
         buffers.received.extend_from_slice(carry);
         let polled = {
@@ -754,13 +770,11 @@ fn read_upstream<'a>(
 
 /// The memory a read's bytes meet: the response reader's state first, then the
 /// observer's.
-fn hot_lines(relay: &ResponseRelay, observed: &Observed) -> crate::prefetch::Lines {
-    let mut lines = crate::prefetch::Lines::default();
+fn hot_lines(relay: &ResponseRelay, observed: &Observed, lines: &mut crate::prefetch::Lines) {
     lines.value(relay.reader());
     if let Some(streaming) = observed.streaming.as_ref() {
-        streaming.hot_lines(&mut lines);
+        streaming.hot_lines(lines);
     }
-    lines
 }
 
 /// Send what the socket takes of `data` now, without waiting: tokio's `try_write` with

@@ -62,6 +62,7 @@ pin_project_lite::pin_project! {
         #[pin]
         connection: F,
         _occupancy: Occupancy,
+        lines: crate::prefetch::TaskLines,
     }
 }
 
@@ -69,7 +70,9 @@ impl<F: Future<Output = ()>> Future for Occupied<F> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.project().connection.poll(cx)
+        let this = self.project();
+        let connection = this.connection;
+        this.lines.around(|| connection.poll(cx))
     }
 }
 
@@ -131,6 +134,7 @@ impl Workers {
             let task = Occupied {
                 connection: Box::pin(serve()),
                 _occupancy: occupancy,
+                lines: Default::default(),
             };
             tokio::spawn(task);
         });
