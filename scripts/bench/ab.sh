@@ -45,9 +45,17 @@
 # is a sample of the ticks that hit the process, printed with each line ("split by N
 # ticks": a few dozen per run at 100 streams). How far that carries: docs/PERFORMANCE.md,
 # "How a change's cost is judged".
+#
+# With --samples the split comes from `perf record -e cpu-clock -c 1000000` of each target
+# through its measured window instead (a sample per millisecond of its threads' CPU, user or
+# kernel by the sampled address: about four times the ticks, and not tied to the tick), and
+# each run's samples stay in the run directory as NAME.rROUND.data, for
+# `scripts/bench/samples_table.py` to put the user time on functions. The sampling costs CPU
+# itself (in this VM 1.5-4 us per event at 1,000 streams, most of it the kernel's), so
+# the totals of such a run are compared with each other, not with a run without it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 DURATION=6 TOKENS=40 NGINX=1 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
+C=1000 ROUNDS=3 DURATION=6 TOKENS=40 NGINX=1 SAMPLES=0 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
@@ -61,6 +69,7 @@ while [ $# -gt 0 ]; do
         --tokens) TOKENS=$2; shift ;;
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
+        --samples) SAMPLES=1 ;;
         *=*) TARGETS+=("$1") ;;
         *) echo "ab.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -139,10 +148,22 @@ ran_ns() {
 for r in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
         t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
+        if [ "$SAMPLES" = 1 ]; then
+            # Through the measured window only (the bench records after its warm-up).
+            (sleep 2 && exec perf record -q -e cpu-clock -c 1000000 -p "$(echo ${PID[$name]} | tr ' ' ,)" \
+                -o "$RUN/$name.r$r.data" -- sleep "$DURATION" > /dev/null 2>&1) &
+            SAMPLER=$!
+        fi
         out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
             --warmup 2s --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
         t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
-        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" <<'PY'
+        if [ "$SAMPLES" = 1 ]; then
+            wait "$SAMPLER" || true
+            # "user kernel" sample counts.
+            t0="0 0" t1=$(perf script -i "$RUN/$name.r$r.data" -F ip 2>/dev/null \
+                | awk '{ if ($1 ~ /^ffff/) k++; else u++ } END { print u + 0, k + 0 }')
+        fi
+        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" "$([ "$SAMPLES" = 1 ] && echo samples || echo ticks)" "$RUN" <<'PY'
 import json, sys
 name, t0, t1, out, c, r = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
 def threads(arg):
@@ -151,9 +172,12 @@ before, after = threads(sys.argv[7]), threads(sys.argv[8])
 # A thread gone before the end loses its last part; one born in the run counts whole.
 ran_us = sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e3
 events = out["events_all"]
+if sys.argv[9] == "samples":
+    with open(f"{sys.argv[10]}/events.txt", "a") as f:
+        f.write(f"{name} {r} {events}\n")
 u, k = (int(b) - int(a) for a, b in zip(t0, t1))
 user_share = u / (u + k) if u + k else float("nan")
-how = f"split by {u + k} ticks"
+how = f"split by {u + k} {sys.argv[9]}"
 total = ran_us / events if events else float("nan")
 lat = out["latency_us"]
 print(f"c{c} r{r} {name:10s} cpu/event {total:6.2f} us (user {total * user_share:5.2f} sys {total * (1 - user_share):5.2f})  "
@@ -165,3 +189,4 @@ done
 for v in "${VIEWERS[@]}"; do
     echo "viewer on $v: $(grep -c '^event: tick' "$RUN/viewer-$v.sse") ticks and $(grep -c '^event: requests' "$RUN/viewer-$v.sse") requests events received"
 done
+[ "$SAMPLES" = 1 ] && echo "samples: $RUN (python3 scripts/bench/samples_table.py $RUN NAME...)"

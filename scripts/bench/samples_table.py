@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Where each target's user time goes, from the samples of `scripts/bench/ab.sh --samples`:
+user time per event by function, summed over the rounds, side by side for the targets
+named. A sample is a millisecond of the target's CPU (`perf record -c 1000000` of the
+cpu-clock), so a function's nanoseconds per event are its samples times 1 ms over the
+events of the rounds (ab.sh writes them to RUN_DIR/events.txt).
+
+    python3 scripts/bench/samples_table.py RUN_DIR new old [floor ...] [--top N]
+
+Functions are matched by name across the targets, so a function that one build inlines
+and another does not shows apart in each; compare the totals and the groups, not one row.
+"""
+import collections
+import glob
+import os
+import subprocess
+import sys
+
+
+def user_samples(path):
+    """{function: user samples} of one perf.data."""
+    out = subprocess.run(
+        ["perf", "script", "-i", path, "-F", "ip,sym,dso"],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    found = collections.Counter()
+    for line in out.splitlines():
+        ip, _, rest = line.strip().partition(" ")
+        if not rest or ip.startswith("ffff"):
+            continue
+        sym, _, dso = rest.rpartition(" (")
+        dso = os.path.basename(dso.rstrip(")"))
+        # The target's own binary is named for its build: leave it off.
+        lib = dso if dso.startswith(("lib", "[")) else ""
+        found[f"{sym.strip()[:110]}  {lib}".rstrip()] += 1
+    return found
+
+
+def main():
+    args = sys.argv[1:]
+    top = 40
+    if "--top" in args:
+        i = args.index("--top")
+        top = int(args[i + 1])
+        del args[i : i + 2]
+    if len(args) < 2:
+        sys.exit(__doc__)
+    run, names = args[0], args[1:]
+    events = collections.Counter()
+    for line in open(os.path.join(run, "events.txt")):
+        name, _, count = line.split()
+        events[name] += int(count)
+    per = {}
+    for name in names:
+        total = collections.Counter()
+        for path in sorted(glob.glob(os.path.join(run, f"{name}.r*.data"))):
+            total.update(user_samples(path))
+        if not events[name]:
+            sys.exit(f"samples_table.py: no events recorded for {name} in {run}")
+        # 1 ms per sample, in ns per event.
+        per[name] = {f: n * 1e6 / events[name] for f, n in total.items()}
+    print("| " + " | ".join(f"{n} (ns/event)" for n in names) + " | function |")
+    print("|" + "---|" * (len(names) + 1))
+    print("| " + " | ".join(f"**{sum(per[n].values()):.0f}**" for n in names) + " | all user time |")
+    rows = sorted(
+        {f for n in names for f in per[n]},
+        key=lambda f: -max(per[n].get(f, 0) for n in names),
+    )
+    for f in rows[:top]:
+        cells = " | ".join(f"{per[n].get(f, 0):.0f}" for n in names)
+        print(f"| {cells} | `{f}` |")
+
+
+if __name__ == "__main__":
+    main()
