@@ -56,8 +56,10 @@ impl Drop for Occupancy {
 }
 
 pin_project_lite::pin_project! {
-    /// A connection's future with its count. (Not an `async` block: one that awaits a
-    /// captured future keeps room for it twice, and connections are the largest tasks.)
+    /// A connection's future with its count, and the memory its next poll wants first,
+    /// fetched as that poll starts (`prefetch::TaskLines`). (Not an `async` block: one
+    /// that awaits a captured future keeps room for it twice, and connections are the
+    /// largest tasks.)
     struct Occupied<F> {
         #[pin]
         connection: F,
