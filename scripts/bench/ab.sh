@@ -55,7 +55,7 @@
 # the totals of such a run are compared with each other, not with a run without it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 DURATION=6 TOKENS=40 NGINX=1 SAMPLES=0 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
+C=1000 ROUNDS=3 DURATION=6 WARMUP=2 TOKENS=40 NGINX=1 SAMPLES=0 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
@@ -150,12 +150,12 @@ for r in $(seq "$ROUNDS"); do
         t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
         if [ "$SAMPLES" = 1 ]; then
             # Through the measured window only (the bench records after its warm-up).
-            (sleep 2 && exec perf record -q -e cpu-clock -c 1000000 -p "$(echo ${PID[$name]} | tr ' ' ,)" \
+            (sleep "$WARMUP" && exec perf record -q -e cpu-clock -c 1000000 -p "$(echo ${PID[$name]} | tr ' ' ,)" \
                 -o "$RUN/$name.r$r.data" -- sleep "$DURATION" > /dev/null 2>&1) &
             SAMPLER=$!
         fi
         out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
-            --warmup 2s --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
+            --warmup "${WARMUP}s" --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
         t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
         if [ "$SAMPLES" = 1 ]; then
             wait "$SAMPLER" || true

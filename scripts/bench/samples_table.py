@@ -10,6 +10,7 @@ events of the rounds (ab.sh writes them to RUN_DIR/events.txt).
 Functions are matched by name across the targets, so a function that one build inlines
 and another does not shows apart in each; compare the totals and the groups, not one row.
 """
+import argparse
 import collections
 import glob
 import os
@@ -37,15 +38,14 @@ def user_samples(path):
 
 
 def main():
-    args = sys.argv[1:]
-    top = 40
-    if "--top" in args:
-        i = args.index("--top")
-        top = int(args[i + 1])
-        del args[i : i + 2]
-    if len(args) < 2:
-        sys.exit(__doc__)
-    run, names = args[0], args[1:]
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", help="the run directory ab.sh --samples names at its end")
+    parser.add_argument("names", nargs="+", help="the targets, side by side")
+    parser.add_argument("--top", type=int, default=40, help="rows (functions) to print")
+    args = parser.parse_args()
+    run, names, top = args.run, args.names, args.top
     events = collections.Counter()
     for line in open(os.path.join(run, "events.txt")):
         name, _, count = line.split()
