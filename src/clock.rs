@@ -251,11 +251,17 @@ impl TokenClock {
             .map(|t| t.saturating_duration_since(self.t_req))
     }
 
-    /// Add the slot the next buffered gap goes to (heap memory outside the clock).
+    /// Add the slots the next buffered gaps go to (heap memory outside the clock), as
+    /// many as a list serves events ([`crate::prefetch::REFRESH_EVERY`]).
     pub fn hot_lines(&self, lines: &mut crate::prefetch::Lines) {
-        if self.buffered.len() < self.buffered.capacity() {
-            lines.address(self.buffered.as_ptr().wrapping_add(self.buffered.len()));
-        }
+        let (len, capacity) = (self.buffered.len(), self.buffered.capacity());
+        let next = self.buffered.as_ptr().wrapping_add(len);
+        lines.span(
+            next,
+            capacity
+                .saturating_sub(len)
+                .min(crate::prefetch::REFRESH_EVERY),
+        );
     }
 
     /// A token-bearing event completed at `at`, carrying `tokens` (`k_i`). An exact 0 is

@@ -1,14 +1,17 @@
 //! Software prefetch: ask the CPU to start loading memory that is about to be used.
 //!
-//! With a thousand streams on a worker, a stream's state has left the caches by the time
-//! its next event comes (the kernel's work for the other streams' reads and writes sees
-//! to that), and each of its cache lines is a wait on memory when the event is observed.
-//! The relay lists that state before it waits for the next event ([`for_next_poll`]), and
-//! the task's outermost future fetches it as the poll starts ([`TaskLines`]), so the
-//! waits overlap instead of following each other. A hint only: it never changes what a
-//! program computes, and it is a no-op where the target has no such instruction.
+//! With many streams on a worker, a stream's state has left the caches by the time its
+//! next event comes (the kernel's work for the other streams' reads and writes sees to
+//! that, at 100 streams too), and each of its cache lines is a wait on memory when the
+//! event is observed. The relay lists that state before it waits for the next event
+//! ([`for_next_poll`]), and the task's outermost future keeps the list and fetches it as
+//! each poll starts ([`TaskLines`]), so the waits overlap instead of following each other.
+//! What a stream's events touch stays where it is from one event to the next, so the
+//! list is built anew only now and then ([`REFRESH_EVERY`]), not per event. A hint only:
+//! it never changes what a program computes, and it is a no-op where the target has no
+//! such instruction.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// The cache line size the lines are counted in.
 pub const LINE: usize = 64;
@@ -16,6 +19,10 @@ pub const LINE: usize = 64;
 /// The most lines one list holds: what a streamed event's state spans, 26 for an OpenAI
 /// chat stream over the relay with the live view on (a test in `observe` keeps it within).
 pub const CAPACITY: usize = 32;
+
+/// A list outlives this many waits at most: whoever lists memory that moves as events
+/// come (the clock's next slot) lists what the next this many events touch.
+pub const REFRESH_EVERY: usize = 8;
 
 /// Addresses to prefetch later, kept as plain numbers: taken from state before an
 /// `await`, fetched after it. An address that went stale meanwhile costs a wasted hint,
@@ -47,22 +54,33 @@ impl Lines {
         true
     }
 
-    /// Add every cache line `value` lies in, as many as there is room for. It runs per
-    /// event, so it is a plain loop: with `(first..=last).step_by(LINE)`, and the list
-    /// returned by value through each layer, listing cost ~460 instructions per event in
-    /// a whole process (`budget.sh --process`), now ~210.
+    /// Add every cache line `value` lies in, as many as there is room for.
     pub fn value<T: ?Sized>(&mut self, value: &T) {
-        let len = std::mem::size_of_val(value);
+        self.bytes(
+            std::ptr::from_ref(value).cast::<u8>() as usize,
+            std::mem::size_of_val(value),
+        );
+    }
+
+    fn bytes(&mut self, start: usize, len: usize) {
         if len == 0 {
             return;
         }
-        let start = std::ptr::from_ref(value).cast::<u8>() as usize;
-        // A value lies inside the address space, so its end does not wrap.
+        // Memory lies inside the address space, so its end does not wrap.
         let end = start.saturating_add(len);
         let mut line = start & !(LINE - 1);
         while line < end && self.push(line) {
-            line += LINE;
+            line = line.saturating_add(LINE);
         }
+    }
+
+    /// Add every cache line `count` values of `T` from `first` lie in (not dereferenced:
+    /// for room that is allocated but not written yet), as many as there is room for.
+    pub fn span<T>(&mut self, first: *const T, count: usize) {
+        self.bytes(
+            first as usize,
+            count.saturating_mul(std::mem::size_of::<T>()),
+        );
     }
 
     /// How many lines are listed.
@@ -91,47 +109,61 @@ impl Lines {
     }
 }
 
-thread_local! {
-    /// What the task being polled lists for its next poll. Const-initialised: reaching
-    /// it is a plain thread-local access, with no first-use check.
-    static NEXT: RefCell<Lines> = const { RefCell::new(Lines::EMPTY) };
+/// What the task being polled lists for its next poll, if it lists anything.
+struct Next {
+    listed: Cell<bool>,
+    lines: RefCell<Lines>,
 }
 
-/// List, for the task being polled, the lines its next poll will want first: called just
-/// before it waits. A task whose outermost future is not a [`TaskLines`] lists for
-/// nothing (the next poll of a task that is clears the list first).
+thread_local! {
+    /// Const-initialised: reaching it is a plain thread-local access, with no first-use
+    /// check.
+    static NEXT: Next = const {
+        Next {
+            listed: Cell::new(false),
+            lines: RefCell::new(Lines::EMPTY),
+        }
+    };
+}
+
+/// List anew, for the task being polled, the lines its polls will want first: called
+/// just before it waits. The task keeps the list, and fetches it as each poll starts,
+/// until it lists again (at least every [`REFRESH_EVERY`] waits while what it lists
+/// moves; [`for_next_poll(|_| ())`](for_next_poll) when it is done with that memory). A
+/// task whose outermost future is not a [`TaskLines`] lists for nothing.
 pub fn for_next_poll(list: impl FnOnce(&mut Lines)) {
     let _ = NEXT.try_with(|next| {
-        if let Ok(mut next) = next.try_borrow_mut() {
-            list(&mut next);
+        if let Ok(mut lines) = next.lines.try_borrow_mut() {
+            lines.len = 0;
+            list(&mut lines);
+            next.listed.set(true);
         }
     });
 }
 
-/// A task's list, kept in its outermost future between two polls.
+/// A task's list, kept in its outermost future between polls.
 ///
 /// A task's state lies in several futures nested inside each other, and a poll reads
 /// each level's state before it knows which level to go down to: with many tasks, each
 /// of those reads is a wait on memory, one after another. The poll's first step fetches
-/// what the last poll listed ([`for_next_poll`]), so that the levels' lines and the
-/// state the innermost one then works on come in together.
+/// what the task listed ([`for_next_poll`]), so that the levels' lines and the state the
+/// innermost one then works on come in together.
 #[derive(Debug, Default)]
 pub struct TaskLines(Lines);
 
 impl TaskLines {
-    /// Fetch what the last poll listed, then run this one, keeping what it lists.
+    /// Fetch the task's list, then run this poll, keeping what it lists instead if it
+    /// lists anything.
     #[inline]
     pub fn around<R>(&mut self, poll: impl FnOnce() -> R) -> R {
         self.0.fetch();
-        let _ = NEXT.try_with(|next| {
-            if let Ok(mut next) = next.try_borrow_mut() {
-                next.len = 0;
-            }
-        });
+        let _ = NEXT.try_with(|next| next.listed.set(false));
         let polled = poll();
         let _ = NEXT.try_with(|next| {
-            if let Ok(next) = next.try_borrow() {
-                self.0 = *next;
+            if next.listed.get() {
+                if let Ok(lines) = next.lines.try_borrow() {
+                    self.0 = *lines;
+                }
             }
         });
         polled
@@ -185,25 +217,48 @@ mod tests {
     }
 
     #[test]
-    fn a_task_keeps_what_its_poll_listed_and_only_that() {
+    fn a_task_keeps_what_it_listed_last_and_only_that() {
         let state = Aligned([0; 130]);
         let mut task = TaskLines::default();
         task.around(|| for_next_poll(|lines| lines.value(&state.0[..8])));
         assert_eq!(task.listed().len(), 1, "what the poll listed is kept");
         assert!(task.listed().holds(&state.0[0]));
-        // The next poll lists something else: the first list is not carried over.
+        // A poll that lists nothing keeps the list.
+        task.around(|| ());
+        assert!(task.listed().holds(&state.0[0]));
+        // One that lists something else replaces it: the first list is not carried over.
         task.around(|| for_next_poll(|lines| lines.value(&state.0[64..72])));
         assert_eq!(task.listed().len(), 1);
         assert!(task.listed().holds(&state.0[64]) && !task.listed().holds(&state.0[0]));
-        // A poll that lists nothing leaves nothing, nor does another task's list leak in.
+        // Another task's list does not leak into it.
         let mut other = TaskLines::default();
         other.around(|| for_next_poll(|lines| lines.value(&state)));
         assert_eq!(other.listed().len(), 3);
         task.around(|| ());
-        assert!(task.listed().is_empty());
-        // Listing outside any task's poll is harmless, and the next poll starts empty.
+        assert_eq!(task.listed().len(), 1);
+        // Nor does a list made outside any task's poll.
         for_next_poll(|lines| lines.value(&state));
         task.around(|| ());
+        assert_eq!(task.listed().len(), 1);
+        // Listing nothing empties it.
+        task.around(|| for_next_poll(|_| ()));
         assert!(task.listed().is_empty());
+    }
+
+    #[test]
+    fn a_span_is_listed_by_its_lines_without_being_read() {
+        let aligned = Aligned([0; 130]);
+        let first = std::ptr::from_ref(&aligned.0[60]).cast::<u64>();
+        let mut lines = Lines::default();
+        lines.span(first, 2);
+        assert_eq!(lines.len(), 2, "16 bytes from byte 60 lie in two lines");
+        lines.span(first, 0);
+        assert_eq!(lines.len(), 2, "nothing for nothing");
+        lines.span(std::ptr::dangling::<u64>(), usize::MAX);
+        assert_eq!(
+            lines.len(),
+            CAPACITY,
+            "a huge span is capped, not overflowed"
+        );
     }
 }

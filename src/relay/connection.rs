@@ -296,6 +296,8 @@ impl<U> Relay<U> {
         let ended = boundary::unwound(response.run(closing))
             .await
             .unwrap_or_else(|_| ResponseEnd::closed());
+        // The response's memory is not wanted until the next response lists its own.
+        crate::prefetch::for_next_poll(|_| ());
         if let UpstreamAfter::Reuse(upstream) = ended.upstream {
             upstream_pool::checkin(
                 &origin,
@@ -512,25 +514,35 @@ impl<'a> ResponseLoop<'a> {
             // and every `CLIENT_LOOK_EVERY` reads besides, should a wake ever go astray.
             let mut client_armed = false;
             let mut reads_since_look = 0u32;
+            // What the polls that bring the next events touch (`prefetch`): listed anew
+            // when the observation starts and every `REFRESH_EVERY` waits, as the rest
+            // stays where it is.
+            let mut waits_to_listing = 0usize;
+            let mut listed_observing = false;
             loop {
                 let wake = {
-                    // Listed for the poll that the next event brings (`prefetch`): the
-                    // loop's own state on the way to the read, then what reads and
-                    // observes the event.
-                    crate::prefetch::for_next_poll(|lines| {
-                        let own: [*const u8; LOOP_LINES] = [
-                            std::ptr::from_ref(&reads_since_look).cast(),
-                            std::ptr::from_ref(&carry).cast(),
-                            std::ptr::from_ref(&*timer).cast(),
-                            std::ptr::from_ref(&self.upstream).cast(),
-                            std::ptr::from_ref(&*self.client).cast(),
-                            std::ptr::from_ref(closing).cast(),
-                        ];
-                        for address in own {
-                            lines.address(address);
-                        }
-                        hot_lines(&self.relay, &self.observed, lines);
-                    });
+                    let observing = self.observed.streaming.is_some();
+                    if waits_to_listing == 0 || observing != listed_observing {
+                        waits_to_listing = crate::prefetch::REFRESH_EVERY;
+                        listed_observing = observing;
+                        // The loop's own state on the way to the read, then what reads
+                        // and observes the event.
+                        crate::prefetch::for_next_poll(|lines| {
+                            let own: [*const u8; LOOP_LINES] = [
+                                std::ptr::from_ref(&reads_since_look).cast(),
+                                std::ptr::from_ref(&carry).cast(),
+                                std::ptr::from_ref(&*timer).cast(),
+                                std::ptr::from_ref(&self.upstream).cast(),
+                                std::ptr::from_ref(&*self.client).cast(),
+                                std::ptr::from_ref(closing).cast(),
+                            ];
+                            for address in own {
+                                lines.address(address);
+                            }
+                            hot_lines(&self.relay, &self.observed, lines);
+                        });
+                    }
+                    waits_to_listing = waits_to_listing.saturating_sub(1);
                     let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry));
                     let client = &*self.client;
                     let mut woken = false;
