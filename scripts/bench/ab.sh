@@ -30,7 +30,8 @@
 #   bash scripts/bench/ab.sh -c 1000 -r 3 --no-nginx --ports 19100 --no-ui off --viewer one \
 #       off=target/release/tokentap none=target/release/tokentap one=target/release/tokentap
 #
-# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --fast NAME, --hyper NAME,
+# Options: -c streams (default 1000), -r rounds (default 3), --no-nginx, --samples,
+# --sample-period NS, --together, --fast NAME, --hyper NAME,
 # --yaml NAME=FILE, --no-ui NAME, --viewer NAME, --ports BASE (default 18000: the simulator's
 # port; nginx BASE+82, targets from BASE+310), --duration SECONDS (of each run's measured
 # window, default 6), --tokens N (per stream, default 40: with many more, a run's window
@@ -53,9 +54,18 @@
 # `scripts/bench/samples_table.py` to put the user time on functions. The sampling costs CPU
 # itself (in this VM 1.5-4 us per event at 1,000 streams, most of it the kernel's), so
 # the totals of such a run are compared with each other, not with a run without it.
+# --sample-period NS samples every NS ns of CPU instead: at 100 streams a 12 s window holds
+# about 500 samples at the default, whose user share is then itself off by ~7% (one
+# standard deviation); 100000 gives ten times the samples, for more sampling cost.
+#
+# --together runs the targets' loads at the same time in each round (the simulator
+# directly not measured), each with -c streams of its own, instead of one after another:
+# whatever the shared machine does to one target in a round it does to the others too.
+# Each then shares the cores with the others' loads, so its figures are compared only
+# with the other targets' of the same run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=1000 ROUNDS=3 DURATION=6 WARMUP=2 TOKENS=40 NGINX=1 SAMPLES=0 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
+C=1000 ROUNDS=3 DURATION=6 WARMUP=2 TOKENS=40 NGINX=1 SAMPLES=0 PERIOD=1000000 TOGETHER=0 TARGETS=() SWITCHES=() EXTRA=() BASE=18000 NO_UI=() VIEWERS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) C=$2; shift ;;
@@ -70,6 +80,8 @@ while [ $# -gt 0 ]; do
         -r) ROUNDS=$2; shift ;;
         --no-nginx) NGINX=0 ;;
         --samples) SAMPLES=1 ;;
+        --sample-period) SAMPLES=1 PERIOD=$2; shift ;;
+        --together) TOGETHER=1 ;;
         *=*) TARGETS+=("$1") ;;
         *) echo "ab.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -145,25 +157,26 @@ ran_ns() {
         done
     done
 }
-for r in $(seq "$ROUNDS"); do
-    for name in "${NAMES[@]}"; do
-        t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
-        if [ "$SAMPLES" = 1 ]; then
-            # Through the measured window only (the bench records after its warm-up).
-            (sleep "$WARMUP" && exec perf record -q -e cpu-clock -c 1000000 -p "$(echo ${PID[$name]} | tr ' ' ,)" \
-                -o "$RUN/$name.r$r.data" -- sleep "$DURATION" > /dev/null 2>&1) &
-            SAMPLER=$!
-        fi
-        out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
-            --warmup "${WARMUP}s" --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
-        t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
-        if [ "$SAMPLES" = 1 ]; then
-            wait "$SAMPLER" || true
-            # "user kernel" sample counts.
-            t0="0 0" t1=$(perf script -i "$RUN/$name.r$r.data" -F ip 2>/dev/null \
-                | awk '{ if ($1 ~ /^ffff/) k++; else u++ } END { print u + 0, k + 0 }')
-        fi
-        python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" "$([ "$SAMPLES" = 1 ] && echo samples || echo ticks)" "$RUN" <<'PY'
+# Measure target $1 in round $2, and print its line.
+measure() {
+    local name=$1 r=$2 t0 t1 n0 n1 out SAMPLER
+    t0=$(ticks "${PID[$name]}") n0=$(ran_ns "${PID[$name]}")
+    if [ "$SAMPLES" = 1 ]; then
+        # Through the measured window only (the bench records after its warm-up).
+        (sleep "$WARMUP" && exec perf record -q -e cpu-clock -c "$PERIOD" -p "$(echo ${PID[$name]} | tr ' ' ,)" \
+            -o "$RUN/$name.r$r.data" -- sleep "$DURATION" > /dev/null 2>&1) &
+        SAMPLER=$!
+    fi
+    out=$("$BENCH" run --url "http://127.0.0.1:${PORT[$name]}" -c "$C" --duration "${DURATION}s" \
+        --warmup "${WARMUP}s" --ramp 1s --max-tokens "$TOKENS" --label "ab/$name/r$r" 2>/dev/null | tail -1)
+    t1=$(ticks "${PID[$name]}") n1=$(ran_ns "${PID[$name]}")
+    if [ "$SAMPLES" = 1 ]; then
+        wait "$SAMPLER" || true
+        # "user kernel" sample counts.
+        t0="0 0" t1=$(perf script -i "$RUN/$name.r$r.data" -F ip 2>/dev/null \
+            | awk '{ if ($1 ~ /^ffff/) k++; else u++ } END { print u + 0, k + 0 }')
+    fi
+    python3 - "$name" "$t0" "$t1" "$out" "$C" "$r" "$n0" "$n1" "$([ "$SAMPLES" = 1 ] && echo samples || echo ticks)" "$RUN" <<'PY'
 import json, sys
 name, t0, t1, out, c, r = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), json.loads(sys.argv[4]), sys.argv[5], sys.argv[6]
 def threads(arg):
@@ -184,7 +197,20 @@ print(f"c{c} r{r} {name:10s} cpu/event {total:6.2f} us (user {total * user_share
       f"latency p50 {lat['p50']:7.0f} p99 {lat['p99']:8.0f} us  "
       f"events/s {out['events_per_s']:.0f} errors {out['errors']}  {how}", flush=True)
 PY
-    done
+}
+for r in $(seq "$ROUNDS"); do
+    if [ "$TOGETHER" = 1 ]; then
+        jobs_=()
+        for name in "${NAMES[@]}"; do
+            [ "$name" = direct ] && continue
+            measure "$name" "$r" > "$RUN/line.$name.r$r" &
+            jobs_+=($!)
+        done
+        wait "${jobs_[@]}"
+        for name in "${NAMES[@]}"; do [ "$name" = direct ] || cat "$RUN/line.$name.r$r"; done
+    else
+        for name in "${NAMES[@]}"; do measure "$name" "$r"; done
+    fi
 done
 for v in "${VIEWERS[@]}"; do
     echo "viewer on $v: $(grep -c '^event: tick' "$RUN/viewer-$v.sse") ticks and $(grep -c '^event: requests' "$RUN/viewer-$v.sse") requests events received"

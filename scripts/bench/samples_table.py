@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where each target's user time goes, from the samples of `scripts/bench/ab.sh --samples`:
 user time per event by function, summed over the rounds, side by side for the targets
-named. A sample is a millisecond of the target's CPU (`perf record -c 1000000` of the
-cpu-clock), so a function's nanoseconds per event are its samples times 1 ms over the
-events of the rounds (ab.sh writes them to RUN_DIR/events.txt).
+named. A sample stands for the nanoseconds of the target's CPU in its period (`perf record
+-c PERIOD` of the cpu-clock, 1 ms by default), so a function's nanoseconds per event are
+its samples' periods summed over the events of the rounds (ab.sh writes them to
+RUN_DIR/events.txt).
 
     python3 scripts/bench/samples_table.py RUN_DIR new old [floor ...] [--top N]
 
@@ -18,22 +19,22 @@ import subprocess
 import sys
 
 
-def user_samples(path):
-    """{function: user samples} of one perf.data."""
+def user_ns(path):
+    """{function: nanoseconds of user time} of one perf.data: its samples' periods."""
     out = subprocess.run(
-        ["perf", "script", "-i", path, "-F", "ip,sym,dso"],
+        ["perf", "script", "-i", path, "-F", "period,ip,sym,dso"],
         capture_output=True, text=True, check=False,
     ).stdout
     found = collections.Counter()
     for line in out.splitlines():
-        ip, _, rest = line.strip().partition(" ")
+        period, ip, rest = (line.strip().split(None, 2) + ["", ""])[:3]
         if not rest or ip.startswith("ffff"):
             continue
         sym, _, dso = rest.rpartition(" (")
         dso = os.path.basename(dso.rstrip(")"))
         # The target's own binary is named for its build: leave it off.
         lib = dso if dso.startswith(("lib", "[")) else ""
-        found[f"{sym.strip()[:110]}  {lib}".rstrip()] += 1
+        found[f"{sym.strip()[:110]}  {lib}".rstrip()] += int(period)
     return found
 
 
@@ -54,11 +55,10 @@ def main():
     for name in names:
         total = collections.Counter()
         for path in sorted(glob.glob(os.path.join(run, f"{name}.r*.data"))):
-            total.update(user_samples(path))
+            total.update(user_ns(path))
         if not events[name]:
             sys.exit(f"samples_table.py: no events recorded for {name} in {run}")
-        # 1 ms per sample, in ns per event.
-        per[name] = {f: n * 1e6 / events[name] for f, n in total.items()}
+        per[name] = {f: ns / events[name] for f, ns in total.items()}
     print("| " + " | ".join(f"{n} (ns/event)" for n in names) + " | function |")
     print("|" + "---|" * (len(names) + 1))
     print("| " + " | ".join(f"**{sum(per[n].values()):.0f}**" for n in names) + " | all user time |")
