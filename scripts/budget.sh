@@ -53,24 +53,34 @@ ll=8
 lines=0
 keep=
 filters=()
+process_only=()
+benches_only=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --update) update=1 ;;
-        --runs) runs="$2"; shift ;;
+        --update) update=1; benches_only+=(--update) ;;
+        --runs) runs="$2"; benches_only+=(--runs); shift ;;
         --no-build) build=0 ;;
         --process) process=1 ;;
-        --streams) streams="$2"; shift ;;
-        --binary) binary="$2"; shift ;;
-        --i1) i1="$2"; shift ;;
-        --ll) ll="$2"; shift ;;
-        --lines) lines="$2"; shift ;;
-        --keep) keep="$2"; shift ;;
+        --streams) streams="$2"; process_only+=(--streams); shift ;;
+        --binary) binary="$2"; process_only+=(--binary); shift ;;
+        --i1) i1="$2"; process_only+=(--i1); shift ;;
+        --ll) ll="$2"; process_only+=(--ll); shift ;;
+        --lines) lines="$2"; process_only+=(--lines); shift ;;
+        --keep) keep="$2"; process_only+=(--keep); shift ;;
         -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         -*) echo "budget.sh: unknown option $1" >&2; exit 2 ;;
         *) filters+=("$1") ;;
     esac
     shift
 done
+
+# An option of the other mode is refused, not ignored.
+if [ "$process" = 0 ] && [ ${#process_only[@]} -gt 0 ]; then
+    echo "budget.sh: ${process_only[*]}: only with --process (a whole process's count)" >&2; exit 2
+fi
+if [ "$process" = 1 ] && [ ${#benches_only[@]} -gt 0 ]; then
+    echo "budget.sh: ${benches_only[*]}: only for the benches' budget, not with --process" >&2; exit 2
+fi
 
 # The simulated caches of --process, checked before anything is built: 64 sets of
 # 64-byte lines in the L1i, as the L1s of x86 cores have (the size sets the ways), and 16
