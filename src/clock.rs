@@ -292,7 +292,7 @@ impl TokenClock {
                 let itl = if exact || self.buffered.len() >= MAX_BUFFERED_GAPS {
                     self.live_itl(gap, tokens, exact)
                 } else {
-                    self.buffered_nanos = self.buffered_nanos.saturating_add(nanos(gap));
+                    self.buffered_nanos = self.buffered_nanos.saturating_add(saturating_nanos(gap));
                     let total_micros = self.buffered_nanos.saturating_add(500) / 1000;
                     let micros = total_micros.saturating_sub(self.buffered_micros);
                     self.buffered_micros = total_micros;
@@ -566,7 +566,9 @@ fn merge_empty(entries: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     merged
 }
 
-fn nanos(d: Duration) -> u64 {
+/// `d` in nanoseconds, `u64::MAX` from 584 years on: how the clock, the ITL sketch, the
+/// live view and both OTLP exports turn a duration into a count.
+pub fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -585,6 +587,16 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_duration_is_counted_in_nanoseconds_exactly_and_saturates_past_u64() {
+        assert_eq!(saturating_nanos(Duration::ZERO), 0);
+        assert_eq!(saturating_nanos(Duration::new(3, 7)), 3_000_000_007);
+        let most = Duration::from_nanos(u64::MAX);
+        assert_eq!(saturating_nanos(most), u64::MAX);
+        assert_eq!(saturating_nanos(most + Duration::from_nanos(1)), u64::MAX);
+        assert_eq!(saturating_nanos(Duration::MAX), u64::MAX);
     }
 
     fn share(per_token_ms: u64, count: u64) -> ItlShare {

@@ -126,7 +126,7 @@ impl Sink for Tap {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
-        let nanos = request.duration.as_nanos() as u64;
+        let nanos = crate::clock::saturating_nanos(request.duration);
         let watching = shared.watching.load(Ordering::Relaxed);
         if !watching && nanos <= shared.slowest_floor.load(Ordering::Relaxed) {
             return;

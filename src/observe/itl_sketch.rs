@@ -60,7 +60,7 @@ impl ItlSketch {
         if count == 0 {
             return;
         }
-        let nanos = u64::try_from(per_token.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = crate::clock::saturating_nanos(per_token);
         let i = index(nanos);
         if self.counts.is_empty() {
             self.first = i;

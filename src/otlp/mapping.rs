@@ -23,7 +23,7 @@
 //! series' own labels, which OTLP keeps on the point, so `filtered_attributes` is empty.
 //! Every point's start time is the start of the metrics (cumulative temporality).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
@@ -34,6 +34,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
+use crate::clock::saturating_nanos;
 use crate::metrics::gen_ai;
 use crate::metrics::snapshot::{
     Exemplar as ExemplarSnapshot, FamilySnapshot, HistogramSnapshot, Label,
@@ -98,12 +99,10 @@ struct Times {
     now: u64,
 }
 
-fn unix_nanos(at: SystemTime) -> u64 {
-    nanos(at.duration_since(UNIX_EPOCH).unwrap_or_default())
-}
-
-fn nanos(since_epoch: Duration) -> u64 {
-    u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX)
+/// `at` in nanoseconds since the Unix epoch, 0 before it: OTLP's timestamps, metrics' and
+/// spans' alike.
+pub(super) fn unix_nanos(at: SystemTime) -> u64 {
+    saturating_nanos(at.duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 const CUMULATIVE: i32 = AggregationTemporality::Cumulative as i32;
@@ -234,7 +233,7 @@ pub(crate) fn positive_buckets(native: &NativeHistogramSnapshot) -> Buckets {
 
 fn exemplar(e: &ExemplarSnapshot) -> Exemplar {
     Exemplar {
-        time_unix_nano: nanos(e.timestamp),
+        time_unix_nano: saturating_nanos(e.timestamp),
         span_id: e.trace.span_id.to_vec(),
         trace_id: e.trace.trace_id.to_vec(),
         value: Some(exemplar::Value::AsDouble(e.value)),
@@ -263,6 +262,7 @@ fn attribute(key: &str, value: &str) -> KeyValue {
 mod tests {
     use std::borrow::Cow;
     use std::sync::Arc;
+    use std::time::Duration;
 
     use super::*;
     use crate::metrics::snapshot::TraceContext;

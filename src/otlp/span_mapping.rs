@@ -18,7 +18,7 @@
 //! (or gRPC) status, and tokentap's own figures under `tokentap.*`. Never a header, a
 //! prompt or an answer.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
@@ -29,7 +29,8 @@ use opentelemetry_proto::tonic::trace::v1::{
     span::SpanKind, status::StatusCode, ResourceSpans, ScopeSpans, Span, Status,
 };
 
-use super::mapping::SCOPE;
+use super::mapping::{unix_nanos, SCOPE};
+use crate::clock::saturating_nanos;
 use crate::outcome::Outcome;
 use crate::summary::RequestSummary;
 
@@ -225,14 +226,6 @@ fn saturate(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn saturating_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn unix_nanos(at: SystemTime) -> u64 {
-    saturating_nanos(at.duration_since(UNIX_EPOCH).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +234,7 @@ mod tests {
     use crate::summary::RequestFacts;
     use crate::wire::Dialect;
     use std::sync::Arc;
+    use std::time::UNIX_EPOCH;
 
     fn request() -> RequestSummary {
         let mut facts = RequestFacts::new(
