@@ -128,9 +128,9 @@ thread_local! {
 
 /// List anew, for the task being polled, the lines its polls will want first: called
 /// just before it waits. The task keeps the list, and fetches it as each poll starts,
-/// until it lists again (at least every [`REFRESH_EVERY`] waits while what it lists
-/// moves; [`for_next_poll(|_| ())`](for_next_poll) when it is done with that memory). A
-/// task whose outermost future is not a [`TaskLines`] lists for nothing.
+/// until it lists again (when [`Refresh::due`] says so while what it lists moves;
+/// [`forget`] when it is done with that memory). A task whose outermost future is not a
+/// [`TaskLines`] lists for nothing.
 pub fn for_next_poll(list: impl FnOnce(&mut Lines)) {
     let _ = NEXT.try_with(|next| {
         if let Ok(mut lines) = next.lines.try_borrow_mut() {
@@ -139,6 +139,33 @@ pub fn for_next_poll(list: impl FnOnce(&mut Lines)) {
             next.listed.set(true);
         }
     });
+}
+
+/// The task being polled is done with the memory it listed: its polls fetch nothing until
+/// it lists again.
+pub fn forget() {
+    for_next_poll(|_| ());
+}
+
+/// When a lister lists again: at its first wait, when the shape of what it lists changes
+/// (`shape`, e.g. whether an observer is there yet), and every [`REFRESH_EVERY`] waits.
+#[derive(Debug, Default)]
+pub struct Refresh {
+    waits_left: usize,
+    shape: bool,
+}
+
+impl Refresh {
+    /// Called once per wait: whether to list before this one.
+    pub fn due(&mut self, shape: bool) -> bool {
+        let due = self.waits_left == 0 || shape != self.shape;
+        if due {
+            self.waits_left = REFRESH_EVERY;
+            self.shape = shape;
+        }
+        self.waits_left = self.waits_left.saturating_sub(1);
+        due
+    }
 }
 
 /// A task's list, kept in its outermost future between polls.
@@ -240,9 +267,22 @@ mod tests {
         for_next_poll(|lines| lines.value(&state));
         task.around(|| ());
         assert_eq!(task.listed().len(), 1);
-        // Listing nothing empties it.
-        task.around(|| for_next_poll(|_| ()));
+        // Forgetting empties it.
+        task.around(forget);
         assert!(task.listed().is_empty());
+    }
+
+    #[test]
+    fn a_list_is_due_first_then_every_refresh_or_when_its_shape_changes() {
+        let mut refresh = Refresh::default();
+        let dues =
+            |refresh: &mut Refresh, shape, waits| (0..waits).filter(|_| refresh.due(shape)).count();
+        assert!(refresh.due(false), "the first wait lists");
+        assert_eq!(dues(&mut refresh, false, REFRESH_EVERY - 1), 0);
+        assert!(refresh.due(false), "and every REFRESH_EVERY waits");
+        assert!(refresh.due(true), "and when the shape changes");
+        assert_eq!(dues(&mut refresh, true, REFRESH_EVERY - 1), 0);
+        assert_eq!(dues(&mut refresh, true, 3 * REFRESH_EVERY), 3);
     }
 
     #[test]

@@ -297,7 +297,7 @@ impl<U> Relay<U> {
             .await
             .unwrap_or_else(|_| ResponseEnd::closed());
         // The response's memory is not wanted until the next response lists its own.
-        crate::prefetch::for_next_poll(|_| ());
+        crate::prefetch::forget();
         if let UpstreamAfter::Reuse(upstream) = ended.upstream {
             upstream_pool::checkin(
                 &origin,
@@ -515,16 +515,11 @@ impl<'a> ResponseLoop<'a> {
             let mut client_armed = false;
             let mut reads_since_look = 0u32;
             // What the polls that bring the next events touch (`prefetch`): listed anew
-            // when the observation starts and every `REFRESH_EVERY` waits, as the rest
-            // stays where it is.
-            let mut waits_to_listing = 0usize;
-            let mut listed_observing = false;
+            // when the observation starts and now and then, as the rest stays where it is.
+            let mut refresh = crate::prefetch::Refresh::default();
             loop {
                 let wake = {
-                    let observing = self.observed.streaming.is_some();
-                    if waits_to_listing == 0 || observing != listed_observing {
-                        waits_to_listing = crate::prefetch::REFRESH_EVERY;
-                        listed_observing = observing;
+                    if refresh.due(self.observed.streaming.is_some()) {
                         // The loop's own state on the way to the read, then what reads
                         // and observes the event.
                         crate::prefetch::for_next_poll(|lines| {
@@ -542,7 +537,6 @@ impl<'a> ResponseLoop<'a> {
                             hot_lines(&self.relay, &self.observed, lines);
                         });
                     }
-                    waits_to_listing = waits_to_listing.saturating_sub(1);
                     let mut read = std::pin::pin!(read_upstream(&mut self.upstream, &carry));
                     let client = &*self.client;
                     let mut woken = false;
