@@ -74,16 +74,25 @@ trap cleanup EXIT
 free_port() {
   "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
-wait_port() { # host:port, seconds
+wait_port() { # host:port, seconds[, the pid that should listen there, its log]
   local deadline=$((SECONDS + $2))
   while [ $SECONDS -lt $deadline ]; do
     if "$PY" -c "import socket,sys; socket.create_connection(('${1%:*}', ${1##*:}), 1)" 2>/dev/null; then
       return 0
     fi
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      echo "FAIL: the process that should listen on $1 exited; the end of its log:" >&2
+      log_tail "$4"
+      return 2
+    fi
     sleep 0.2
   done
   echo "FAIL: nothing listening on $1 after $2 s" >&2
+  [ -z "${4:-}" ] || { echo "the end of its log:" >&2; log_tail "$4"; }
   return 1
+}
+log_tail() { # a log, its colours and other control characters removed
+  tail -n 20 "$1" | sed 's/\x1b\[[0-9;]*m//g' | tr -d '\000-\010\013-\037\177' | cut -c1-300 >&2
 }
 
 # --- a tiny local tokenizer (no downloads) -----------------------------------------------
@@ -114,13 +123,11 @@ EOF
 SIM="127.0.0.1:$(free_port)"
 TT="127.0.0.1:$(free_port)"
 TT_ADMIN="127.0.0.1:$(free_port)"
-SMG_PORT="$(free_port)"
-SMG_PROM="$(free_port)"
 
 setsid "$TOKENTAP" sim --listen "$SIM" --models "$MODEL" --ttft "${TTFT_MS}ms" \
   --itl "${ITL_MS}ms" --tokens "$TOKENS" >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
-wait_port "$SIM" 20
+wait_port "$SIM" 20 "${PIDS[-1]}" "$WORK/sim.log"
 
 cat >"$WORK/tokentap.yaml" <<EOF
 listen: $TT
@@ -131,16 +138,27 @@ upstream:
 EOF
 setsid "$TOKENTAP" --config "$WORK/tokentap.yaml" >"$WORK/tokentap.log" 2>&1 &
 PIDS+=($!)
-wait_port "$TT" 20
-wait_port "$TT_ADMIN" 20
+wait_port "$TT" 20 "${PIDS[-1]}" "$WORK/tokentap.log"
+wait_port "$TT_ADMIN" 20 "${PIDS[-1]}" "$WORK/tokentap.log"
 
 # IGW mode: the gRPC router with no startup workers; each engine is registered through
 # POST /workers (first with its runtime detected, as --worker-urls grpc://... does).
-setsid smg launch --enable-igw --host 127.0.0.1 --port "$SMG_PORT" --prometheus-host 127.0.0.1 \
-  --prometheus-port "$SMG_PROM" --model-path "$MODEL" \
-  --log-level debug >"$WORK/smg.log" 2>&1 &
-PIDS+=($!)
-wait_port "127.0.0.1:$SMG_PORT" 60
+# A port picked free may be taken again before smg binds it, and smg then exits at once
+# ("failed to bind metrics server"): it is started again on fresh ports, at most 3 times.
+for attempt in 1 2 3; do
+  SMG_PORT="$(free_port)"
+  SMG_PROM="$(free_port)"
+  setsid smg launch --enable-igw --host 127.0.0.1 --port "$SMG_PORT" --prometheus-host 127.0.0.1 \
+    --prometheus-port "$SMG_PROM" --model-path "$MODEL" \
+    --log-level debug >"$WORK/smg.log" 2>&1 &
+  SMG_PID=$!
+  PIDS+=("$SMG_PID")
+  status=0
+  wait_port "127.0.0.1:$SMG_PORT" 120 "$SMG_PID" "$WORK/smg.log" || status=$?
+  [ "$status" = 0 ] && break
+  [ "$status" = 2 ] && [ "$attempt" -lt 3 ] || exit 1
+  echo "smg exited while starting (attempt $attempt); again on fresh ports" >&2
+done
 echo "sim $SIM <- tokentap $TT (metrics $TT_ADMIN) <- smg 127.0.0.1:$SMG_PORT; model $MODEL"
 
 # --- per engine: register it, a streamed chat completion, what tokentap measured ------------
