@@ -318,6 +318,8 @@ if update:
             text += f'\n{header}\ninstructions = {value}\nbuys = ""\n'
     open(BUDGET, "w").write(text)
     print(f"\nwrote the counts into {BUDGET}")
+    print("docs/PERFORMANCE.md's table of bench counts quotes them as \"now\": update it too "
+          "(tests/it/docs.rs holds the two equal)")
     if any(f'[bench."{n}"]' not in open(BUDGET).read() or not entries.get(n, {}).get("buys") for n in figures):
         print("say in each new entry's `buys` what its instructions buy")
     sys.exit(0)

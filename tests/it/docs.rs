@@ -2,7 +2,8 @@
 //! parser accepts is in docs/CONFIGURATION.md with the default the code uses, every flag
 //! and environment variable of every command is documented and nothing documented is
 //! unknown, every alert of deploy/prometheus/rules.yaml is in deploy/README.md with the
-//! thresholds and recording rules it reads, README keeps its two commands, and every
+//! thresholds and recording rules it reads, README keeps its two commands, the bench
+//! counts docs/PERFORMANCE.md gives as "now" are benches/budget.toml's, and every
 //! relative link between the repository's Markdown files resolves, file and `#anchor`.
 //! (The metric families and the (outcome, status) pairs of docs/METRICS.md are checked
 //! in the library, `metrics_contract`, against the metrics crate's tables.)
@@ -477,6 +478,69 @@ fn readme_keeps_its_two_commands() {
     // CI runs exactly README's test command; `demo::demo_runs_and_shows_per_model_figures`
     // runs the other.
     assert!(read(".ci/run").contains("\nexec bash scripts/test.sh\n"));
+}
+
+// ---------------------------------------------------------------------------------------
+// The instruction budget's counts in docs/PERFORMANCE.md
+
+/// Each bench's count in `benches/budget.toml` (`[bench."NAME"]`, then `instructions = N`).
+fn budget_counts() -> BTreeMap<String, i64> {
+    let mut counts = BTreeMap::new();
+    let mut bench = None;
+    for line in read("benches/budget.toml").lines() {
+        if let Some(name) = line
+            .strip_prefix("[bench.\"")
+            .and_then(|rest| rest.strip_suffix("\"]"))
+        {
+            bench = Some(name.to_string());
+        } else if let (Some(name), Some(count)) =
+            (bench.as_ref(), line.strip_prefix("instructions = "))
+        {
+            let count = count
+                .trim()
+                .parse()
+                .expect("a whole number of instructions");
+            counts.insert(name.clone(), count);
+        }
+    }
+    counts
+}
+
+/// A count as the docs write it (`5,994`), or `None` for a cell without one.
+fn count(cell: &str) -> Option<i64> {
+    cell.replace(',', "").parse().ok()
+}
+
+#[test]
+fn the_performance_docs_count_of_each_bench_is_the_budgets() {
+    let budget = budget_counts();
+    let rows = tables(&read("docs/PERFORMANCE.md"), "| bench | 3b010c7 |");
+    assert!(
+        !rows.is_empty(),
+        "docs/PERFORMANCE.md has lost its table of bench counts"
+    );
+    for row in rows {
+        let [bench, base, .., now, against] = row.as_slice() else {
+            panic!("a short row: {row:?}");
+        };
+        let count_now = budget
+            .get(bench)
+            .unwrap_or_else(|| panic!("{bench}: not a bench of benches/budget.toml"));
+        assert_eq!(
+            count(now),
+            Some(*count_now),
+            "{bench}: the docs say {now} now, benches/budget.toml {count_now}"
+        );
+        let expected = count(base).map_or_else(String::new, |base| {
+            let percent = format!("{:+.1}%", (*count_now as f64 / base as f64 - 1.0) * 100.0);
+            if bench.ends_with("/event") {
+                format!("{:+} ({percent})", count_now - base)
+            } else {
+                percent
+            }
+        });
+        assert_eq!(against, &expected, "{bench} against 3b010c7");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
